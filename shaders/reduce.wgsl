@@ -1,0 +1,53 @@
+// Row reduction of a contiguous [rows, cols] block: one workgroup reduces one
+// chunk of one row (chunks let a few long rows use many workgroups; a second
+// pass reduces the per-chunk partials). The host fills C (compute type), the
+// storage types, INIT, COMBINE (folds v at column c into acc/ai) and FINAL.
+{{F16}}
+@group(0) @binding(0) var<storage, read_write> out: array<{{O}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
+struct Params { rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32, _p0: u32, _p1: u32 }
+@group(0) @binding(2) var<uniform> p: Params;
+
+var<workgroup> sv: array<{{C}}, 256>;
+var<workgroup> si: array<i32, 256>;
+
+fn fold(acc: ptr<function, {{C}}>, ai: ptr<function, i32>, v: {{C}}, c: i32) {
+  {{COMBINE}}
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let w = wid.x + wid.y * nwg.x;
+  let row = w / p.groups;
+  let g = w % p.groups;
+  let live = row < p.rows;
+  let start = g * p.chunk;
+  let end = min(p.cols, start + p.chunk);
+  var acc: {{C}} = {{INIT}};
+  var ai: i32 = 2147483647;
+  if (live) {
+    let base = p.off + row * p.cols;
+    for (var c = start + lid; c < end; c = c + 256u) {
+      fold(&acc, &ai, {{C}}(x[base + c]), i32(c));
+    }
+  }
+  sv[lid] = acc;
+  si[lid] = ai;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s = s >> 1u) {
+    if (lid < s) {
+      var a = sv[lid];
+      var i = si[lid];
+      fold(&a, &i, sv[lid + s], si[lid + s]);
+      sv[lid] = a;
+      si[lid] = i;
+    }
+    workgroupBarrier();
+  }
+  if (lid == 0u && live) {
+    let acc0 = sv[0];
+    let ai0 = si[0];
+    out[w] = {{O}}({{FINAL}});
+  }
+}

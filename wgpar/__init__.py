@@ -1,0 +1,38 @@
+"""wgpar: PyTorch-familiar deep learning on any WebGPU adapter.
+
+Tensors live in wgpu buffers and every op is a WGSL compute shader. See the
+README for the two commands, adapter selection and examples.
+"""
+
+from __future__ import annotations
+
+from .creation import (arange, empty, from_numpy, full, manual_seed, ones, ones_like, rand, randint, randn,
+                       tensor, zeros, zeros_like)
+from .dtypes import DType, bool_, float16, float32, int32
+from .errors import (AdapterNotFoundError, BindingLimitError, DeviceMismatchError, OutOfMemoryError,
+                     WgparError)
+from .functional import (abs, argmax, argmin, cat, clamp, concatenate, exp, gelu, index_select, log,
+                         log_softmax, matmul, max, maximum, mean, min, minimum, neg, permute, relu, reshape,
+                         rsqrt, sigmoid, softmax, sqrt, stack, sum, tanh, transpose, where)
+from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved, memory_stats,
+                     reset_peak_memory_stats, synchronize)
+from .runtime import Device, adapter_names, device, devices
+from .tensor import Tensor
+
+bool = bool_  # noqa: A001  (torch.bool)
+float = float32  # noqa: A001
+half = float16
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Tensor", "Device", "DType", "float32", "float16", "int32", "bool_", "half",
+    "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
+    "zeros_like", "ones_like", "manual_seed",
+    "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
+    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
+    "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
+    "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
+    "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
+    "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
+]

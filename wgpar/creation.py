@@ -1,0 +1,109 @@
+"""Tensor factories: from data, filled, ranges and seeded random numbers."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import dtypes as _dt
+from .ops import fill
+from .tensor import Tensor, _norm_shape
+
+_rng_lock = threading.Lock()
+_rng = np.random.default_rng()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed wgpar's random number generator (rand, randn, and layer initialisation)."""
+    global _rng
+    with _rng_lock:
+        _rng = np.random.default_rng(seed)
+
+
+def generator() -> np.random.Generator:
+    return _rng
+
+
+def tensor(data, device=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Make a tensor from a list, a NumPy array, a number, or another tensor (copied)."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    arr = np.asarray(data)
+    if arr.dtype == object:
+        raise TypeError("tensor(): data must be numbers or nested lists of numbers of equal length")
+    if dtype is None and arr.dtype.kind == "f":
+        dtype = _dt.float16 if arr.dtype == np.float16 else _dt.float32
+    t = Tensor.from_numpy(arr, device=device, dtype=dtype)
+    if requires_grad:
+        if not t.dtype.is_float:
+            raise TypeError(f"only float tensors can require gradients, got {t.dtype.name}")
+        t.requires_grad = True
+    return t
+
+
+def from_numpy(arr: np.ndarray, device=None) -> Tensor:
+    return Tensor.from_numpy(arr, device=device)
+
+
+def _factory(shape, value, dtype, device, requires_grad) -> Tensor:
+    t = fill(_norm_shape(shape), value, _dt.as_dtype(dtype), device)
+    t.requires_grad = requires_grad
+    return t
+
+
+def zeros(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
+    return _factory(shape, 0, dtype, device, requires_grad)
+
+
+def ones(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
+    return _factory(shape, 1, dtype, device, requires_grad)
+
+
+def full(shape, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    if dtype is None:
+        dtype = _dt.float32 if isinstance(fill_value, float) else _dt.int32
+    return _factory(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), fill_value, dtype, device,
+                    requires_grad)
+
+
+def zeros_like(t: Tensor, dtype=None) -> Tensor:
+    return zeros(t.shape, dtype=dtype or t.dtype, device=t.device)
+
+
+def ones_like(t: Tensor, dtype=None) -> Tensor:
+    return ones(t.shape, dtype=dtype or t.dtype, device=t.device)
+
+
+def empty(*shape, dtype=_dt.float32, device=None) -> Tensor:
+    return Tensor.empty(_norm_shape(shape), dtype, device)
+
+
+def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+    if stop is None:
+        start, stop = 0, start
+    if dtype is None:
+        dtype = _dt.int32 if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) else _dt.float32
+    return Tensor.from_numpy(np.arange(start, stop, step), device=device, dtype=dtype)
+
+
+def rand(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1), drawn on the host from the seeded generator."""
+    with _rng_lock:
+        data = _rng.random(_norm_shape(shape), dtype=np.float32)
+    return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def randn(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples, drawn on the host from the seeded generator."""
+    with _rng_lock:
+        data = _rng.standard_normal(_norm_shape(shape), dtype=np.float32)
+    return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def randint(low, high=None, size=(), device=None) -> Tensor:
+    if high is None:
+        low, high = 0, low
+    with _rng_lock:
+        data = _rng.integers(low, high, size=size)
+    return Tensor.from_numpy(data.astype(np.int32), device=device)

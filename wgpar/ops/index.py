@@ -1,0 +1,127 @@
+"""Indexing: basic slicing as views, integer-array indexing along one axis as a gather kernel."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..runtime.kernels import WORKGROUP, grid, pack, spec
+from ..tensor import Tensor, _wrap_dim, check_same_device
+from .elementwise import contiguous, copy_
+from .shape import _view
+
+
+def _expand_key(key, ndim: int) -> list:
+    if not isinstance(key, tuple):
+        key = (key,)
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if consumed > ndim:
+        raise IndexError(f"too many indices for tensor of dimension {ndim}")
+    out = []
+    for k in key:
+        if k is Ellipsis:
+            out.extend([slice(None)] * (ndim - consumed))
+        else:
+            out.append(k)
+    if Ellipsis not in key:
+        out.extend([slice(None)] * (ndim - consumed))
+    return out
+
+
+def _is_int(k) -> bool:
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+
+
+def getitem(t: Tensor, key) -> Tensor:
+    items = _expand_key(key, t.ndim)
+    shape, strides, offset = [], [], t._offset
+    advanced: tuple[int, object] | None = None
+    d = 0
+    for k in items:
+        if k is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        n, s = t.shape[d], t.strides[d]
+        if _is_int(k):
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for dimension {d} with size {n} (shape {t.shape})")
+            offset += (int(k) % n) * s
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            length = len(range(start, stop, step))
+            offset += start * s if length else 0
+            shape.append(length)
+            strides.append(s * step)
+        elif isinstance(k, (Tensor, list, np.ndarray)):
+            if advanced is not None:
+                raise IndexError("only one integer-array index per indexing expression is supported")
+            advanced = (len(shape), k)
+            shape.append(n)
+            strides.append(s)
+        else:
+            raise IndexError(f"unsupported index {k!r} of type {type(k).__name__}")
+        d += 1
+    view = _view(t, shape, strides, offset)
+    if advanced is None:
+        return view
+    return index_select(view, advanced[0], advanced[1])
+
+
+def setitem(t: Tensor, key, value) -> None:
+    items = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, (Tensor, list, np.ndarray)) for k in items):
+        raise TypeError("assignment through an integer-array or mask index is not supported; use where()")
+    copy_(getitem(t, key), value)
+
+
+def _as_index(index, dev) -> Tensor:
+    if isinstance(index, Tensor):
+        if index.dtype.storage != "i32" or index.dtype is _dt.bool_:
+            raise TypeError(f"index tensors must be int32, got {index.dtype.name}")
+        return index
+    arr = np.asarray(index)
+    if arr.dtype == np.bool_:
+        raise TypeError("boolean mask indexing is not supported; use where() or an integer index")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"index arrays must hold integers, got {arr.dtype}")
+    return Tensor.from_numpy(arr.astype(np.int32), device=dev)
+
+
+def _check_range(index: Tensor, n: int, what: str) -> None:
+    if index.numel() == 0:
+        return
+    rng = getattr(index, "_host_range", None)
+    if rng is None:  # not made from host data: one readback to validate
+        vals = index.numpy()
+        rng = (int(vals.min()), int(vals.max()))
+    lo, hi = rng
+    if lo < -n or hi >= n:
+        bad = hi if hi >= n else lo
+        raise IndexError(f"{what}: index {bad} is out of range for a dimension of size {n}")
+
+
+def index_select(t: Tensor, dim: int, index) -> Tensor:
+    """Pick entries along ``dim`` by an integer index of any shape (its shape replaces that dim)."""
+    d = _wrap_dim(dim, t.ndim)
+    idx = _as_index(index, t.device)
+    check_same_device(t, idx, op="index_select")
+    _check_range(idx, t.shape[d], f"index_select on dim {d} of shape {t.shape}")
+    out_shape = t.shape[:d] + idx.shape + t.shape[d + 1:]
+    out = Tensor.empty(out_shape, t.dtype, t.device)
+    total = out.numel()
+    if total == 0:
+        return out
+    src = contiguous(t)
+    idx = contiguous(idx)
+    outer, inner = math.prod(t.shape[:d]), math.prod(t.shape[d + 1:])
+    f16 = "enable f16;" if t.dtype is _dt.float16 else ""
+    k = spec("gather", ("w", "r", "r"), F16=f16, T=t.dtype.storage)
+    t.device.dispatch(k, [out._storage.buffer, src._storage.buffer, idx._storage.buffer],
+                      pack(outer, t.shape[d], inner, idx.numel(), src._offset, idx._offset, 0, 0),
+                      grid(-(-total // WORKGROUP)))
+    return out

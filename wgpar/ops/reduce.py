@@ -1,0 +1,150 @@
+"""Reductions (sum, mean, max, min, argmax, argmin) and softmax over any axes."""
+
+from __future__ import annotations
+
+import math
+
+from .. import dtypes as _dt
+from ..runtime.kernels import WORKGROUP, F32, grid, pack, spec
+from ..tensor import Tensor, _wrap_dim
+from .elementwise import contiguous, fill
+from .shape import permute, reshape
+
+_NEG_INF = "bitcast<f32>(0xff800000u)"
+_POS_INF = "bitcast<f32>(0x7f800000u)"
+_ARG = {"argmax": ">", "argmin": "<"}
+
+
+def _kernel_text(op: str, ctype: str) -> dict[str, str]:
+    if op in ("sum", "mean"):
+        return {"INIT": f"{ctype}(0)", "COMBINE": "*acc = *acc + v;",
+                "FINAL": "acc0 * p.scale" if op == "mean" else "acc0"}
+    if op in ("max", "min"):
+        lo = _NEG_INF if ctype == "f32" else "(-2147483647 - 1)"
+        hi = _POS_INF if ctype == "f32" else "2147483647"
+        return {"INIT": lo if op == "max" else hi, "COMBINE": f"*acc = {op}(*acc, v);", "FINAL": "acc0"}
+    lo = _NEG_INF if ctype == "f32" else "(-2147483647 - 1)"
+    hi = _POS_INF if ctype == "f32" else "2147483647"
+    cmp = _ARG[op]
+    # NaN-free tie rule: the first index wins, as in NumPy.
+    return {"INIT": lo if op == "argmax" else hi,
+            "COMBINE": f"if (v {cmp} *acc || (v == *acc && c < *ai)) {{ *acc = v; *ai = c; }}",
+            "FINAL": "ai0"}
+
+
+def _axes(axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        axes = tuple(_wrap_dim(a, ndim) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"repeated axis in {tuple(axis)}")
+        return tuple(sorted(axes))
+    return (_wrap_dim(axis, ndim),)
+
+
+def _out_dtype(op: str, dt: _dt.DType) -> _dt.DType:
+    if op in ("argmax", "argmin"):
+        return _dt.int32
+    if op == "mean":
+        return dt if dt.is_float else _dt.float32
+    if op == "sum" and dt is _dt.bool_:
+        return _dt.int32
+    return dt
+
+
+def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a wgpar.Tensor, got {type(x).__name__}")
+    if op in _ARG and isinstance(axis, (tuple, list)):
+        raise TypeError(f"{op}: axis must be an int or None, got {axis!r}")
+    axes = _axes(axis, x.ndim)
+    kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    out_shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape)) if keepdims else kept
+    n_red = math.prod(x.shape[i] for i in axes)
+    out_dt = _out_dtype(op, x.dtype)
+    if n_red == 0:
+        if op in ("sum",):
+            return fill(out_shape, 0, out_dt, x.device)
+        if op == "mean":
+            return fill(out_shape, float("nan"), out_dt, x.device)
+        raise ValueError(f"{op}: cannot reduce over a zero-size dimension (shape {x.shape}, axes {axes})")
+    if math.prod(kept) == 0:
+        return Tensor.empty(out_shape, out_dt, x.device)
+    if op in _ARG and axis is None:
+        x = reshape(x, (-1,))
+        axes = (0,)
+    # Reduced axes must be one run of adjacent axes of a contiguous tensor; otherwise move them last.
+    if axes != tuple(range(axes[0], axes[-1] + 1)):
+        rest = [i for i in range(x.ndim) if i not in axes]
+        x = permute(x, rest + list(axes))
+        axes = tuple(range(len(rest), x.ndim))
+    x = contiguous(x)
+    outer = math.prod(x.shape[: axes[0]])
+    inner = math.prod(x.shape[axes[-1] + 1:])
+    result = _reduce_block(op, x, outer, n_red, inner, out_dt)
+    return reshape(result, out_shape)
+
+
+def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) -> Tensor:
+    ctype = "f32" if op == "mean" else x.dtype.compute
+    text = _kernel_text(op, ctype)
+    f16 = "enable f16;" if (x.dtype is _dt.float16 or out_dt is _dt.float16) else ""
+    scale = F32(1.0 / n)
+    dev = x.device
+    if inner > 1:
+        out = Tensor.empty((outer * inner,), out_dt, dev)
+        k = spec("reduce_cols", ("w", "r"), F16=f16, O=out_dt.storage, T=x.dtype.storage, C=ctype, **text)
+        dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
+                     pack(outer, n, inner, x._offset, scale, 0, 0, 0), grid(-(-(outer * inner) // WORKGROUP)))
+        return out
+    # Rows: split long rows into chunks so a few rows still fill the GPU; partials reduced again.
+    two_pass = op in ("sum", "mean", "max", "min") and n > 16 * WORKGROUP and outer < 64
+    groups = min(-(-n // (4 * WORKGROUP)), 1024) if two_pass else 1
+    chunk = -(-n // groups)
+    partial_dt = out_dt if groups == 1 else (_dt.float32 if ctype == "f32" else _dt.int32)
+    first_op = "sum" if op == "mean" and groups > 1 else op
+    out = Tensor.empty((outer * groups,), partial_dt, dev)
+    k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, T=x.dtype.storage, C=ctype,
+             **_kernel_text(first_op, ctype))
+    dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
+                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups))
+    if groups == 1:
+        return out
+    second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
+    if op == "mean":  # the second pass averaged the partial sums over `groups`, not over n
+        from .elementwise import binary
+
+        second = binary("mul", second, float(groups) / n)
+    return second
+
+
+def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"softmax: expected a wgpar.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_float:
+        raise TypeError(f"{'log_' if log else ''}softmax needs a float tensor, got {x.dtype.name}")
+    if axis is None:
+        axis = -1
+    if x.ndim == 0:
+        x = reshape(x, (1,))
+        return reshape(softmax(x, 0, log), ())
+    d = _wrap_dim(axis, x.ndim)
+    last = x.ndim - 1
+    moved = permute(x, [i for i in range(x.ndim) if i != d] + [d]) if d != last else x
+    src = contiguous(moved)
+    out = Tensor.empty(src.shape, x.dtype, x.device)
+    cols = src.shape[-1] if src.ndim else 1
+    rows = src.numel() // cols if cols else 0
+    if rows and cols:
+        f16 = "enable f16;" if x.dtype is _dt.float16 else ""
+        k = spec("softmax", ("w", "r"), F16=f16, T=x.dtype.storage, LOG="true" if log else "false")
+        x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
+                          pack(rows, cols, src._offset, 0), grid(rows))
+    if d != last:
+        inv = [0] * x.ndim
+        order = [i for i in range(x.ndim) if i != d] + [d]
+        for pos, ax in enumerate(order):
+            inv[ax] = pos
+        out = permute(out, inv)
+    return out

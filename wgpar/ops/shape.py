@@ -1,0 +1,185 @@
+"""Views (reshape, permute, expand, squeeze) and copies between layouts (cat, stack, to_device)."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..tensor import Tensor, _norm_shape, _wrap_dim, check_same_device
+from .elementwise import contiguous, copy_
+
+
+def _view(t: Tensor, shape, strides, offset=None) -> Tensor:
+    return Tensor(t._storage, tuple(shape), tuple(strides), t._offset if offset is None else offset)
+
+
+def _infer(shape: Sequence[int], numel: int, src: tuple[int, ...]) -> tuple[int, ...]:
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
+    if -1 in shape:
+        rest = math.prod(n for n in shape if n != -1)
+        if rest == 0 or numel % rest:
+            raise ValueError(f"reshape: cannot reshape tensor of shape {src} into {tuple(shape)}")
+        shape[shape.index(-1)] = numel // rest
+    shape_t = _norm_shape(shape)
+    if math.prod(shape_t) != numel:
+        raise ValueError(f"reshape: cannot reshape tensor of shape {src} ({numel} elements) into {shape_t}")
+    return shape_t
+
+
+def _view_strides(t: Tensor, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides expressing ``shape`` over t's memory without a copy, or None (NumPy's attempt_nocopy)."""
+    old = [(n, s) for n, s in zip(t.shape, t.strides) if n != 1]
+    new = [0] * len(shape)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(shape) and oi < len(old):
+        np_, op = shape[ni], old[oi][0]
+        while np_ != op:
+            if np_ < op:
+                np_ *= shape[nj]
+                nj += 1
+            else:
+                op *= old[oj][0]
+                oj += 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
+            return None
+        new[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            new[k - 1] = new[k] * shape[k]
+        ni, nj = nj, nj + 1
+        oi, oj = oj, oj + 1
+    last = new[ni - 1] if ni >= 1 else 1
+    for k in range(ni, len(shape)):
+        new[k] = last
+    return tuple(new)
+
+
+def reshape(t: Tensor, shape) -> Tensor:
+    shape = _infer(shape, t.numel(), t.shape)
+    if t.numel() == 0:
+        return Tensor(t._storage, shape)
+    strides = _view_strides(t, shape)
+    if strides is None:
+        t = contiguous(t)
+        strides = _view_strides(t, shape)
+    return _view(t, shape, strides)
+
+
+def flatten(t: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if t.ndim == 0:
+        return reshape(t, (1,))
+    s, e = _wrap_dim(start_dim, t.ndim), _wrap_dim(end_dim, t.ndim)
+    return reshape(t, t.shape[:s] + (math.prod(t.shape[s:e + 1]),) + t.shape[e + 1:])
+
+
+def permute(t: Tensor, axes) -> Tensor:
+    axes = tuple(_wrap_dim(a, t.ndim) for a in axes)
+    if sorted(axes) != list(range(t.ndim)):
+        raise ValueError(f"permute: {axes} is not a permutation of the {t.ndim} dims of shape {t.shape}")
+    return _view(t, [t.shape[a] for a in axes], [t.strides[a] for a in axes])
+
+
+def transpose(t: Tensor, d0: int, d1: int) -> Tensor:
+    if t.ndim < 2 and d0 in (-2, -1) and d1 in (-2, -1):
+        return t
+    axes = list(range(t.ndim))
+    a, b = _wrap_dim(d0, t.ndim), _wrap_dim(d1, t.ndim)
+    axes[a], axes[b] = axes[b], axes[a]
+    return permute(t, axes)
+
+
+def expand(t: Tensor, shape) -> Tensor:
+    shape = tuple(shape)
+    if len(shape) < t.ndim:
+        raise ValueError(f"expand: target {shape} has fewer dims than tensor shape {t.shape}")
+    lead = len(shape) - t.ndim
+    out_shape, out_strides = [], []
+    for i, n in enumerate(shape):
+        if i < lead:
+            if n < 0:
+                raise ValueError(f"expand: -1 not allowed in new leading dim of {shape}")
+            out_shape.append(n)
+            out_strides.append(0)
+            continue
+        have, stride = t.shape[i - lead], t.strides[i - lead]
+        if n == -1 or n == have:
+            out_shape.append(have)
+            out_strides.append(stride)
+        elif have == 1:
+            out_shape.append(n)
+            out_strides.append(0)
+        else:
+            raise ValueError(f"expand: cannot expand shape {t.shape} to {shape}")
+    return _view(t, out_shape, out_strides)
+
+
+def squeeze(t: Tensor, dim=None) -> Tensor:
+    if dim is None:
+        keep = [i for i, n in enumerate(t.shape) if n != 1]
+    else:
+        ds = {_wrap_dim(d, t.ndim) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+        keep = [i for i, n in enumerate(t.shape) if not (i in ds and n == 1)]
+    return _view(t, [t.shape[i] for i in keep], [t.strides[i] for i in keep])
+
+
+def unsqueeze(t: Tensor, dim: int) -> Tensor:
+    d = _wrap_dim(dim, t.ndim + 1)
+    shape, strides = list(t.shape), list(t.strides)
+    stride = strides[d] * shape[d] if d < t.ndim else 1
+    shape.insert(d, 1)
+    strides.insert(d, stride)
+    return _view(t, shape, strides)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty sequence of tensors")
+    for x in tensors:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"cat: expected wgpar.Tensors, got {type(x).__name__}")
+    dev = check_same_device(*tensors, op="cat")
+    ref = tensors[0]
+    d = _wrap_dim(dim, ref.ndim)
+    for x in tensors[1:]:
+        if x.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, ref.shape)) if i != d):
+            raise ValueError(f"cat: shapes {ref.shape} and {x.shape} differ outside dim {d}")
+    from .. import dtypes as _dt
+
+    dtype = ref.dtype
+    for x in tensors[1:]:
+        dtype = _dt.promote(dtype, x.dtype)
+    shape = list(ref.shape)
+    shape[d] = sum(x.shape[d] for x in tensors)
+    out = Tensor.empty(shape, dtype, dev)
+    start = 0
+    for x in tensors:
+        n = x.shape[d]
+        if n and x.numel():
+            copy_(_narrow(out, d, start, n), x)
+        start += n
+    out._storage.version = 0
+    return out
+
+
+def _narrow(t: Tensor, d: int, start: int, length: int) -> Tensor:
+    shape = list(t.shape)
+    shape[d] = length
+    return _view(t, shape, t.strides, t._offset + start * t.strides[d])
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty sequence of tensors")
+    shapes = {x.shape for x in tensors}
+    if len(shapes) > 1:
+        raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
+    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    return cat([unsqueeze(x, d) for x in tensors], d)
+
+
+def to_device(t: Tensor, dev) -> Tensor:
+    """Copy to another device through the host (WebGPU has no device-to-device copy)."""
+    return Tensor.from_numpy(t.numpy(), device=dev, dtype=t.dtype)

@@ -1,0 +1,118 @@
+"""Finding adapters and handing out Devices.
+
+wgpu lists one GPU once per backend (Vulkan and OpenGL, say): wgpar keeps the
+native backends (Vulkan, Metal, D3D12) and falls back to OpenGL only when no
+native adapter exists. Software adapters (lavapipe) are dropped when a real
+GPU is present, unless selected by name. Device slots beyond the number of
+physical adapters are extra, independent GPUDevices on the adapters,
+round-robin, so multi-device code runs on one GPU or on lavapipe.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import wgpu
+
+from ..errors import AdapterNotFoundError
+from .config import CONFIG
+from .device import Device
+
+_NATIVE = ("vulkan", "metal", "d3d12")
+_TYPE_ORDER = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
+
+_lock = threading.Lock()
+_adapters: list[wgpu.GPUAdapter] | None = None
+_slots: dict[int, Device] = {}
+
+
+def _describe(a: wgpu.GPUAdapter) -> str:
+    i = a.info
+    return f"{i.get('device', '?')} ({i.get('backend_type', '?')}, {i.get('adapter_type', '?')})"
+
+
+def _physical() -> list[wgpu.GPUAdapter]:
+    global _adapters
+    if _adapters is not None:
+        return _adapters
+    found = list(wgpu.gpu.enumerate_adapters_sync())
+    if not found:
+        raise AdapterNotFoundError(
+            "no WebGPU adapter found: install a Vulkan, Metal or D3D12 driver, or Mesa's software "
+            "Vulkan adapter (Debian/Ubuntu: apt-get install mesa-vulkan-drivers)")
+    backend = lambda a: str(a.info.get("backend_type", "")).lower()  # noqa: E731
+    kind = lambda a: str(a.info.get("adapter_type", "unknown")).lower()  # noqa: E731
+    if CONFIG.backend:
+        found = [a for a in found if backend(a) == CONFIG.backend]
+    native = [a for a in found if backend(a) in _NATIVE]
+    chosen = native or found
+    if CONFIG.adapter is not None:
+        chosen = _select(chosen, CONFIG.adapter)
+    elif any(kind(a) != "cpu" for a in chosen):
+        chosen = [a for a in chosen if kind(a) != "cpu"]
+    chosen.sort(key=lambda a: _TYPE_ORDER.get(kind(a), 3))  # stable: keeps wgpu's order within a type
+    if not chosen:
+        raise AdapterNotFoundError(f"no adapter left after WGPAR_BACKEND={CONFIG.backend!r}")
+    _adapters = chosen
+    return chosen
+
+
+def _select(candidates: list[wgpu.GPUAdapter], want: str) -> list[wgpu.GPUAdapter]:
+    names = [_describe(a) for a in candidates]
+    if want.isdigit():
+        i = int(want)
+        if i >= len(candidates):
+            raise AdapterNotFoundError(f"WGPAR_ADAPTER={want}: only {len(candidates)} adapters: {names}")
+        return [candidates[i]]
+    hits = [a for a, n in zip(candidates, names) if want.lower() in n.lower()]
+    if not hits:
+        raise AdapterNotFoundError(f"WGPAR_ADAPTER={want!r} matches none of {names}")
+    return hits
+
+
+def adapter_names() -> list[str]:
+    """The physical adapters wgpar will use, in device order."""
+    return [_describe(a) for a in _physical()]
+
+
+def device(index: int = 0) -> Device:
+    """The device in slot ``index``; slots past the physical adapters are logical devices."""
+    if isinstance(index, Device):
+        return index
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError(f"device index must be a non-negative int, got {index!r}")
+    with _lock:
+        dev = _slots.get(index)
+        if dev is None:
+            phys = _physical()
+            dev = Device(phys[index % len(phys)], index, logical=index // len(phys))
+            _slots[index] = dev
+        return dev
+
+
+def devices(n: int | None = None) -> list[Device]:
+    """One Device per physical adapter, or ``n`` devices (logical ones on shared adapters if needed)."""
+    if n is None:
+        n = len(_physical())
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"devices(n) needs n >= 1, got {n!r}")
+    return [device(i) for i in range(n)]
+
+
+def resolve(dev: "Device | int | str | None") -> Device:
+    """Accept a Device, an index, ``"wgpu:1"``/``"1"``, or None (device 0)."""
+    if dev is None:
+        return device(0)
+    if isinstance(dev, Device):
+        return dev
+    if isinstance(dev, str):
+        tail = dev.split(":")[-1]
+        if not tail.isdigit():
+            raise ValueError(f"device string {dev!r} should look like 'wgpu:0'")
+        return device(int(tail))
+    return device(dev)
+
+
+def initialized_devices() -> list[Device]:
+    with _lock:
+        return [_slots[k] for k in sorted(_slots)]

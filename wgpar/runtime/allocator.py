@@ -1,0 +1,162 @@
+"""Per-device caching allocator with exact memory counts.
+
+A tensor's storage owns one block. When the storage dies its block goes back
+to a size-bucketed free list and is reused by the next allocation of the same
+bucket. Reuse is safe without waiting for the GPU because every use of a
+buffer on this device goes through one queue, in order; the one exception,
+``queue.write_buffer`` (which runs before still-unsubmitted work), is handled
+by the device flushing before any host upload.
+
+Memory really goes back to wgpu only in :meth:`CachingAllocator.release_cache`,
+which the device calls after its queue is idle, and which drops buffers
+instead of destroying them: destroying a buffer that queued work still uses
+aborts the process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Callable
+
+import wgpu
+
+from ..errors import OutOfMemoryError
+
+_MIN_BLOCK = 256
+
+STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+
+
+def round_size(nbytes: int, limit: int) -> int:
+    """Bucket size for a request: at most 25% above it, never above ``limit``."""
+    if nbytes <= _MIN_BLOCK:
+        return _MIN_BLOCK
+    granule = max(_MIN_BLOCK, 1 << (nbytes.bit_length() - 3))
+    size = -(-nbytes // granule) * granule
+    if size > limit:
+        size = -(-nbytes // 4) * 4
+    return size
+
+
+class Block:
+    """One buffer handed out by the allocator; ``nbytes`` is what was asked for."""
+
+    __slots__ = ("buffer", "size", "nbytes")
+
+    def __init__(self, buffer: wgpu.GPUBuffer, size: int, nbytes: int) -> None:
+        self.buffer = buffer
+        self.size = size
+        self.nbytes = nbytes
+
+
+class CachingAllocator:
+    def __init__(
+        self,
+        create: Callable[[int], wgpu.GPUBuffer],
+        limit: int,
+        on_release: Callable[[list[wgpu.GPUBuffer]], None],
+        name: str,
+    ) -> None:
+        self._create = create
+        self._limit = limit
+        self._on_release = on_release
+        self._name = name
+        self._lock = threading.Lock()
+        self._free: dict[int, list[wgpu.GPUBuffer]] = defaultdict(list)
+        self.allocated_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.cached_bytes = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self.num_buffer_creates = 0
+        self.num_cache_hits = 0
+        self.num_ooms = 0
+        self.flush_and_wait: Callable[[], None] = lambda: None
+
+    def malloc(self, nbytes: int) -> Block:
+        size = round_size(nbytes, self._limit)
+        with self._lock:
+            bucket = self._free.get(size)
+            if bucket:
+                buf = bucket.pop()
+                self.cached_bytes -= size
+                self.num_cache_hits += 1
+                return self._hand_out(buf, size, nbytes)
+        buf = self._create_with_retry(size, nbytes)
+        with self._lock:
+            self.reserved_bytes += size
+            self.num_buffer_creates += 1
+            return self._hand_out(buf, size, nbytes)
+
+    def _hand_out(self, buf: wgpu.GPUBuffer, size: int, nbytes: int) -> Block:
+        self.allocated_bytes += nbytes
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self.num_allocs += 1
+        return Block(buf, size, nbytes)
+
+    def _create_with_retry(self, size: int, nbytes: int) -> wgpu.GPUBuffer:
+        try:
+            return self._create(size)
+        except Exception as first:  # wgpu reports OOM as GPUValidationError or MemoryError
+            if not _looks_like_oom(first):
+                raise
+        # Free the cache (once the queue is idle) and try exactly once more.
+        self.flush_and_wait()
+        self.release_cache()
+        try:
+            return self._create(size)
+        except Exception as second:
+            if not _looks_like_oom(second):
+                raise
+            self.num_ooms += 1
+            raise OutOfMemoryError(
+                f"{self._name}: out of memory allocating {nbytes} bytes "
+                f"(block {size} bytes); {self.allocated_bytes} bytes allocated by tensors, "
+                f"{self.reserved_bytes} bytes reserved"
+            ) from None
+
+    def free(self, block: Block) -> None:
+        with self._lock:
+            self.allocated_bytes -= block.nbytes
+            self.num_frees += 1
+            self._free[block.size].append(block.buffer)
+            self.cached_bytes += block.size
+        block.buffer = None  # type: ignore[assignment]
+
+    def release_cache(self) -> int:
+        """Drop every cached buffer; returns the bytes given back to wgpu."""
+        with self._lock:
+            dropped = [b for bucket in self._free.values() for b in bucket]
+            released = self.cached_bytes
+            self._free.clear()
+            self.reserved_bytes -= released
+            self.cached_bytes = 0
+        self._on_release(dropped)
+        return released
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "allocated_bytes": self.allocated_bytes,
+                "peak_allocated_bytes": self.peak_allocated_bytes,
+                "reserved_bytes": self.reserved_bytes,
+                "cached_bytes": self.cached_bytes,
+                "num_allocs": self.num_allocs,
+                "num_frees": self.num_frees,
+                "num_buffer_creates": self.num_buffer_creates,
+                "num_cache_hits": self.num_cache_hits,
+                "num_ooms": self.num_ooms,
+            }
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak_allocated_bytes = self.allocated_bytes
+
+
+def _looks_like_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return "memory" in text and ("not enough" in text or "out of" in text)

@@ -1,0 +1,266 @@
+"""Device: one GPUDevice with its allocator, kernel caches and batched command stream.
+
+Ops record dispatches into one open compute pass of a pending command
+encoder; the encoder is submitted on readback, upload, cross-device copy,
+``synchronize``, or once ``submit_threshold`` dispatches are pending
+(a submit costs 50-100 us; a dispatch inside an open pass a few us).
+Every public method takes the device lock, so several threads may share a
+device, and threads driving different devices never contend.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import wgpu
+
+from ..errors import BindingLimitError, WgparError
+from .allocator import STORAGE_USAGE, Block, CachingAllocator
+from .config import CONFIG
+from .kernels import PARAM_SLOT, KernelSpec
+
+_ARENA_SLOTS = 1024
+_BIND_GROUP_CACHE_MAX = 8192
+
+_LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
+               "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
+_WANTED_FEATURES = ("shader-f16", "subgroup")
+
+
+class Device:
+    """A WebGPU device that owns tensors' memory and runs their kernels.
+
+    Arguments:
+        adapter: the wgpu adapter the device is created on.
+        index: the device's wgpar index (``wgpar.device(index)``).
+        logical: which of several devices on one adapter this is (0 for the first).
+    """
+
+    def __init__(self, adapter: wgpu.GPUAdapter, index: int, logical: int = 0) -> None:
+        info = adapter.info
+        self.index = index
+        self.logical = logical
+        self.adapter_name: str = info.get("device", "") or info.get("description", "") or "unknown"
+        self.backend: str = info.get("backend_type", "")
+        self.adapter_type: str = info.get("adapter_type", "")
+        features = [f for f in _WANTED_FEATURES if f in adapter.features]
+        try:
+            self._dev = adapter.request_device_sync(
+                label=f"wgpar:{index}", required_features=features, required_limits=None
+            )
+        except Exception as exc:
+            raise WgparError(f"could not create a device on adapter {self.adapter_name!r} ({self.backend}): {exc}") from exc
+        self.features = frozenset(str(f) for f in self._dev.features)
+        self.limits: dict[str, int] = dict(self._dev.limits)
+        self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
+        self.max_buffer = int(self.limits["max-buffer-size"])
+        self.has_f16 = "shader-f16" in self.features
+        self.queue = self._dev.queue
+        self._lock = threading.RLock()
+        self._threshold = CONFIG.submit_threshold
+        self.allocator = CachingAllocator(self._create_storage, min(self.max_binding, self.max_buffer),
+                                          self._forget_buffers, name=str(self))
+        self.allocator.flush_and_wait = self.synchronize
+        self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
+        self._bind_groups: dict[tuple, Any] = {}
+        self._staging: dict[int, wgpu.GPUBuffer] = {}
+        align = int(self.limits.get("min-uniform-buffer-offset-alignment", 256))
+        self._slot = max(PARAM_SLOT, align)
+        self._arena = self._dev.create_buffer(
+            label=f"wgpar:{index}:params", size=self._slot * _ARENA_SLOTS,
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self._arena_host = bytearray(self._slot * _ARENA_SLOTS)
+        self._fence = self._dev.create_buffer(
+            label=f"wgpar:{index}:fence", size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self._encoder: Any = None
+        self._pass: Any = None
+        self._pending = 0
+        self._arena_used = 0
+        self.num_submits = 0
+        self.num_dispatches = 0
+
+    # -- identity -------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        lim = {k: self.limits[k] for k in _LIMIT_KEYS if k in self.limits}
+        logical = f", logical={self.logical}" if self.logical else ""
+        return (f"Device(index={self.index}, adapter={self.adapter_name!r}, backend={self.backend!r}, "
+                f"type={self.adapter_type!r}{logical}, f16={self.has_f16}, limits={lim})")
+
+    def __str__(self) -> str:
+        return f"wgpu:{self.index} ({self.adapter_name}, {self.backend})"
+
+    # -- memory ---------------------------------------------------------------------------
+    def _create_storage(self, size: int) -> wgpu.GPUBuffer:
+        return self._dev.create_buffer(label=f"wgpar:{self.index}:tensor", size=size, usage=STORAGE_USAGE)
+
+    def malloc(self, nbytes: int) -> Block:
+        if nbytes > self.max_binding:
+            raise BindingLimitError(
+                f"{self}: a tensor of {nbytes} bytes exceeds this device's largest storage binding "
+                f"({self.max_binding} bytes, max-storage-buffer-binding-size); split it into smaller tensors")
+        return self.allocator.malloc(nbytes)
+
+    def _forget_buffers(self, buffers: Sequence[wgpu.GPUBuffer]) -> None:
+        if not buffers:
+            return
+        dead = {id(b) for b in buffers}
+        with self._lock:
+            for key in [k for k in self._bind_groups if any(id(b) in dead for b in k[1])]:
+                del self._bind_groups[key]
+
+    def empty_cache(self) -> int:
+        """Return every cached (unused) buffer to wgpu; returns the bytes released."""
+        with self._lock:
+            self.synchronize()
+            released = self.allocator.release_cache()
+            self._staging.clear()
+            # wgpu frees dropped buffers only after a later submit and poll.
+            self._submit_empty_and_wait()
+            return released
+
+    # -- command stream -------------------------------------------------------------------
+    def _compute_pass(self):
+        if self._pass is None:
+            if self._encoder is None:
+                self._encoder = self._dev.create_command_encoder(label=f"wgpar:{self.index}:batch")
+            self._pass = self._encoder.begin_compute_pass(label=f"wgpar:{self.index}:pass")
+        return self._pass
+
+    def _end_pass(self):
+        if self._pass is not None:
+            self._pass.end()
+            self._pass = None
+        if self._encoder is None:
+            self._encoder = self._dev.create_command_encoder(label=f"wgpar:{self.index}:batch")
+        return self._encoder
+
+    def _pipeline(self, kspec: KernelSpec):
+        hit = self._pipelines.get(kspec)
+        if hit is not None:
+            return hit
+        entries = [
+            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+             "buffer": {"type": wgpu.BufferBindingType.read_only_storage if a == "r" else wgpu.BufferBindingType.storage}}
+            for i, a in enumerate(kspec.access)
+        ]
+        entries.append({"binding": len(kspec.access), "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True,
+                                   "min_binding_size": 0}})
+        try:
+            module = self._dev.create_shader_module(label=kspec.label, code=kspec.source())
+            layout = self._dev.create_bind_group_layout(label=kspec.label, entries=entries)
+            pl = self._dev.create_pipeline_layout(label=kspec.label, bind_group_layouts=[layout])
+            pipeline = self._dev.create_compute_pipeline(
+                label=kspec.label, layout=pl, compute={"module": module, "entry_point": "main"})
+        except Exception as exc:
+            raise WgparError(f"{self}: building kernel {kspec.label} failed: {exc}") from exc
+        self._pipelines[kspec] = (pipeline, layout)
+        return pipeline, layout
+
+    def _bind_group(self, kspec: KernelSpec, layout, buffers: tuple) -> Any:
+        key = (kspec, buffers)
+        bg = self._bind_groups.get(key)
+        if bg is None:
+            if len(self._bind_groups) >= _BIND_GROUP_CACHE_MAX:
+                self._bind_groups.clear()
+            entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                       for i, b in enumerate(buffers)]
+            entries.append({"binding": len(buffers),
+                            "resource": {"buffer": self._arena, "offset": 0, "size": PARAM_SLOT}})
+            bg = self._dev.create_bind_group(label=kspec.label, layout=layout, entries=entries)
+            self._bind_groups[key] = bg
+        return bg
+
+    def dispatch(self, kspec: KernelSpec, buffers: Sequence[wgpu.GPUBuffer], params: bytes,
+                 groups: tuple[int, int] | tuple[int, int, int]) -> None:
+        """Record one dispatch of ``kspec`` over ``buffers`` (in binding order)."""
+        with self._lock:
+            pipeline, layout = self._pipeline(kspec)
+            bg = self._bind_group(kspec, layout, tuple(buffers))
+            if self._arena_used >= _ARENA_SLOTS:
+                self._flush_locked()
+            offset = self._arena_used * self._slot
+            self._arena_host[offset:offset + len(params)] = params
+            self._arena_used += 1
+            cp = self._compute_pass()
+            cp.set_pipeline(pipeline)
+            cp.set_bind_group(0, bg, [offset])
+            cp.dispatch_workgroups(*groups)
+            self._pending += 1
+            self.num_dispatches += 1
+            if self._pending >= self._threshold:
+                self._flush_locked()
+
+    def copy(self, src: wgpu.GPUBuffer, src_offset: int, dst: wgpu.GPUBuffer, dst_offset: int, nbytes: int) -> None:
+        """Record a buffer-to-buffer copy (offsets and size multiples of 4)."""
+        with self._lock:
+            self._end_pass().copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+            self._pending += 1
+
+    def _flush_locked(self) -> None:
+        if self._encoder is None and self._pass is None:
+            return
+        encoder = self._end_pass()
+        if self._arena_used:
+            self.queue.write_buffer(self._arena, 0, memoryview(self._arena_host)[: self._arena_used * self._slot])
+        self.queue.submit([encoder.finish()])
+        self.num_submits += 1
+        self._encoder = None
+        self._pending = 0
+        self._arena_used = 0
+
+    def flush(self) -> None:
+        """Submit everything recorded so far (does not wait for it)."""
+        with self._lock:
+            self._flush_locked()
+
+    def _submit_empty_and_wait(self) -> None:
+        enc = self._dev.create_command_encoder(label=f"wgpar:{self.index}:fence")
+        enc.copy_buffer_to_buffer(self._arena, 0, self._fence, 0, 16)
+        self.queue.submit([enc.finish()])
+        self.num_submits += 1
+        # A map of a tiny buffer completes after all prior work: our fence (on_submitted_work_done is broken in 0.32).
+        self._fence.map_sync(wgpu.MapMode.READ)
+        self._fence.unmap()
+
+    def synchronize(self) -> None:
+        """Submit pending work and wait until the GPU has finished all of it."""
+        with self._lock:
+            self._flush_locked()
+            self._submit_empty_and_wait()
+
+    # -- host transfers -------------------------------------------------------------------
+    def upload(self, buffer: wgpu.GPUBuffer, offset: int, data: bytes | memoryview) -> None:
+        with self._lock:
+            # write_buffer runs before still-unsubmitted work, which may read this (reused) buffer.
+            self._flush_locked()
+            self.queue.write_buffer(buffer, offset, data)
+
+    def _staging_buffer(self, size: int) -> wgpu.GPUBuffer:
+        bucket = 1 << max(8, (size - 1).bit_length())
+        buf = self._staging.get(bucket)
+        if buf is None:
+            buf = self._dev.create_buffer(label=f"wgpar:{self.index}:staging", size=bucket,
+                                          usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            self._staging[bucket] = buf
+        return buf
+
+    def download(self, buffer: wgpu.GPUBuffer, offset: int, nbytes: int) -> bytes:
+        """Copy ``nbytes`` at ``offset`` (both multiples of 4) back to the host."""
+        if nbytes == 0:
+            return b""
+        with self._lock:
+            staging = self._staging_buffer(nbytes)
+            self._end_pass().copy_buffer_to_buffer(buffer, offset, staging, 0, nbytes)
+            self._flush_locked()
+            staging.map_sync(wgpu.MapMode.READ, 0, staging.size)
+            try:
+                return bytes(staging.read_mapped(0, nbytes, copy=True))
+            finally:
+                staging.unmap()
+
+    # -- stats ----------------------------------------------------------------------------
+    def memory_stats(self) -> dict[str, int]:
+        return self.allocator.stats()
+

@@ -1,0 +1,501 @@
+"""Tensor: shape, strides and dtype over a Storage on one Device.
+
+Views (reshape, transpose, permute, slicing, expand) share storage and only
+change shape, strides and offset; kernels read any strides, so no op copies
+a view unless it must. Operators and methods forward to ``wgpar.ops``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import dtypes as _dt
+from .dtypes import DType
+from .errors import DeviceMismatchError
+from .runtime import adapters as _adapters
+from .runtime.device import Device
+from .storage import Storage
+
+Shape = tuple[int, ...]
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _norm_shape(shape: Iterable[Any]) -> Shape:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    out = []
+    for n in shape:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"shape entries must be ints, got {shape!r}")
+        if n < 0:
+            raise ValueError(f"negative dimension in shape {tuple(shape)!r}")
+        out.append(int(n))
+    return tuple(out)
+
+
+class Tensor:
+    """An n-dimensional array on a WebGPU device."""
+
+    __array_priority__ = 1000  # numpy scalars/arrays defer to our operators
+
+    def __init__(self, storage: Storage, shape: Shape, strides: Shape | None = None, offset: int = 0,
+                 requires_grad: bool = False) -> None:
+        self._storage = storage
+        self._shape = tuple(shape)
+        self._strides = contiguous_strides(shape) if strides is None else tuple(strides)
+        self._offset = offset
+        self.requires_grad = requires_grad
+        self.grad: Tensor | None = None
+        self._node = None  # autograd: the graph node that produced this tensor
+        self._retain = False
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape: Sequence[int], dtype: DType | str = _dt.float32, device=None) -> "Tensor":
+        dtype = _dt.as_dtype(dtype)
+        dev = _adapters.resolve(device)
+        shape = _norm_shape(shape)
+        _check_dtype_supported(dtype, dev)
+        return cls(Storage(dev, dtype, math.prod(shape)), shape)
+
+    @classmethod
+    def from_numpy(cls, arr: np.ndarray, device=None, dtype=None) -> "Tensor":
+        arr = np.asarray(arr)
+        dt = _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy_dtype(arr.dtype)
+        if dt.is_float and arr.dtype.kind not in "fiub":
+            raise TypeError(f"cannot make a {dt.name} tensor from NumPy dtype {arr.dtype}")
+        t = cls.empty(arr.shape, dt, device)
+        if t.numel() == 0:
+            return t
+        host_dtype = np.int32 if dt.storage == "i32" else dt.np
+        if dt.storage == "i32" and arr.dtype.kind in "iu" and arr.size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < -(2**31) or hi >= 2**31:
+                raise ValueError(f"integer values in [{lo}, {hi}] do not fit int32")
+        data = np.ascontiguousarray(arr, dtype=host_dtype).tobytes()
+        if len(data) % 4:
+            data += b"\0" * (4 - len(data) % 4)
+        t.device.upload(t._storage.buffer, 0, data)
+        if dt.storage == "i32" and arr.size:
+            t._host_range = (int(arr.min()), int(arr.max()))  # lets index ops validate without a readback
+        return t
+
+    # -- attributes -----------------------------------------------------------------------
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    def size(self, dim: int | None = None):
+        return self._shape if dim is None else self._shape[_wrap_dim(dim, self.ndim)]
+
+    @property
+    def dtype(self) -> DType:
+        return self._storage.dtype
+
+    @property
+    def device(self) -> Device:
+        return self._storage.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    def numel(self) -> int:
+        return math.prod(self._shape)
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    @property
+    def strides(self) -> Shape:
+        """Strides in elements (not bytes, unlike NumPy)."""
+        return self._strides
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[_wrap_dim(dim, self.ndim)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.dtype.itemsize
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    def is_contiguous(self) -> bool:
+        expect = contiguous_strides(self._shape)
+        return all(n == 1 or s == e for n, s, e in zip(self._shape, self._strides, expect))
+
+    def data_ptr(self) -> tuple[int, int]:
+        """(id of the storage, element offset): equal for views that start at the same element."""
+        return id(self._storage), self._offset
+
+    # -- host interop ---------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """Copy to a new NumPy array (waits for pending work on the device)."""
+        if self.numel() == 0:
+            return np.zeros(self._shape, dtype=self.dtype.np)
+        src = self if self.is_contiguous() else self.contiguous()
+        dt = src.dtype
+        start = src._offset * dt.itemsize
+        end = start + src.numel() * dt.itemsize
+        lo = start - start % 4
+        hi = -(-end // 4) * 4
+        raw = src.device.download(src._storage.buffer, lo, hi - lo)
+        host = np.frombuffer(raw, dtype=np.int32 if dt.storage == "i32" else dt.np,
+                             count=src.numel(), offset=start - lo)
+        if dt is _dt.bool_:
+            host = host != 0
+        return host.reshape(self._shape).copy()
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def item(self):
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self._shape}")
+        return self.numpy().reshape(()).item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(), separator=", ", precision=4, threshold=200, prefix="tensor(")
+        extra = [f"device={self.device.index}"]
+        if self.dtype is not _dt.float32:
+            extra.append(f"dtype={self.dtype.name}")
+        if self.requires_grad:
+            extra.append("requires_grad=True")
+        return f"tensor({body}, {', '.join(extra)})"
+
+    def to(self, device=None, dtype=None) -> "Tensor":
+        """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``)."""
+        if isinstance(device, (DType, type)) or (isinstance(device, str) and not device.replace("wgpu:", "").isdigit()):
+            device, dtype = None, device
+        out = self
+        if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
+            out = ops.cast(out, _dt.as_dtype(dtype))
+        if device is not None:
+            dev = _adapters.resolve(device)
+            if dev is not out.device:
+                out = ops.to_device(out, dev)
+        return out
+
+    def float(self) -> "Tensor":
+        return self.to(dtype=_dt.float32)
+
+    def half(self) -> "Tensor":
+        return self.to(dtype=_dt.float16)
+
+    def int(self) -> "Tensor":
+        return self.to(dtype=_dt.int32)
+
+    def bool(self) -> "Tensor":
+        return self.to(dtype=_dt.bool_)
+
+    def astype(self, dtype) -> "Tensor":
+        return self.to(dtype=dtype)
+
+    def cpu(self) -> np.ndarray:
+        return self.numpy()
+
+    # -- shape ----------------------------------------------------------------------------
+    def reshape(self, *shape) -> "Tensor":
+        return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    view = reshape
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        return ops.flatten(self, start_dim, end_dim)
+
+    def permute(self, *axes) -> "Tensor":
+        return ops.permute(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
+
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
+        return ops.transpose(self, dim0, dim1)
+
+    @property
+    def T(self) -> "Tensor":
+        return ops.permute(self, tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self) -> "Tensor":
+        return ops.transpose(self, -2, -1)
+
+    def contiguous(self) -> "Tensor":
+        return ops.contiguous(self)
+
+    def clone(self) -> "Tensor":
+        return ops.clone(self)
+
+    def expand(self, *shape) -> "Tensor":
+        return ops.expand(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def squeeze(self, dim=None) -> "Tensor":
+        return ops.squeeze(self, dim)
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        return ops.unsqueeze(self, dim)
+
+    def __getitem__(self, key) -> "Tensor":
+        return ops.getitem(self, key)
+
+    def __setitem__(self, key, value) -> None:
+        ops.setitem(self, key, value)
+
+    def index_select(self, dim: int, index) -> "Tensor":
+        return ops.index_select(self, dim, index)
+
+    # -- arithmetic -----------------------------------------------------------------------
+    def __add__(self, o):
+        return ops.binary("add", self, o)
+
+    def __radd__(self, o):
+        return ops.binary("add", o, self)
+
+    def __sub__(self, o):
+        return ops.binary("sub", self, o)
+
+    def __rsub__(self, o):
+        return ops.binary("sub", o, self)
+
+    def __mul__(self, o):
+        return ops.binary("mul", self, o)
+
+    def __rmul__(self, o):
+        return ops.binary("mul", o, self)
+
+    def __truediv__(self, o):
+        return ops.binary("div", self, o)
+
+    def __rtruediv__(self, o):
+        return ops.binary("div", o, self)
+
+    def __pow__(self, o):
+        return ops.binary("pow", self, o)
+
+    def __rpow__(self, o):
+        return ops.binary("pow", o, self)
+
+    def __neg__(self):
+        return ops.unary("neg", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return ops.unary("abs", self)
+
+    def __matmul__(self, o):
+        return ops.matmul(self, o)
+
+    def __rmatmul__(self, o):
+        return ops.matmul(o, self)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return ops.binary("eq", self, o)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return ops.binary("ne", self, o)
+
+    def __lt__(self, o):
+        return ops.binary("lt", self, o)
+
+    def __le__(self, o):
+        return ops.binary("le", self, o)
+
+    def __gt__(self, o):
+        return ops.binary("gt", self, o)
+
+    def __ge__(self, o):
+        return ops.binary("ge", self, o)
+
+    __hash__ = object.__hash__
+
+    def __iadd__(self, o):
+        return ops.inplace("add", self, o)
+
+    def __isub__(self, o):
+        return ops.inplace("sub", self, o)
+
+    def __imul__(self, o):
+        return ops.inplace("mul", self, o)
+
+    def __itruediv__(self, o):
+        return ops.inplace("div", self, o)
+
+    def add(self, o, alpha=1):
+        return ops.binary("add", self, o if alpha == 1 else o * alpha)
+
+    def sub(self, o, alpha=1):
+        return ops.binary("sub", self, o if alpha == 1 else o * alpha)
+
+    def mul(self, o):
+        return ops.binary("mul", self, o)
+
+    def div(self, o):
+        return ops.binary("div", self, o)
+
+    def pow(self, o):
+        return ops.binary("pow", self, o)
+
+    def maximum(self, o):
+        return ops.binary("maximum", self, o)
+
+    def minimum(self, o):
+        return ops.binary("minimum", self, o)
+
+    def matmul(self, o):
+        return ops.matmul(self, o)
+
+    def clamp(self, min=None, max=None):
+        return ops.clamp(self, min, max)
+
+    clip = clamp
+
+    # in place, for optimizers and initialisation
+    def add_(self, o, alpha=1):
+        return ops.inplace("add", self, o if alpha == 1 else o * alpha)
+
+    def sub_(self, o, alpha=1):
+        return ops.inplace("sub", self, o if alpha == 1 else o * alpha)
+
+    def mul_(self, o):
+        return ops.inplace("mul", self, o)
+
+    def div_(self, o):
+        return ops.inplace("div", self, o)
+
+    def pow_(self, o):
+        return ops.inplace("pow", self, o)
+
+    def clamp_(self, min=None, max=None):
+        return ops.copy_(self, ops.clamp(self, min, max))
+
+    def copy_(self, src):
+        return ops.copy_(self, src)
+
+    def fill_(self, value):
+        return ops.fill_(self, value)
+
+    def zero_(self):
+        return ops.fill_(self, 0)
+
+    # -- unary ----------------------------------------------------------------------------
+    def neg(self):
+        return ops.unary("neg", self)
+
+    def abs(self):
+        return ops.unary("abs", self)
+
+    def exp(self):
+        return ops.unary("exp", self)
+
+    def log(self):
+        return ops.unary("log", self)
+
+    def sqrt(self):
+        return ops.unary("sqrt", self)
+
+    def rsqrt(self):
+        return ops.unary("rsqrt", self)
+
+    def tanh(self):
+        return ops.unary("tanh", self)
+
+    def sigmoid(self):
+        return ops.unary("sigmoid", self)
+
+    def relu(self):
+        return ops.unary("relu", self)
+
+    def gelu(self):
+        return ops.unary("gelu", self)
+
+    # -- reductions -----------------------------------------------------------------------
+    def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return ops.reduce("sum", self, _axis(axis, dim), _keep(keepdims, keepdim))
+
+    def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return ops.reduce("mean", self, _axis(axis, dim), _keep(keepdims, keepdim))
+
+    def max(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return ops.reduce("max", self, _axis(axis, dim), _keep(keepdims, keepdim))
+
+    def min(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return ops.reduce("min", self, _axis(axis, dim), _keep(keepdims, keepdim))
+
+    def argmax(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return ops.reduce("argmax", self, _axis(axis, dim), _keep(keepdims, keepdim))
+
+    def argmin(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return ops.reduce("argmin", self, _axis(axis, dim), _keep(keepdims, keepdim))
+
+    def softmax(self, axis=-1, *, dim=None):
+        return ops.softmax(self, _axis(axis, dim), log=False)
+
+    def log_softmax(self, axis=-1, *, dim=None):
+        return ops.softmax(self, _axis(axis, dim), log=True)
+
+
+def _axis(axis, dim):
+    if dim is not None:
+        if axis is not None and axis != -1:
+            raise TypeError("pass either axis= or dim=, not both")
+        return dim
+    return axis
+
+
+def _keep(keepdims, keepdim):
+    return bool(keepdims if keepdim is None else keepdim)
+
+
+def _wrap_dim(dim: int, ndim: int) -> int:
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"dimension must be an int, got {dim!r}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"dimension {dim} out of range for a {ndim}-d tensor")
+    return int(dim) % n
+
+
+def _check_dtype_supported(dtype: DType, dev: Device) -> None:
+    if dtype is _dt.float16 and not dev.has_f16:
+        raise TypeError(f"{dev} has no shader-f16 feature: float16 tensors are not supported there")
+
+
+def check_same_device(*tensors: Tensor, op: str) -> Device:
+    devs = {t.device for t in tensors}
+    if len(devs) > 1:
+        desc = ", ".join(f"{tuple(t.shape)} on {t.device}" for t in tensors)
+        raise DeviceMismatchError(f"{op}: tensors are on different devices ({desc}); move them with .to(device)")
+    return tensors[0].device
+
+
+from . import ops  # noqa: E402  (ops import Tensor from this module)
