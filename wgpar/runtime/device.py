@@ -69,7 +69,7 @@ class Device:
         self._slot = max(PARAM_SLOT, align)
         self._arena = self._dev.create_buffer(
             label=f"wgpar:{index}:params", size=self._slot * _ARENA_SLOTS,
-            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
         self._arena_host = bytearray(self._slot * _ARENA_SLOTS)
         self._fence = self._dev.create_buffer(
             label=f"wgpar:{index}:fence", size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
