@@ -45,7 +45,7 @@ def _physical() -> list[wgpu.GPUAdapter]:
     if CONFIG.backend:
         found = [a for a in found if backend(a) == CONFIG.backend]
     native = [a for a in found if backend(a) in _NATIVE]
-    chosen = native or found
+    chosen = _dedupe(native or found)
     if CONFIG.adapter is not None:
         chosen = _select(chosen, CONFIG.adapter)
     elif any(kind(a) != "cpu" for a in chosen):
@@ -55,6 +55,26 @@ def _physical() -> list[wgpu.GPUAdapter]:
         raise AdapterNotFoundError(f"no adapter left after WGPAR_BACKEND={CONFIG.backend!r}")
     _adapters = chosen
     return chosen
+
+
+def _dedupe(found: list[wgpu.GPUAdapter]) -> list[wgpu.GPUAdapter]:
+    """Keep each GPU once: of the backends listing one (vendor, device, name), only the preferred one.
+
+    Identical cards on the same backend stay separate (they are separate GPUs); the same card seen
+    through Vulkan and D3D12 (Windows) counts once.
+    """
+    def rank(a: wgpu.GPUAdapter) -> int:
+        b = str(a.info.get("backend_type", "")).lower()
+        return _NATIVE.index(b) if b in _NATIVE else len(_NATIVE)
+
+    def ident(a: wgpu.GPUAdapter) -> tuple:
+        i = a.info
+        return i.get("vendor_id"), i.get("device_id"), i.get("device")
+
+    best: dict[tuple, int] = {}
+    for a in found:
+        best[ident(a)] = min(best.get(ident(a), rank(a)), rank(a))
+    return [a for a in found if rank(a) == best[ident(a)]]
 
 
 def _select(candidates: list[wgpu.GPUAdapter], want: str) -> list[wgpu.GPUAdapter]:

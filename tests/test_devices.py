@@ -1,0 +1,166 @@
+"""Adapters and devices: deduplication, logical devices, WGPAR_ADAPTER selection, repr."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.runtime import adapters
+from wgpar.runtime.config import Config
+
+from .helpers import assert_close
+
+
+class FakeAdapter:
+    """Just enough of a wgpu.GPUAdapter for the selection logic (which reads only ``info``)."""
+
+    def __init__(self, device, backend, kind="DiscreteGPU", vendor_id=0x10DE, device_id=1):
+        self.info = {"device": device, "backend_type": backend, "adapter_type": kind,
+                     "vendor_id": vendor_id, "device_id": device_id}
+
+    def __repr__(self):
+        return f"Fake({self.info['device']}, {self.info['backend_type']})"
+
+
+def _physical_with(monkeypatch, found, adapter=None, backend=None):
+    monkeypatch.setattr(adapters, "_adapters", None)
+    monkeypatch.setattr(adapters, "CONFIG", Config(adapter=adapter, backend=backend, submit_threshold=512))
+    monkeypatch.setattr(adapters.wgpu.gpu, "enumerate_adapters_sync", lambda: list(found))
+    return adapters._physical()
+
+
+def test_devices_one_per_physical_adapter(dev):
+    devs = wgpar.devices()
+    assert len(devs) == len(wgpar.adapter_names()) >= 1
+    assert devs[0] is dev is wgpar.device(0)
+    # The real enumeration lists lavapipe under Vulkan and OpenGL: only one must survive.
+    names = [d.adapter_name for d in devs]
+    assert len(set(names)) == len(names), names
+    assert all(d.backend.lower() != "opengl" for d in devs) or len(devs) == 1
+
+
+def test_same_gpu_on_several_backends_counts_once(monkeypatch):
+    gpu = dict(device="NVIDIA H100", vendor_id=0x10DE, device_id=0x2330)
+    found = [FakeAdapter(backend="Vulkan", **gpu), FakeAdapter(backend="D3D12", **gpu),
+             FakeAdapter(backend="OpenGL", **gpu),
+             FakeAdapter("llvmpipe", "Vulkan", kind="CPU", vendor_id=0x10005, device_id=0)]
+    chosen = _physical_with(monkeypatch, found)
+    assert len(chosen) == 1, chosen
+    assert chosen[0].info["backend_type"] in ("Vulkan", "D3D12")
+
+
+def test_two_identical_gpus_are_two_adapters(monkeypatch):
+    # Two cards of one model differ in nothing wgpu reports except their position in the list.
+    found = [FakeAdapter("RTX 4090", "Vulkan", device_id=7), FakeAdapter("RTX 4090", "Vulkan", device_id=7),
+             FakeAdapter("RTX 4090", "OpenGL", device_id=7), FakeAdapter("RTX 4090", "OpenGL", device_id=7)]
+    chosen = _physical_with(monkeypatch, found)
+    assert [a.info["backend_type"] for a in chosen] == ["Vulkan", "Vulkan"]
+
+
+def test_opengl_only_when_nothing_native(monkeypatch):
+    chosen = _physical_with(monkeypatch, [FakeAdapter("Old GPU", "OpenGL")])
+    assert [a.info["backend_type"] for a in chosen] == ["OpenGL"]
+
+
+def test_software_adapter_dropped_next_to_a_gpu_and_discrete_first(monkeypatch):
+    found = [FakeAdapter("llvmpipe", "Vulkan", kind="CPU", vendor_id=0x10005, device_id=0),
+             FakeAdapter("Intel UHD", "Vulkan", kind="IntegratedGPU", vendor_id=0x8086, device_id=3),
+             FakeAdapter("Radeon RX", "Vulkan", kind="DiscreteGPU", vendor_id=0x1002, device_id=4)]
+    chosen = _physical_with(monkeypatch, found)
+    assert [a.info["device"] for a in chosen] == ["Radeon RX", "Intel UHD"]
+
+
+def test_wgpar_backend_restricts(monkeypatch):
+    gpu = dict(device="GPU", vendor_id=1, device_id=2)
+    chosen = _physical_with(monkeypatch, [FakeAdapter(backend="Vulkan", **gpu), FakeAdapter(backend="OpenGL", **gpu)],
+                            backend="opengl")
+    assert [a.info["backend_type"] for a in chosen] == ["OpenGL"]
+
+
+def test_select_by_index_and_name():
+    cands = [FakeAdapter("NVIDIA RTX 4090", "Vulkan"), FakeAdapter("AMD Radeon RX 7900", "Vulkan", vendor_id=0x1002),
+             FakeAdapter("llvmpipe (LLVM 15)", "Vulkan", kind="CPU")]
+    assert adapters._select(cands, "1") == [cands[1]]
+    assert adapters._select(cands, "0") == [cands[0]]
+    assert adapters._select(cands, "radeon") == [cands[1]]  # case-insensitive substring
+    assert adapters._select(cands, "LLVMPIPE") == [cands[2]]
+    assert adapters._select(cands, "vulkan") == cands  # the backend is part of the described name
+    with pytest.raises(wgpar.AdapterNotFoundError, match="only 3 adapters"):
+        adapters._select(cands, "3")
+    with pytest.raises(wgpar.AdapterNotFoundError, match="intel"):
+        adapters._select(cands, "intel")
+
+
+def test_wgpar_adapter_selects_software_adapter_by_name(monkeypatch):
+    # A CPU adapter named explicitly is kept even when a GPU exists.
+    found = [FakeAdapter("RTX", "Vulkan"), FakeAdapter("llvmpipe", "Vulkan", kind="CPU", vendor_id=0x10005)]
+    chosen = _physical_with(monkeypatch, found, adapter="llvm")
+    assert [a.info["device"] for a in chosen] == ["llvmpipe"]
+
+
+def _run_with_env(env_value: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WGPAR_ADAPTER=env_value, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+    code = "import wgpar; print(wgpar.adapter_names()); print(wgpar.device(0).adapter_name)"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_wgpar_adapter_env_in_subprocess(dev):
+    name = dev.adapter_name
+    ok = _run_with_env("0")
+    assert ok.returncode == 0, ok.stderr
+    assert name in ok.stdout
+    word = name.split()[0].upper()
+    ok = _run_with_env(word)
+    assert ok.returncode == 0, ok.stderr
+    assert name in ok.stdout
+    bad = _run_with_env("no-such-adapter-xyz")
+    assert bad.returncode != 0
+    assert "AdapterNotFoundError" in bad.stderr and "no-such-adapter-xyz" in bad.stderr
+
+
+@pytest.mark.multidevice
+def test_logical_devices_are_independent(devs2):
+    a, b = devs2
+    assert a is not b and a.index == 0 and b.index == 1
+    assert wgpar.devices(2) == devs2 and wgpar.device(1) is b
+    assert a._dev is not b._dev and a.queue is not b.queue and a.allocator is not b.allocator
+    if len(wgpar.devices()) == 1:
+        assert b.logical == 1 and a.adapter_name == b.adapter_name
+    before_a = wgpar.memory_stats(a)["allocated_bytes"]
+    t = wgpar.zeros(1000, device=b)
+    assert wgpar.memory_stats(a)["allocated_bytes"] == before_a
+    assert wgpar.memory_stats(b)["allocated_bytes"] >= t.nbytes
+    assert t.device is b
+
+
+@pytest.mark.multidevice
+def test_device_spellings(devs2, rng):
+    _, b = devs2
+    data = rng.standard_normal(5).astype(np.float32)
+    for spelling in (b, 1, "wgpu:1", "1"):
+        t = wgpar.tensor(data, device=spelling)
+        assert t.device is b
+        assert_close(t.numpy(), data)
+
+
+def test_bad_device_arguments():
+    with pytest.raises(ValueError):
+        wgpar.device(-1)
+    with pytest.raises(ValueError):
+        wgpar.devices(0)
+    with pytest.raises(ValueError, match="wgpu:0"):
+        wgpar.zeros(3, device="cuda")
+
+
+def test_repr_names_adapter_backend_and_limits(dev):
+    r = repr(dev)
+    assert dev.adapter_name in r
+    assert dev.backend in r
+    assert "max-storage-buffer-binding-size" in r
+    assert str(dev.max_binding) in r
+    assert str(dev).startswith("wgpu:0")
