@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import ops
+from .autograd import functions as ops
 from .tensor import Tensor, _axis
 
 

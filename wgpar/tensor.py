@@ -146,6 +146,36 @@ class Tensor:
         """(id of the storage, element offset): equal for views that start at the same element."""
         return id(self._storage), self._offset
 
+    # -- autograd -------------------------------------------------------------------------
+    def backward(self, grad: "Tensor | None" = None, retain_graph: bool = False) -> None:
+        """Accumulate gradients of this tensor into the ``.grad`` of every leaf it depends on."""
+        from .autograd.engine import backward
+
+        backward([self], [grad], retain_graph=retain_graph)
+
+    def retain_grad(self) -> "Tensor":
+        """Keep ``.grad`` on this non-leaf tensor after backward."""
+        from .autograd.engine import retain_grad
+
+        retain_grad(self)
+        return self
+
+    def detach(self) -> "Tensor":
+        """A view of the same storage outside the graph."""
+        return Tensor(self._storage, self._shape, self._strides, self._offset)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if requires_grad and not self.dtype.is_float:
+            raise TypeError(f"only float tensors can require gradients, got {self.dtype.name}")
+        if not requires_grad and self._node is not None:
+            raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def grad_fn(self):
+        return self._node
+
     # -- host interop ---------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """Copy to a new NumPy array (waits for pending work on the device)."""
@@ -498,4 +528,5 @@ def check_same_device(*tensors: Tensor, op: str) -> Device:
     return tensors[0].device
 
 
-from . import ops  # noqa: E402  (ops import Tensor from this module)
+# Methods call the differentiable ops (which import Tensor from this module).
+from .autograd import functions as ops  # noqa: E402

@@ -47,6 +47,12 @@ OPS: dict[str, tuple[str, str]] = {
     "clamp_min": ("arith", "max(x0, x1)"),
     "clamp_max": ("arith", "min(x0, x1)"),
     "copy": ("copy", "x0"),
+    "sign": ("arith", "sign(x0)"),
+    # fused backward kernels: x0 = forward input (or output), x1 = incoming gradient
+    "relu_bwd": ("arith", "select(C(0), x1, x0 > C(0))"),
+    "gelu_bwd": ("float", "x1 * gelu_grad_(x0)"),
+    "tanh_bwd": ("float", "x1 * (1.0 - x0 * x0)"),
+    "sigmoid_bwd": ("float", "x1 * x0 * (1.0 - x0)"),
 }
 
 Operand = Tensor | int | float | bool

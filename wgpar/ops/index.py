@@ -125,3 +125,24 @@ def index_select(t: Tensor, dim: int, index) -> Tensor:
                       pack(outer, t.shape[d], inner, idx.numel(), src._offset, idx._offset, 0, 0),
                       grid(-(-total // WORKGROUP)))
     return out
+
+
+def index_add_rows(grad: Tensor, dim: int, index: Tensor, n: int) -> Tensor:
+    """Sum ``grad`` rows back into a dim of size ``n`` by ``index`` (index_select's backward)."""
+    idx = index.numpy().reshape(-1).astype(np.int64)
+    idx = np.where(idx < 0, idx + n, idx)
+    d = dim
+    outer, inner = math.prod(grad.shape[:d]), math.prod(grad.shape[d + index.ndim:])
+    out_shape = grad.shape[:d] + (n,) + grad.shape[d + index.ndim:]
+    out = Tensor.empty(out_shape, grad.dtype, grad.device)
+    if out.numel() == 0:
+        return out
+    order = np.argsort(idx, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(idx, minlength=n))])
+    csr = Tensor.from_numpy(np.concatenate([starts, order]).astype(np.int32), device=grad.device)
+    g = contiguous(grad)
+    f16 = "enable f16;" if grad.dtype is _dt.float16 else ""
+    k = spec("index_add", ("w", "r", "r"), F16=f16, T=grad.dtype.storage)
+    grad.device.dispatch(k, [out._storage.buffer, g._storage.buffer, csr._storage.buffer],
+                         pack(outer, n, inner, idx.size, g._offset, 0, 0, 0), grid(-(-out.numel() // WORKGROUP)))
+    return out

@@ -1,0 +1,16 @@
+"""Reverse-mode autograd: thread-local graphs, explicit tapes, custom Functions.
+
+See ../shared/DESIGN.md "Autograd for the parallel pieces": every thread
+records its own graph; ``install_tape`` / ``take_tape`` hand one thread's
+recorded nodes to whoever runs their backward (``backward_with_grad``).
+"""
+
+from .engine import backward, backward_with_grad
+from .function import Context, Function
+from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .graph import Node, Tape, current_tape, install_tape, take_tape
+
+__all__ = [
+    "backward", "backward_with_grad", "Function", "Context", "no_grad", "enable_grad", "is_grad_enabled",
+    "set_grad_enabled", "Tape", "Node", "install_tape", "take_tape", "current_tape",
+]

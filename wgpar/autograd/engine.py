@@ -1,0 +1,141 @@
+"""Reverse-mode backward: iterative topological order, gradient accumulation, graph release."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+from .. import ops
+from ..tensor import Tensor
+from .grad_mode import is_grad_enabled, no_grad
+from .graph import Node, current_tape
+
+_retained: "weakref.WeakKeyDictionary[Node, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def record(name: str, out: Tensor, inputs: Sequence, backward_fn, saved: Sequence[Tensor] = ()) -> Tensor:
+    """Attach a graph node to ``out`` if grad mode is on and any tensor input requires grad."""
+    if not is_grad_enabled():
+        return out
+    tins = [x if isinstance(x, Tensor) and x.requires_grad else None for x in inputs]
+    if not any(t is not None for t in tins):
+        return out
+    node = Node(name, tins, backward_fn, saved)
+    out._node = node
+    out.requires_grad = True
+    tape = current_tape()
+    if tape is not None:
+        tape.record(node)
+    return out
+
+
+def retain_grad(t: Tensor) -> None:
+    if t._node is not None:
+        _retained[t._node] = weakref.ref(t)
+
+
+def _topo(roots: Sequence[Node]) -> list[Node]:
+    """Nodes reachable from roots, outputs before inputs (iterative: deep graphs are fine)."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    for root in roots:
+        if root.id in seen:
+            continue
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        seen.add(root.id)
+        while stack:
+            node, i = stack[-1]
+            if i < len(node.inputs):
+                stack[-1] = (node, i + 1)
+                t = node.inputs[i]
+                child = t._node if t is not None else None
+                if child is not None and child.id not in seen:
+                    seen.add(child.id)
+                    stack.append((child, 0))
+            else:
+                stack.pop()
+                order.append(node)
+    order.reverse()
+    return order
+
+
+def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
+    if g.shape != t.shape:
+        raise RuntimeError(f"autograd: gradient of shape {g.shape} for a leaf of shape {t.shape}")
+    if g.dtype is not t.dtype:
+        g = ops.cast(g, t.dtype)
+    # A fresh, contiguous tensor: the same gradient object may reach several leaves, and
+    # optimizers and clip_grad_norm_ update .grad in place.
+    t.grad = ops.clone(g) if t.grad is None else ops.binary("add", t.grad, g)
+
+
+def _check_root(t: Tensor, g: Tensor | None) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"backward: expected a wgpar.Tensor, got {type(t).__name__}")
+    if not t.requires_grad:
+        raise RuntimeError(f"backward: the tensor of shape {t.shape} does not require grad and has no graph")
+    if g is None:
+        if t.numel() != 1:
+            raise RuntimeError(
+                f"backward: grad can be created implicitly only for a scalar output, got shape {t.shape}; "
+                "pass grad= (or use backward_with_grad)")
+        return ops.fill(t.shape, 1.0, t.dtype, t.device)
+    if not isinstance(g, Tensor):
+        raise TypeError(f"backward: the gradient must be a wgpar.Tensor, got {type(g).__name__}")
+    if g.shape != t.shape:
+        raise ValueError(f"backward: gradient of shape {g.shape} does not match the output's shape {t.shape}")
+    if g.device is not t.device:
+        raise ValueError(f"backward: gradient on {g.device} but the output is on {t.device}")
+    return g
+
+
+def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] | Tensor | None = None,
+             retain_graph: bool = False) -> None:
+    """Accumulate d(sum of tensors * grads)/d(leaf) into every leaf's ``.grad``."""
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
+        grads = [grads] if not isinstance(grads, (list, tuple)) else grads
+    grads = list(grads) if grads is not None else [None] * len(tensors)
+    if len(grads) != len(tensors):
+        raise ValueError(f"backward: {len(tensors)} tensors but {len(grads)} gradients")
+    pending: dict[int, Tensor] = {}
+    roots: list[Node] = []
+    with no_grad():
+        for t, g in zip(tensors, grads):
+            g = _check_root(t, g)
+            if t._node is None:
+                _accumulate_leaf(t, g)
+                continue
+            node = t._node
+            pending[node.id] = g if node.id not in pending else ops.binary("add", pending[node.id], g)
+            roots.append(node)
+        for node in _topo(roots):
+            g = pending.pop(node.id, None)
+            if g is None:
+                continue
+            if node.freed:
+                raise RuntimeError(
+                    f"autograd: backward through {node.name} a second time, but its saved tensors were freed "
+                    "after the first backward; pass retain_graph=True to the first backward")
+            ref = _retained.get(node)
+            if ref is not None and ref() is not None:
+                ref().grad = g
+            node.check_versions()
+            in_grads = node.backward_fn(g)
+            if not isinstance(in_grads, (tuple, list)):
+                in_grads = (in_grads,)
+            for t, ig in zip(node.inputs, in_grads):
+                if t is None or ig is None:
+                    continue
+                if t._node is None:
+                    _accumulate_leaf(t, ig)
+                else:
+                    k = t._node.id
+                    pending[k] = ig if k not in pending else ops.binary("add", pending[k], ig)
+            if not retain_graph:
+                node.release()
+
+
+def backward_with_grad(output: Tensor, grad_output: Tensor, retain_graph: bool = False) -> None:
+    """Run backward from ``output`` seeded with an upstream gradient (pipeline stages use this)."""
+    backward([output], [grad_output], retain_graph=retain_graph)

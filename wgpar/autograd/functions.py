@@ -1,0 +1,392 @@
+"""Differentiable versions of the kernel ops: each runs the raw op and records its backward.
+
+Tensor methods and wgpar's top-level functions call these; backward closures
+call the raw ops in wgpar.ops, so they record nothing themselves.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import dtypes as _dt
+from .. import ops as raw
+from ..ops.index import _as_index, index_add_rows
+from ..tensor import Tensor, _wrap_dim
+from .engine import record
+from .grad_mode import is_grad_enabled
+
+
+def _needs(x) -> bool:
+    return isinstance(x, Tensor) and x.requires_grad
+
+
+def unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum a broadcast gradient back down to ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
+    if axes:
+        g = raw.reduce("sum", g, tuple(axes), keepdims=True)
+    return raw.reshape(g, shape)
+
+
+# -- elementwise ------------------------------------------------------------------------------
+def binary(op: str, a, b) -> Tensor:
+    out = raw.binary(op, a, b)
+    if not (is_grad_enabled() and (_needs(a) or _needs(b))) or not out.dtype.is_float:
+        return out
+    sa = a.shape if isinstance(a, Tensor) else ()
+    sb = b.shape if isinstance(b, Tensor) else ()
+
+    def ga(g):
+        return unbroadcast(g, sa) if _needs(a) else None
+
+    def gb(g):
+        return unbroadcast(g, sb) if _needs(b) else None
+
+    if op == "add":
+        bw = lambda g: (ga(g), gb(g))  # noqa: E731
+        saved = ()
+    elif op == "sub":
+        bw = lambda g: (ga(g), unbroadcast(raw.unary("neg", g), sb) if _needs(b) else None)  # noqa: E731
+        saved = ()
+    elif op == "mul":
+        def bw(g):
+            return (unbroadcast(raw.binary("mul", g, b), sa) if _needs(a) else None,
+                    unbroadcast(raw.binary("mul", g, a), sb) if _needs(b) else None)
+        saved = [x for x in (a, b) if isinstance(x, Tensor)]
+    elif op == "div":
+        def bw(g):
+            gq = raw.binary("div", g, b)
+            return (unbroadcast(gq, sa) if _needs(a) else None,
+                    unbroadcast(raw.unary("neg", raw.binary("mul", gq, out)), sb) if _needs(b) else None)
+        saved = [x for x in (b, out) if isinstance(x, Tensor)]
+    elif op == "pow":
+        def bw(g):
+            ra = rb = None
+            if _needs(a):
+                ra = unbroadcast(raw.binary("mul", g, raw.binary("mul", b, raw.binary("pow", a, raw.binary("sub", b, 1.0)))), sa)
+            if _needs(b):
+                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", out, raw.unary("log", a))), sb)
+            return ra, rb
+        saved = [x for x in (a, b, out) if isinstance(x, Tensor)]
+    elif op in ("maximum", "minimum"):
+        def bw(g):
+            # Ties split the gradient evenly, as in PyTorch.
+            win = raw.binary("gt" if op == "maximum" else "lt", a, b)
+            tie = raw.binary("eq", a, b)
+            wa = raw.binary("add", raw.cast(win, g.dtype), raw.binary("mul", raw.cast(tie, g.dtype), 0.5))
+            return (unbroadcast(raw.binary("mul", g, wa), sa) if _needs(a) else None,
+                    unbroadcast(raw.binary("mul", g, raw.binary("sub", 1.0, wa)), sb) if _needs(b) else None)
+        saved = [x for x in (a, b) if isinstance(x, Tensor)]
+    else:
+        return out  # comparisons: no gradient
+    return record(op, out, [a, b], bw, saved)
+
+
+_UNARY_BW = {
+    "neg": lambda x, y, g: raw.unary("neg", g),
+    "abs": lambda x, y, g: raw.binary("mul", g, raw.unary("sign", x)),
+    "exp": lambda x, y, g: raw.binary("mul", g, y),
+    "log": lambda x, y, g: raw.binary("div", g, x),
+    "sqrt": lambda x, y, g: raw.binary("div", raw.binary("mul", g, 0.5), y),
+    "rsqrt": lambda x, y, g: raw.binary("mul", g, raw.binary("mul", raw.binary("pow", y, 3.0), -0.5)),
+    "tanh": lambda x, y, g: raw.binary("tanh_bwd", y, g),
+    "sigmoid": lambda x, y, g: raw.binary("sigmoid_bwd", y, g),
+    "relu": lambda x, y, g: raw.binary("relu_bwd", x, g),
+    "gelu": lambda x, y, g: raw.binary("gelu_bwd", x, g),
+}
+_SAVES_INPUT = {"abs", "log", "relu", "gelu"}
+
+
+def unary(op: str, a: Tensor) -> Tensor:
+    out = raw.unary(op, a)
+    if op not in _UNARY_BW or not (is_grad_enabled() and _needs(a)) or not out.dtype.is_float:
+        return out
+    fn = _UNARY_BW[op]
+    saved = [a] if op in _SAVES_INPUT else ([out] if op not in ("neg",) else [])
+    return record(op, out, [a], lambda g: (fn(a, out, g),), saved)
+
+
+def where(cond: Tensor, a, b) -> Tensor:
+    out = raw.where(cond, a, b)
+    if not (is_grad_enabled() and (_needs(a) or _needs(b))):
+        return out
+    sa = a.shape if isinstance(a, Tensor) else ()
+    sb = b.shape if isinstance(b, Tensor) else ()
+
+    def bw(g):
+        return (None,
+                unbroadcast(raw.where(cond, g, 0.0), sa) if _needs(a) else None,
+                unbroadcast(raw.where(cond, 0.0, g), sb) if _needs(b) else None)
+
+    return record("where", out, [cond, a, b], bw, [cond])
+
+
+def clamp(a: Tensor, min=None, max=None) -> Tensor:
+    out = raw.clamp(a, min, max)
+    if not (is_grad_enabled() and _needs(a)):
+        return out
+
+    def bw(g):
+        r = g
+        if min is not None:
+            r = raw.where(raw.binary("lt", a, min), 0.0, r)
+        if max is not None:
+            r = raw.where(raw.binary("gt", a, max), 0.0, r)
+        return (r, None, None)
+
+    return record("clamp", out, [a, min, max], bw, [a])
+
+
+def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
+    out = raw.cast(a, dtype)
+    if not (is_grad_enabled() and _needs(a) and dtype.is_float):
+        return out
+    src = a.dtype
+    return record("cast", out, [a], lambda g: (raw.cast(g, src),))
+
+
+def contiguous(a: Tensor) -> Tensor:
+    out = raw.contiguous(a)
+    if out is a:
+        return a
+    return record("contiguous", out, [a], lambda g: (g,))
+
+
+def clone(a: Tensor) -> Tensor:
+    return record("clone", raw.clone(a), [a], lambda g: (g,))
+
+
+def to_device(a: Tensor, dev) -> Tensor:
+    src = a.device
+    return record("to_device", raw.to_device(a, dev), [a], lambda g: (raw.to_device(g, src),))
+
+
+# in-place ops: allowed on tensors outside the graph (optimizers run them under no_grad)
+def _guard_inplace(t: Tensor, op: str) -> None:
+    if is_grad_enabled() and t.requires_grad:
+        kind = "a leaf that requires grad" if t._node is None else "a tensor in the autograd graph"
+        raise RuntimeError(f"{op}: in-place update of {kind} (shape {t.shape}); wrap it in wgpar.no_grad() "
+                           "or use the out-of-place op")
+
+
+def inplace(op: str, a: Tensor, b) -> Tensor:
+    _guard_inplace(a, f"{op}_")
+    return raw.inplace(op, a, b)
+
+
+def copy_(dst: Tensor, src) -> Tensor:
+    _guard_inplace(dst, "copy_")
+    return raw.copy_(dst, src)
+
+
+def fill_(dst: Tensor, value) -> Tensor:
+    _guard_inplace(dst, "fill_")
+    return raw.fill_(dst, value)
+
+
+def setitem(t: Tensor, key, value) -> None:
+    _guard_inplace(t, "__setitem__")
+    raw.setitem(t, key, value)
+
+
+# -- shapes -----------------------------------------------------------------------------------
+def reshape(a: Tensor, shape) -> Tensor:
+    out = raw.reshape(a, shape)
+    src = a.shape
+    return record("reshape", out, [a], lambda g: (raw.reshape(g, src),))
+
+
+def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    out = raw.flatten(a, start_dim, end_dim)
+    src = a.shape
+    return record("flatten", out, [a], lambda g: (raw.reshape(g, src),))
+
+
+def permute(a: Tensor, axes) -> Tensor:
+    out = raw.permute(a, axes)
+    axes = [_wrap_dim(x, a.ndim) for x in axes]
+    inv = [0] * len(axes)
+    for i, x in enumerate(axes):
+        inv[x] = i
+    return record("permute", out, [a], lambda g: (raw.permute(g, inv),))
+
+
+def transpose(a: Tensor, d0: int, d1: int) -> Tensor:
+    out = raw.transpose(a, d0, d1)
+    if out is a:
+        return a
+    return record("transpose", out, [a], lambda g: (raw.transpose(g, d0, d1),))
+
+
+def expand(a: Tensor, shape) -> Tensor:
+    out = raw.expand(a, shape)
+    src = a.shape
+    return record("expand", out, [a], lambda g: (unbroadcast(g, src),))
+
+
+def squeeze(a: Tensor, dim=None) -> Tensor:
+    out = raw.squeeze(a, dim)
+    src = a.shape
+    return record("squeeze", out, [a], lambda g: (raw.reshape(g, src),))
+
+
+def unsqueeze(a: Tensor, dim: int) -> Tensor:
+    out = raw.unsqueeze(a, dim)
+    src = a.shape
+    return record("unsqueeze", out, [a], lambda g: (raw.reshape(g, src),))
+
+
+def getitem(a: Tensor, key) -> Tensor:
+    out = raw.getitem(a, key)
+    if not (is_grad_enabled() and _needs(a)):
+        return out
+    items = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, (Tensor, list)) or type(k).__name__ == "ndarray" for k in items):
+        # Advanced index: a basic view, then index_select; differentiate them separately.
+        return _advanced_getitem(a, key)
+
+    def bw(g):
+        full = raw.fill(a.shape, 0.0, g.dtype, g.device)
+        raw.copy_(raw.getitem(full, key), g)
+        return (full,)
+
+    return record("getitem", out, [a], bw)
+
+
+def _advanced_getitem(a: Tensor, key) -> Tensor:
+    from ..ops.index import _expand_key
+
+    items = _expand_key(key, a.ndim)
+    basic, pos, index = [], None, None
+    d_out = 0
+    for k in items:
+        if isinstance(k, (Tensor, list)) or type(k).__name__ == "ndarray":
+            basic.append(slice(None))
+            pos, index = d_out, k
+            d_out += 1
+        else:
+            basic.append(k)
+            if k is None or isinstance(k, slice):
+                d_out += 1
+    return index_select(getitem(a, tuple(basic)), pos, index)
+
+
+def index_select(a: Tensor, dim: int, index) -> Tensor:
+    idx = _as_index(index, a.device)
+    out = raw.index_select(a, dim, idx)
+    d = _wrap_dim(dim, a.ndim)
+    n = a.shape[d]
+    return record("index_select", out, [a], lambda g: (index_add_rows(g, d, idx, n),))
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    out = raw.cat(tensors, dim)
+    if not (is_grad_enabled() and any(_needs(t) for t in tensors)):
+        return out
+    d = _wrap_dim(dim, tensors[0].ndim)
+    sizes = [t.shape[d] for t in tensors]
+
+    def bw(g):
+        grads, start = [], 0
+        for t, n in zip(tensors, sizes):
+            key = (slice(None),) * d + (slice(start, start + n),)
+            grads.append(raw.getitem(g, key) if t.requires_grad else None)
+            start += n
+        return tuple(grads)
+
+    return record("cat", out, tensors, bw)
+
+
+def stack(tensors, dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty sequence of tensors")
+    shapes = {t.shape for t in tensors}
+    if len(shapes) > 1:
+        raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
+    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    return cat([unsqueeze(t, d) for t in tensors], d)
+
+
+# -- reductions and softmax -------------------------------------------------------------------
+def _reduced_axes(a: Tensor, axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(a.ndim))
+    if isinstance(axis, (tuple, list)):
+        return tuple(sorted(_wrap_dim(x, a.ndim) for x in axis))
+    return (_wrap_dim(axis, a.ndim),)
+
+
+def _keep_shape(a: Tensor, axes) -> tuple[int, ...]:
+    return tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+
+def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    out = raw.reduce(op, a, axis, keepdims)
+    if op in ("argmax", "argmin") or not (is_grad_enabled() and _needs(a)):
+        return out
+    axes = _reduced_axes(a, axis)
+    kshape = _keep_shape(a, axes)
+    n = math.prod(a.shape[i] for i in axes)
+
+    if op in ("sum", "mean"):
+        def bw(g):
+            g = raw.reshape(g, kshape)
+            if op == "mean":
+                g = raw.binary("mul", g, 1.0 / n)
+            return (raw.expand(g, a.shape),)
+        return record(op, out, [a], bw)
+
+    def bw(g):  # max / min: the gradient goes to the extreme entries, split over ties
+        hit = raw.cast(raw.binary("eq", a, raw.reshape(out, kshape)), g.dtype)
+        count = raw.reduce("sum", hit, axes, keepdims=True)
+        return (raw.binary("mul", hit, raw.binary("div", raw.reshape(g, kshape), count)),)
+
+    return record(op, out, [a], bw, [a, out])
+
+
+def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
+    out = raw.softmax(a, axis, log)
+    if not (is_grad_enabled() and _needs(a)):
+        return out
+    ax = _wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
+
+    def bw(g):
+        if a.ndim == 0:
+            return (raw.binary("mul", g, 0.0),)
+        if log:
+            s = raw.reduce("sum", g, ax, keepdims=True)
+            return (raw.binary("sub", g, raw.binary("mul", raw.unary("exp", out), s)),)
+        s = raw.reduce("sum", raw.binary("mul", g, out), ax, keepdims=True)
+        return (raw.binary("mul", out, raw.binary("sub", g, s)),)
+
+    return record("log_softmax" if log else "softmax", out, [a], bw, [out])
+
+
+# -- matmul -----------------------------------------------------------------------------------
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    if not (is_grad_enabled() and (_needs(a) or _needs(b))):
+        return raw.matmul(a, b)
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        return raw.matmul(a, b)  # raises the TypeError
+    if a.ndim == 1 or b.ndim == 1:  # as in np.matmul: promote, multiply, drop the added dim
+        a2 = unsqueeze(a, 0) if a.ndim == 1 else a
+        b2 = unsqueeze(b, -1) if b.ndim == 1 else b
+        out = matmul(a2, b2)
+        if a.ndim == 1:
+            out = squeeze(out, -2)
+        if b.ndim == 1:
+            out = squeeze(out, -1)
+        return out
+    out = raw.matmul(a, b)
+
+    def bw(g):
+        ga = unbroadcast(raw.matmul(g, raw.transpose(b, -2, -1)), a.shape) if _needs(a) else None
+        gb = unbroadcast(raw.matmul(raw.transpose(a, -2, -1), g), b.shape) if _needs(b) else None
+        return ga, gb
+
+    return record("matmul", out, [a, b], bw, [a, b])
