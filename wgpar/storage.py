@@ -16,6 +16,7 @@ class Storage:
         self.dtype = dtype
         self.numel = numel
         self.version = 0
+        self.block = None  # set first: __del__ runs even when malloc below raises
         # Zero-size tensors own no buffer: WebGPU bindings must be non-empty, and no kernel runs on them.
         self.block = device.malloc(numel * dtype.itemsize) if numel > 0 else None
 

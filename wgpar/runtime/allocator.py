@@ -16,7 +16,6 @@ aborts the process.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from typing import Callable
 
 import wgpu
@@ -62,8 +61,11 @@ class CachingAllocator:
         self._limit = limit
         self._on_release = on_release
         self._name = name
-        self._lock = threading.Lock()
-        self._free: dict[int, list[wgpu.GPUBuffer]] = defaultdict(list)
+        # Storage.__del__ frees blocks, and the cyclic GC may run it at any Python allocation, also on
+        # a thread that holds this lock. So: a reentrant lock, and no object is made while it is held
+        # (a nested free in mid-update would corrupt the counts or the buckets).
+        self._lock = threading.RLock()
+        self._free: dict[int, list[wgpu.GPUBuffer]] = {}
         self.allocated_bytes = 0
         self.peak_allocated_bytes = 0
         self.reserved_bytes = 0
@@ -73,28 +75,33 @@ class CachingAllocator:
         self.num_buffer_creates = 0
         self.num_cache_hits = 0
         self.num_ooms = 0
-        self.flush_and_wait: Callable[[], None] = lambda: None
+        # Called before the one retry after an out-of-memory error: must return every cached buffer
+        # to wgpu for real (the device waits for its queue, drops the cache, and polls).
+        self.reclaim: Callable[[], object] = self.release_cache
 
     def malloc(self, nbytes: int) -> Block:
         size = round_size(nbytes, self._limit)
+        buf = None
         with self._lock:
             bucket = self._free.get(size)
             if bucket:
                 buf = bucket.pop()
                 self.cached_bytes -= size
                 self.num_cache_hits += 1
-                return self._hand_out(buf, size, nbytes)
-        buf = self._create_with_retry(size, nbytes)
-        with self._lock:
-            self.reserved_bytes += size
-            self.num_buffer_creates += 1
-            return self._hand_out(buf, size, nbytes)
-
-    def _hand_out(self, buf: wgpu.GPUBuffer, size: int, nbytes: int) -> Block:
-        self.allocated_bytes += nbytes
-        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-        self.num_allocs += 1
+                self._count_alloc(nbytes)
+        if buf is None:
+            buf = self._create_with_retry(size, nbytes)
+            with self._lock:
+                self.reserved_bytes += size
+                self.num_buffer_creates += 1
+                self._count_alloc(nbytes)
         return Block(buf, size, nbytes)
+
+    def _count_alloc(self, nbytes: int) -> None:
+        self.allocated_bytes += nbytes
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        self.num_allocs += 1
 
     def _create_with_retry(self, size: int, nbytes: int) -> wgpu.GPUBuffer:
         try:
@@ -102,9 +109,8 @@ class CachingAllocator:
         except Exception as first:  # wgpu reports OOM as GPUValidationError or MemoryError
             if not _looks_like_oom(first):
                 raise
-        # Free the cache (once the queue is idle) and try exactly once more.
-        self.flush_and_wait()
-        self.release_cache()
+        # Give the cache back to wgpu (once the queue is idle) and try exactly once more.
+        self.reclaim()
         try:
             return self._create(size)
         except Exception as second:
@@ -118,41 +124,40 @@ class CachingAllocator:
             ) from None
 
     def free(self, block: Block) -> None:
+        buf, block.buffer = block.buffer, None
+        new_bucket: list[wgpu.GPUBuffer] = []  # made outside the lock (see __init__)
         with self._lock:
             self.allocated_bytes -= block.nbytes
             self.num_frees += 1
-            self._free[block.size].append(block.buffer)
+            self._free.setdefault(block.size, new_bucket).append(buf)
             self.cached_bytes += block.size
-        block.buffer = None  # type: ignore[assignment]
 
     def release_cache(self) -> int:
         """Drop every cached buffer; returns the bytes given back to wgpu."""
+        empty: dict[int, list[wgpu.GPUBuffer]] = {}
         with self._lock:
-            dropped = [b for bucket in self._free.values() for b in bucket]
+            old, self._free = self._free, empty
             released = self.cached_bytes
-            self._free.clear()
             self.reserved_bytes -= released
             self.cached_bytes = 0
+        dropped = [b for bucket in old.values() for b in bucket]
         self._on_release(dropped)
         return released
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {
-                "allocated_bytes": self.allocated_bytes,
-                "peak_allocated_bytes": self.peak_allocated_bytes,
-                "reserved_bytes": self.reserved_bytes,
-                "cached_bytes": self.cached_bytes,
-                "num_allocs": self.num_allocs,
-                "num_frees": self.num_frees,
-                "num_buffer_creates": self.num_buffer_creates,
-                "num_cache_hits": self.num_cache_hits,
-                "num_ooms": self.num_ooms,
-            }
+            values = (self.allocated_bytes, self.peak_allocated_bytes, self.reserved_bytes, self.cached_bytes,
+                      self.num_allocs, self.num_frees, self.num_buffer_creates, self.num_cache_hits,
+                      self.num_ooms)
+        return dict(zip(_STAT_NAMES, values))
 
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_allocated_bytes = self.allocated_bytes
+
+
+_STAT_NAMES = ("allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "cached_bytes", "num_allocs",
+               "num_frees", "num_buffer_creates", "num_cache_hits", "num_ooms")
 
 
 def _looks_like_oom(exc: BaseException) -> bool:

@@ -61,7 +61,7 @@ class Device:
         self._threshold = CONFIG.submit_threshold
         self.allocator = CachingAllocator(self._create_storage, min(self.max_binding, self.max_buffer),
                                           self._forget_buffers, name=str(self))
-        self.allocator.flush_and_wait = self.synchronize
+        self.allocator.reclaim = self.empty_cache
         self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
         self._bind_groups: dict[tuple, Any] = {}
         self._staging: dict[int, wgpu.GPUBuffer] = {}

@@ -1,0 +1,288 @@
+"""Memory lifecycle: exact byte counts, buffer reuse, empty_cache, peaks, views, OOM and binding limits."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import wgpu
+
+import wgpar
+
+from .helpers import assert_close
+
+
+@pytest.fixture(scope="module")
+def mdev():
+    """A logical device of its own, so other tests' tensors never blur the exact counts."""
+    return wgpar.device(6)
+
+
+def stats(d):
+    gc.collect()
+    return wgpar.memory_stats(d)
+
+
+@pytest.mark.parametrize("shape,dtype", [((1000,), wgpar.float32), ((7, 33), wgpar.float16),
+                                         ((3, 129), wgpar.int32), ((1,), wgpar.bool_), ((0, 5), wgpar.float32)])
+def test_alloc_and_free_move_allocated_by_exactly_nbytes(mdev, shape, dtype):
+    base = stats(mdev)["allocated_bytes"]
+    t = wgpar.empty(*shape, dtype=dtype, device=mdev)
+    assert t.nbytes == int(np.prod(shape)) * dtype.itemsize
+    assert wgpar.memory_allocated(mdev) == base + t.nbytes
+    del t
+    assert wgpar.memory_allocated(mdev) == base
+
+
+def test_op_results_are_counted_and_freed(mdev, rng):
+    base = stats(mdev)["allocated_bytes"]
+    x = wgpar.tensor(rng.standard_normal((33, 7)), device=mdev)
+    y = (x * 2).sum(0)
+    assert wgpar.memory_allocated(mdev) == base + x.nbytes + y.nbytes
+    del x, y
+    assert wgpar.memory_allocated(mdev) == base
+
+
+def test_buffers_are_reused_in_a_loop(mdev, rng):
+    a = rng.standard_normal((129, 33)).astype(np.float32)
+    x = wgpar.tensor(a, device=mdev)
+    for _ in range(3):  # warm up: one buffer per distinct size
+        ((x * 2.0 + 1.0).exp().sum(0)).numpy()
+    s0 = stats(mdev)
+    for _ in range(40):
+        got = ((x * 2.0 + 1.0).exp().sum(0)).numpy()
+    s1 = stats(mdev)
+    assert s1["num_buffer_creates"] == s0["num_buffer_creates"]
+    assert s1["num_cache_hits"] >= s0["num_cache_hits"] + 40 * 4
+    assert s1["reserved_bytes"] == s0["reserved_bytes"]
+    assert s1["allocated_bytes"] == s0["allocated_bytes"]
+    assert_close(got, np.exp(a.astype(np.float64) * 2 + 1).sum(0), rtol=1e-5)
+
+
+def test_empty_cache_drops_reserved_to_live_tensors(mdev):
+    stats(mdev)
+    mdev.empty_cache()
+    keep = wgpar.zeros(1000, device=mdev)
+    block = keep._storage.block.size
+    trash = [wgpar.zeros(n, device=mdev) for n in (10, 3000, 70000, 123457)]
+    del trash
+    s = stats(mdev)
+    assert s["reserved_bytes"] > block and s["cached_bytes"] > 0
+    released = wgpar.empty_cache(mdev)
+    s2 = wgpar.memory_stats(mdev)
+    assert released == s["cached_bytes"]
+    assert s2["cached_bytes"] == 0
+    assert s2["reserved_bytes"] == block  # only the live tensor's buffer is left
+    assert s2["allocated_bytes"] == keep.nbytes
+    assert_close(keep.numpy(), np.zeros(1000))
+
+
+def test_reset_peak_memory_stats(mdev):
+    base = stats(mdev)["allocated_bytes"]
+    wgpar.reset_peak_memory_stats(mdev)
+    assert wgpar.max_memory_allocated(mdev) == base
+    big = wgpar.empty(50000, device=mdev)
+    small = wgpar.empty(10, device=mdev)
+    del big
+    assert wgpar.max_memory_allocated(mdev) == base + 200000 + 40
+    wgpar.reset_peak_memory_stats(mdev)
+    assert wgpar.max_memory_allocated(mdev) == base + 40
+    del small
+
+
+def test_views_share_storage(mdev, rng):
+    a = rng.standard_normal((6, 33)).astype(np.float32)
+    base = stats(mdev)["allocated_bytes"]
+    x = wgpar.tensor(a, device=mdev)
+    after = wgpar.memory_allocated(mdev)
+    assert after == base + x.nbytes
+    views = [x.T, x[1:5:2], x[..., ::-3], x.reshape(3, 66), x.view(-1), x.mT, x.permute(1, 0), x[None],
+             x.transpose(0, 1), x[2], x.unsqueeze(0).squeeze(0), x.expand(4, 6, 33)]
+    assert wgpar.memory_allocated(mdev) == after
+    assert all(v._storage is x._storage for v in views)
+    assert x.view(-1).data_ptr() == x.data_ptr()
+    v = x[3]
+    del x, views
+    assert wgpar.memory_allocated(mdev) == after  # the view keeps the storage alive
+    assert_close(v.numpy(), a[3])
+    del v
+    assert wgpar.memory_allocated(mdev) == base
+
+
+def test_training_like_loop_does_not_grow(mdev, rng):
+    w = wgpar.tensor(rng.standard_normal((33, 7)) * 0.1, device=mdev)
+    x = wgpar.tensor(rng.standard_normal((16, 33)), device=mdev)
+    for _ in range(2):
+        w -= 0.01 * (x.T @ (x @ w).tanh())
+    s0 = stats(mdev)
+    for _ in range(20):
+        w -= 0.01 * (x.T @ (x @ w).tanh())
+    w.numpy()
+    s1 = stats(mdev)
+    assert s1["allocated_bytes"] == s0["allocated_bytes"]
+    assert s1["num_buffer_creates"] == s0["num_buffer_creates"]
+
+
+class _Cycle:
+    def __init__(self, t):
+        self.t = t
+        self.me = self
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["malloc", "free"])
+def test_cycle_collector_running_inside_the_allocator(mdev, monkeypatch, where):
+    # The cyclic GC may run at any allocation of a Python object, also while the allocator holds its
+    # lock; a tensor in a garbage cycle (autograd graphs make them) then re-enters the allocator from
+    # the same thread. Force a collection where the allocator makes objects (its Block, a new size
+    # bucket): it must neither deadlock nor lose count.
+    from wgpar.runtime import allocator as allocator_mod
+
+    alloc = mdev.allocator
+    gc.collect()
+    base = wgpar.memory_stats(mdev)
+    armed = []
+
+    def make_garbage():
+        _Cycle(wgpar.empty(64, device=mdev))  # unreachable at once; only the collector frees it
+        armed.append(1)
+
+    def collect_if_armed():
+        if armed:
+            armed.pop()
+            gc.collect()
+
+    class CollectingBlock(allocator_mod.Block):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            collect_if_armed()
+            super().__init__(*args)
+
+    class CollectingDict(dict):
+        def __missing__(self, key):
+            collect_if_armed()
+            self[key] = []
+            return self[key]
+
+    monkeypatch.setattr(allocator_mod, "Block", CollectingBlock)
+    monkeypatch.setattr(alloc, "_free", CollectingDict(alloc._free))
+    if where == "malloc":
+        make_garbage()
+        t = wgpar.empty(100, device=mdev)
+        held = t.nbytes
+    else:
+        t = wgpar.empty(7777, device=mdev)  # a size with no bucket yet
+        make_garbage()
+        del t
+        held = 0
+    gc.collect()
+    s = alloc.stats()
+    assert s["allocated_bytes"] == base["allocated_bytes"] + held
+    assert s["num_allocs"] - s["num_frees"] == base["num_allocs"] - base["num_frees"] + (held > 0)
+    assert s["cached_bytes"] == sum(len(v) * k for k, v in alloc._free.items())
+
+
+# -- out of memory -------------------------------------------------------------------------------
+def _failing_create(real, fails: int, seen: list):
+    def create(size):
+        seen.append(size)
+        if len(seen) <= fails:
+            raise wgpu.GPUValidationError("Not enough memory left")
+        return real(size)
+
+    return create
+
+
+def test_oom_once_releases_cache_and_retries(mdev, monkeypatch):
+    trash = wgpar.zeros(4096, device=mdev)
+    trash.numpy()  # leaves a staging buffer cached too
+    del trash
+    gc.collect()
+    assert wgpar.memory_stats(mdev)["cached_bytes"] > 0
+    alloc = mdev.allocator
+    seen: list[int] = []
+    cached_at_retry: list[int] = []
+    real = alloc._create
+
+    def create(size):
+        seen.append(size)
+        if len(seen) == 1:
+            raise wgpu.GPUValidationError("Not enough memory left")
+        cached_at_retry.append((alloc.cached_bytes, len(mdev._staging)))
+        return real(size)
+
+    monkeypatch.setattr(alloc, "_create", create)
+    t = wgpar.full((12345,), 2.5, device=mdev)  # a size the cache cannot serve
+    assert len(seen) == 2 and cached_at_retry == [(0, 0)]  # every cached buffer went back first
+    assert_close(t.numpy(), np.full(12345, 2.5))
+    assert wgpar.memory_stats(mdev)["num_ooms"] == 0
+
+
+def test_oom_twice_raises_out_of_memory_and_device_survives(mdev, monkeypatch, rng):
+    alloc = mdev.allocator
+    seen: list[int] = []
+    monkeypatch.setattr(alloc, "_create", _failing_create(alloc._create, 2, seen))
+    before = stats(mdev)
+    with pytest.raises(wgpar.OutOfMemoryError) as info:
+        wgpar.empty(54321, device=mdev)
+    assert isinstance(info.value, MemoryError)
+    msg = str(info.value)
+    assert str(4 * 54321) in msg and str(mdev) in msg  # the bytes asked for, and where
+    after = stats(mdev)
+    assert after["allocated_bytes"] == before["allocated_bytes"]
+    assert after["num_ooms"] == before["num_ooms"] + 1
+    # the device keeps working: the patched allocator succeeds from the third call on
+    a = rng.standard_normal((33, 7)).astype(np.float32)
+    x = wgpar.tensor(a, device=mdev)
+    assert_close((x * x).sum(1).numpy(), (a.astype(np.float64) ** 2).sum(1), rtol=1e-5)
+
+
+def test_oom_inside_an_op(mdev, monkeypatch, rng):
+    a = rng.standard_normal(777).astype(np.float32)
+    x = wgpar.tensor(a, device=mdev)
+    mdev.empty_cache()
+    alloc = mdev.allocator
+    monkeypatch.setattr(alloc, "_create", _failing_create(alloc._create, 10**9, []))
+    with pytest.raises(wgpar.OutOfMemoryError, match=str(mdev.index)):
+        x @ wgpar.ones(777, 50, device=mdev)
+    monkeypatch.undo()
+    assert_close((x + 1).numpy(), a + 1.0)
+
+
+def test_other_creation_errors_are_not_oom(mdev, monkeypatch):
+    alloc = mdev.allocator
+
+    def create(size):
+        raise wgpu.GPUValidationError("Buffer usage is invalid")
+
+    monkeypatch.setattr(alloc, "_create", create)
+    with pytest.raises(wgpu.GPUValidationError):
+        wgpar.empty(99991, device=mdev)
+
+
+# -- binding limit ---------------------------------------------------------------------------------
+def test_tensor_over_binding_limit_raises_without_allocating(mdev):
+    limit = mdev.max_binding
+    before = stats(mdev)
+    n = limit // 4 + 1
+    with pytest.raises(wgpar.BindingLimitError) as info:
+        wgpar.zeros(n, device=mdev)
+    assert isinstance(info.value, ValueError)
+    assert str(4 * n) in str(info.value) and str(limit) in str(info.value)
+    with pytest.raises(wgpar.BindingLimitError, match=str(2 * (limit // 2 + 2))):
+        wgpar.empty(limit // 2 + 2, dtype=wgpar.float16, device=mdev)
+    with pytest.raises(wgpar.BindingLimitError):
+        wgpar.from_numpy(np.broadcast_to(np.float32(1), (limit // 4 + 7,)), device=mdev)
+    with pytest.raises(wgpar.BindingLimitError):  # a result too large: expand is a view, contiguous copies
+        wgpar.ones(1, device=mdev).expand(limit // 4 + 1).contiguous()
+    with pytest.raises(wgpar.BindingLimitError):
+        wgpar.ones(8193, 1, device=mdev) @ wgpar.ones(1, 8193, device=mdev)
+    after = stats(mdev)
+    assert after["num_allocs"] - after["num_frees"] == before["num_allocs"] - before["num_frees"]
+    assert after["allocated_bytes"] == before["allocated_bytes"]
+    x = wgpar.ones(limit // 4, device=mdev)  # exactly at the limit is fine
+    assert x.nbytes == limit - limit % 4
+    del x
+    mdev.empty_cache()
