@@ -1,0 +1,57 @@
+// Fused log-softmax + negative log-likelihood over rows of contiguous logits
+// [rows, classes] with int32 targets, one workgroup per row. BACKWARD=false
+// writes each row's loss (logsumexp - x[target]); BACKWARD=true writes the
+// gradient (softmax - onehot) * g / rows, g read from a device buffer so the
+// backward needs no readback.
+{{F16}}
+@group(0) @binding(0) var<storage, read_write> out: array<{{O}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
+@group(0) @binding(2) var<storage, read> labels: array<i32>;
+@group(0) @binding(3) var<storage, read> gout: array<{{G}}>;
+struct Params { rows: u32, cols: u32, off_x: u32, off_t: u32, off_g: u32, _p0: u32, _p1: u32, _p2: u32 }
+@group(0) @binding(4) var<uniform> p: Params;
+
+const BACKWARD: bool = {{BACKWARD}};
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let row = wid.x + wid.y * nwg.x;
+  let live = row < p.rows;
+  let bx = p.off_x + row * p.cols;
+  var m = bitcast<f32>(0xff800000u);
+  if (live) {
+    for (var c = lid; c < p.cols; c = c + 256u) { m = max(m, f32(x[bx + c])); }
+  }
+  red[lid] = m;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s = s >> 1u) {
+    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+    workgroupBarrier();
+  }
+  let row_max = red[0];
+  workgroupBarrier();
+  var acc = 0.0;
+  if (live) {
+    for (var c = lid; c < p.cols; c = c + 256u) { acc = acc + exp(f32(x[bx + c]) - row_max); }
+  }
+  red[lid] = acc;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s = s >> 1u) {
+    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
+    workgroupBarrier();
+  }
+  let total = red[0];
+  if (!live) { return; }
+  let t = u32(labels[p.off_t + row]);
+  if (BACKWARD) {
+    let scale = f32(gout[p.off_g]) / f32(p.rows);
+    for (var c = lid; c < p.cols; c = c + 256u) {
+      let sm = exp(f32(x[bx + c]) - row_max) / total;
+      out[row * p.cols + c] = {{O}}((sm - select(0.0, 1.0, c == t)) * scale);
+    }
+  } else if (lid == 0u) {
+    out[row] = {{O}}(log(total) + row_max - f32(x[bx + t]));
+  }
+}

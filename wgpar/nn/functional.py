@@ -1,0 +1,204 @@
+"""Functional forms of the layers and losses (``wgpar.nn.functional``, as in torch.nn.functional)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import creation
+from .. import dtypes as _dt
+from ..autograd import functions as F
+from ..autograd.engine import record
+from ..autograd.grad_mode import is_grad_enabled
+from .. import ops as raw
+from ..ops.elementwise import contiguous as _raw_contiguous
+from ..ops.index import _as_index, _check_range
+from ..runtime.kernels import WORKGROUP, F32, grid, pack, spec
+from ..tensor import Tensor, check_same_device
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` with weight [out_features, in_features]; the transpose is a view."""
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: input of shape {x.shape} does not match weight of shape {weight.shape} "
+                         f"(in_features {weight.shape[-1]})")
+    y = F.matmul(x, F.transpose(weight, 0, 1))
+    return F.binary("add", y, bias) if bias is not None else y
+
+
+def relu(x: Tensor) -> Tensor:
+    return F.unary("relu", x)
+
+
+def gelu(x: Tensor) -> Tensor:
+    return F.unary("gelu", x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return F.unary("tanh", x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return F.unary("sigmoid", x)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return F.softmax(x, dim, log=False)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return F.softmax(x, dim, log=True)
+
+
+def _dropout_kernel(x: Tensor, p: float, seed: int) -> Tensor:
+    src = _raw_contiguous(x)
+    out = Tensor.empty(x.shape, x.dtype, x.device)
+    n = x.numel()
+    if n:
+        threshold = min(int(p * 2**32), 2**32 - 1)
+        k = spec("dropout", ("w", "r"), F16="enable f16;" if x.dtype is _dt.float16 else "", T=x.dtype.storage)
+        x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
+                          pack(n, src._offset, seed, threshold, F32(1.0 / (1.0 - p)), 0, 0, 0),
+                          grid(-(-n // WORKGROUP)))
+    return out
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero each element with probability p (a fresh mask per call, seeded by wgpar.manual_seed)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return F.binary("mul", x, 0.0)
+    if not x.dtype.is_float:
+        raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
+    seed = int(creation.generator().integers(0, 2**32))
+    out = _dropout_kernel(x, p, seed)
+    if not (is_grad_enabled() and x.requires_grad):
+        return out
+    return record("dropout", out, [x], lambda g: (_dropout_kernel(g, p, seed),))
+
+
+def embedding(indices, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape."""
+    return F.index_select(weight, 0, indices)
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
+    if tuple(x.shape[-len(shape):]) != shape:
+        raise ValueError(f"layer_norm: input of shape {x.shape} does not end with normalized_shape {shape}")
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    mu = F.reduce("mean", x, axes, keepdims=True)
+    xc = F.binary("sub", x, mu)
+    var = F.reduce("mean", F.binary("mul", xc, xc), axes, keepdims=True)
+    y = F.binary("mul", xc, F.unary("rsqrt", F.binary("add", var, eps)))
+    if weight is not None:
+        y = F.binary("mul", y, weight)
+    if bias is not None:
+        y = F.binary("add", y, bias)
+    return y
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    if isinstance(target, Tensor) and input.shape != target.shape:
+        raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
+    d = F.binary("sub", input, target)
+    sq = F.binary("mul", d, d)
+    return _reduce(sq, reduction, "mse_loss")
+
+
+def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
+    if reduction == "mean":
+        return F.reduce("mean", t)
+    if reduction == "sum":
+        return F.reduce("sum", t)
+    if reduction == "none":
+        return t
+    raise ValueError(f"{what}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
+    rows, cols = logits.shape
+    backward = gout is not None
+    out_dt = logits.dtype if backward else _dt.float32
+    out = Tensor.empty((rows, cols) if backward else (rows,), out_dt, logits.device)
+    g = gout if backward else target  # an unused binding still needs a buffer
+    f16 = _dt.float16 in (logits.dtype, out_dt, g.dtype)
+    k = spec("cross_entropy", ("w", "r", "r", "r"), F16="enable f16;" if f16 else "", O=out_dt.storage,
+             T=logits.dtype.storage, G=g.dtype.storage, BACKWARD="true" if backward else "false")
+    logits.device.dispatch(
+        k, [out._storage.buffer, logits._storage.buffer, target._storage.buffer, g._storage.buffer],
+        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0), grid(rows))
+    return out
+
+
+def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
+    """Softmax cross entropy of logits [N, C] against int class targets [N] (one fused kernel).
+
+    reduction: "mean" (default), "sum" or "none".
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"cross_entropy: input must be a wgpar.Tensor, got {type(input).__name__}")
+    if input.ndim != 2:
+        raise ValueError(f"cross_entropy: expected logits of shape [N, C], got {input.shape}")
+    if not input.dtype.is_float:
+        raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
+    if isinstance(target, Tensor) and target.dtype.is_float:
+        raise TypeError(f"cross_entropy: targets must be integer class indices, got {target.dtype.name}")
+    tgt = _as_index(target if isinstance(target, Tensor) else np.asarray(target), input.device)
+    check_same_device(input, tgt, op="cross_entropy")
+    n, c = input.shape
+    if tgt.shape != (n,):
+        raise ValueError(f"cross_entropy: targets of shape {tgt.shape} for logits of shape {input.shape}")
+    if n and c == 0:
+        raise ValueError(f"cross_entropy: logits of shape {input.shape} have no classes")
+    rng = getattr(tgt, "_host_range", None)
+    if rng is None:
+        _check_range(tgt, c, "cross_entropy targets")
+    elif rng[0] < 0 or rng[1] >= c:
+        bad = rng[1] if rng[1] >= c else rng[0]
+        raise IndexError(f"cross_entropy: target {bad} is out of range for {c} classes")
+    logits = _raw_contiguous(input)
+    tgt = _raw_contiguous(tgt)
+    per_row = _ce_kernel(logits, tgt, None)
+    if reduction == "none":
+        if not (is_grad_enabled() and input.requires_grad):
+            return per_row
+        ones = creation.ones(1, device=input.device)
+
+        def bw_none(g):  # the kernel's gradient carries 1/n; rescale each row by n * g[row]
+            return (raw.binary("mul", _ce_kernel(logits, tgt, ones), raw.binary("mul", raw.unsqueeze(g, 1), float(n))),)
+
+        return record("cross_entropy", per_row, [input], bw_none, [input])
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    loss = raw.reduce(reduction, per_row)
+    if loss.dtype is not input.dtype:
+        loss = raw.cast(loss, input.dtype)
+    if not (is_grad_enabled() and input.requires_grad):
+        return loss
+
+    def bw(g):
+        grad = _ce_kernel(logits, tgt, g)  # (softmax - onehot) * g / n
+        return (grad if reduction == "mean" else raw.binary("mul", grad, float(n)),)
+
+    return record("cross_entropy", loss, [input], bw, [input])
+
+
+def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities [N, C] at int targets [N]."""
+    if log_probs.ndim != 2:
+        raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
+    n, c = log_probs.shape
+    tgt = _as_index(target if isinstance(target, Tensor) else np.asarray(target), log_probs.device)
+    if tgt.shape != (n,):
+        raise ValueError(f"nll_loss: targets of shape {tgt.shape} for log-probabilities of shape {log_probs.shape}")
+    _check_range(tgt, c, "nll_loss targets")
+    # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
+    rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)
+    flat_index = raw.binary("add", rows, tgt)
+    flat_index._host_range = (0, n * c - 1)  # every target was checked above
+    picked = F.index_select(F.reshape(log_probs, (-1,)), 0, flat_index)
+    return _reduce(F.unary("neg", picked), reduction, "nll_loss")
