@@ -7,13 +7,14 @@ applies, then caches one pipeline per combination.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..runtime.kernels import WORKGROUP, F32, dims, grid, pack, spec
+from ..runtime.kernels import WORKGROUP, F32, KernelSpec, dims, grid, pack, spec
 from ..tensor import Tensor, check_same_device, contiguous_strides
 
 # kind decides the types: arith (common type), true (float result), float (float unary),
@@ -122,59 +123,26 @@ def _scalar_bits(x, ctype: str) -> int:
     return v & 0xFFFFFFFF
 
 
-def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
-    """Evaluate ``OPS[op]`` elementwise; writes into ``out`` (any strides) when given."""
-    for x in operands:
-        _check_operand(x, op)
-    tensors = [x for x in operands if isinstance(x, Tensor)]
-    if out is not None:
-        check_same_device(out, *tensors, op=op)
-    elif tensors:
-        check_same_device(*tensors, op=op)
-    shape = broadcast_shape(*(t.shape for t in tensors), op=op) if tensors else ()
-    dtype, cts = _types(op, operands, out_dtype)
-    if out is None:
-        dev = tensors[0].device if tensors else None
-        out = Tensor.empty(shape, dtype, dev)
-    else:
-        if broadcast_shape(out.shape, shape, op=op) != out.shape:
-            raise ValueError(f"{op}: result of shape {shape} cannot be written into a tensor of shape {out.shape}")
-        shape = out.shape
-        if out_dtype is None and dtype is not out.dtype:
-            dtype = out.dtype
-    numel = math.prod(shape)
-    if numel == 0:
-        return out
-    dev = out.device
-    f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
+@functools.lru_cache(maxsize=4096)
+def _map_kernel(op: str, sig: tuple, fast: bool, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
+                compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
+    """Generate (once per signature) the kernel for ``run_map``.
 
-    # Bindings: output first (read_write); inputs on the output's buffer read through it.
-    out_buf = out._storage.buffer
-    buffers = [out_buf]
-    decl = [f"@group(0) @binding(0) var<storage, read_write> bo: array<{out.dtype.storage}>;"]
-    names: list[str | None] = []
-    for x in operands:
-        if not isinstance(x, Tensor):
-            names.append(None)
-            continue
-        buf = x._storage.buffer
-        if buf is out_buf:
-            names.append("bo")
-            continue
-        if buf in buffers:
-            names.append(f"b{buffers.index(buf)}")
-            continue
-        k = len(buffers)
-        buffers.append(buf)
-        decl.append(f"@group(0) @binding({k}) var<storage, read> b{k}: array<{x.dtype.storage}>;")
-        names.append(f"b{k}")
-
-    fast = out.is_contiguous() and all(t.shape == shape and t.is_contiguous() for t in tensors)
-    idx_names = ["io"] + [f"i{k}" for k in range(len(operands))]
+    ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
+    binding 0 being the output buffer (an input that aliases it is read through it).
+    """
+    n_buf = 1 + max((s[0] for s in sig if s is not None), default=0)
+    decl = [f"@group(0) @binding(0) var<storage, read_write> bo: array<{out_storage}>;"]
+    seen = {0}
+    for s in sig:
+        if s is not None and s[0] not in seen:
+            seen.add(s[0])
+            decl.append(f"@group(0) @binding({s[0]}) var<storage, read> b{s[0]}: array<{s[1]}>;")
+    names = [None if s is None else ("bo" if s[0] == 0 else f"b{s[0]}") for s in sig]
     if fast:
-        lines = ["  let io = p.off_o + i;"] + [f"  let i{k} = p.off{k} + i;" for k in range(len(operands))]
+        lines = ["  let io = p.off_o + i;"] + [f"  let i{k} = p.off{k} + i;" for k in range(len(sig))]
     else:
-        acc = [n for n, x in zip(idx_names[1:], operands) if isinstance(x, Tensor)]
+        acc = [f"i{k}" for k, s in enumerate(sig) if s is not None]
         lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
         lines += [f"  var {n}_ = i32(p.off{n[1:]});" for n in acc]
         lines += ["  for (var d = i32(p.ndim) - 1; d >= 0; d = d - 1) {",
@@ -185,32 +153,86 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         lines += [f"    {n}_ = {n}_ + c * p.str{n[1:]}[d / 4][d % 4];" for n in acc]
         lines += ["  }", "  let io = u32(io_);"] + [f"  let {n} = u32({n}_);" for n in acc]
     loads = []
-    for k, (x, name, ct) in enumerate(zip(operands, names, cts)):
+    for k, (name, ct) in enumerate(zip(names, cts)):
         if name is None:
             loads.append(f"  let x{k} = bitcast<{ct}>(p.sc[{k}]);")
         else:
             loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
     kind, expr = OPS[op]
     expr = expr.replace("C(", f"{cts[0]}(").replace("X0(", f"{cts[0]}(")
-    store = out.dtype.storage
-    if kind == "cmp" and out_dtype is None:
+    store = out_storage
+    if kind == "cmp" and cmp_as_i32:
         expr = f"select(0i, 1i, {expr})"
         store = "i32"
     elif kind == "cmp":
         expr = f"select({store}(0), {store}(1), {expr})"
-    elif out.dtype is _dt.bool_:
-        expr = f"select(0i, 1i, {expr} != {cts[0] if kind == 'copy' else dtype.compute}(0))"
-    kspec = spec("elementwise", tuple("w" if i == 0 else "r" for i in range(len(buffers))), f16=f16,
-                 BINDINGS="\n".join(decl), PARAMS=len(buffers), INDEX="\n".join(lines),
-                 LOADS="\n".join(loads), STORE=store, EXPR=expr)
+    elif out_is_bool:
+        expr = f"select(0i, 1i, {expr} != {cts[0] if kind == 'copy' else compute}(0))"
+    return spec("elementwise", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
+                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines),
+                LOADS="\n".join(loads), STORE=store, EXPR=expr)
+
+
+def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
+    """Evaluate ``OPS[op]`` elementwise; writes into ``out`` (any strides) when given."""
+    for x in operands:
+        _check_operand(x, op)
+    tensors = [x for x in operands if isinstance(x, Tensor)]
+    if out is not None:
+        check_same_device(out, *tensors, op=op)
+    elif tensors:
+        check_same_device(*tensors, op=op)
+    if not tensors:
+        shape = ()
+    elif all(t.shape == tensors[0].shape for t in tensors):
+        shape = tensors[0].shape
+    else:
+        shape = broadcast_shape(*(t.shape for t in tensors), op=op)
+    dtype, cts = _types(op, operands, out_dtype)
+    if out is None:
+        dev = tensors[0].device if tensors else None
+        out = Tensor.empty(shape, dtype, dev)
+    else:
+        if out.shape != shape and broadcast_shape(out.shape, shape, op=op) != out.shape:
+            raise ValueError(f"{op}: result of shape {shape} cannot be written into a tensor of shape {out.shape}")
+        shape = out.shape
+        if out_dtype is None and dtype is not out.dtype:
+            dtype = out.dtype
+    numel = math.prod(shape)
+    if numel == 0:
+        return out
+    dev = out.device
+    f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
+
+    # Bindings: output first (read_write); an input on the output's buffer is read through it.
+    buffers = [out._storage.buffer]
+    sig: list[tuple[int, str] | None] = []
+    for x in operands:
+        if not isinstance(x, Tensor):
+            sig.append(None)
+            continue
+        buf = x._storage.buffer
+        for k, b in enumerate(buffers):
+            if b is buf:
+                break
+        else:
+            k = len(buffers)
+            buffers.append(buf)
+        sig.append((k, x.dtype.storage))
+    fast = out.is_contiguous() and all(t.shape == shape and t.is_contiguous() for t in tensors)
+    kspec = _map_kernel(op, tuple(sig), fast, tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
+                        dtype.compute, out_dtype is None, f16)
 
     offs = [x._offset if isinstance(x, Tensor) else 0 for x in operands] + [0] * (3 - len(operands))
     scal = [_scalar_bits(x, ct) if not isinstance(x, Tensor) else 0 for x, ct in zip(operands, cts)]
     scal += [0] * (4 - len(scal))
-    strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
-    strides += [dims([])] * (3 - len(operands))
-    params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
-                  dims(shape, 1), dims(out.strides), *strides)
+    if fast:  # the contiguous kernel reads only these words of Params
+        params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal)
+    else:
+        strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
+        strides += [dims([])] * (3 - len(operands))
+        params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
+                      dims(shape, 1), dims(out.strides), *strides)
     dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP)))
     return out
 

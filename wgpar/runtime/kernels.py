@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import struct
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -82,24 +83,37 @@ class F32(float):
     """Marks a parameter word as an f32 (plain ints pack as u32/i32)."""
 
 
+def _f32_bits(x: float) -> int:
+    try:
+        return _U32.unpack(_F32.pack(x))[0]
+    except OverflowError:  # beyond float32's range: round to inf as a cast would
+        with np.errstate(over="ignore"):
+            return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
 def pack(*words: int | float | F32 | list | tuple) -> bytes:
-    """Pack parameter words (ints as 32-bit two's complement, F32 as f32 bits)."""
-    flat: list[int | F32] = []
+    """Pack parameter words (ints as 32-bit two's complement, F32 as f32 bits).
+
+    On the path of every dispatch: plain ``struct``, one call when every word
+    is already a non-negative int (the common case), word by word otherwise.
+    """
+    flat: list = []
     for w in words:
         if isinstance(w, (list, tuple)):
             flat.extend(w)
         else:
             flat.append(w)
-    out = np.empty(len(flat), dtype=np.uint32)
-    for i, w in enumerate(flat):
-        if isinstance(w, float):
-            out[i] = np.array(w, dtype=np.float32).view(np.uint32)
-        else:
-            out[i] = int(w) & 0xFFFFFFFF
-    data = out.tobytes()
-    if len(data) > PARAM_SLOT:
-        raise ValueError(f"kernel parameters of {len(data)} bytes exceed the {PARAM_SLOT}-byte slot")
-    return data
+    if len(flat) * 4 > PARAM_SLOT:
+        raise ValueError(f"kernel parameters of {len(flat) * 4} bytes exceed the {PARAM_SLOT}-byte slot")
+    fmt = f"<{len(flat)}I"
+    try:
+        return struct.pack(fmt, *flat)
+    except struct.error:  # floats, negative ints, NumPy scalars
+        return struct.pack(fmt, *(_f32_bits(v) if isinstance(v, float) else int(v) & 0xFFFFFFFF for v in flat))
 
 
 def dims(values, fill: int = 0) -> list[int]:
