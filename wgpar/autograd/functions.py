@@ -65,10 +65,12 @@ def binary(op: str, a, b) -> Tensor:
     elif op == "pow":
         def bw(g):
             ra = rb = None
-            if _needs(a):
-                ra = unbroadcast(raw.binary("mul", g, raw.binary("mul", b, raw.binary("pow", a, raw.binary("sub", b, 1.0)))), sa)
-            if _needs(b):
-                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", out, raw.unary("log", a))), sb)
+            if _needs(a):  # b * a ** (b - 1)
+                bm1 = b - 1.0 if not isinstance(b, Tensor) else raw.binary("sub", b, 1.0)
+                ra = unbroadcast(raw.binary("mul", g, raw.binary("mul", b, raw.binary("pow", a, bm1))), sa)
+            if _needs(b):  # a ** b * log(a)
+                log_a = math.log(a) if not isinstance(a, Tensor) else raw.unary("log", a)
+                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", out, log_a)), sb)
             return ra, rb
         saved = [x for x in (a, b, out) if isinstance(x, Tensor)]
     elif op in ("maximum", "minimum"):

@@ -1,0 +1,203 @@
+"""The autograd engine: accumulation, modes, tapes per thread, Function, version counters, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.autograd import Function, backward_with_grad, install_tape, no_grad, take_tape
+
+from .helpers import assert_close
+
+
+def test_grad_accumulates_across_backward_calls(rng):
+    a = rng.standard_normal((3, 4))
+    x = wgpar.tensor(a, requires_grad=True)
+    (x * 2).sum().backward()
+    (x * x).sum().backward()
+    assert_close(x.grad.numpy(), 2 + 2 * a, rtol=1e-6)
+
+
+def test_shared_subexpression_gets_summed_gradient(rng):
+    a = rng.standard_normal((5,))
+    x = wgpar.tensor(a, requires_grad=True)
+    y = x.exp()
+    (y * y + y).sum().backward()
+    assert_close(x.grad.numpy(), 2 * np.exp(2 * a) + np.exp(a), rtol=1e-5)
+
+
+def test_same_tensor_reaching_two_leaves_is_not_aliased():
+    x = wgpar.ones(3, requires_grad=True)
+    y = wgpar.ones(3, requires_grad=True)
+    (x + y).sum().backward()
+    with no_grad():
+        x.grad.mul_(5.0)
+    assert_close(y.grad.numpy(), np.ones(3))
+
+
+def test_no_grad_detach_and_requires_grad_flags():
+    x = wgpar.ones(2, 2, requires_grad=True)
+    with no_grad():
+        y = x * 2
+    assert not y.requires_grad and y.grad_fn is None
+    z = x.detach() * 2
+    assert not z.requires_grad
+    w = x * 2
+    assert w.requires_grad and w.grad_fn is not None and not w.is_leaf
+
+    @no_grad()
+    def f(t):
+        return t + 1
+
+    assert not f(x).requires_grad
+
+
+def test_retain_grad_on_intermediate(rng):
+    x = wgpar.tensor(rng.standard_normal(4), requires_grad=True)
+    h = (x * 3).retain_grad()
+    (h * h).sum().backward()
+    assert_close(h.grad.numpy(), 2 * h.numpy(), rtol=1e-6)
+
+
+def test_ten_thousand_op_chain_backpropagates():
+    x = wgpar.tensor([1.0], requires_grad=True)
+    y = x
+    for _ in range(10_000):
+        y = y * 1.0
+    y.sum().backward()
+    assert_close(x.grad.numpy(), [1.0])
+
+
+def test_backward_errors():
+    x = wgpar.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="scalar"):
+        (x * 2).backward()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        wgpar.ones(3).sum().backward()
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+    z = (x * x).sum()
+    z.backward(retain_graph=True)
+    z.backward()
+    assert_close(x.grad.numpy(), [6.0, 6.0, 6.0])
+    with pytest.raises(ValueError, match=r"\(2,\).*\(3,\)"):
+        (x * 2).backward(wgpar.ones(2))
+
+
+def test_in_place_change_of_saved_tensor_is_caught():
+    x = wgpar.ones(3, requires_grad=True)
+    y = x * 2
+    z = y * y  # saves y
+    with no_grad():
+        y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        z.sum().backward()
+
+
+def test_in_place_on_leaf_requiring_grad_is_refused():
+    x = wgpar.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="in-place"):
+        x.add_(1.0)
+    with no_grad():
+        x.add_(1.0)
+    assert_close(x.numpy(), [2, 2, 2])
+
+
+class Cube(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3.0 * x * x
+
+
+class ScaleBy(Function):
+    @staticmethod
+    def forward(ctx, x, k: float):
+        ctx.k = k
+        return x * k
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+def test_custom_function(rng):
+    a = rng.standard_normal(6)
+    x = wgpar.tensor(a, requires_grad=True)
+    y = ScaleBy.apply(Cube.apply(x), 2.0)
+    assert_close(y.numpy(), 2 * a ** 3, rtol=1e-5)
+    y.sum().backward()
+    assert_close(x.grad.numpy(), 6 * a ** 2, rtol=1e-5)
+
+
+def test_custom_function_version_check():
+    x = wgpar.ones(3, requires_grad=True)
+    h = x * 1.0
+    y = Cube.apply(h)
+    with no_grad():
+        h.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        y.sum().backward()
+
+
+def test_explicit_tape_and_backward_with_grad(rng):
+    a, g = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    x = wgpar.tensor(a, requires_grad=True)
+    install_tape()
+    y = (x * x).tanh()
+    tape = take_tape()
+    assert len(tape) == 2
+    backward_with_grad(y, wgpar.tensor(g))
+    want = g * (1 - np.tanh(a * a) ** 2) * 2 * a
+    assert_close(x.grad.numpy(), want, rtol=1e-4, atol=1e-6)
+    tape.release()
+
+
+def test_threads_record_their_own_graphs_with_unique_ids(devs2, rng):
+    """Each thread drives its own device and tape; node ids never collide."""
+    arrays = [rng.standard_normal((4, 5)) for _ in devs2]
+    results, ids, errors = {}, {}, []
+
+    def work(rank):
+        try:
+            tape = install_tape()
+            x = wgpar.tensor(arrays[rank], device=devs2[rank], requires_grad=True)
+            y = ((x * (rank + 1)).relu() * x).sum()
+            ids[rank] = {n.id for n in tape.nodes}
+            y.backward()
+            results[rank] = x.grad.numpy()
+            take_tape()
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(devs2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert not (ids[0] & ids[1])
+    for r, a in enumerate(arrays):
+        k = r + 1
+        want = np.where(a * k > 0, 2 * k * a, 0.0)
+        assert_close(results[r], want, rtol=1e-5)
+
+
+def test_loss_on_another_device_is_refused(devs2):
+    x = wgpar.ones(3, device=devs2[0], requires_grad=True)
+    y = wgpar.ones(3, device=devs2[1])
+    with pytest.raises(ValueError, match="different devices"):
+        (x * y).sum()
+    out = (x * 2).sum()
+    with pytest.raises(ValueError, match="gradient on"):
+        out.backward(wgpar.ones((), device=devs2[1]))

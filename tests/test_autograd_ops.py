@@ -1,0 +1,209 @@
+"""Every differentiable op's gradient against finite differences (float64 NumPy) and PyTorch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.nn import functional as F
+
+from .gradcheck import check
+
+_erf = np.vectorize(math.erf)
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+UNARY = {
+    "neg": (lambda t: -t, lambda x: -x, None),
+    "abs": (lambda t: t.abs(), np.abs, None),
+    "exp": (lambda t: t.exp(), np.exp, None),
+    "log": (lambda t: t.log(), np.log, "pos"),
+    "sqrt": (lambda t: t.sqrt(), np.sqrt, "pos"),
+    "rsqrt": (lambda t: t.rsqrt(), lambda x: 1 / np.sqrt(x), "pos"),
+    "tanh": (lambda t: t.tanh(), np.tanh, None),
+    "sigmoid": (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x)), None),
+    "relu": (lambda t: t.relu(), lambda x: np.maximum(x, 0), None),
+    "gelu": (lambda t: t.gelu(), lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), None),
+}
+
+
+def _away_from_kinks(x):
+    # abs/relu are not differentiable at 0: keep finite differences off it
+    return np.where(np.abs(x) < 0.05, 0.3, x)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_grad(name, rng):
+    f_w, f_np, domain = UNARY[name]
+    x = _away_from_kinks(rng.standard_normal((3, 7)))
+    if domain == "pos":
+        x = np.abs(x) + 0.5
+    check(f_w, f_np, [x], rng)
+
+
+BINARY = {
+    "add": (lambda a, b: a + b, lambda a, b: a + b),
+    "sub": (lambda a, b: a - b, lambda a, b: a - b),
+    "mul": (lambda a, b: a * b, lambda a, b: a * b),
+    "div": (lambda a, b: a / b, lambda a, b: a / b),
+    "pow": (lambda a, b: a ** b, lambda a, b: a ** b),
+    "maximum": (wgpar.maximum, np.maximum),
+    "minimum": (wgpar.minimum, np.minimum),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("shapes", [((4, 3), (4, 3)), ((2, 4, 3), (3,)), ((4, 1), (1, 5)), ((1,), (3, 2))])
+def test_binary_grad_broadcast(name, shapes, rng):
+    f_w, f_np = BINARY[name]
+    a = rng.standard_normal(shapes[0])
+    b = rng.standard_normal(shapes[1])
+    if name in ("div", "pow"):
+        a, b = np.abs(a) + 0.5, (np.abs(b) + 0.5 if name == "div" else b)
+    if name in ("maximum", "minimum"):
+        b = b + 0.1  # no ties: the derivative is defined
+    check(f_w, f_np, [a, b], rng)
+
+
+@pytest.mark.parametrize("scalar", [2.5, -1.5])
+def test_scalar_operands_grad(scalar, rng):
+    x = np.abs(rng.standard_normal((5, 3))) + 0.5
+    check(lambda t: scalar - t, lambda a: scalar - a, [x], rng)
+    check(lambda t: scalar / t, lambda a: scalar / a, [x], rng)
+    check(lambda t: t ** scalar, lambda a: a ** scalar, [x], rng)
+    check(lambda t: abs(scalar) ** (t * 0.3), lambda a: abs(scalar) ** (a * 0.3), [x], rng)
+
+
+def test_where_and_clamp_grad(rng):
+    a, b = rng.standard_normal((4, 5)), rng.standard_normal((5,))
+    cond_np = rng.standard_normal((4, 5)) > 0
+    cond = wgpar.tensor(cond_np)
+    check(lambda x, y: wgpar.where(cond, x, y), lambda x, y: np.where(cond_np, x, y), [a, b], rng)
+    x = rng.standard_normal((6, 7))
+    x = np.where(np.abs(np.abs(x) - 0.5) < 0.05, 0.0, x)
+    check(lambda t: t.clamp(-0.5, 0.5), lambda v: np.clip(v, -0.5, 0.5), [x], rng)
+    check(lambda t: t.clamp(min=-0.5), lambda v: np.maximum(v, -0.5), [x], rng)
+    check(lambda t: t.clamp(max=0.5), lambda v: np.minimum(v, 0.5), [x], rng)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("axis,keep", [(None, False), (0, False), (1, True), ((0, 2), False), (-1, True)])
+def test_reduction_grad(op, axis, keep, rng):
+    x = rng.standard_normal((3, 4, 5))
+    f_np = lambda a: getattr(np, {"max": "amax", "min": "amin"}.get(op, op))(a, axis=axis, keepdims=keep)  # noqa: E731
+    check(lambda t: getattr(t, op)(axis=axis, keepdims=keep), f_np, [x], rng)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_grad(axis, log, rng):
+    x = rng.standard_normal((3, 4, 5))
+    f_w = (lambda t: wgpar.log_softmax(t, dim=axis)) if log else (lambda t: wgpar.softmax(t, dim=axis))
+    f_np = (lambda a: np.log(_softmax(a, axis))) if log else (lambda a: _softmax(a, axis))
+    check(f_w, f_np, [x], rng)
+
+
+@pytest.mark.parametrize("sa,sb", [((5, 3), (3, 4)), ((2, 5, 3), (3, 4)), ((2, 1, 5, 3), (3, 3, 4)),
+                                   ((3,), (3, 4)), ((5, 3), (3,)), ((3,), (3,))])
+def test_matmul_grad(sa, sb, rng):
+    check(lambda a, b: a @ b, lambda a, b: a @ b, [rng.standard_normal(sa), rng.standard_normal(sb)], rng)
+
+
+def test_matmul_transposed_operands_grad(rng):
+    a, b = rng.standard_normal((3, 5)), rng.standard_normal((4, 3))
+    check(lambda x, y: x.T @ y.T, lambda x, y: x.T @ y.T, [a, b], rng)
+
+
+def test_shape_ops_grad(rng):
+    x = rng.standard_normal((2, 3, 4))
+    check(lambda t: t.reshape(4, 6) * 2, lambda a: a.reshape(4, 6) * 2, [x], rng)
+    check(lambda t: t.permute(2, 0, 1).contiguous(), lambda a: a.transpose(2, 0, 1), [x], rng)
+    check(lambda t: t.transpose(0, 2), lambda a: a.swapaxes(0, 2), [x], rng)
+    check(lambda t: t.T.reshape(-1), lambda a: a.T.reshape(-1), [x], rng)
+    check(lambda t: t[:, None, 1:, ::-2].unsqueeze(0).squeeze(), lambda a: a[:, None, 1:, ::-2].squeeze(), [x], rng)
+    check(lambda t: t[1, ..., 2], lambda a: a[1, ..., 2], [x], rng)
+    y = rng.standard_normal((1, 4))
+    check(lambda t: t.expand(3, 4) * 1.5, lambda a: np.broadcast_to(a, (3, 4)) * 1.5, [y], rng)
+
+
+def test_index_select_and_cat_stack_grad(rng):
+    x = rng.standard_normal((5, 3))
+    idx = np.array([[4, 0], [4, 4], [2, 1]])
+    check(lambda t: wgpar.index_select(t, 0, idx), lambda a: a[idx], [x], rng)
+    check(lambda t: t[:, [2, 2, 0]], lambda a: a[:, [2, 2, 0]], [x], rng)
+    a, b = rng.standard_normal((2, 3)), rng.standard_normal((4, 3))
+    check(lambda u, v: wgpar.cat([u, v], dim=0), lambda u, v: np.concatenate([u, v], 0), [a, b], rng)
+    c = rng.standard_normal((2, 3))
+    check(lambda u, v: wgpar.stack([u, v], dim=1), lambda u, v: np.stack([u, v], 1), [a, c], rng)
+
+
+def test_nn_functional_grads(rng):
+    x, w, b = rng.standard_normal((4, 5)), rng.standard_normal((3, 5)), rng.standard_normal((3,))
+    check(lambda x_, w_, b_: F.linear(x_, w_, b_), lambda x_, w_, b_: x_ @ w_.T + b_, [x, w, b], rng)
+
+    def ln_np(x_, g_, b_):
+        mu = x_.mean(-1, keepdims=True)
+        var = ((x_ - mu) ** 2).mean(-1, keepdims=True)
+        return (x_ - mu) / np.sqrt(var + 1e-5) * g_ + b_
+
+    g, bb = rng.standard_normal((5,)), rng.standard_normal((5,))
+    check(lambda x_, g_, b_: F.layer_norm(x_, 5, g_, b_), ln_np, [x, g, bb], rng, rtol=5e-3)
+    t = np.array([2, 0, 1, 2])
+
+    def ce_np(z):
+        return -np.log(_softmax(z, 1)[np.arange(4), t]).mean()
+
+    check(lambda z: F.cross_entropy(z, t), ce_np, [rng.standard_normal((4, 3))], rng)
+    check(lambda z: F.cross_entropy(z, t, reduction="sum"), lambda z: ce_np(z) * 4,
+          [rng.standard_normal((4, 3))], rng)
+    y = rng.standard_normal((4, 5))
+    check(lambda a: F.mse_loss(a, wgpar.tensor(y)), lambda a: ((a - y) ** 2).mean(), [x], rng)
+
+
+def test_dropout_grad_matches_its_mask(rng):
+    wgpar.manual_seed(int(rng.integers(1 << 30)))
+    x = wgpar.tensor(rng.standard_normal((50, 40)).astype(np.float32) + 3.0, requires_grad=True)
+    y = F.dropout(x, p=0.3)
+    y.sum().backward()
+    yv, g = y.numpy(), x.grad.numpy()
+    kept = yv != 0
+    assert 0.6 < kept.mean() < 0.8, f"kept fraction {kept.mean()}"
+    np.testing.assert_allclose(g, kept / 0.7, rtol=1e-6)
+    np.testing.assert_allclose(yv[kept], x.numpy()[kept] / 0.7, rtol=1e-6)
+    assert F.dropout(x, 0.3, training=False) is x
+
+
+
+
+def test_against_torch_mlp_block(rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    w1 = rng.standard_normal((7, 5)).astype(np.float32)
+    g = rng.standard_normal((7,)).astype(np.float32)
+    t = rng.integers(0, 7, 6)
+
+    def run(lib, tensor):
+        X, W, G = tensor(x), tensor(w1, True), tensor(g, True)
+        h = (X @ W.T).tanh() * G
+        if lib == "torch":
+            h = torch.nn.functional.layer_norm(torch.nn.functional.gelu(h), (7,))
+            loss = torch.nn.functional.cross_entropy(torch.softmax(h, -1) * 3, torch.tensor(t))
+        else:
+            h = F.layer_norm(F.gelu(h), 7)
+            loss = F.cross_entropy(wgpar.softmax(h, -1) * 3, t)
+        loss.backward()
+        return float(loss.item()), W.grad.numpy() if lib != "torch" else W.grad.detach().numpy(), \
+            G.grad.numpy() if lib != "torch" else G.grad.detach().numpy()
+
+    ref = run("torch", lambda a, rg=False: torch.tensor(a, dtype=torch.float64, requires_grad=rg))
+    got = run("wgpar", lambda a, rg=False: wgpar.tensor(a, requires_grad=rg))
+    assert abs(got[0] - ref[0]) < 1e-5 * max(1, abs(ref[0]))
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(got[2], ref[2], rtol=1e-3, atol=1e-5)
