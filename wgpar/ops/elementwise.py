@@ -173,6 +173,31 @@ def _map_kernel(op: str, sig: tuple, fast: bool, cts: tuple[str, ...], out_stora
                 LOADS="\n".join(loads), STORE=store, EXPR=expr)
 
 
+def _extent(t: Tensor) -> tuple[int, int]:
+    lo = hi = t._offset
+    for n, s in zip(t.shape, t.strides):
+        lo += min(0, (n - 1) * s)
+        hi += max(0, (n - 1) * s)
+    return lo, hi
+
+
+def _unalias(x: Tensor, out: Tensor) -> Tensor:
+    """``x`` itself, or a copy of it when it overlaps ``out`` other than element for element.
+
+    Threads write ``out`` in no particular order, so an input read at other positions of the same
+    memory (``a[1:] += a[:-1]``, ``a += a.T``, ``a += a[0]``) would see values already overwritten.
+    """
+    if x._storage is not out._storage:
+        return x
+    strides = broadcast_strides(x, out.shape)
+    if x._offset == out._offset and all(n == 1 or s == so for n, s, so in zip(out.shape, strides, out.strides)):
+        return x
+    (lo, hi), (olo, ohi) = _extent(x), _extent(out)
+    if hi < olo or ohi < lo:
+        return x
+    return run_map("copy", [x], out_dtype=x.dtype)
+
+
 def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
     """Evaluate ``OPS[op]`` elementwise; writes into ``out`` (any strides) when given."""
     for x in operands:
@@ -198,6 +223,11 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         shape = out.shape
         if out_dtype is None and dtype is not out.dtype:
             dtype = out.dtype
+        if any(n > 1 and s == 0 for n, s in zip(out.shape, out.strides)):
+            raise ValueError(f"{op}: cannot write into a broadcast (expanded) view of shape {out.shape}: "
+                             "several of its elements are one memory location; clone() it first")
+        operands = [_unalias(x, out) if isinstance(x, Tensor) else x for x in operands]
+        tensors = [x for x in operands if isinstance(x, Tensor)]
     numel = math.prod(shape)
     if numel == 0:
         return out
