@@ -30,7 +30,10 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     K2, N = b2.shape[-2:]
     if K != K2:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned ({K} != {K2})")
-    batch = broadcast_shape(a2.shape[:-2], b2.shape[:-2], op="matmul")
+    try:
+        batch = broadcast_shape(a2.shape[:-2], b2.shape[:-2], op="matmul")
+    except ValueError:
+        raise ValueError(f"matmul: the batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
     out_dt = _dt.promote(a.dtype, b.dtype)
     if out_dt is _dt.float16 and not (a.dtype is _dt.float16 and b.dtype is _dt.float16):
         out_dt = _dt.float32
