@@ -176,6 +176,19 @@ class Tensor:
     def grad_fn(self):
         return self._node
 
+    def register_post_accumulate_grad_hook(self, hook) -> None:
+        """Call ``hook(tensor)`` each time backward has finished this leaf's ``.grad``."""
+        if self._node is not None:
+            raise RuntimeError("post-accumulate-grad hooks can only be registered on leaf tensors")
+        if not hasattr(self, "_grad_hooks"):
+            self._grad_hooks = []
+        self._grad_hooks.append(hook)
+
+    def __deepcopy__(self, memo) -> "Tensor":
+        out = ops.clone(self.detach())
+        out.requires_grad = self.requires_grad
+        return out
+
     # -- host interop ---------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """Copy to a new NumPy array (waits for pending work on the device)."""

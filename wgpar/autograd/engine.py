@@ -67,6 +67,8 @@ def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
     # A fresh, contiguous tensor: the same gradient object may reach several leaves, and
     # optimizers and clip_grad_norm_ update .grad in place.
     t.grad = ops.clone(g) if t.grad is None else ops.binary("add", t.grad, g)
+    for hook in getattr(t, "_grad_hooks", ()):
+        hook(t)
 
 
 def _check_root(t: Tensor, g: Tensor | None) -> Tensor:
@@ -109,7 +111,16 @@ def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] 
             node = t._node
             pending[node.id] = g if node.id not in pending else ops.binary("add", pending[node.id], g)
             roots.append(node)
-        for node in _topo(roots):
+        order = _topo(roots)
+        # A leaf's gradient is final once every use of it has been processed; only then does it
+        # land in .grad and fire its hooks (DataParallel starts a bucket's all-reduce there).
+        leaf_uses: dict[int, int] = {}
+        for node in order:
+            for t in node.inputs:
+                if t is not None and t._node is None:
+                    leaf_uses[id(t)] = leaf_uses.get(id(t), 0) + 1
+        leaf_pending: dict[int, Tensor] = {}
+        for node in order:
             g = pending.pop(node.id, None)
             if g is None:
                 continue
@@ -128,12 +139,21 @@ def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] 
                 if t is None or ig is None:
                     continue
                 if t._node is None:
-                    _accumulate_leaf(t, ig)
+                    k = id(t)
+                    leaf_pending[k] = ig if k not in leaf_pending else ops.binary("add", leaf_pending[k], ig)
+                    leaf_uses[k] -= 1
+                    if leaf_uses[k] == 0:
+                        _accumulate_leaf(t, leaf_pending.pop(k))
                 else:
                     k = t._node.id
                     pending[k] = ig if k not in pending else ops.binary("add", pending[k], ig)
             if not retain_graph:
                 node.release()
+        # Leaves on branches that produced no gradient still get what did arrive.
+        for node in order:
+            for t in node.inputs:
+                if t is not None and id(t) in leaf_pending:
+                    _accumulate_leaf(t, leaf_pending.pop(id(t)))
 
 
 def backward_with_grad(output: Tensor, grad_output: Tensor, retain_graph: bool = False) -> None:
