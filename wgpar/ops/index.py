@@ -27,7 +27,7 @@ def _expand_key(key, ndim: int) -> list:
             out.extend([slice(None)] * (ndim - consumed))
         else:
             out.append(k)
-    if Ellipsis not in key:
+    if not any(k is Ellipsis for k in key):  # not `in`: a Tensor in the key would compare elementwise
         out.extend([slice(None)] * (ndim - consumed))
     return out
 
