@@ -1,17 +1,115 @@
-"""Matrix multiplication: 2-D, batched with NumPy broadcasting, 1-D operands as in np.matmul."""
+"""Matrix multiplication: 2-D, batched with NumPy broadcasting, 1-D operands as in np.matmul.
+
+Two kernel families:
+
+- ``general`` (shaders/matmul.wgsl): any shape, any strides, bounds-checked.
+- ``tile{BM}x{BN}`` (shaders/matmul_fast.wgsl): register-tiled, vec4 loads, no
+  bounds checks; only for shapes that are multiples of the tile and operands
+  that are row-major or transposed with vec4-aligned leading dimensions.
+
+:func:`plan` picks the variant; BENCHMARKS.md records why these tiles.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from .. import dtypes as _dt
-from ..runtime.kernels import pack, spec
+from ..runtime.kernels import KernelSpec, pack, spec
 from ..tensor import Tensor, check_same_device
 from .elementwise import broadcast_shape, fill
 from .shape import expand, reshape, squeeze
 
-_TILE = 64
+_TILE = 64  # the general kernel's output tile
 _MAX_Z = 65535
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One fast-kernel shape: a BM x BN x BK block, TM x TN outputs per thread."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def name(self) -> str:
+        return f"tile{self.bm}x{self.bn}"
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+
+# Largest first: plan() takes the first that fits and still fills the GPU.
+TILINGS: dict[str, Tiling] = {t.name: t for t in (
+    Tiling(128, 128, 16, 8, 8),
+    Tiling(128, 64, 16, 8, 4),
+    Tiling(64, 64, 16, 4, 4),
+)}
+# Below this many workgroups a smaller tile keeps more of the GPU busy.
+_MIN_WORKGROUPS = 256
+
+_force: str | None = None
+
+
+@contextlib.contextmanager
+def force_variant(name: str | None) -> Iterator[None]:
+    """Make :func:`plan` use ``name`` ("general" or a TILINGS key) where it applies (tests, benchmarks).
+
+    A fast variant that cannot run the shape at hand still falls back to "general".
+    """
+    global _force
+    if name is not None and name != "general" and name not in TILINGS:
+        raise ValueError(f"unknown matmul variant {name!r}; choose 'general' or one of {sorted(TILINGS)}")
+    prev, _force = _force, name
+    try:
+        yield
+    finally:
+        _force = prev
+
+
+@dataclass(frozen=True, eq=False)
+class Operand:
+    """A (nb, rows, cols) view: element (z, i, j) at offset + z*sz + i*si + j*sj."""
+
+    t: Tensor
+    offset: int
+    sz: int
+    si: int
+    sj: int
+
+    def layout(self, rows: int, cols: int) -> tuple[str, int] | None:
+        """("n", ld) when row-major with vec4-aligned rows, ("t", ld) when transposed so; else None."""
+        if self.offset % 4 or self.sz % 4:
+            return None
+        if (self.sj == 1 or cols == 1) and self.si % 4 == 0 and self.si >= cols:
+            return "n", self.si
+        if (self.si == 1 or rows == 1) and self.sj % 4 == 0 and self.sj >= rows:
+            return "t", self.sj
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """How one matmul runs: ``variant`` is "general" or a TILINGS key."""
+
+    variant: str
+    nb: int
+    M: int
+    N: int
+    K: int
+    a: Operand
+    b: Operand
+    a_layout: str = ""
+    b_layout: str = ""
+    lda: int = 0
+    ldb: int = 0
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -34,16 +132,14 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         batch = broadcast_shape(a2.shape[:-2], b2.shape[:-2], op="matmul")
     except ValueError:
         raise ValueError(f"matmul: the batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
-    out_dt = _dt.promote(a.dtype, b.dtype)
-    if out_dt is _dt.float16 and not (a.dtype is _dt.float16 and b.dtype is _dt.float16):
-        out_dt = _dt.float32
+    out_dt = _result_dtype(a, b)
     if math.prod(batch) * M * N == 0 or K == 0:
         out = fill(batch + (M, N), 0.0, out_dt, a.device)
     else:
         a3 = reshape(expand(a2, batch + (M, K)), (-1, M, K))
         b3 = reshape(expand(b2, batch + (K, N)), (-1, K, N))
         out = Tensor.empty(batch + (M, N), out_dt, a.device)
-        _dispatch(a3, b3, out, math.prod(batch), M, N, K)
+        _run(plan(a3, b3, out_dt), out)
     if a_vec:
         out = squeeze(out, -2)
     if b_vec:
@@ -51,15 +147,140 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def _dispatch(a: Tensor, b: Tensor, out: Tensor, nb: int, M: int, N: int, K: int) -> None:
+def _result_dtype(a: Tensor, b: Tensor) -> _dt.DType:
+    if a.dtype is _dt.float16 and b.dtype is _dt.float16:
+        return _dt.float16
+    return _dt.float32
+
+
+def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
+    """Choose the kernel for ``a3 @ b3`` (both 3-d, equal batch; batch strides may be 0)."""
+    out_dtype = out_dtype or _result_dtype(a3, b3)
+    nb, M, K = a3.shape
+    N = b3.shape[2]
+    a = Operand(a3, a3._offset, *a3.strides)
+    b = Operand(b3, b3._offset, *b3.strides)
+    # A weight shared by the whole batch against row-major activations: one (nb*M) x K matmul.
+    if nb > 1 and b.sz == 0 and a.sj == 1 and a.sz == M * a.si:
+        M, nb = nb * M, 1
+        a = Operand(a3, a.offset, 0, a.si, a.sj)
+    general = Plan("general", nb, M, N, K, a, b)
+    if _force == "general":
+        return general
+    dev = a3.device
+    same = a3.dtype is b3.dtype is out_dtype
+    if not same or (a3.dtype is _dt.float16 and not dev.has_f16):
+        return general
+    la, lb = a.layout(M, K), b.layout(K, N)
+    if la is None or lb is None:
+        return general
+    candidates = [TILINGS[_force]] if _force else list(TILINGS.values())
+    fits = [t for t in candidates if M % t.bm == 0 and N % t.bn == 0 and K % t.bk == 0
+            and t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)]
+    if not fits:
+        return general
+    chosen = fits[-1]
+    for t in fits:  # the largest tile that still gives enough workgroups
+        if nb * (M // t.bm) * (N // t.bn) >= _MIN_WORKGROUPS or _force:
+            chosen = t
+            break
+    return Plan(chosen.name, nb, M, N, K, a, b, la[0], lb[0], la[1], lb[1])
+
+
+def _run(p: Plan, out: Tensor) -> None:
+    if p.variant == "general":
+        _run_general(p, out)
+    else:
+        _run_fast(p, TILINGS[p.variant], out)
+
+
+def _run_general(p: Plan, out: Tensor) -> None:
+    a, b = p.a.t, p.b.t
     f16 = "enable f16;" if _dt.float16 in (a.dtype, b.dtype, out.dtype) else ""
-    dev = out.device
     k = spec("matmul", ("w", "r", "r"), F16=f16, TC=out.dtype.storage, TA=a.dtype.storage,
              TB=b.dtype.storage, PARAMS=3)
-    sa, sb = a.strides, b.strides
-    for z0 in range(0, nb, _MAX_Z):
-        nz = min(_MAX_Z, nb - z0)
-        params = pack(M, N, K, z0, a._offset, b._offset, out._offset, 0,
-                      sa[0], sa[1], sa[2], 0, sb[0], sb[1], sb[2], 0)
-        dev.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params,
-                     (-(-N // _TILE), -(-M // _TILE), nz))
+    M, N = p.M, p.N
+    for z0 in range(0, p.nb, _MAX_Z):
+        nz = min(_MAX_Z, p.nb - z0)
+        params = pack(M, N, p.K, z0, p.a.offset, p.b.offset, out._offset, 0,
+                      p.a.sz, p.a.si, p.a.sj, 0, p.b.sz, p.b.si, p.b.sj, 0)
+        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params,
+                            (-(-N // _TILE), -(-M // _TILE), nz))
+
+
+def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
+    a, b = p.a.t, p.b.t
+    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage)
+    for z0 in range(0, p.nb, _MAX_Z):
+        nz = min(_MAX_Z, p.nb - z0)
+        params = pack(p.M, p.N, p.K, z0, p.a.offset // 4, p.b.offset // 4, out._offset // 4, 0,
+                      p.a.sz // 4, p.lda // 4, p.b.sz // 4, p.ldb // 4, p.M * p.N // 4, p.N // 4, 0, 0)
+        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params,
+                            (p.N // t.bn, p.M // t.bm, nz))
+
+
+_FAST_CACHE: dict[tuple, KernelSpec] = {}
+
+
+def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelSpec:
+    key = (t, la, lb, ta, tb, tc)
+    hit = _FAST_CACHE.get(key)
+    if hit is None:
+        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc)
+    return hit
+
+
+def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelSpec:
+    """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file)."""
+    wm, wn = t.bm // t.tm, t.bn // t.tn
+    nthreads = wm * wn
+    sa, sb = t.bm // 4 + 1, t.bn // 4 + 1
+    decl, load, store = [], [], []
+
+    def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: int, stride: int):
+        # One BK-deep slice of an operand: `outer` rows/cols (m for A, n for B) by BK.
+        n_vec = outer * t.bk // 4
+        if n_vec % nthreads:
+            raise ValueError(f"{t.name}: {n_vec} vec4 loads do not split over {nthreads} threads")
+        for i in range(n_vec // nthreads):
+            reg = f"p{name}{i}"
+            decl.append(f"  var {reg}: vec4<f32>;")
+            e = f"(t + {i * nthreads}u)"
+            if (name, layout) in (("a", "n"), ("b", "t")):
+                # Contiguous along k: a vec4 holds 4 k's of one m (or n); store it transposed.
+                per = t.bk // 4
+                o, kq = f"({e} / {per}u)", f"({e} % {per}u)"
+                load.append(f"  {reg} = vec4<f32>({name}[{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}]);")
+                for j, comp in enumerate("xyzw"):
+                    store.append(f"    {slab}[({kq} * 4u + {j}u) * {stride}u + {o} / 4u][{o} % 4u] = {reg}.{comp};")
+            else:
+                # Contiguous along m (or n): a vec4 holds 4 m's at one k; store it as is.
+                per = outer // 4
+                kr, oq = f"({e} / {per}u)", f"({e} % {per}u)"
+                load.append(f"  {reg} = vec4<f32>({name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]);")
+                store.append(f"    {slab}[{kr} * {stride}u + {oq}] = {reg};")
+
+    operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", sa)
+    operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", sb)
+    ga, gb = t.tm // 4, t.tn // 4
+    acc = [[f"acc{r}_{h}" for h in range(gb)] for r in range(t.tm)]
+    decl += [f"  var {v} = vec4<f32>(0.0);" for row in acc for v in row]
+    comp = [f"      let a{g} = As[kk * {sa}u + {g * wm}u + ty];" for g in range(ga)]
+    comp += [f"      let b{h} = Bs[kk * {sb}u + {h * wn}u + tx];" for h in range(gb)]
+    for g in range(ga):
+        for i, ci in enumerate("xyzw"):
+            for h in range(gb):
+                v = acc[g * 4 + i][h]
+                comp.append(f"      {v} = fma(vec4<f32>(a{g}.{ci}), b{h}, {v});")
+    write = []
+    for g in range(ga):
+        for i in range(4):
+            row = f"(row0 + {g * 4 * wm + i}u + ty * 4u)"
+            for h in range(gb):
+                write.append(f"  c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
+                             f"vec4<{tc}>({acc[g * 4 + i][h]});")
+    f16 = "f16" in (ta, tb, tc)
+    return spec("matmul_fast", ("w", "r", "r"), ENABLE="enable f16;" if f16 else "", TA=ta, TB=tb, TC=tc,
+                PARAMS=3, SA=sa, SB=sb, AS_LEN=sa * t.bk, BS_LEN=sb * t.bk, WM=wm, WN=wn, BM=t.bm, BN=t.bn,
+                BK=t.bk, DECL="\n".join(decl), LOAD="\n".join(load), STORE="\n".join(store),
+                COMPUTE="\n".join(comp), WRITE="\n".join(write))

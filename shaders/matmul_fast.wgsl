@@ -1,0 +1,63 @@
+// Batched C[b] = A[b] @ B[b] for shapes that are multiples of the tile: no
+// bounds checks anywhere. wgpar/ops/matmul.py generates the per-variant code
+// and launches this only when M % BM == N % BN == K % BK == 0 and every
+// operand is contiguous along a dimension that allows vec4 loads (A and B
+// either row-major or transposed: the LOAD_* / STORE_* fills differ).
+//
+// Each workgroup computes a BM x BN tile of C with WM x WN threads; a thread
+// owns TM x TN outputs: TM/4 groups of 4 rows spaced 4*WM apart and TN/4
+// vec4 columns spaced 4*WN apart, so the reads of As / Bs in the inner loop
+// are consecutive vec4s across a warp (conflict-free) or broadcasts. As and
+// Bs hold one BK-deep slice, k-major, padded by one vec4 per k-row so the
+// transposing scalar stores of a row-major A (or transposed B) spread over
+// banks. The next slice is loaded from global memory into registers while
+// the current one is multiplied. Accumulates in f32; A/B/C may be f16.
+{{ENABLE}}
+@group(0) @binding(0) var<storage, read_write> c: array<vec4<{{TC}}>>;
+@group(0) @binding(1) var<storage, read> a: array<vec4<{{TA}}>>;
+@group(0) @binding(2) var<storage, read> b: array<vec4<{{TB}}>>;
+// Offsets, batch strides and leading dimensions in vec4 units.
+struct Params {
+  M: u32, N: u32, K: u32, z0: u32,
+  off_a: u32, off_b: u32, off_c: u32, _p0: u32,
+  sa_b: u32, lda: u32, sb_b: u32, ldb: u32,
+  sc_b: u32, ldc: u32, _p1: u32, _p2: u32,
+}
+@group(0) @binding({{PARAMS}}) var<uniform> p: Params;
+
+const SA: u32 = {{SA}}u;  // vec4s per k-row of As (BM / 4 + 1)
+const SB: u32 = {{SB}}u;  // vec4s per k-row of Bs (BN / 4 + 1)
+var<workgroup> As: array<vec4<f32>, {{AS_LEN}}>;
+var<workgroup> Bs: array<vec4<f32>, {{BS_LEN}}>;
+
+@compute @workgroup_size({{WN}}, {{WM}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let tx = lid.x;
+  let ty = lid.y;
+  let t = ty * {{WN}}u + tx;
+  let z = wid.z + p.z0;
+  let row0 = wid.y * {{BM}}u;
+  let col0 = wid.x * {{BN}}u;
+  let base_a = p.off_a + z * p.sa_b;
+  let base_b = p.off_b + z * p.sb_b;
+{{DECL}}
+  {
+    let k0 = 0u;
+{{LOAD}}
+  }
+  for (var k0 = 0u; k0 < p.K; k0 = k0 + {{BK}}u) {
+{{STORE}}
+    workgroupBarrier();
+    {
+      // Prefetch the next slice (the last iteration re-reads its own: no branch).
+      let k0 = min(k0 + {{BK}}u, p.K - {{BK}}u);
+{{LOAD}}
+    }
+    for (var kk = 0u; kk < {{BK}}u; kk = kk + 1u) {
+{{COMPUTE}}
+    }
+    workgroupBarrier();
+  }
+  let base_c = p.off_c + z * p.sc_b;
+{{WRITE}}
+}

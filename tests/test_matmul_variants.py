@@ -1,0 +1,169 @@
+"""Matmul kernel variants against NumPy float64: each tiling and operand layout, the choice, the fallbacks."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import wgpar
+
+mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the function)
+
+FAST = sorted(mm.TILINGS)
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def rel_err(got, want) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def operands(rng, M, K, N, layout, dtype=np.float32, batch=()):
+    """wgpar a (.., M, K) and b (.., K, N), each stored row-major or as the transpose of a row-major array."""
+    a = rng.standard_normal(batch + (M, K)).astype(dtype)
+    b = rng.standard_normal(batch + (K, N)).astype(dtype)
+
+    def put(x, transposed):
+        if not transposed:
+            return wgpar.tensor(x)
+        return wgpar.tensor(np.ascontiguousarray(np.swapaxes(x, -1, -2))).transpose(-1, -2)
+
+    return a, b, put(a, layout[0] == "t"), put(b, layout[1] == "t")
+
+
+def plan_of(a, b):
+    return mm.plan(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+
+
+def tile_shape(name: str) -> tuple[int, int, int]:
+    t = mm.TILINGS[name]
+    return t.bm, 3 * t.bk, t.bn  # K of three slices: the prefetch of the next slice is exercised
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", FAST)
+def test_fast_variant_f32(rng, variant, layout):
+    M, K, N = tile_shape(variant)
+    a, b, wa, wb = operands(rng, 2 * M, K, N, layout)
+    with mm.force_variant(variant):
+        p = plan_of(wa, wb)
+        assert (p.variant, p.a_layout + p.b_layout) == (variant, layout)
+        got = (wa @ wb).numpy()
+    assert got.dtype == np.float32
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ("nn", "nt"))
+@pytest.mark.parametrize("variant", FAST)
+def test_fast_variant_f16(rng, dev, variant, layout):
+    if not dev.has_f16:
+        pytest.skip(f"{dev} has no shader-f16")
+    M, K, N = tile_shape(variant)
+    a, b, wa, wb = operands(rng, M, K, N, layout, dtype=np.float16)
+    with mm.force_variant(variant):
+        assert plan_of(wa, wb).variant == variant
+        got = (wa @ wb).numpy()
+    assert got.dtype == np.float16
+    assert rel_err(got, a.astype(np.float64) @ b.astype(np.float64)) < 1e-2
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_general_kernel_any_layout(rng, layout):
+    a, b, wa, wb = operands(rng, 128, 48, 64, layout)
+    with mm.force_variant("general"):
+        assert plan_of(wa, wb).variant == "general"
+        got = (wa @ wb).numpy()
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+def test_choice_prefers_large_tiles_when_the_gpu_fills(dev):
+    big = wgpar.empty((2048, 64))
+    assert plan_of(big, wgpar.empty((64, 2048))).variant == "tile128x128"
+    assert plan_of(wgpar.empty((256, 64)), wgpar.empty((64, 256))).variant == "tile64x64"
+    assert plan_of(wgpar.empty((128, 64)), wgpar.empty((64, 64))).variant == "tile64x64"
+
+
+def test_choice_linear_layer_uses_fast_path_on_transposed_weight(dev):
+    x = wgpar.empty((2, 1024, 64))  # batch of activations against a shared weight [out, in]
+    w = wgpar.empty((256, 64))
+    p = mm.plan(x, wgpar.ops.expand(w.T, (2, 64, 256)))
+    assert p.variant in FAST and (p.nb, p.M, p.b_layout) == (1, 2048, "t")
+
+
+@pytest.mark.parametrize("shapes", [
+    ((127, 64), (64, 128)),    # M not a multiple of any tile
+    ((128, 64), (64, 100)),    # N
+    ((128, 40), (40, 128)),    # K not a multiple of BK
+    ((1, 64), (64, 128)),      # a row vector
+    ((64,), (64, 128)),        # 1-d operand
+])
+def test_awkward_sizes_fall_back_to_general(rng, shapes):
+    sa, sb = shapes
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    wa, wb = wgpar.tensor(a), wgpar.tensor(b)
+    if wa.ndim == 2:
+        assert plan_of(wa, wb).variant == "general"
+    assert rel_err((wa @ wb).numpy(), a.astype(np.float64) @ b) < 1e-5
+
+
+def test_unaligned_views_fall_back(rng):
+    base = rng.standard_normal((128, 70)).astype(np.float32)
+    b = rng.standard_normal((64, 128)).astype(np.float32)
+    wbase, wb = wgpar.tensor(base), wgpar.tensor(b)
+    for lo in (1, 2, 4):  # offsets 1 and 2 break vec4 alignment; rows of 70 floats too
+        wa = wbase[:, lo:lo + 64]
+        assert plan_of(wa, wb).variant == "general"
+        assert rel_err(wa.matmul(wb).numpy(), base[:, lo:lo + 64].astype(np.float64) @ b) < 1e-5
+    wide = rng.standard_normal((128, 72)).astype(np.float32)  # rows of 72: vec4-aligned slice at 4
+    wa = wgpar.tensor(wide)[:, 4:68]
+    assert plan_of(wa, wb).variant in FAST
+    assert rel_err(wa.matmul(wb).numpy(), wide[:, 4:68].astype(np.float64) @ b) < 1e-5
+
+
+def test_mixed_dtypes_fall_back(rng, dev):
+    if not dev.has_f16:
+        pytest.skip(f"{dev} has no shader-f16")
+    a = rng.standard_normal((128, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 128)).astype(np.float16)
+    wa, wb = wgpar.tensor(a), wgpar.tensor(b)
+    assert plan_of(wa, wb).variant == "general"
+    got = (wa @ wb).numpy()
+    assert got.dtype == np.float32
+    assert rel_err(got, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ("nn", "tt"))
+def test_batched_fast(rng, layout):
+    a, b, wa, wb = operands(rng, 64, 32, 64, layout, batch=(3,))
+    with mm.force_variant("tile64x64"):
+        p = plan_of(wa, wb)
+        assert (p.variant, p.nb) == ("tile64x64", 3)
+        got = (wa @ wb).numpy()
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+def test_batch_folded_into_rows_against_shared_weight(rng):
+    x = rng.standard_normal((2, 3, 64, 32)).astype(np.float32)
+    w = rng.standard_normal((64, 32)).astype(np.float32)  # used transposed, as nn.Linear does
+    wx, ww = wgpar.tensor(x), wgpar.tensor(w)
+    with mm.force_variant("tile64x64"):
+        got = (wx @ ww.T).numpy()
+    assert rel_err(got, x.astype(np.float64) @ w.T) < 1e-5
+
+
+def test_broadcast_operand_batch(rng):
+    a = rng.standard_normal((64, 32)).astype(np.float32)   # shared by every batch entry of b
+    b = rng.standard_normal((2, 32, 64)).astype(np.float32)
+    with mm.force_variant("tile64x64"):
+        got = (wgpar.tensor(a) @ wgpar.tensor(b)).numpy()
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+def test_unknown_variant_is_an_error():
+    with pytest.raises(ValueError, match="unknown matmul variant"):
+        with mm.force_variant("tile7x7"):
+            pass
