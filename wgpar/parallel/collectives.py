@@ -1,0 +1,290 @@
+"""Collectives: the one interface every parallel piece talks through, and its threaded backend.
+
+``Collectives`` is what one rank holds: all_reduce, broadcast, all_gather,
+reduce_scatter and barrier on that rank's tensors. ``ThreadGroup`` implements
+it for ranks that are threads of one process, each owning one device: every
+rank copies its tensor into a persistent staging buffer and maps it
+(starting the transfer before waiting on anyone), the ranks meet in a
+rendezvous keyed by the collective's sequence number, the last to arrive
+reduces on the host with NumPy, and each rank uploads the result once. A
+multi-process backend (MPI, one process per adapter) implements the same
+``Collectives`` methods.
+
+Every wait has a timeout. A rank that fails calls ``abort``; a rank that
+never arrives is found by the others' timeouts. Either way every waiting rank
+raises a CollectiveError naming the missing or failing rank and the sequence
+number, and the group refuses further collectives until ``reset``.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..runtime.device import Device
+from ..runtime.transfer import StagingBuffer, TransferTimeout
+from ..tensor import Tensor
+from .errors import CollectiveError, CollectiveTimeoutError
+
+DEFAULT_TIMEOUT = 300.0
+_REDUCE = {"sum": np.add.reduce, "max": np.maximum.reduce, "min": np.minimum.reduce}
+
+
+def split_sizes(n: int, parts: int) -> list[int]:
+    """Split n as evenly as possible: the first n % parts get one more (never drops anything)."""
+    base, extra = divmod(n, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+class Collectives(abc.ABC):
+    """One rank's view of a process group."""
+
+    rank: int
+    world_size: int
+    device: Device
+
+    @abc.abstractmethod
+    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        """Reduce ``tensor`` over ranks (sum, mean, max, min) and write the result into it, in place."""
+
+    @abc.abstractmethod
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s values."""
+
+    @abc.abstractmethod
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """Every rank's tensor (shapes may differ), as new tensors on this rank's device."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        """Reduce over ranks, then return this rank's part of dim 0 (split as evenly as possible)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has arrived."""
+
+
+class _Slot:
+    __slots__ = ("kind", "data", "result", "error", "taken")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.data: dict[int, object] = {}
+        self.result = None
+        self.error: str | None = None
+        self.taken = 0
+
+
+class ThreadGroup:
+    """A process group whose ranks are threads, rank r owning ``devices[r]``."""
+
+    def __init__(self, devices: Sequence[Device], timeout: float = DEFAULT_TIMEOUT) -> None:
+        if len(devices) < 1:
+            raise ValueError("a process group needs at least one device")
+        if len({id(d) for d in devices}) != len(devices):
+            raise ValueError(f"each rank needs its own device, got {[str(d) for d in devices]}")
+        self.devices = list(devices)
+        self.world_size = len(devices)
+        self.timeout = float(timeout)
+        self._cond = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._seq = [0] * self.world_size
+        self._broken: str | None = None
+        self._ranks = [ThreadRank(self, r) for r in range(self.world_size)]
+
+    def rank(self, r: int) -> "ThreadRank":
+        if not 0 <= r < self.world_size:
+            raise ValueError(f"rank {r} out of range for a group of {self.world_size}")
+        return self._ranks[r]
+
+    # -- failure handling -----------------------------------------------------------------
+    def abort(self, rank: int, reason: str) -> None:
+        """Mark the group broken (rank failed): every rank waiting in a collective raises."""
+        with self._cond:
+            if self._broken is None:
+                self._broken = f"rank {rank} failed: {reason}"
+            self._cond.notify_all()
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
+
+    def reset(self) -> None:
+        """Forget a failure and all pending collectives (call when no rank is inside one)."""
+        with self._cond:
+            self._broken = None
+            self._slots.clear()
+            self._seq = [0] * self.world_size
+
+    # -- the rendezvous -------------------------------------------------------------------
+    def exchange(self, rank: int, kind: str, payload, combine: Callable[[dict[int, object]], object]):
+        """Deposit ``payload``; once all ranks have, ``combine`` (run once) gives everyone the result."""
+        with self._cond:
+            if self._broken:
+                raise CollectiveError(f"{kind}: the group is broken ({self._broken}); reset it first")
+            seq = self._seq[rank]
+            self._seq[rank] += 1
+            slot = self._slots.setdefault(seq, _Slot(kind))
+            if slot.kind != kind:
+                self._broken = (f"rank {rank} called {kind} as collective #{seq} while other ranks "
+                                f"called {slot.kind}")
+                self._cond.notify_all()
+                raise CollectiveError(self._broken)
+            slot.data[rank] = payload
+            if len(slot.data) == self.world_size:
+                try:
+                    slot.result = combine(slot.data)
+                except Exception as exc:  # e.g. ranks disagree on shapes: everyone learns why
+                    slot.error = f"{kind} #{seq}: {exc}"
+                slot.data = {}
+                self._cond.notify_all()
+            deadline = time.monotonic() + self.timeout
+            while slot.result is None and slot.error is None:
+                if self._broken:
+                    raise CollectiveError(f"{kind} #{seq} on rank {rank}: aborted, {self._broken}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [r for r in range(self.world_size) if r not in slot.data]
+                    self._broken = (f"{kind} #{seq}: rank(s) {missing} did not arrive within "
+                                    f"{self.timeout:g} s")
+                    self._cond.notify_all()
+                    raise CollectiveTimeoutError(self._broken)
+                self._cond.wait(left)
+            slot.taken += 1
+            if slot.taken == self.world_size:
+                del self._slots[seq]
+            if slot.error is not None:
+                raise CollectiveError(slot.error)
+            return slot.result
+
+
+class ThreadRank(Collectives):
+    """Rank ``rank`` of a ThreadGroup; call its methods from that rank's thread."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = group.world_size
+        self.device = group.devices[rank]
+        self._staging: StagingBuffer | None = None
+
+    # -- transfers ------------------------------------------------------------------------
+    def staging(self, nbytes: int) -> StagingBuffer:
+        """This rank's staging buffer, grown (never per call) to hold ``nbytes``."""
+        if self._staging is None or self._staging.capacity < nbytes:
+            cap = max(nbytes, 2 * self._staging.capacity if self._staging else 1 << 16)
+            self._staging = StagingBuffer(self.device, cap, f"collective{self.rank}")
+        return self._staging
+
+    def _check(self, tensor: Tensor, what: str) -> None:
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{what}: expected a wgpar.Tensor, got {type(tensor).__name__}")
+        if tensor.device is not self.device:
+            raise ValueError(f"{what} on rank {self.rank}: tensor is on {tensor.device}, "
+                             f"but this rank owns {self.device}")
+
+    def read(self, tensor: Tensor, what: str) -> np.ndarray:
+        """Copy a tensor to the host through the staging buffer, with the group's timeout."""
+        src = tensor.contiguous()
+        nbytes = src.nbytes
+        start = src._offset * src.dtype.itemsize
+        st = self.staging(nbytes + 4)
+        lo = start - start % 4
+        st.start(src._storage.buffer, lo, -(-(start + nbytes - lo) // 4) * 4)
+        try:
+            raw = st.wait(self.group.timeout, what)
+        except TransferTimeout as exc:
+            self.group.abort(self.rank, str(exc))
+            raise CollectiveTimeoutError(f"{what} on rank {self.rank}: {exc}") from None
+        host_dtype = np.int32 if src.dtype.storage == "i32" else src.dtype.np
+        return np.frombuffer(raw, dtype=host_dtype, count=src.numel(), offset=start - lo).reshape(src.shape)
+
+    def write(self, tensor: Tensor, values: np.ndarray) -> None:
+        """Upload host values into ``tensor`` (any layout) on this rank's device."""
+        from .. import ops
+
+        host_dtype = np.int32 if tensor.dtype.storage == "i32" else tensor.dtype.np
+        values = np.ascontiguousarray(values, dtype=host_dtype).reshape(tensor.shape)
+        if tensor.is_contiguous() and tensor.nbytes % 4 == 0 and tensor._offset * tensor.dtype.itemsize % 4 == 0:
+            if tensor.nbytes:
+                self.device.upload(tensor._storage.buffer, tensor._offset * tensor.dtype.itemsize, values.tobytes())
+            tensor._storage.version += 1
+        else:
+            ops.copy_(tensor, Tensor.from_numpy(values, device=self.device, dtype=tensor.dtype))
+
+    # -- collectives ----------------------------------------------------------------------
+    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        self._check(tensor, "all_reduce")
+        if op not in (*_REDUCE, "mean"):
+            raise ValueError(f"all_reduce: op must be sum, mean, max or min, got {op!r}")
+        host = self.read(tensor, "all_reduce")
+        world = self.world_size
+
+        def combine(parts):
+            _same_shapes(parts, "all_reduce")
+            stacked = [parts[r] for r in range(world)]
+            if op == "mean":
+                return (np.add.reduce(stacked) / world).astype(stacked[0].dtype)
+            return _REDUCE[op](stacked)
+
+        result = self.group.exchange(self.rank, "all_reduce", host, combine)
+        self.write(tensor, result)
+        return tensor
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        self._check(tensor, "broadcast")
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"broadcast: src rank {src} out of range for {self.world_size} ranks")
+        payload = self.read(tensor, "broadcast") if self.rank == src else tensor.shape
+
+        def combine(parts):
+            value = parts[src]
+            for r, p in parts.items():
+                if r != src and tuple(p) != value.shape:
+                    raise ValueError(f"rank {r} has shape {tuple(p)} but src rank {src} sends {value.shape}")
+            return value
+
+        result = self.group.exchange(self.rank, "broadcast", payload, combine)
+        if self.rank != src:
+            self.write(tensor, result)
+        return tensor
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        self._check(tensor, "all_gather")
+        host = self.read(tensor, "all_gather")
+        parts = self.group.exchange(self.rank, "all_gather", host,
+                                    lambda d: [d[r] for r in range(self.world_size)])
+        return [Tensor.from_numpy(p, device=self.device, dtype=tensor.dtype) for p in parts]
+
+    def reduce_scatter(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        self._check(tensor, "reduce_scatter")
+        if tensor.ndim == 0:
+            raise ValueError("reduce_scatter needs a tensor with at least one dimension")
+        if op not in (*_REDUCE, "mean"):
+            raise ValueError(f"reduce_scatter: op must be sum, mean, max or min, got {op!r}")
+        host = self.read(tensor, "reduce_scatter")
+        world = self.world_size
+
+        def combine(parts):
+            _same_shapes(parts, "reduce_scatter")
+            stacked = [parts[r] for r in range(world)]
+            full = (np.add.reduce(stacked) / world).astype(stacked[0].dtype) if op == "mean" \
+                else _REDUCE[op](stacked)
+            bounds = np.cumsum([0] + split_sizes(full.shape[0], world))
+            return [full[bounds[r]:bounds[r + 1]] for r in range(world)]
+
+        chunks = self.group.exchange(self.rank, "reduce_scatter", host, combine)
+        return Tensor.from_numpy(chunks[self.rank], device=self.device, dtype=tensor.dtype)
+
+    def barrier(self) -> None:
+        self.group.exchange(self.rank, "barrier", None, lambda d: True)
+
+
+def _same_shapes(parts: dict[int, np.ndarray], what: str) -> None:
+    shapes = {r: p.shape for r, p in parts.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"{what}: ranks hold different shapes {dict(sorted(shapes.items()))}")
