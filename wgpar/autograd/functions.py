@@ -36,6 +36,7 @@ def binary(op: str, a, b) -> Tensor:
     out = raw.binary(op, a, b)
     if not (is_grad_enabled() and (_needs(a) or _needs(b))) or not out.dtype.is_float:
         return out
+    y = out.detach()  # saved without its node: out -> node -> closure -> out would be a reference cycle
     sa = a.shape if isinstance(a, Tensor) else ()
     sb = b.shape if isinstance(b, Tensor) else ()
 
@@ -60,8 +61,8 @@ def binary(op: str, a, b) -> Tensor:
         def bw(g):
             gq = raw.binary("div", g, b)
             return (unbroadcast(gq, sa) if _needs(a) else None,
-                    unbroadcast(raw.unary("neg", raw.binary("mul", gq, out)), sb) if _needs(b) else None)
-        saved = [x for x in (b, out) if isinstance(x, Tensor)]
+                    unbroadcast(raw.unary("neg", raw.binary("mul", gq, y)), sb) if _needs(b) else None)
+        saved = [x for x in (b, y) if isinstance(x, Tensor)]
     elif op == "pow":
         def bw(g):
             ra = rb = None
@@ -70,9 +71,9 @@ def binary(op: str, a, b) -> Tensor:
                 ra = unbroadcast(raw.binary("mul", g, raw.binary("mul", b, raw.binary("pow", a, bm1))), sa)
             if _needs(b):  # a ** b * log(a)
                 log_a = math.log(a) if not isinstance(a, Tensor) else raw.unary("log", a)
-                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", out, log_a)), sb)
+                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", y, log_a)), sb)
             return ra, rb
-        saved = [x for x in (a, b, out) if isinstance(x, Tensor)]
+        saved = [x for x in (a, b, y) if isinstance(x, Tensor)]
     elif op in ("maximum", "minimum"):
         def bw(g):
             # Ties split the gradient evenly, as in PyTorch.
@@ -107,8 +108,9 @@ def unary(op: str, a: Tensor) -> Tensor:
     if op not in _UNARY_BW or not (is_grad_enabled() and _needs(a)) or not out.dtype.is_float:
         return out
     fn = _UNARY_BW[op]
-    saved = [a] if op in _SAVES_INPUT else ([out] if op not in ("neg",) else [])
-    return record(op, out, [a], lambda g: (fn(a, out, g),), saved)
+    y = out.detach()  # no reference cycle through the node
+    saved = [a] if op in _SAVES_INPUT else ([y] if op not in ("neg",) else [])
+    return record(op, out, [a], lambda g: (fn(a, y, g),), saved)
 
 
 def where(cond: Tensor, a, b) -> Tensor:
@@ -343,12 +345,14 @@ def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
             return (raw.expand(g, a.shape),)
         return record(op, out, [a], bw)
 
+    y = out.detach()
+
     def bw(g):  # max / min: the gradient goes to the extreme entries, split over ties
-        hit = raw.cast(raw.binary("eq", a, raw.reshape(out, kshape)), g.dtype)
+        hit = raw.cast(raw.binary("eq", a, raw.reshape(y, kshape)), g.dtype)
         count = raw.reduce("sum", hit, axes, keepdims=True)
         return (raw.binary("mul", hit, raw.binary("div", raw.reshape(g, kshape), count)),)
 
-    return record(op, out, [a], bw, [a, out])
+    return record(op, out, [a], bw, [a, y])
 
 
 def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
@@ -356,17 +360,18 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
     if not (is_grad_enabled() and _needs(a)):
         return out
     ax = _wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
+    y = out.detach()
 
     def bw(g):
         if a.ndim == 0:
             return (raw.binary("mul", g, 0.0),)
         if log:
             s = raw.reduce("sum", g, ax, keepdims=True)
-            return (raw.binary("sub", g, raw.binary("mul", raw.unary("exp", out), s)),)
-        s = raw.reduce("sum", raw.binary("mul", g, out), ax, keepdims=True)
-        return (raw.binary("mul", out, raw.binary("sub", g, s)),)
+            return (raw.binary("sub", g, raw.binary("mul", raw.unary("exp", y), s)),)
+        s = raw.reduce("sum", raw.binary("mul", g, y), ax, keepdims=True)
+        return (raw.binary("mul", y, raw.binary("sub", g, s)),)
 
-    return record("log_softmax" if log else "softmax", out, [a], bw, [out])
+    return record("log_softmax" if log else "softmax", out, [a], bw, [y])
 
 
 # -- matmul -----------------------------------------------------------------------------------
