@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export XDG_RUNTIME_DIR ?= /tmp
-DEMO ?= examples/train_mlp.py
+DEMO ?= examples/data_parallel.py
 
 .PHONY: setup demo test bench lint clean
 

@@ -18,7 +18,7 @@ from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory
                      reset_peak_memory_stats, synchronize)
 from .runtime import Device, adapter_names, device, devices
 from .tensor import Tensor
-from . import autograd, nn  # noqa: E402  (after Tensor: they build on it)
+from . import autograd, nn, optim, parallel  # noqa: E402  (after Tensor: they build on it)
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 
 bool = bool_  # noqa: A001  (torch.bool)
@@ -36,6 +36,6 @@ __all__ = [
     "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
     "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
-    "autograd", "nn", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "backward_with_grad",
+    "autograd", "nn", "optim", "parallel", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "backward_with_grad",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
 ]
