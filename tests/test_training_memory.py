@@ -1,0 +1,52 @@
+"""A training loop's memory: flat after the first step, peak near what training needs."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+import wgpar
+from wgpar import nn, optim
+from wgpar.nn import functional as F
+
+
+def test_training_loop_memory_is_flat_and_peak_is_bounded(dev, rng):
+    B, D, H, C = 64, 48, 96, 10
+    X = rng.standard_normal((B, D)).astype(np.float32)
+    Y = rng.integers(0, C, B).astype(np.int32)
+    gc.collect()
+    wgpar.reset_peak_memory_stats(dev)
+    base = wgpar.memory_stats(dev)["allocated_bytes"]
+    model = nn.Sequential(nn.Linear(D, H, device=dev), nn.ReLU(), nn.Linear(H, H, device=dev), nn.ReLU(),
+                          nn.Linear(H, C, device=dev))
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    xb = wgpar.tensor(X, device=dev)
+
+    def step():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), Y)
+        loss.backward()
+        opt.step()
+
+    step()
+    gc.collect()
+    after_first = wgpar.memory_stats(dev)["allocated_bytes"]
+    step()  # the second step is the first to hold old gradients while new ones are made
+    creates = wgpar.memory_stats(dev)["num_buffer_creates"]
+    for _ in range(198):
+        step()
+    gc.collect()
+    stats = wgpar.memory_stats(dev)
+    assert stats["allocated_bytes"] == after_first, "allocated_bytes grew over 200 steps"
+    assert stats["num_buffer_creates"] == creates, "the loop kept creating buffers instead of reusing them"
+
+    # What training needs: parameters, gradients, Adam's two moments, and one batch's activations
+    # (the input, each layer's output and its ReLU, logits), plus the int32 targets.
+    n_params = sum(p.numel() for p in model.parameters())
+    activations = B * (D + 2 * H + 2 * H + C) + B
+    need = 4 * (4 * n_params + activations)
+    peak = stats["peak_allocated_bytes"] - base
+    print(f"peak {peak} bytes, need {need} bytes, ratio {peak / need:.2f}")
+    assert peak <= 1.5 * need, f"peak {peak} bytes exceeds 1.5x the {need} bytes training needs"
+    assert peak >= 4 * 4 * n_params, "peak must at least hold params, grads and Adam state"
