@@ -21,7 +21,6 @@ from .. import ops
 from ..autograd.grad_mode import no_grad
 from ..runtime.transfer import StagingBuffer, TransferTimeout
 from ..tensor import Tensor
-from .collectives import _REDUCE
 from .context import MultiAdapterContext
 from .errors import CollectiveTimeoutError
 
@@ -135,7 +134,6 @@ class AllReduceSync:
     def finish(self, rank: int) -> None:
         """After backward on rank ``rank``: reduce every bucket across ranks into ``param.grad``."""
         comm = self.context.comm(rank)
-        world = self.context.world_size
         buckets = self._buckets[rank]
         for b in buckets:  # parameters that got no gradient this step: their bucket goes now
             if not b.launched:
@@ -147,14 +145,8 @@ class AllReduceSync:
                 self.context.group.abort(rank, str(exc))
                 raise CollectiveTimeoutError(f"AllReduceSync on rank {rank}: {exc}") from None
             host_dtype = np.int32 if b.flat.dtype.storage == "i32" else b.flat.dtype.np
-            host = np.frombuffer(raw, dtype=host_dtype)
-
-            def combine(parts, n=world, op=self.op):
-                total = _REDUCE["sum"]([parts[r] for r in range(n)])
-                return (total / n).astype(total.dtype) if op == "mean" else total
-
-            reduced = comm.group.exchange(rank, "all_reduce", host, combine)
-            comm.device.upload(b.flat._storage.buffer, 0, np.ascontiguousarray(reduced).tobytes())
+            reduced = comm.reduce_host(np.frombuffer(raw, dtype=host_dtype), self.op)
+            comm.device.upload(b.flat._storage.buffer, 0, memoryview(reduced).cast("B"))
             b.flat._storage.version += 1
             for i, p in enumerate(b.params):
                 p.grad = b.view(i)

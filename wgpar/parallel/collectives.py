@@ -31,7 +31,7 @@ from ..tensor import Tensor
 from .errors import CollectiveError, CollectiveTimeoutError
 
 DEFAULT_TIMEOUT = 300.0
-_REDUCE = {"sum": np.add.reduce, "max": np.maximum.reduce, "min": np.minimum.reduce}
+_OPS = ("sum", "mean", "max", "min")
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
@@ -210,28 +210,50 @@ class ThreadRank(Collectives):
         host_dtype = np.int32 if tensor.dtype.storage == "i32" else tensor.dtype.np
         values = np.ascontiguousarray(values, dtype=host_dtype).reshape(tensor.shape)
         if tensor.is_contiguous() and tensor.nbytes % 4 == 0 and tensor._offset * tensor.dtype.itemsize % 4 == 0:
-            if tensor.nbytes:
-                self.device.upload(tensor._storage.buffer, tensor._offset * tensor.dtype.itemsize, values.tobytes())
+            if tensor.nbytes:  # write_buffer takes the array's memory directly: no extra host copy
+                self.device.upload(tensor._storage.buffer, tensor._offset * tensor.dtype.itemsize,
+                                   memoryview(values).cast("B"))
             tensor._storage.version += 1
         else:
             ops.copy_(tensor, Tensor.from_numpy(values, device=self.device, dtype=tensor.dtype))
 
     # -- collectives ----------------------------------------------------------------------
-    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
-        self._check(tensor, "all_reduce")
-        if op not in (*_REDUCE, "mean"):
-            raise ValueError(f"all_reduce: op must be sum, mean, max or min, got {op!r}")
-        host = self.read(tensor, "all_reduce")
+    def reduce_host(self, host: np.ndarray, op: str, kind: str = "all_reduce") -> np.ndarray:
+        """Reduce every rank's host array; each rank reduces its own slice, in parallel.
+
+        Two rendezvous: the first shares the arrays (and one result array), then every rank
+        fills its slice of the result (NumPy releases the GIL, so slices run at once), and
+        the second waits for all slices. Returns the full result (shared, read-only).
+        """
         world = self.world_size
 
-        def combine(parts):
-            _same_shapes(parts, "all_reduce")
-            stacked = [parts[r] for r in range(world)]
-            if op == "mean":
-                return (np.add.reduce(stacked) / world).astype(stacked[0].dtype)
-            return _REDUCE[op](stacked)
+        def share(parts):
+            _same_shapes(parts, kind)
+            return [parts[r] for r in range(world)], np.empty_like(parts[0])
 
-        result = self.group.exchange(self.rank, "all_reduce", host, combine)
+        parts, result = self.group.exchange(self.rank, kind, host, share)
+        flat_parts = [p.reshape(-1) for p in parts]
+        out = result.reshape(-1)
+        bounds = np.cumsum([0, *split_sizes(out.size, world)])
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        if hi > lo:
+            fn = np.add if op in ("sum", "mean") else (np.maximum if op == "max" else np.minimum)
+            np.copyto(out[lo:hi], flat_parts[0][lo:hi])
+            for p in flat_parts[1:]:
+                fn(out[lo:hi], p[lo:hi], out=out[lo:hi])
+            if op == "mean":
+                if out.dtype.kind == "f":
+                    np.divide(out[lo:hi], world, out=out[lo:hi])
+                else:
+                    np.floor_divide(out[lo:hi], world, out=out[lo:hi])
+        self.group.exchange(self.rank, kind + ".reduced", None, lambda d: True)
+        return result
+
+    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        self._check(tensor, "all_reduce")
+        if op not in _OPS:
+            raise ValueError(f"all_reduce: op must be sum, mean, max or min, got {op!r}")
+        result = self.reduce_host(self.read(tensor, "all_reduce"), op)
         self.write(tensor, result)
         return tensor
 
@@ -264,21 +286,12 @@ class ThreadRank(Collectives):
         self._check(tensor, "reduce_scatter")
         if tensor.ndim == 0:
             raise ValueError("reduce_scatter needs a tensor with at least one dimension")
-        if op not in (*_REDUCE, "mean"):
+        if op not in _OPS:
             raise ValueError(f"reduce_scatter: op must be sum, mean, max or min, got {op!r}")
-        host = self.read(tensor, "reduce_scatter")
-        world = self.world_size
-
-        def combine(parts):
-            _same_shapes(parts, "reduce_scatter")
-            stacked = [parts[r] for r in range(world)]
-            full = (np.add.reduce(stacked) / world).astype(stacked[0].dtype) if op == "mean" \
-                else _REDUCE[op](stacked)
-            bounds = np.cumsum([0] + split_sizes(full.shape[0], world))
-            return [full[bounds[r]:bounds[r + 1]] for r in range(world)]
-
-        chunks = self.group.exchange(self.rank, "reduce_scatter", host, combine)
-        return Tensor.from_numpy(chunks[self.rank], device=self.device, dtype=tensor.dtype)
+        full = self.reduce_host(self.read(tensor, "reduce_scatter"), op, "reduce_scatter")
+        bounds = np.cumsum([0] + split_sizes(full.shape[0], self.world_size))
+        mine = full[bounds[self.rank]:bounds[self.rank + 1]]
+        return Tensor.from_numpy(mine, device=self.device, dtype=tensor.dtype)
 
     def barrier(self) -> None:
         self.group.exchange(self.rank, "barrier", None, lambda d: True)

@@ -61,10 +61,10 @@ class StagingBuffer:
             self.device.flush()
             self._promise = self.buffer.map_async(wgpu.MapMode.READ, 0, self.capacity)
 
-    def wait(self, timeout: float, what: str = "readback") -> bytes:
+    def wait(self, timeout: float, what: str = "readback") -> memoryview:
         """Wait for the map (at most ``timeout`` s) and return a copy of the bytes."""
         if self._nbytes == 0:
-            return b""
+            return memoryview(b"")
         promise, self._promise = self._promise, None
         if promise is None:
             raise RuntimeError("wait() without start()")
@@ -75,6 +75,6 @@ class StagingBuffer:
             self.buffer = self._create()
             raise
         try:
-            return bytes(self.buffer.read_mapped(0, self._nbytes, copy=True))
+            return self.buffer.read_mapped(0, self._nbytes, copy=True)
         finally:
             self.buffer.unmap()
