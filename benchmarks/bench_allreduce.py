@@ -1,0 +1,77 @@
+"""All-reduce time and bandwidth across devices, next to a copy-only floor measured in the same run.
+
+The floor moves the same bytes the same way (device -> staging buffer -> host -> device) on every
+rank at once, with no exchange and no reduction; the all-reduce adds the rendezvous and the host
+reduction (each rank reduces its slice in parallel). Target: all-reduce at most 1.5x the floor.
+Bandwidth is bytes reduced per second (the tensor's size divided by the time).
+
+    python benchmarks/bench_allreduce.py --devices 2 --sizes-mb 1 4 16 64 256 1024 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import wgpar  # noqa: E402
+from benchmarks import _report  # noqa: E402
+from wgpar.parallel import MultiAdapterContext  # noqa: E402
+
+
+def timed(ctx: MultiAdapterContext, fn, repeat: int) -> float:
+    """Median seconds of ``fn(rank)`` run on every rank at once, the GPUs drained at the end."""
+    def work(r):
+        fn(r)
+        ctx.devices[r].synchronize()
+
+    ctx.run(work)  # warm-up: staging buffers and pipelines
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        ctx.run(work)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    args = ap.parse_args()
+    ctx = MultiAdapterContext(args.devices, timeout=600)
+    devs = ", ".join(_report.device_line(d) for d in ctx.devices)
+    print(f"devices: {devs}")
+    rows = []
+    for mb in args.sizes_mb:
+        n = int(mb * 2**20) // 4
+        tensors = [wgpar.tensor(np.full(n, r + 1, np.float32), device=d) for r, d in enumerate(ctx.devices)]
+        comms = [ctx.comm(r) for r in range(ctx.world_size)]
+        t_ar = timed(ctx, lambda r: comms[r].all_reduce(tensors[r], "sum"), args.repeat)
+        t_floor = timed(ctx, lambda r: comms[r].write(tensors[r], comms[r].read(tensors[r], "floor")), args.repeat)
+        nbytes = n * 4
+        rows.append([f"{nbytes / 2**20:g}", f"{t_ar * 1e3:.2f}", f"{nbytes / t_ar / 1e9:.2f}",
+                     f"{t_floor * 1e3:.2f}", f"{nbytes / t_floor / 1e9:.2f}", f"{t_ar / t_floor:.2f}"])
+        print(" | ".join(rows[-1]), flush=True)
+        del tensors
+        wgpar.empty_cache()
+    table = _report.markdown_table(
+        ["MiB", "all-reduce ms", "all-reduce GB/s", "floor ms", "floor GB/s", "ratio (target <= 1.5)"], rows)
+    body = (f"### All-reduce on {ctx.world_size} devices: {ctx.devices[0].adapter_name}\n\n"
+            f"Devices: {devs}. Date: {_report.today()}. Command: `{_report.command_line()}`\n\n{table}\n")
+    print(body)
+    if not args.no_write:
+        _report.write_section(f"allreduce:{ctx.devices[0].adapter_name}", body)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()

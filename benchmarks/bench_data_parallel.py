@@ -1,0 +1,102 @@
+"""Training throughput (samples/s) of a compute-bound MLP on 1 device and with DataParallel on N.
+
+Each step: forward, softmax cross entropy, backward, SGD; DataParallel adds the bucketed gradient
+all-reduce (overlapped with backward). Target on 2 GPUs: at least 1.7x the 1-device throughput.
+Also reports how many gradient buckets started their transfer while backward was still running.
+
+    python benchmarks/bench_data_parallel.py --width 4096 --layers 4 --batch 4096 --steps 5 --devices 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import wgpar  # noqa: E402
+from benchmarks import _report  # noqa: E402
+from wgpar import nn, optim  # noqa: E402
+from wgpar.nn import functional as F  # noqa: E402
+from wgpar.parallel import DataParallel, MultiAdapterContext  # noqa: E402
+
+
+def mlp(width: int, layers: int, classes: int, device) -> nn.Module:
+    mods: list[nn.Module] = []
+    for _ in range(layers - 1):
+        mods += [nn.Linear(width, width, device=device), nn.ReLU()]
+    mods.append(nn.Linear(width, classes, device=device))
+    return nn.Sequential(*mods)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--classes", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=float, default=25)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((args.batch, args.width)).astype(np.float32)
+    Y = rng.integers(0, args.classes, args.batch).astype(np.int32)
+
+    dev = wgpar.device(0)
+    wgpar.manual_seed(0)
+    model = mlp(args.width, args.layers, args.classes, dev)
+    opt = optim.SGD(model.parameters(), lr=1e-3)
+
+    def step1():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(wgpar.tensor(X, device=dev)), Y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step1()
+    wgpar.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step1()
+    wgpar.synchronize(dev)
+    t1 = (time.perf_counter() - t0) / args.steps
+    del model, opt
+    wgpar.empty_cache()
+
+    ctx = MultiAdapterContext(args.devices, timeout=600)
+    wgpar.manual_seed(0)
+    dp = DataParallel(mlp(args.width, args.layers, args.classes, ctx.devices[0]), ctx, bucket_cap_mb=args.bucket_mb)
+    opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
+    dp.train_step(X, Y, F.cross_entropy, opts)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        dp.train_step(X, Y, F.cross_entropy, opts)  # ends with a readback of each rank's loss
+    tn = (time.perf_counter() - t0) / args.steps
+    overlapped = dp.sync.launched_in_backward[0]
+    buckets = len(dp.sync.bucket_sizes())
+    params = sum(p.numel() for p in dp.module.parameters())
+
+    devs = ", ".join(_report.device_line(d) for d in ctx.devices)
+    rows = [["1", f"{t1 * 1e3:.1f}", f"{args.batch / t1:.0f}", "1.00"],
+            [str(args.devices), f"{tn * 1e3:.1f}", f"{args.batch / tn:.0f}", f"{t1 / tn:.2f}"]]
+    table = _report.markdown_table(["devices", "ms / step", "samples / s", "speed-up"], rows)
+    body = (f"### DataParallel training throughput: {ctx.devices[0].adapter_name}\n\n"
+            f"Devices: {devs}. Date: {_report.today()}. Command: `{_report.command_line()}`\n\n"
+            f"MLP {args.layers} x {args.width} wide ({params} parameters, {params * 4 / 2**20:.0f} MiB of "
+            f"gradients all-reduced per step), batch {args.batch}, SGD. Gradient buckets: {buckets}; "
+            f"{overlapped} of them started their transfer while backward was still running.\n\n{table}\n")
+    print(body)
+    if not args.no_write:
+        _report.write_section(f"data_parallel:{ctx.devices[0].adapter_name}", body)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()
