@@ -184,6 +184,29 @@ def test_cycle_collector_running_inside_the_allocator(mdev, monkeypatch, where):
     assert s["cached_bytes"] == sum(len(v) * k for k, v in alloc._free.items())
 
 
+def test_tensors_in_garbage_cycles_leave_live_buffers_in_the_cache(mdev, rng):
+    # The collector finalizes everything in a garbage cycle; a buffer reachable only through the
+    # cycle would be released by wgpu while its tensor returns it to the cache, and reusing it
+    # aborts the process. Cycles with tensors are everyday: autograd graphs, caught exceptions.
+    def fail_holding(t):
+        raise ValueError("boom")
+
+    caught = []
+    for n in (64, 1000, 4096):  # uploaded, never used by a kernel: no cached bind group holds the buffer
+        _Cycle(wgpar.tensor(np.zeros(n, np.float32), device=mdev))
+        try:
+            fail_holding(wgpar.tensor(np.ones(n, np.float32), device=mdev))
+        except ValueError as exc:
+            caught.append(exc)  # exception -> traceback -> frame -> tensor -> ... -> exception
+    del caught
+    gc.collect()
+    cached = [b for bucket in mdev.allocator._free.values() for b in bucket]
+    assert cached and all(b._internal is not None for b in cached), "released wgpu buffers in the cache"
+    for n in (64, 1000, 4096):  # the cached buffers are reused and work
+        a = rng.standard_normal(n).astype(np.float32)
+        assert_close((wgpar.tensor(a, device=mdev) * 2).numpy(), a * 2.0)
+
+
 # -- out of memory -------------------------------------------------------------------------------
 def _failing_create(real, fails: int, seen: list):
     def create(size):

@@ -66,6 +66,11 @@ class CachingAllocator:
         # (a nested free in mid-update would corrupt the counts or the buckets).
         self._lock = threading.RLock()
         self._free: dict[int, list[wgpu.GPUBuffer]] = {}
+        # Every buffer handed out stays referenced here until freed. Otherwise a tensor in a garbage
+        # cycle (autograd graph, a traceback) takes its buffer into the cycle, and the collector runs
+        # the buffer's finalizer (releasing the wgpu handle) as well as Storage.__del__, which puts
+        # the dead buffer back in the cache: its next use aborts the process.
+        self._in_use: dict[int, wgpu.GPUBuffer] = {}
         self.allocated_bytes = 0
         self.peak_allocated_bytes = 0
         self.reserved_bytes = 0
@@ -88,12 +93,14 @@ class CachingAllocator:
                 buf = bucket.pop()
                 self.cached_bytes -= size
                 self.num_cache_hits += 1
+                self._in_use[id(buf)] = buf
                 self._count_alloc(nbytes)
         if buf is None:
             buf = self._create_with_retry(size, nbytes)
             with self._lock:
                 self.reserved_bytes += size
                 self.num_buffer_creates += 1
+                self._in_use[id(buf)] = buf
                 self._count_alloc(nbytes)
         return Block(buf, size, nbytes)
 
@@ -125,10 +132,13 @@ class CachingAllocator:
 
     def free(self, block: Block) -> None:
         buf, block.buffer = block.buffer, None
+        if buf is None:
+            return
         new_bucket: list[wgpu.GPUBuffer] = []  # made outside the lock (see __init__)
         with self._lock:
             self.allocated_bytes -= block.nbytes
             self.num_frees += 1
+            del self._in_use[id(buf)]
             self._free.setdefault(block.size, new_bucket).append(buf)
             self.cached_bytes += block.size
 
