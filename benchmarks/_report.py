@@ -25,7 +25,13 @@ def command_line() -> str:
         script_s = str(script.relative_to(ROOT))
     except ValueError:
         script_s = sys.argv[0]
-    return " ".join(["python", shlex.quote(script_s), *map(shlex.quote, sys.argv[1:])])
+    args, skip = [], False
+    for a in sys.argv[1:]:  # where the markdown went is not part of how the figures were made
+        if skip or a == "--md":
+            skip = not skip
+            continue
+        args.append(a)
+    return " ".join(["python", shlex.quote(script_s), *map(shlex.quote, args)])
 
 
 def today() -> str:

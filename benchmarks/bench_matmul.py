@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-time", type=float, default=0.0, help="repeat batches until this many seconds")
     ap.add_argument("--variants", nargs="+", default=["auto"],
                     help=f"wgpar kernels: auto, general, {', '.join(mm.TILINGS)}")
+    ap.add_argument("--tilings", nargs="*", default=[],
+                    help="extra fast-kernel tilings to time, BMxBNxBKxTMxTN[u] (e.g. 128x128x8x8x8u)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
     ap.add_argument("--numpy-max", type=int, default=2048, help="skip NumPy above this many rows/cols")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
@@ -82,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-md", action="store_true", help="only print")
     args = ap.parse_args(argv)
 
+    defaults = dict(mm.TILINGS)
+    extras = {t.name: t for t in map(mm.Tiling.parse, args.tilings)}
+    variants = list(args.variants) + [n for n in extras if n not in args.variants]
     torch = _torch()
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for dname in dtypes:
             wa = wgpar.tensor(a, device=dev, dtype=dname)
             wb = wgpar.tensor(b, device=dev, dtype=dname)
-            for variant in args.variants:
+            for variant in variants:
+                mm.TILINGS = {**defaults, **extras} if variant in extras else defaults  # auto sees the defaults
                 with mm.force_variant(None if variant == "auto" else variant):
                     chosen = mm.plan(wa.reshape(1, M, K), wb.reshape(1, K, N)).variant
                     sec = time_loop(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev),

@@ -53,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       let k0 = min(k0 + {{BK}}u, p.K - {{BK}}u);
 {{LOAD}}
     }
-    for (var kk = 0u; kk < {{BK}}u; kk = kk + 1u) {
+    for (var kk = 0u; kk < {{KSTEPS}}u; kk = kk + 1u) {  // 1 when COMPUTE is unrolled
 {{COMPUTE}}
     }
     workgroupBarrier();

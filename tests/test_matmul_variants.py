@@ -11,8 +11,17 @@ import wgpar
 
 mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the function)
 
-FAST = sorted(mm.TILINGS)
 LAYOUTS = ("nn", "nt", "tn", "tt")
+# Tilings the benchmarks explore beside the ones plan() chooses from: they must be correct too.
+EXTRA = {t.name: t for t in map(mm.Tiling.parse, ("64x64x16x4x4u", "64x64x8x8x8", "128x64x8x8x4"))}
+FAST = sorted(mm.TILINGS)
+ALL_FAST = FAST + sorted(EXTRA)
+LARGEST, SMALLEST = list(mm.TILINGS)[0], list(mm.TILINGS)[-1]
+
+
+@pytest.fixture
+def extra_tilings(monkeypatch):
+    monkeypatch.setattr(mm, "TILINGS", {**mm.TILINGS, **EXTRA})
 
 
 def rel_err(got, want) -> float:
@@ -39,13 +48,13 @@ def plan_of(a, b):
 
 
 def tile_shape(name: str) -> tuple[int, int, int]:
-    t = mm.TILINGS[name]
+    t = {**mm.TILINGS, **EXTRA}[name]
     return t.bm, 3 * t.bk, t.bn  # K of three slices: the prefetch of the next slice is exercised
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("variant", FAST)
-def test_fast_variant_f32(rng, variant, layout):
+@pytest.mark.parametrize("variant", ALL_FAST)
+def test_fast_variant_f32(rng, extra_tilings, variant, layout):
     M, K, N = tile_shape(variant)
     a, b, wa, wb = operands(rng, 2 * M, K, N, layout)
     with mm.force_variant(variant):
@@ -81,9 +90,9 @@ def test_general_kernel_any_layout(rng, layout):
 
 def test_choice_prefers_large_tiles_when_the_gpu_fills(dev):
     big = wgpar.empty((2048, 64))
-    assert plan_of(big, wgpar.empty((64, 2048))).variant == "tile128x128"
-    assert plan_of(wgpar.empty((256, 64)), wgpar.empty((64, 256))).variant == "tile64x64"
-    assert plan_of(wgpar.empty((128, 64)), wgpar.empty((64, 64))).variant == "tile64x64"
+    assert plan_of(big, wgpar.empty((64, 2048))).variant == LARGEST
+    assert plan_of(wgpar.empty((256, 64)), wgpar.empty((64, 256))).variant == SMALLEST
+    assert plan_of(wgpar.empty((128, 64)), wgpar.empty((64, 64))).variant == SMALLEST
 
 
 def test_choice_linear_layer_uses_fast_path_on_transposed_weight(dev):
@@ -139,9 +148,9 @@ def test_mixed_dtypes_fall_back(rng, dev):
 @pytest.mark.parametrize("layout", ("nn", "tt"))
 def test_batched_fast(rng, layout):
     a, b, wa, wb = operands(rng, 64, 32, 64, layout, batch=(3,))
-    with mm.force_variant("tile64x64"):
+    with mm.force_variant(SMALLEST):
         p = plan_of(wa, wb)
-        assert (p.variant, p.nb) == ("tile64x64", 3)
+        assert (p.variant, p.nb) == (SMALLEST, 3)
         got = (wa @ wb).numpy()
     assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
 
@@ -150,7 +159,7 @@ def test_batch_folded_into_rows_against_shared_weight(rng):
     x = rng.standard_normal((2, 3, 64, 32)).astype(np.float32)
     w = rng.standard_normal((64, 32)).astype(np.float32)  # used transposed, as nn.Linear does
     wx, ww = wgpar.tensor(x), wgpar.tensor(w)
-    with mm.force_variant("tile64x64"):
+    with mm.force_variant(SMALLEST):
         got = (wx @ ww.T).numpy()
     assert rel_err(got, x.astype(np.float64) @ w.T) < 1e-5
 
@@ -158,7 +167,7 @@ def test_batch_folded_into_rows_against_shared_weight(rng):
 def test_broadcast_operand_batch(rng):
     a = rng.standard_normal((64, 32)).astype(np.float32)   # shared by every batch entry of b
     b = rng.standard_normal((2, 32, 64)).astype(np.float32)
-    with mm.force_variant("tile64x64"):
+    with mm.force_variant(SMALLEST):
         got = (wgpar.tensor(a) @ wgpar.tensor(b)).numpy()
     assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
 
@@ -167,3 +176,10 @@ def test_unknown_variant_is_an_error():
     with pytest.raises(ValueError, match="unknown matmul variant"):
         with mm.force_variant("tile7x7"):
             pass
+
+
+def test_tiling_parse():
+    t = mm.Tiling.parse("128x64x8x8x4u")
+    assert (t.bm, t.bn, t.bk, t.tm, t.tn, t.unroll, t.threads) == (128, 64, 8, 8, 4, True, 256)
+    with pytest.raises(ValueError):
+        mm.Tiling.parse("128x64x8x6x4")

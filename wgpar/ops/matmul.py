@@ -29,21 +29,41 @@ _MAX_Z = 65535
 
 @dataclass(frozen=True)
 class Tiling:
-    """One fast-kernel shape: a BM x BN x BK block, TM x TN outputs per thread."""
+    """One fast-kernel shape: a BM x BN x BK block, TM x TN outputs per thread.
+
+    ``unroll`` writes the BK steps of the inner loop out in WGSL instead of a loop.
+    """
 
     bm: int
     bn: int
     bk: int
     tm: int
     tn: int
+    unroll: bool = False
 
     @property
     def name(self) -> str:
-        return f"tile{self.bm}x{self.bn}"
+        return f"tile{self.bm}x{self.bn}x{self.bk}r{self.tm}x{self.tn}" + ("u" if self.unroll else "")
 
     @property
     def threads(self) -> int:
         return (self.bm // self.tm) * (self.bn // self.tn)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 16 * self.bk * (self.bm // 4 + 1 + self.bn // 4 + 1)
+
+    @classmethod
+    def parse(cls, text: str) -> Tiling:
+        """``"128x128x16x8x8"`` (BM x BN x BK x TM x TN), a trailing ``u`` to unroll."""
+        unroll = text.endswith("u")
+        try:
+            bm, bn, bk, tm, tn = (int(v) for v in text.rstrip("u").split("x"))
+        except ValueError:
+            raise ValueError(f"tiling {text!r} should look like 128x128x16x8x8[u]") from None
+        if tm % 4 or tn % 4 or bm % tm or bn % tn or bk % 4:
+            raise ValueError(f"tiling {text!r}: TM, TN, BK must be multiples of 4 dividing BM, BN")
+        return cls(bm, bn, bk, tm, tn, unroll)
 
 
 # Largest first: plan() takes the first that fits and still fills the GPU.
@@ -176,7 +196,8 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
         return general
     candidates = [TILINGS[_force]] if _force else list(TILINGS.values())
     fits = [t for t in candidates if M % t.bm == 0 and N % t.bn == 0 and K % t.bk == 0
-            and t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)]
+            and t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
+            and t.shared_bytes <= dev.limits.get("max-compute-workgroup-storage-size", 16384)]
     if not fits:
         return general
     chosen = fits[-1]
@@ -240,38 +261,50 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
     def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: int, stride: int):
         # One BK-deep slice of an operand: `outer` rows/cols (m for A, n for B) by BK.
         n_vec = outer * t.bk // 4
-        if n_vec % nthreads:
+        if n_vec % nthreads and nthreads % n_vec:
             raise ValueError(f"{t.name}: {n_vec} vec4 loads do not split over {nthreads} threads")
-        for i in range(n_vec // nthreads):
+        for i in range(-(-n_vec // nthreads)):
             reg = f"p{name}{i}"
             decl.append(f"  var {reg}: vec4<f32>;")
             e = f"(t + {i * nthreads}u)"
+            # Fewer vec4s than threads: the first n_vec threads load (no barrier inside the branch).
+            guard = f"if (t < {n_vec}u) " if n_vec < nthreads else ""
             if (name, layout) in (("a", "n"), ("b", "t")):
                 # Contiguous along k: a vec4 holds 4 k's of one m (or n); store it transposed.
                 per = t.bk // 4
                 o, kq = f"({e} / {per}u)", f"({e} % {per}u)"
-                load.append(f"  {reg} = vec4<f32>({name}[{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}]);")
+                src = f"{name}[{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}]"
+                load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
+                store.append(f"    {guard}{{")
                 for j, comp in enumerate("xyzw"):
                     store.append(f"    {slab}[({kq} * 4u + {j}u) * {stride}u + {o} / 4u][{o} % 4u] = {reg}.{comp};")
+                store.append("    }")
             else:
                 # Contiguous along m (or n): a vec4 holds 4 m's at one k; store it as is.
                 per = outer // 4
                 kr, oq = f"({e} / {per}u)", f"({e} % {per}u)"
-                load.append(f"  {reg} = vec4<f32>({name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]);")
-                store.append(f"    {slab}[{kr} * {stride}u + {oq}] = {reg};")
+                src = f"{name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]"
+                load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
+                store.append(f"    {guard}{{ {slab}[{kr} * {stride}u + {oq}] = {reg}; }}")
 
     operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", sa)
     operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", sb)
     ga, gb = t.tm // 4, t.tn // 4
     acc = [[f"acc{r}_{h}" for h in range(gb)] for r in range(t.tm)]
     decl += [f"  var {v} = vec4<f32>(0.0);" for row in acc for v in row]
-    comp = [f"      let a{g} = As[kk * {sa}u + {g * wm}u + ty];" for g in range(ga)]
-    comp += [f"      let b{h} = Bs[kk * {sb}u + {h * wn}u + tx];" for h in range(gb)]
-    for g in range(ga):
-        for i, ci in enumerate("xyzw"):
-            for h in range(gb):
-                v = acc[g * 4 + i][h]
-                comp.append(f"      {v} = fma(vec4<f32>(a{g}.{ci}), b{h}, {v});")
+    comp = []
+    for kk in range(t.bk) if t.unroll else ["kk"]:
+        ko = f"{kk * sa}u" if t.unroll else f"kk * {sa}u"
+        comp += [f"      {{ let a{g} = As[{ko} + {g * wm}u + ty];" if g == 0 else
+                 f"      let a{g} = As[{ko} + {g * wm}u + ty];" for g in range(ga)]
+        ko = f"{kk * sb}u" if t.unroll else f"kk * {sb}u"
+        comp += [f"      let b{h} = Bs[{ko} + {h * wn}u + tx];" for h in range(gb)]
+        for g in range(ga):
+            for i, ci in enumerate("xyzw"):
+                for h in range(gb):
+                    v = acc[g * 4 + i][h]
+                    comp.append(f"      {v} = fma(vec4<f32>(a{g}.{ci}), b{h}, {v});")
+        comp.append("      }")
     write = []
     for g in range(ga):
         for i in range(4):
@@ -282,5 +315,5 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
     f16 = "f16" in (ta, tb, tc)
     return spec("matmul_fast", ("w", "r", "r"), ENABLE="enable f16;" if f16 else "", TA=ta, TB=tb, TC=tc,
                 PARAMS=3, SA=sa, SB=sb, AS_LEN=sa * t.bk, BS_LEN=sb * t.bk, WM=wm, WN=wn, BM=t.bm, BN=t.bn,
-                BK=t.bk, DECL="\n".join(decl), LOAD="\n".join(load), STORE="\n".join(store),
-                COMPUTE="\n".join(comp), WRITE="\n".join(write))
+                BK=t.bk, KSTEPS=1 if t.unroll else t.bk, DECL="\n".join(decl), LOAD="\n".join(load),
+                STORE="\n".join(store), COMPUTE="\n".join(comp), WRITE="\n".join(write))
