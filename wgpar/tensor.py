@@ -208,6 +208,8 @@ class Tensor:
         return host.reshape(self._shape).copy()
 
     def __array__(self, dtype=None, copy=None):
+        if copy is False:  # NumPy 2: copy=False means "never copy", and GPU memory always needs one
+            raise ValueError("a wgpar.Tensor lives in GPU memory: converting it to NumPy always copies")
         arr = self.numpy()
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
