@@ -15,20 +15,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from .. import ops
 from ..autograd.grad_mode import no_grad
-from ..runtime.transfer import StagingBuffer, TransferTimeout
+from ..runtime.transfer import StagingBuffer, UploadBuffer
 from ..tensor import Tensor
 from .context import MultiAdapterContext
-from .errors import CollectiveTimeoutError
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "flat", "staging", "ready", "launched")
+    __slots__ = ("index", "params", "offsets", "flat", "staging", "upload", "ready", "launched")
 
-    def __init__(self, index: int, params: list, flat: Tensor, staging: StagingBuffer) -> None:
+    def __init__(self, index: int, params: list, flat: Tensor, staging: StagingBuffer,
+                 upload: UploadBuffer) -> None:
         self.index = index
         self.params = params
         self.offsets = []
@@ -38,6 +36,7 @@ class _Bucket:
             off += p.numel()
         self.flat = flat
         self.staging = staging
+        self.upload = upload
         self.ready = 0
         self.launched = False
 
@@ -90,9 +89,12 @@ class AllReduceSync:
             groups[-1].append(p)
             size += nbytes
         for i, group in enumerate(groups):
+            dt = group[0].dtype
             numel = sum(p.numel() for p in group)
-            flat = Tensor.empty((numel,), group[0].dtype, dev)
-            b = _Bucket(i, group, flat, StagingBuffer(dev, flat.nbytes, f"bucket{i}"))
+            numel += -(numel * dt.itemsize) % 4 // dt.itemsize  # copies move whole 4-byte words
+            flat = Tensor.empty((numel,), dt, dev)
+            b = _Bucket(i, group, flat, StagingBuffer(dev, flat.nbytes, f"bucket{i}"),
+                        UploadBuffer(dev, flat.nbytes, f"bucket{i}"))
             self._buckets[rank].append(b)
             for j, p in enumerate(group):
                 self._where[rank][id(p)] = (b, j)
@@ -128,7 +130,7 @@ class AllReduceSync:
                     view.zero_()
                 elif p.grad.data_ptr() != view.data_ptr():
                     ops.copy_(view, p.grad)
-        b.staging.start(b.flat._storage.buffer, 0, b.flat.nbytes)
+        self.context.comm(0).start_reduce(b.flat, b.staging)
         b.launched = True
 
     def finish(self, rank: int) -> None:
@@ -139,15 +141,7 @@ class AllReduceSync:
             if not b.launched:
                 self._launch(b)
         for b in buckets:
-            try:
-                raw = b.staging.wait(self.context.timeout, f"gradient bucket {b.index}")
-            except TransferTimeout as exc:
-                self.context.group.abort(rank, str(exc))
-                raise CollectiveTimeoutError(f"AllReduceSync on rank {rank}: {exc}") from None
-            host_dtype = np.int32 if b.flat.dtype.storage == "i32" else b.flat.dtype.np
-            reduced = comm.reduce_host(np.frombuffer(raw, dtype=host_dtype), self.op)
-            comm.device.upload(b.flat._storage.buffer, 0, memoryview(reduced).cast("B"))
-            b.flat._storage.version += 1
+            comm.reduce_in_place(b.flat, self.op, b.staging, b.upload, started=True)
             for i, p in enumerate(b.params):
                 p.grad = b.view(i)
 

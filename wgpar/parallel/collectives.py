@@ -26,7 +26,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..runtime.device import Device
-from ..runtime.transfer import StagingBuffer, TransferTimeout
+from .. import ops
+from ..runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
 from ..tensor import Tensor
 from .errors import CollectiveError, CollectiveTimeoutError
 
@@ -171,14 +172,88 @@ class ThreadRank(Collectives):
         self.world_size = group.world_size
         self.device = group.devices[rank]
         self._staging: StagingBuffer | None = None
+        self._upload: UploadBuffer | None = None
+        self._abandoned: list = []  # buffers other ranks may still read after a failure: never unmapped
 
     # -- transfers ------------------------------------------------------------------------
     def staging(self, nbytes: int) -> StagingBuffer:
-        """This rank's staging buffer, grown (never per call) to hold ``nbytes``."""
+        """This rank's download staging buffer, grown (never per call) to hold ``nbytes``."""
         if self._staging is None or self._staging.capacity < nbytes:
             cap = max(nbytes, 2 * self._staging.capacity if self._staging else 1 << 16)
             self._staging = StagingBuffer(self.device, cap, f"collective{self.rank}")
         return self._staging
+
+    def uploader(self, nbytes: int) -> UploadBuffer:
+        """This rank's mapped upload buffer, grown (never per call) to hold ``nbytes``."""
+        if self._upload is None or self._upload.capacity < nbytes:
+            cap = max(nbytes, 2 * self._upload.capacity if self._upload else 1 << 16)
+            self._upload = UploadBuffer(self.device, cap, f"collective{self.rank}")
+        return self._upload
+
+    @staticmethod
+    def start_reduce(tensor: Tensor, down: StagingBuffer) -> None:
+        """First half of ``reduce_in_place``: start the readback (copy + map) without waiting."""
+        down.start(tensor._storage.buffer, tensor._offset * tensor.dtype.itemsize, tensor.nbytes)
+
+    def reduce_in_place(self, tensor: Tensor, op: str, down: StagingBuffer, up: UploadBuffer,
+                        kind: str = "all_reduce", reduce: bool = True, started: bool = False) -> None:
+        """All-reduce a contiguous, 4-byte-aligned tensor through persistent mapped buffers.
+
+        Rank r's readback is mapped and read in place by every rank; each rank reduces its slice
+        straight into every rank's mapped upload buffer; after a second rendezvous each rank
+        commits its upload buffer into the tensor. With ``reduce=False`` a rank copies its own
+        data back (the transfer floor the benchmark compares against). ``started``: the readback
+        was already begun with ``start_reduce`` (AllReduceSync does that during backward).
+        """
+        start = tensor._offset * tensor.dtype.itemsize
+        nbytes = tensor.nbytes
+        host_dtype = np.int32 if tensor.dtype.storage == "i32" else tensor.dtype.np
+        timeout = self.group.timeout
+        if not started:
+            self.start_reduce(tensor, down)
+        try:
+            mine = np.frombuffer(down.view(timeout, kind), dtype=host_dtype)
+            target = np.frombuffer(up.view(timeout, kind), dtype=host_dtype, count=tensor.numel())
+        except TransferTimeout as exc:
+            self.group.abort(self.rank, str(exc))
+            raise CollectiveTimeoutError(f"{kind} on rank {self.rank}: {exc}") from None
+        if not reduce:
+            np.copyto(target, mine)
+        else:
+            world = self.world_size
+            def share(d):
+                _same_shapes({r: v[0] for r, v in d.items()}, kind)
+                return [d[r][0] for r in range(world)], [d[r][1] for r in range(world)]
+
+            try:
+                parts, targets = self.group.exchange(self.rank, kind, (mine, target), share)
+            except CollectiveError:
+                down.release()  # no other rank reads our mapping once the first rendezvous failed
+                raise
+            # From here other ranks read our mapped memory: on failure, never unmap (it would crash them).
+            bounds = np.cumsum([0, *split_sizes(target.size, world)])
+            lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+            if hi > lo:
+                out = targets[0][lo:hi]
+                fn = np.add if op in ("sum", "mean") else (np.maximum if op == "max" else np.minimum)
+                np.copyto(out, parts[0][lo:hi])
+                for p in parts[1:]:
+                    fn(out, p[lo:hi], out=out)
+                if op == "mean":
+                    (np.divide if out.dtype.kind == "f" else np.floor_divide)(out, world, out=out)
+                for t in targets[1:]:
+                    np.copyto(t[lo:hi], out)
+            del parts, targets
+            try:
+                self.group.exchange(self.rank, kind + ".reduced", None, lambda d: True)
+            except CollectiveError:
+                self._abandoned.append((down.buffer, up.buffer))
+                self._staging = self._upload = None
+                raise
+        del mine, target
+        down.release()
+        up.commit(tensor._storage.buffer, start, nbytes)
+        tensor._storage.version += 1
 
     def _check(self, tensor: Tensor, what: str) -> None:
         if not isinstance(tensor, Tensor):
@@ -205,8 +280,6 @@ class ThreadRank(Collectives):
 
     def write(self, tensor: Tensor, values: np.ndarray) -> None:
         """Upload host values into ``tensor`` (any layout) on this rank's device."""
-        from .. import ops
-
         host_dtype = np.int32 if tensor.dtype.storage == "i32" else tensor.dtype.np
         values = np.ascontiguousarray(values, dtype=host_dtype).reshape(tensor.shape)
         if tensor.is_contiguous() and tensor.nbytes % 4 == 0 and tensor._offset * tensor.dtype.itemsize % 4 == 0:
@@ -253,8 +326,16 @@ class ThreadRank(Collectives):
         self._check(tensor, "all_reduce")
         if op not in _OPS:
             raise ValueError(f"all_reduce: op must be sum, mean, max or min, got {op!r}")
-        result = self.reduce_host(self.read(tensor, "all_reduce"), op)
-        self.write(tensor, result)
+        if tensor.numel() == 0:
+            self.barrier()
+            return tensor
+        aligned = (tensor.is_contiguous() and tensor.nbytes % 4 == 0
+                   and tensor._offset * tensor.dtype.itemsize % 4 == 0)
+        src = tensor if aligned else ops.clone(tensor)  # clone: offset 0, its own padded buffer
+        nbytes = max(4, -(-src.nbytes // 4) * 4)
+        self.reduce_in_place(src, op, self.staging(nbytes), self.uploader(nbytes))
+        if src is not tensor:
+            ops.copy_(tensor, src)
         return tensor
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:

@@ -166,7 +166,7 @@ class DataParallel:
         losses = self.context.run(work, xs, ys, list(optimizers))
         total = sum(sizes)
         # Combine the per-rank means on the host: one small readback per rank per step.
-        value = sum(float(l.item()) * n for l, n in zip(losses, sizes)) / total
+        value = sum(float(loss.item()) * n for loss, n in zip(losses, sizes)) / total
         return full((), value, dtype=losses[0].dtype, device=self.context.devices[0])
 
     def train(self, mode: bool = True) -> "DataParallel":

@@ -1,9 +1,16 @@
-"""Asynchronous readback through persistent staging buffers, with a timeout on every wait.
+"""Host transfers through persistent staging buffers, with a timeout on every wait.
 
-A collective starts the copy and the map on every rank before any rank waits,
-so transfers from several devices overlap. wgpu's own sync_wait has no
-timeout (and hangs forever if the device is lost), so waits go through the
-promise's completion event with a deadline.
+Downloads: the GPU copies into a MAP_READ buffer and the buffer is mapped;
+the host reads the mapped memory in place (``view``), with no extra copy.
+Uploads: a MAP_WRITE buffer stays mapped while idle, the host writes into it
+in place, and ``commit`` unmaps it and lets the GPU copy it into the target,
+then maps it again in the background. Both buffers are allocated once and
+reused: fresh host memory is costly to touch (first-touch page faults cost
+more than the PCIe transfer itself on the GPU machines measured here; see
+BENCHMARKS.md), and queue.write_buffer allocates a new staging area per call.
+
+wgpu's sync_wait has no timeout (and hangs forever if the device is lost), so
+waits go through the promise's completion event with a deadline.
 """
 
 from __future__ import annotations
@@ -34,24 +41,33 @@ def wait_promise(promise, timeout: float, what: str) -> None:
     promise.sync_wait()
 
 
+def _round4(n: int) -> int:
+    return max(4, -(-n // 4) * 4)
+
+
 class StagingBuffer:
-    """A MAP_READ buffer on one device, reused for every readback of up to ``capacity`` bytes."""
+    """A MAP_READ buffer on one device, reused for every readback of up to ``capacity`` bytes.
+
+    ``start`` records the copy, submits and asks for the map without waiting; ``view`` waits
+    (with a timeout) and returns the mapped bytes in place; ``release`` unmaps (the view
+    must not be used after it). ``wait`` is view + copy + release in one.
+    """
 
     def __init__(self, device: Device, capacity: int, label: str = "staging") -> None:
         self.device = device
-        self.capacity = max(4, -(-capacity // 4) * 4)
+        self.capacity = _round4(capacity)
         self._label = f"wgpar:{device.index}:{label}"
         self.buffer = self._create()
         self._promise = None
         self._nbytes = 0
+        self._mapped = False
 
     def _create(self) -> wgpu.GPUBuffer:
         return self.device._dev.create_buffer(label=self._label, size=self.capacity,
                                               usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def start(self, src: wgpu.GPUBuffer, src_offset: int, nbytes: int) -> None:
-        """Record the copy, submit it, and ask for the map; returns without waiting."""
-        if self._promise is not None:
+        if self._promise is not None or self._mapped:
             raise RuntimeError(f"staging buffer on {self.device} is still in use by an earlier transfer")
         if nbytes > self.capacity:
             raise ValueError(f"transfer of {nbytes} bytes exceeds the staging buffer's {self.capacity} bytes")
@@ -61,20 +77,60 @@ class StagingBuffer:
             self.device.flush()
             self._promise = self.buffer.map_async(wgpu.MapMode.READ, 0, self.capacity)
 
-    def wait(self, timeout: float, what: str = "readback") -> memoryview:
-        """Wait for the map (at most ``timeout`` s) and return a copy of the bytes."""
+    def view(self, timeout: float, what: str = "readback") -> memoryview:
+        """The transferred bytes, read in place from the mapped buffer (valid until ``release``)."""
         if self._nbytes == 0:
             return memoryview(b"")
         promise, self._promise = self._promise, None
         if promise is None:
-            raise RuntimeError("wait() without start()")
+            raise RuntimeError("view() without start()")
         try:
             wait_promise(promise, timeout, f"{what} on {self.device}")
         except TransferTimeout:
             # A pending map cannot be cancelled: leave that buffer to finish on its own, use a new one.
             self.buffer = self._create()
             raise
-        try:
-            return self.buffer.read_mapped(0, self._nbytes, copy=True)
-        finally:
+        self._mapped = True
+        return self.buffer.read_mapped(0, self._nbytes, copy=False)
+
+    def release(self) -> None:
+        if self._mapped:
+            self._mapped = False
             self.buffer.unmap()
+
+    def wait(self, timeout: float, what: str = "readback") -> memoryview:
+        """Wait for the transfer and return a copy of the bytes (the buffer is free again)."""
+        data = self.view(timeout, what)
+        try:
+            return memoryview(bytes(data)) if len(data) else data
+        finally:
+            self.release()
+
+
+class UploadBuffer:
+    """A MAP_WRITE buffer kept mapped while idle: write into ``view()``, then ``commit`` it to a target."""
+
+    def __init__(self, device: Device, capacity: int, label: str = "upload") -> None:
+        self.device = device
+        self.capacity = _round4(capacity)
+        self.buffer = device._dev.create_buffer(
+            label=f"wgpar:{device.index}:{label}", size=self.capacity, mapped_at_creation=True,
+            usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
+        self._promise = None
+
+    def view(self, timeout: float, what: str = "upload") -> memoryview:
+        """Writable mapped memory (valid until ``commit``), once the previous commit has finished."""
+        if self._promise is not None:
+            promise, self._promise = self._promise, None
+            wait_promise(promise, timeout, f"{what} on {self.device}")
+        return self.buffer._experimental_get_mapped_range(0, self.capacity)
+
+    def commit(self, dst: wgpu.GPUBuffer, dst_offset: int, nbytes: int) -> None:
+        """Unmap, copy the first ``nbytes`` into ``dst`` on the GPU, and start mapping again."""
+        if nbytes > self.capacity:
+            raise ValueError(f"upload of {nbytes} bytes exceeds the buffer's {self.capacity} bytes")
+        self.buffer.unmap()
+        if nbytes:
+            self.device.copy(self.buffer, 0, dst, dst_offset, nbytes)
+            self.device.flush()
+        self._promise = self.buffer.map_async(wgpu.MapMode.WRITE, 0, self.capacity)
