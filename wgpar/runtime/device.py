@@ -75,6 +75,7 @@ class Device:
             label=f"wgpar:{index}:fence", size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._encoder: Any = None
         self._pass: Any = None
+        self._pass_pipeline: Any = None
         self._pending = 0
         self._arena_used = 0
         self.num_submits = 0
@@ -125,6 +126,7 @@ class Device:
             if self._encoder is None:
                 self._encoder = self._dev.create_command_encoder(label=f"wgpar:{self.index}:batch")
             self._pass = self._encoder.begin_compute_pass(label=f"wgpar:{self.index}:pass")
+            self._pass_pipeline = None
         return self._pass
 
     def _end_pass(self):
@@ -159,7 +161,7 @@ class Device:
         return pipeline, layout
 
     def _bind_group(self, kspec: KernelSpec, layout, buffers: tuple) -> Any:
-        key = (kspec, buffers)
+        key = (layout, buffers)  # the layout stands for the kspec and hashes faster
         bg = self._bind_groups.get(key)
         if bg is None:
             if len(self._bind_groups) >= _BIND_GROUP_CACHE_MAX:
@@ -183,8 +185,10 @@ class Device:
             offset = self._arena_used * self._slot
             self._arena_host[offset:offset + len(params)] = params
             self._arena_used += 1
-            cp = self._compute_pass()
-            cp.set_pipeline(pipeline)
+            cp = self._pass or self._compute_pass()
+            if pipeline is not self._pass_pipeline:  # runs of one kernel set it once
+                cp.set_pipeline(pipeline)
+                self._pass_pipeline = pipeline
             cp.set_bind_group(0, bg, [offset])
             cp.dispatch_workgroups(*groups)
             self._pending += 1
