@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..runtime.kernels import WORKGROUP, F32, KernelSpec, dims, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, dims, grid, pack, spec
 from ..storage import Storage
 from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
 
@@ -208,6 +208,15 @@ _QUICK_MAX = 4096
 _QUICK_PARAMS = struct.Struct("<12I")
 
 
+def _binding(buffers: list, buf) -> int:
+    """The binding of ``buf`` (appended if new): operands on one buffer share a binding."""
+    for k, b in enumerate(buffers):
+        if b is buf:
+            return k
+    buffers.append(buf)
+    return len(buffers) - 1
+
+
 def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     tensors = [x for x in operands if isinstance(x, Tensor)]
     if not tensors or any(not isinstance(x, Tensor) and not _is_scalar(x) for x in operands):
@@ -249,14 +258,7 @@ def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
     words = [numel, len(shape), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
     for i, x in enumerate(operands):
         if isinstance(x, Tensor):
-            buf = x._storage.buffer
-            for k, b in enumerate(buffers):
-                if b is buf:
-                    break
-            else:
-                k = len(buffers)
-                buffers.append(buf)
-            sig.append((k, x._storage.dtype.storage))
+            sig.append((_binding(buffers, x._storage.buffer), x._storage.dtype.storage))
             words[3 + i] = x._offset
         else:
             sig.append(None)
@@ -316,14 +318,7 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         if not isinstance(x, Tensor):
             sig.append(None)
             continue
-        buf = x._storage.buffer
-        for k, b in enumerate(buffers):
-            if b is buf:
-                break
-        else:
-            k = len(buffers)
-            buffers.append(buf)
-        sig.append((k, x.dtype.storage))
+        sig.append((_binding(buffers, x._storage.buffer), x.dtype.storage))
     fast = out.is_contiguous() and all(t.shape == shape and t.is_contiguous() for t in tensors)
     kspec = _map_kernel(op, tuple(sig), fast, tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
                         dtype.compute, out_dtype is None, f16)
