@@ -143,3 +143,16 @@ def test_matmul_shape_errors(dev):
         wgpar.zeros(3, 3, dtype=wgpar.int32) @ wgpar.zeros(3, 3, dtype=wgpar.int32)
     with pytest.raises(TypeError):
         wgpar.zeros(3, 3) @ np.zeros((3, 3), np.float32)
+
+
+def test_long_inner_dimension(dev, rng):
+    # lavapipe leaves a shader's loops after 65535 iterations: a long K must still be summed fully.
+    for m, k, n in [(1, 60_001, 1), (3, 60_001, 2)]:
+        a, b = u(rng, (m, k)), u(rng, (k, n))
+        got = wgpar.tensor(a) @ wgpar.tensor(b)
+        want = mm(a, b)
+        # many terms cancel here: compare against the sum of magnitudes instead of the result
+        scale = (np.abs(a).astype(np.float64) @ np.abs(b)).max()
+        assert np.abs(got.numpy() - want).max() / scale < 1e-5
+    v = np.ones(70_000, np.float32)
+    assert (wgpar.tensor(v) @ wgpar.tensor(v)).item() == 70_000.0

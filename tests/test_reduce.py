@@ -199,3 +199,54 @@ def test_sum_sizes(dev, rng, n):
     a = f32(rng, (n, 3))
     check(wgpar.tensor(a).sum(0).numpy(), a.astype(np.float64).sum(0), a, f"n={n}")
     check(wgpar.tensor(a).sum(1).numpy(), a.astype(np.float64).sum(1), a, f"n={n}")
+
+
+# lavapipe leaves a shader's loops once an invocation has run 65535 iterations: results then go wrong
+# silently. These shapes make naive kernels loop longer than that.
+def test_long_column_reductions(dev, rng):
+    a = rng.random((70001, 3), dtype=np.float32)
+    x = wgpar.tensor(a)
+    r = a.astype(np.float64)
+    assert_close(x.sum(0).numpy(), r.sum(0), rtol=1e-5)
+    assert_close(x.mean(0, keepdims=True).numpy(), r.mean(0, keepdims=True), rtol=1e-5)
+    assert_close(x.max(0).numpy(), r.max(0))
+    np.testing.assert_array_equal(x.argmin(0).numpy(), a.argmin(0))
+    b = rng.random((2, 66000, 2), dtype=np.float32)
+    assert_close(wgpar.tensor(b).sum(1).numpy(), b.astype(np.float64).sum(1), rtol=1e-5)
+
+
+def test_arg_reductions_of_long_rows_keep_the_first_tie(dev):
+    n = 100_003
+    a = np.zeros((3, n), np.float32)
+    a[0, [5000, 90000]] = 1.0
+    a[1, [n - 1, 40000]] = -2.0
+    a[2, 7] = 3.0
+    a[2, n - 2] = 3.0
+    x = wgpar.tensor(a)
+    np.testing.assert_array_equal(x.argmax(1).numpy(), a.argmax(1))
+    np.testing.assert_array_equal(x.argmin(1).numpy(), a.argmin(1))
+    np.testing.assert_array_equal(x.argmax(1, keepdims=True).numpy(), a.argmax(1, keepdims=True))
+    ints = wgpar.tensor((a * 10).astype(np.int32))
+    np.testing.assert_array_equal(ints.argmax(-1).numpy(), a.argmax(-1))
+
+
+def test_reductions_longer_than_16m_elements(dev, rng):
+    n = 2**24 + 3  # 64 MiB, below the 128 MiB binding limit
+    a = np.zeros(n, np.float32)
+    a[[123, n - 1]] = 2.0
+    a[[7, n - 5]] = -1.0
+    x = wgpar.tensor(a)
+    assert x.argmax().item() == 123 and x.argmin().item() == 7
+    assert x.max().item() == 2.0 and x.min().item() == -1.0
+    assert x.sum().item() == 2.0
+
+
+def test_softmax_of_very_long_rows(dev, rng):
+    for n in (2_500_001, 6_000_001):  # the single-kernel path and the composed one
+        a = (rng.standard_normal(n) * 3).astype(np.float32)
+        x = wgpar.tensor(a)
+        sm, lsm = np_softmax(a, 0)
+        assert_close(x.log_softmax(0).numpy(), lsm, rtol=1e-5, atol=1e-4)
+        got = x.softmax(-1).numpy()
+        assert abs(got.astype(np.float64).sum() - 1) < 1e-4
+        assert_close(got, sm, rtol=1e-4, atol=1e-10)

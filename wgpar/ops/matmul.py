@@ -18,13 +18,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import dtypes as _dt
-from ..runtime.kernels import KernelSpec, pack, spec
+from ..runtime.kernels import MAX_LOOP, KernelSpec, pack, spec
 from ..tensor import Tensor, check_same_device
-from .elementwise import broadcast_shape, fill
-from .shape import expand, reshape, squeeze
+from .elementwise import broadcast_shape, fill, inplace
+from .shape import _narrow, expand, reshape, squeeze
 
 _TILE = 64  # the general kernel's output tile
 _MAX_Z = 65535
+# Each BK-deep step of K costs about BK + 2 loop iterations (inner loops of constant length are
+# unrolled): a longer K is split into parts whose products are summed.
+_MAX_K = MAX_LOOP
 
 
 @dataclass(frozen=True)
@@ -158,8 +161,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     else:
         a3 = reshape(expand(a2, batch + (M, K)), (-1, M, K))
         b3 = reshape(expand(b2, batch + (K, N)), (-1, K, N))
-        out = Tensor.empty(batch + (M, N), out_dt, a.device)
-        _run(plan(a3, b3, out_dt), out)
+        out = None
+        for k0 in range(0, K, _MAX_K):
+            kk = min(_MAX_K, K - k0)
+            part = Tensor.empty(batch + (M, N), out_dt, a.device)
+            _run(plan(_narrow(a3, 2, k0, kk), _narrow(b3, 1, k0, kk), out_dt), part)
+            out = part if out is None else inplace("add", out, part)
     if a_vec:
         out = squeeze(out, -2)
     if b_vec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import dtypes as _dt
-from ..runtime.kernels import WORKGROUP, F32, grid, pack, spec
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, F32, grid, pack, spec
 from ..tensor import Tensor, _wrap_dim
 from .elementwise import contiguous, fill
 from .shape import permute, reshape
@@ -82,6 +82,10 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     x = contiguous(x)
     outer = math.prod(x.shape[: axes[0]])
     inner = math.prod(x.shape[axes[-1] + 1:])
+    if inner > 1 and n_red > MAX_LOOP:  # the column kernel loops over n_red per thread: make it rows
+        rest = [i for i in range(x.ndim) if i not in axes]
+        x = contiguous(permute(x, rest + list(axes)))
+        outer, inner = outer * inner, 1
     result = _reduce_block(op, x, outer, n_red, inner, out_dt)
     return reshape(result, out_shape)
 
@@ -98,10 +102,13 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
                      pack(outer, n, inner, x._offset, scale, 0, 0, 0), grid(-(-(outer * inner) // WORKGROUP)))
         return out
-    # Rows: split long rows into chunks so a few rows still fill the GPU; partials reduced again.
-    two_pass = op in ("sum", "mean", "max", "min") and n > 16 * WORKGROUP and outer < 64
-    groups = min(-(-n // (4 * WORKGROUP)), 1024) if two_pass else 1
+    # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
+    # than MAX_LOOP times); partials reduced again.
+    two_pass = n > 16 * WORKGROUP and (outer < 64 or n > WORKGROUP * MAX_LOOP)
+    groups = max(min(-(-n // (4 * WORKGROUP)), 1024), -(-n // (WORKGROUP * MAX_LOOP))) if two_pass else 1
     chunk = -(-n // groups)
+    if op in _ARG and groups > 1:
+        return _arg_two_pass(op, x, outer, n, chunk, groups)
     partial_dt = out_dt if groups == 1 else (_dt.float32 if ctype == "f32" else _dt.int32)
     first_op = "sum" if op == "mean" and groups > 1 else op
     out = Tensor.empty((outer * groups,), partial_dt, dev)
@@ -119,6 +126,30 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     return second
 
 
+def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int) -> Tensor:
+    """argmax/argmin of long rows: per chunk the extreme value and its (first) index, then the first
+    chunk holding the row's extreme picks the index, so ties still resolve to the first index."""
+    from ..creation import arange
+    from .elementwise import binary, where
+
+    dev = x.device
+    ctype = x.dtype.compute
+    f16 = "enable f16;" if x.dtype is _dt.float16 else ""
+    part_dt = _dt.float32 if ctype == "f32" else _dt.int32
+    parts = []
+    for first_op, dt in (("max" if op == "argmax" else "min", part_dt), (op, _dt.int32)):
+        out = Tensor.empty((outer * groups,), dt, dev)
+        k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, T=x.dtype.storage, C=ctype,
+                 **_kernel_text(first_op, ctype))
+        dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
+                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0), grid(outer * groups))
+        parts.append(reshape(out, (outer, groups)))
+    values, indices = parts
+    best = reshape(_reduce_block(op, values, outer, groups, 1, _dt.int32), (outer, 1))
+    picked = where(binary("eq", arange(groups, device=dev), best), indices, n)
+    return _reduce_block("min", picked, outer, groups, 1, _dt.int32)
+
+
 def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"softmax: expected a wgpar.Tensor, got {type(x).__name__}")
@@ -130,6 +161,13 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
         x = reshape(x, (1,))
         return reshape(softmax(x, 0, log), ())
     d = _wrap_dim(axis, x.ndim)
+    if 3 * -(-x.shape[d] // WORKGROUP) > MAX_LOOP:  # the row kernel (three passes) would loop too long
+        from .elementwise import binary, unary
+
+        z = binary("sub", x, reduce("max", x, d, keepdims=True))
+        lse = unary("log", reduce("sum", unary("exp", z), d, keepdims=True))
+        out = binary("sub", z, lse)
+        return out if log else unary("exp", out)
     last = x.ndim - 1
     moved = permute(x, [i for i in range(x.ndim) if i != d] + [d]) if d != last else x
     src = contiguous(moved)

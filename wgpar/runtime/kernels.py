@@ -22,6 +22,11 @@ import numpy as np
 WORKGROUP = 256
 MAX_DIMS = 8
 PARAM_SLOT = 256  # bytes per dispatch in the arena; a multiple of every uniform offset alignment
+# Most loop iterations one shader invocation may run. lavapipe (llvmpipe) silently leaves its loops
+# once an invocation has run 65535 iterations (nested loops counted together), so kernels whose
+# loops grow with the data (reductions, softmax, matmul's K) split the work on the host to stay
+# below this, with room to spare.
+MAX_LOOP = 32768
 
 
 @functools.cache
