@@ -1,0 +1,46 @@
+// One Adam / AdamW step for one parameter, PyTorch's torch.optim.Adam (single-tensor
+// path, decoupled_weight_decay for AdamW) fused into one pass over the parameter and
+// its moments. Bias corrections are folded into neg_step_size and bc2_sqrt on the
+// host. The host fills P (param and state storage type), G (grad storage type) and,
+// for AMSGrad, the max_exp_avg_sq binding (AMS_BINDING) and its update (DENOM_SQ).
+{{F16}}
+@group(0) @binding(0) var<storage, read_write> param: array<{{P}}>;
+@group(0) @binding(1) var<storage, read> grad: array<{{G}}>;
+@group(0) @binding(2) var<storage, read_write> exp_avg: array<{{P}}>;
+@group(0) @binding(3) var<storage, read_write> exp_avg_sq: array<{{P}}>;
+{{AMS_BINDING}}
+struct Params {
+  numel: u32, off_p: u32, off_g: u32, fresh: u32,  // fresh: state just allocated, read it as zeros
+  weight_decay: f32,   // Adam's L2 term, 0 for AdamW
+  decay: f32,          // AdamW's 1 - lr * weight_decay, 1 for Adam
+  one_minus_beta1: f32, beta2: f32,
+  one_minus_beta2: f32, neg_step_size: f32, bc2_sqrt: f32, eps: f32,
+  maximize: u32, _p0: u32, _p1: u32, _p2: u32,
+}
+@group(0) @binding({{PARAMS}}) var<uniform> p: Params;
+
+// torch.lerp's two-sided form, so exp_avg rounds as PyTorch's does.
+fn lerp_(a: f32, b: f32, t: f32) -> f32 {
+  return select(b - (b - a) * (1.0 - t), a + t * (b - a), t < 0.5);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x + gid.y * nwg.x * 256u;
+  if (i >= p.numel) { return; }
+  let fresh = p.fresh != 0u;
+  var w = f32(param[p.off_p + i]);
+  var g = f32(grad[p.off_g + i]);
+  if (p.maximize != 0u) { g = -g; }
+  if (p.weight_decay != 0.0) { g = g + p.weight_decay * w; }  // grad.add(param, alpha=weight_decay)
+  w = w * p.decay;                                            // param.mul_(1 - lr * weight_decay)
+  let m = lerp_(select(f32(exp_avg[i]), 0.0, fresh), g, p.one_minus_beta1);
+  let v = select(f32(exp_avg_sq[i]), 0.0, fresh) * p.beta2 + p.one_minus_beta2 * g * g;
+  exp_avg[i] = {{P}}(m);
+  exp_avg_sq[i] = {{P}}(v);
+  let mq = f32({{P}}(m));  // what PyTorch reads back from a float16 state
+  let vq = f32({{P}}(v));
+{{DENOM_SQ}}
+  let denom = sqrt(vd) / p.bc2_sqrt + p.eps;
+  param[p.off_p + i] = {{P}}(w + p.neg_step_size * mq / denom);  // param.addcdiv_(exp_avg, denom, value=-step_size)
+}

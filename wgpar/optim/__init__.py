@@ -1,0 +1,7 @@
+"""Optimizers with PyTorch's semantics; each step runs one fused WGSL kernel per parameter."""
+
+from .adam import Adam, AdamW
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]

@@ -1,0 +1,115 @@
+"""Adam and AdamW: one fused kernel per parameter, bias corrections computed on the host."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from .. import ops
+from ..runtime.kernels import WORKGROUP, F32, KernelSpec, grid, pack, spec
+from ..tensor import Tensor
+from .optimizer import Optimizer, ParamsT, check_number
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(pt: str, gt: str, amsgrad: bool) -> KernelSpec:
+    f16 = "enable f16;" if "f16" in (pt, gt) else ""
+    if not amsgrad:
+        return spec("optim_adam", ("w", "r", "w", "w"), F16=f16, P=pt, G=gt, PARAMS=4, AMS_BINDING="",
+                    DENOM_SQ="  let vd = vq;")
+    return spec("optim_adam", ("w", "r", "w", "w", "w"), F16=f16, P=pt, G=gt, PARAMS=5,
+                AMS_BINDING=f"@group(0) @binding(4) var<storage, read_write> max_exp_avg_sq: array<{pt}>;",
+                DENOM_SQ=("  let vd = max(select(f32(max_exp_avg_sq[i]), 0.0, fresh), vq);\n"
+                          f"  max_exp_avg_sq[i] = {pt}(vd);"))
+
+
+class Adam(Optimizer):
+    """Adam, with PyTorch's ``torch.optim.Adam`` semantics.
+
+    ``weight_decay`` adds ``weight_decay * param`` to the gradient (L2), unless
+    ``decoupled_weight_decay`` (AdamW) multiplies the parameter by
+    ``1 - lr * weight_decay`` before the update. The denominator is
+    ``sqrt(v) / sqrt(1 - beta2**t) + eps``.
+
+    Arguments:
+        params: Parameters, or dicts of Parameters with per-group hyperparameters.
+        lr: learning rate.
+        betas: decay rates of the first and second moment averages, each in [0, 1).
+        eps: added to the denominator.
+        weight_decay: L2 penalty (or decoupled decay rate).
+        amsgrad: normalise by the running maximum of the second moment.
+        maximize: ascend the objective instead of descending.
+        decoupled_weight_decay: AdamW's decay.
+    """
+
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
+                 decoupled_weight_decay: bool = False) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, decoupled_weight_decay=decoupled_weight_decay)
+        super().__init__(params, defaults)
+
+    def _validate(self, group: dict[str, Any]) -> None:
+        check_number("learning rate", group["lr"])
+        check_number("epsilon value", group["eps"])
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        for i, b in enumerate(betas):
+            check_number(f"beta parameter at index {i}", b, high=1.0)
+        group["betas"] = tuple(betas)
+        check_number("weight_decay value", group["weight_decay"])
+
+    def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        amsgrad = bool(group["amsgrad"])
+        fresh = "exp_avg" not in state
+        if fresh:
+            state["step"] = 0
+            state["exp_avg"] = Tensor.empty(p.shape, p.dtype, p.device)
+            state["exp_avg_sq"] = Tensor.empty(p.shape, p.dtype, p.device)
+        moments = [state["exp_avg"], state["exp_avg_sq"]]
+        if amsgrad:
+            if "max_exp_avg_sq" not in state:
+                # A checkpoint saved without AMSGrad: the running maximum starts from the current average.
+                state["max_exp_avg_sq"] = (Tensor.empty(p.shape, p.dtype, p.device) if fresh
+                                           else ops.clone(state["exp_avg_sq"]))
+            moments.append(state["max_exp_avg_sq"])
+        state["step"] += 1
+        step = state["step"]
+        lr = float(group["lr"])
+        beta1, beta2 = (float(b) for b in group["betas"])
+        wd = float(group["weight_decay"])
+        decoupled = bool(group["decoupled_weight_decay"])
+        bias_correction1 = 1 - beta1 ** step
+        bias_correction2 = 1 - beta2 ** step
+        step_size = lr / bias_correction1
+        params = pack(p.numel(), p._offset, grad._offset, int(fresh),
+                      F32(0.0 if decoupled else wd), F32(1 - lr * wd if decoupled else 1.0),
+                      F32(1 - beta1), F32(beta2), F32(1 - beta2), F32(-step_size),
+                      F32(math.sqrt(bias_correction2)), F32(float(group["eps"])),
+                      int(bool(group["maximize"])), 0, 0, 0)
+        for t in moments:
+            t._storage.version += 1
+        k = _kernel(p.dtype.storage, grad.dtype.storage, amsgrad)
+        p.device.dispatch(k, [p._storage.buffer, grad._storage.buffer, *(t._storage.buffer for t in moments)],
+                          params, grid(-(-p.numel() // WORKGROUP)))
+
+
+class AdamW(Adam):
+    """AdamW (decoupled weight decay), with PyTorch's ``torch.optim.AdamW`` semantics.
+
+    Arguments: as for ``Adam``; ``weight_decay`` defaults to 1e-2 and decays the
+    parameter by ``1 - lr * weight_decay`` before each update.
+    """
+
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         decoupled_weight_decay=True)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True
