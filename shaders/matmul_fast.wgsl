@@ -8,7 +8,7 @@
 // owns TM x TN outputs: TM/4 groups of 4 rows spaced 4*WM apart and TN/4
 // vec4 columns spaced 4*WN apart, so the reads of As / Bs in the inner loop
 // are consecutive vec4s across a warp (conflict-free) or broadcasts. As and
-// Bs hold one BK-deep slice, k-major, padded by one vec4 per k-row so the
+// Bs hold one BK-deep slice (two with double buffering), k-major, padded by one vec4 per k-row so the
 // transposing scalar stores of a row-major A (or transposed B) spread over
 // banks. The next slice is loaded from global memory into registers while
 // the current one is multiplied. Accumulates in f32; A/B/C may be f16.
@@ -45,9 +45,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let k0 = 0u;
 {{LOAD}}
   }
+{{PROLOGUE}}
   for (var k0 = 0u; k0 < p.K; k0 = k0 + {{BK}}u) {
-{{STORE}}
-    workgroupBarrier();
+    // Single buffer: store the slice, barrier, prefetch, multiply, barrier.
+    // Double buffer: prefetch, multiply slab `cur`, store into the other slab, one barrier.
+    let cur = {{CUR}};
+    let ao = cur * SA;
+    let bo = cur * SB;
+{{HEAD}}
     {
       // Prefetch the next slice (the last iteration re-reads its own: no branch).
       let k0 = min(k0 + {{BK}}u, p.K - {{BK}}u);
@@ -56,6 +61,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var kk = 0u; kk < {{KSTEPS}}u; kk = kk + 1u) {  // 1 when COMPUTE is unrolled
 {{COMPUTE}}
     }
+{{TAIL}}
     workgroupBarrier();
   }
   let base_c = p.off_c + z * p.sc_b;

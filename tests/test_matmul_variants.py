@@ -13,7 +13,8 @@ mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the func
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 # Tilings the benchmarks explore beside the ones plan() chooses from: they must be correct too.
-EXTRA = {t.name: t for t in map(mm.Tiling.parse, ("64x64x16x4x4u", "64x64x8x8x8", "128x64x8x8x4"))}
+EXTRA = {t.name: t for t in map(mm.Tiling.parse, ("64x64x16x4x4", "64x64x8x8x8", "128x64x8x8x4", "64x64x8x4x4d",
+                                                         "128x64x8x8x4ud"))}
 FAST = sorted(mm.TILINGS)
 ALL_FAST = FAST + sorted(EXTRA)
 LARGEST, SMALLEST = list(mm.TILINGS)[0], list(mm.TILINGS)[-1]
@@ -180,6 +181,7 @@ def test_unknown_variant_is_an_error():
 
 def test_tiling_parse():
     t = mm.Tiling.parse("128x64x8x8x4u")
-    assert (t.bm, t.bn, t.bk, t.tm, t.tn, t.unroll, t.threads) == (128, 64, 8, 8, 4, True, 256)
+    assert (t.bm, t.bn, t.bk, t.tm, t.tn, t.unroll, t.double, t.threads) == (128, 64, 8, 8, 4, True, False, 256)
+    assert mm.Tiling.parse("64x64x8x4x4ud").double
     with pytest.raises(ValueError):
         mm.Tiling.parse("128x64x8x6x4")

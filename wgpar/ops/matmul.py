@@ -34,7 +34,8 @@ _MAX_K = MAX_LOOP
 class Tiling:
     """One fast-kernel shape: a BM x BN x BK block, TM x TN outputs per thread.
 
-    ``unroll`` writes the BK steps of the inner loop out in WGSL instead of a loop.
+    ``unroll`` writes the BK steps of the inner loop out in WGSL instead of a loop;
+    ``double`` keeps two slices in workgroup memory (one barrier per slice instead of two).
     """
 
     bm: int
@@ -43,10 +44,12 @@ class Tiling:
     tm: int
     tn: int
     unroll: bool = False
+    double: bool = False
 
     @property
     def name(self) -> str:
-        return f"tile{self.bm}x{self.bn}x{self.bk}r{self.tm}x{self.tn}" + ("u" if self.unroll else "")
+        return (f"tile{self.bm}x{self.bn}x{self.bk}r{self.tm}x{self.tn}" + ("u" if self.unroll else "")
+                + ("d" if self.double else ""))
 
     @property
     def threads(self) -> int:
@@ -54,26 +57,27 @@ class Tiling:
 
     @property
     def shared_bytes(self) -> int:
-        return 16 * self.bk * (self.bm // 4 + 1 + self.bn // 4 + 1)
+        return 16 * self.bk * (self.bm // 4 + 1 + self.bn // 4 + 1) * (2 if self.double else 1)
 
     @classmethod
     def parse(cls, text: str) -> Tiling:
-        """``"128x128x16x8x8"`` (BM x BN x BK x TM x TN), a trailing ``u`` to unroll."""
-        unroll = text.endswith("u")
+        """``"128x128x16x8x8"`` (BM x BN x BK x TM x TN), then ``u`` to unroll, ``d`` to double-buffer."""
+        body = text.rstrip("ud")
+        flags = text[len(body):]
         try:
-            bm, bn, bk, tm, tn = (int(v) for v in text.rstrip("u").split("x"))
+            bm, bn, bk, tm, tn = (int(v) for v in body.split("x"))
         except ValueError:
-            raise ValueError(f"tiling {text!r} should look like 128x128x16x8x8[u]") from None
+            raise ValueError(f"tiling {text!r} should look like 128x128x16x8x8[u][d]") from None
         if tm % 4 or tn % 4 or bm % tm or bn % tn or bk % 4:
             raise ValueError(f"tiling {text!r}: TM, TN, BK must be multiples of 4 dividing BM, BN")
-        return cls(bm, bn, bk, tm, tn, unroll)
+        return cls(bm, bn, bk, tm, tn, "u" in flags, "d" in flags)
 
 
 # Largest first: plan() takes the first that fits and still fills the GPU.
 TILINGS: dict[str, Tiling] = {t.name: t for t in (
-    Tiling(128, 128, 16, 8, 8),
-    Tiling(128, 64, 16, 8, 4),
-    Tiling(64, 64, 16, 4, 4),
+    Tiling(128, 128, 16, 8, 8, unroll=True),
+    Tiling(128, 64, 16, 8, 4, unroll=True),
+    Tiling(64, 64, 16, 4, 4, unroll=True),
 )}
 # Below this many workgroups a smaller tile keeps more of the GPU busy.
 _MIN_WORKGROUPS = 256
@@ -284,7 +288,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{")
                 for j, comp in enumerate("xyzw"):
-                    store.append(f"    {slab}[({kq} * 4u + {j}u) * {stride}u + {o} / 4u][{o} % 4u] = {reg}.{comp};")
+                    dst = f"{slab}[(KB + {kq} * 4u + {j}u) * {stride}u + {o} / 4u][{o} % 4u]"
+                    store.append(f"    {dst} = {reg}.{comp};")
                 store.append("    }")
             else:
                 # Contiguous along m (or n): a vec4 holds 4 m's at one k; store it as is.
@@ -292,7 +297,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
                 kr, oq = f"({e} / {per}u)", f"({e} % {per}u)"
                 src = f"{name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
-                store.append(f"    {guard}{{ {slab}[{kr} * {stride}u + {oq}] = {reg}; }}")
+                store.append(f"    {guard}{{ {slab}[(KB + {kr}) * {stride}u + {oq}] = {reg}; }}")
 
     operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", sa)
     operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", sb)
@@ -301,10 +306,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
     decl += [f"  var {v} = vec4<f32>(0.0);" for row in acc for v in row]
     comp = []
     for kk in range(t.bk) if t.unroll else ["kk"]:
-        ko = f"{kk * sa}u" if t.unroll else f"kk * {sa}u"
+        ko = f"ao + {kk * sa}u" if t.unroll else f"ao + kk * {sa}u"
         comp += [f"      {{ let a{g} = As[{ko} + {g * wm}u + ty];" if g == 0 else
                  f"      let a{g} = As[{ko} + {g * wm}u + ty];" for g in range(ga)]
-        ko = f"{kk * sb}u" if t.unroll else f"kk * {sb}u"
+        ko = f"bo + {kk * sb}u" if t.unroll else f"bo + kk * {sb}u"
         comp += [f"      let b{h} = Bs[{ko} + {h * wn}u + tx];" for h in range(gb)]
         for g in range(ga):
             for i, ci in enumerate("xyzw"):
@@ -320,7 +325,18 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
                 write.append(f"  c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
                              f"vec4<{tc}>({acc[g * 4 + i][h]});")
     f16 = "f16" in (ta, tb, tc)
+
+    def stores(kbase: str) -> str:
+        return "\n".join(line.replace("KB", kbase) for line in store)
+
+    if t.double:
+        prologue, cur = stores("0u") + "\n  workgroupBarrier();", f"((k0 / {t.bk}u) & 1u) * {t.bk}u"
+        head, tail = "", stores(f"({t.bk}u - cur)")
+    else:
+        prologue, cur, head, tail = "", "0u", stores("0u") + "\n    workgroupBarrier();", ""
+    slabs = 2 if t.double else 1
     return spec("matmul_fast", ("w", "r", "r"), ENABLE="enable f16;" if f16 else "", TA=ta, TB=tb, TC=tc,
-                PARAMS=3, SA=sa, SB=sb, AS_LEN=sa * t.bk, BS_LEN=sb * t.bk, WM=wm, WN=wn, BM=t.bm, BN=t.bn,
-                BK=t.bk, KSTEPS=1 if t.unroll else t.bk, DECL="\n".join(decl), LOAD="\n".join(load),
-                STORE="\n".join(store), COMPUTE="\n".join(comp), WRITE="\n".join(write))
+                PARAMS=3, SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn,
+                BM=t.bm, BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk, DECL="\n".join(decl),
+                LOAD="\n".join(load), PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
+                COMPUTE="\n".join(comp), WRITE="\n".join(write))
