@@ -250,3 +250,22 @@ def test_softmax_of_very_long_rows(dev, rng):
         got = x.softmax(-1).numpy()
         assert abs(got.astype(np.float64).sum() - 1) < 1e-4
         assert_close(got, sm, rtol=1e-4, atol=1e-10)
+
+
+def test_scalar_and_empty_axis_reductions(dev):
+    s = wgpar.tensor(3.5)
+    for op in ("sum", "mean", "max", "min"):
+        for kw in ({}, {"axis": 0}, {"dim": -1}, {"axis": ()}, {"keepdims": True}):
+            got = getattr(s, op)(**kw)
+            assert got.shape == () and got.item() == 3.5, (op, kw)
+    assert s.argmax().item() == 0 and s.argmin(0).item() == 0
+    with pytest.raises(IndexError):
+        s.sum(1)
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    x = wgpar.tensor(a)
+    for op in ("sum", "max", "min", "mean"):
+        got = getattr(x, op)(axis=())
+        want = NP[op](a, axis=())
+        assert got.shape == want.shape and got.dtype is (wgpar.float32 if op == "mean" else wgpar.int32)
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert wgpar.tensor([True, False]).sum(axis=()).dtype is wgpar.int32

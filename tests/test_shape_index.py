@@ -203,6 +203,8 @@ def test_cat_of_views_and_mixed_dtypes(dev, rng):
         wgpar.cat([x, wgpar.zeros(5, 7)], 0)
     with pytest.raises(ValueError):
         wgpar.cat([])
+    with pytest.raises(ValueError, match="zero-dimensional"):
+        wgpar.cat([wgpar.tensor(1.0), wgpar.tensor(2.0)])
 
 
 @pytest.mark.parametrize("shape", [(3,), (4, 5), (2, 1, 3), (0, 2)])

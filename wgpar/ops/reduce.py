@@ -7,7 +7,7 @@ import math
 from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, WORKGROUP, F32, grid, pack, spec
 from ..tensor import Tensor, _wrap_dim
-from .elementwise import contiguous, fill
+from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
 
 _NEG_INF = "bitcast<f32>(0xff800000u)"
@@ -59,10 +59,14 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     if op in _ARG and isinstance(axis, (tuple, list)):
         raise TypeError(f"{op}: axis must be an int or None, got {axis!r}")
     axes = _axes(axis, x.ndim)
+    if x.ndim == 0:  # a scalar: axis None, 0, -1 or () all reduce its one element, as in PyTorch
+        return reshape(reduce(op, reshape(x, (1,)), 0), ())
+    out_dt = _out_dtype(op, x.dtype)
+    if not axes:  # axis=(): nothing is reduced (NumPy), only the result type applies
+        return run_map("copy", [x], out_dtype=out_dt)
     kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     out_shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape)) if keepdims else kept
     n_red = math.prod(x.shape[i] for i in axes)
-    out_dt = _out_dtype(op, x.dtype)
     if n_red == 0:
         if op in ("sum",):
             return fill(out_shape, 0, out_dt, x.device)

@@ -141,6 +141,8 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise TypeError(f"cat: expected wgpar.Tensors, got {type(x).__name__}")
     dev = check_same_device(*tensors, op="cat")
     ref = tensors[0]
+    if any(x.ndim == 0 for x in tensors):
+        raise ValueError("cat: zero-dimensional tensors cannot be concatenated; use stack()")
     d = _wrap_dim(dim, ref.ndim)
     for x in tensors[1:]:
         if x.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, ref.shape)) if i != d):
