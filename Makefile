@@ -14,6 +14,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[test,examples,dev]"
+	-@$(BIN)/python -m pip install -q torch==2.13.0 || echo "torch not installed: PyTorch comparisons will be skipped"
 	@touch $@
 
 setup: $(VENV)/.installed

@@ -20,6 +20,7 @@ from .runtime import Device, adapter_names, device, devices
 from .tensor import Tensor
 from . import autograd, nn, optim, parallel  # noqa: E402  (after Tensor: they build on it)
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from .checkpoint import load, save  # noqa: E402
 
 bool = bool_  # noqa: A001  (torch.bool)
 float = float32  # noqa: A001
@@ -37,5 +38,6 @@ __all__ = [
     "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
     "autograd", "nn", "optim", "parallel", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "backward_with_grad",
+    "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
 ]

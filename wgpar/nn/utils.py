@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import dtypes as _dt
 from .. import ops
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from ..runtime.kernels import WORKGROUP, F32, KernelSpec, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
 from ..tensor import Tensor
 
 _CHUNK = 16 * WORKGROUP  # elements per workgroup in the first pass (at least)

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from .. import ops
-from ..runtime.kernels import WORKGROUP, F32, KernelSpec, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, check_number
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..runtime.kernels import WORKGROUP, F32, KernelSpec, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, check_number
 
