@@ -309,3 +309,17 @@ def test_tensor_over_binding_limit_raises_without_allocating(mdev):
     assert x.nbytes == limit - limit % 4
     del x
     mdev.empty_cache()
+
+
+def test_readback_staging_stays_within_max_buffer_size(monkeypatch, rng):
+    # Staging buffers come in powers of two; near max-buffer-size (real GPUs allow 1.5 GiB tensors
+    # under a 2 GiB - 1 limit) the next power of two is not allowed. Shrink the limit to see it here.
+    d = wgpar.device(6)
+    a = rng.standard_normal(150_001).astype(np.float32)  # 600004 bytes: its power of two is 1 MiB
+    t = wgpar.tensor(a, device=d)
+    d.empty_cache()
+    monkeypatch.setattr(d, "max_buffer", 700_000)
+    np.testing.assert_array_equal(t.numpy(), a)
+    assert all(b.size <= 700_000 for b in d._staging.values())
+    monkeypatch.undo()
+    d.empty_cache()

@@ -243,6 +243,8 @@ class Device:
 
     def _staging_buffer(self, size: int) -> wgpu.GPUBuffer:
         bucket = 1 << max(8, (size - 1).bit_length())
+        if bucket > self.max_buffer:  # a power of two above a 1.5 GiB tensor exceeds max-buffer-size
+            bucket = -(-size // 256) * 256
         buf = self._staging.get(bucket)
         if buf is None:
             buf = self._dev.create_buffer(label=f"wgpar:{self.index}:staging", size=bucket,
