@@ -82,7 +82,8 @@ def test_f16_elementwise(f16, rng, shape_a, shape_b):
                       (x.exp(), np.exp(ra)), (x.tanh(), np.tanh(ra)), (y.log(), np.log(rb)), (y.sqrt(), np.sqrt(rb)),
                       (x.sigmoid(), 1 / (1 + np.exp(-ra))), (x.relu(), np.maximum(ra, 0)),
                       (x.gelu(), 0.5 * ra * (1 + np.vectorize(math.erf)(ra / math.sqrt(2)))),
-                      (x.clamp(-0.5, 0.5), np.clip(ra, -0.5, 0.5)), (wgpar.where(x > 0, x, y), np.where(ra > 0, ra, rb))]:
+                      (x.clamp(-0.5, 0.5), np.clip(ra, -0.5, 0.5)),
+                      (wgpar.where(x > 0, x, y), np.where(ra > 0, ra, rb))]:
         assert got.dtype is wgpar.float16
         assert_close(got.numpy(), want, **H_TOL)
     assert (x < y).dtype is wgpar.bool_

@@ -79,7 +79,8 @@ def test_scalar_operands_on_either_side(dev, rng):
         "x ** 2": (x ** 2, r ** 2), "2 ** x": (2 ** x, 2 ** r), "1.5 ** x": (1.5 ** x, 1.5 ** r),
         "x ** -0.5": (x ** -0.5, r ** -0.5), "np.float32(2) * x": (np.float32(2) * x, 2 * r),
         "np.float64(0.5) - x": (np.float64(0.5) - x, 0.5 - r),
-        "max(x, 1)": (wgpar.maximum(x, 1.0), np.maximum(r, 1.0)), "min(1, x)": (wgpar.minimum(1.0, x), np.minimum(1, r)),
+        "max(x, 1)": (wgpar.maximum(x, 1.0), np.maximum(r, 1.0)),
+        "min(1, x)": (wgpar.minimum(1.0, x), np.minimum(1, r)),
     }
     for what, (got, want) in cases.items():
         assert isinstance(got, wgpar.Tensor), what
@@ -93,7 +94,8 @@ def test_int32_arithmetic_and_promotion(dev, rng):
     x, y = wgpar.tensor(a), wgpar.tensor(b)
     assert x.dtype is wgpar.int32 and y.dtype is wgpar.int32
     for got, want in [(x + y, a + b), (x - y, a - b), (x * y, a * b), (-x, -a), (abs(x), np.abs(a)),
-                      (x + 3, a + 3), (7 - x, 7 - a), (wgpar.maximum(x, y), np.maximum(a, b)), (x.relu(), np.maximum(a, 0))]:
+                      (x + 3, a + 3), (7 - x, 7 - a), (wgpar.maximum(x, y), np.maximum(a, b)),
+                      (x.relu(), np.maximum(a, 0))]:
         assert got.dtype is wgpar.int32
         np.testing.assert_array_equal(got.numpy(), want)
     q = x / y  # true division gives float

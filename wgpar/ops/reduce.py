@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import dtypes as _dt
-from ..runtime.kernels import MAX_LOOP, WORKGROUP, F32, grid, pack, spec
+from ..runtime.kernels import F32, MAX_LOOP, WORKGROUP, grid, pack, spec
 from ..tensor import Tensor, _wrap_dim
 from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
