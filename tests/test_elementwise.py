@@ -40,6 +40,7 @@ BINARY = {
     "/": (operator.truediv, np.divide),
     "maximum": (wgpar.maximum, np.maximum),
     "minimum": (wgpar.minimum, np.minimum),
+    "**": (operator.pow, np.power),
 }
 
 
@@ -50,10 +51,13 @@ def test_binary_broadcasting(dev, rng, op, sa, sb):
     a, b = f32(rng, sa), f32(rng, sb)
     if op == "/":
         b = np.where(np.abs(b) < 0.1, 0.5, b).astype(np.float32)
+    if op == "**":
+        a = np.abs(a) + np.float32(0.1)
     got = ours(wgpar.tensor(a), wgpar.tensor(b))
     want = theirs(ref(a), ref(b))
     assert got.shape == want.shape and got.dtype is wgpar.float32
-    assert_close(got.numpy(), want, rtol=2e-6, atol=1e-6, what=f"{sa} {op} {sb}")
+    rtol = 1e-5 if op == "**" else 2e-6
+    assert_close(got.numpy(), want, rtol=rtol, atol=1e-6, what=f"{sa} {op} {sb}")
 
 
 @pytest.mark.parametrize("n", SIZES)

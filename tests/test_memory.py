@@ -69,9 +69,9 @@ def test_empty_cache_drops_reserved_to_live_tensors(mdev):
     del trash
     s = stats(mdev)
     assert s["reserved_bytes"] > block and s["cached_bytes"] > 0
-    released = wgpar.empty_cache(mdev)
+    released = wgpar.empty_cache()  # every initialised device
     s2 = wgpar.memory_stats(mdev)
-    assert released == s["cached_bytes"]
+    assert released >= s["cached_bytes"]
     assert s2["cached_bytes"] == 0
     assert s2["reserved_bytes"] == block  # only the live tensor's buffer is left
     assert s2["allocated_bytes"] == keep.nbytes
