@@ -161,3 +161,16 @@ def test_casts_between_all_types(dev, rng):
     assert wgpar.tensor([True, False]).to(wgpar.float32).tolist() == [1.0, 0.0]
     assert t.astype("int32").dtype is wgpar.int32
     assert t.to(dtype=wgpar.float32) is t
+
+
+def test_conversions_on_the_way_in(dev):
+    assert wgpar.tensor([0.5, 0.0, -2.0, np.nan], dtype=wgpar.bool_).tolist() == [True, False, True, True]
+    assert wgpar.tensor([3, 0], dtype=wgpar.bool_).tolist() == [True, False]
+    assert wgpar.tensor([1.7, -1.7], dtype=wgpar.int32).tolist() == [1, -1]
+    for bad in ([1e10], [-3e9], [np.nan], [np.inf]):
+        with pytest.raises(ValueError, match="int32"):
+            wgpar.tensor(bad, dtype=wgpar.int32)
+    with pytest.raises(TypeError):
+        wgpar.tensor(np.array([1 + 1j]), dtype=wgpar.int32)
+    idx = wgpar.tensor([0.0, 2.9], dtype=wgpar.int32)  # its checked range is that of the int32 values
+    np.testing.assert_array_equal(wgpar.arange(3).index_select(0, idx).numpy(), [0, 2])

@@ -73,22 +73,27 @@ class Tensor:
     def from_numpy(cls, arr: np.ndarray, device=None, dtype=None) -> "Tensor":
         arr = np.asarray(arr)
         dt = _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy_dtype(arr.dtype)
-        if dt.is_float and arr.dtype.kind not in "fiub":
+        if arr.dtype.kind not in "fiub":
             raise TypeError(f"cannot make a {dt.name} tensor from NumPy dtype {arr.dtype}")
         t = cls.empty(arr.shape, dt, device)
         if t.numel() == 0:
             return t
         host_dtype = np.int32 if dt.storage == "i32" else dt.np
-        if dt.storage == "i32" and arr.dtype.kind in "iu" and arr.size:
-            lo, hi = int(arr.min()), int(arr.max())
+        if dt is _dt.bool_:
+            arr = arr != 0  # bool(0.5) is True: a cast through int32 would truncate it to 0 first
+        elif dt.storage == "i32":
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ValueError("NaN or infinite values cannot be converted to int32")
+            lo, hi = arr.min(), arr.max()
             if lo < -(2**31) or hi >= 2**31:
-                raise ValueError(f"integer values in [{lo}, {hi}] do not fit int32")
-        data = np.ascontiguousarray(arr, dtype=host_dtype).tobytes()
+                raise ValueError(f"values in [{lo}, {hi}] do not fit int32")
+        host = np.ascontiguousarray(arr, dtype=host_dtype)
+        data = host.tobytes()
         if len(data) % 4:
             data += b"\0" * (4 - len(data) % 4)
         t.device.upload(t._storage.buffer, 0, data)
-        if dt.storage == "i32" and arr.size:
-            t._host_range = (int(arr.min()), int(arr.max()))  # lets index ops validate without a readback
+        if dt.storage == "i32":
+            t._host_range = (int(host.min()), int(host.max()))  # lets index ops validate without a readback
         return t
 
     # -- attributes -----------------------------------------------------------------------
