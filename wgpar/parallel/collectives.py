@@ -174,6 +174,7 @@ class ThreadRank(Collectives):
         self._staging: StagingBuffer | None = None
         self._upload: UploadBuffer | None = None
         self._abandoned: list = []  # buffers other ranks may still read after a failure: never unmapped
+        self._scratch: np.ndarray | None = None
 
     # -- transfers ------------------------------------------------------------------------
     def staging(self, nbytes: int) -> StagingBuffer:
@@ -189,6 +190,32 @@ class ThreadRank(Collectives):
             cap = max(nbytes, 2 * self._upload.capacity if self._upload else 1 << 16)
             self._upload = UploadBuffer(self.device, cap, f"collective{self.rank}")
         return self._upload
+
+    _BLOCK = 1 << 20  # elements per block: the scratch block stays in cache
+
+    def _reduce_slice(self, parts: list[np.ndarray], targets: list[np.ndarray], lo: int, hi: int, op: str) -> None:
+        """Reduce ``parts[:][lo:hi]`` and write the result into every rank's upload mapping.
+
+        Upload mappings may be write-combined or device memory (resizable BAR), where reads are
+        orders of magnitude slower than writes: the result is built in a cached scratch block
+        and only ever written to them.
+        """
+        if hi <= lo:
+            return
+        fn = np.add if op in ("sum", "mean") else (np.maximum if op == "max" else np.minimum)
+        block = min(self._BLOCK, hi - lo)
+        if self._scratch is None or self._scratch.dtype != parts[0].dtype or self._scratch.size < block:
+            self._scratch = np.empty(block, dtype=parts[0].dtype)
+        for a in range(lo, hi, block):
+            b = min(a + block, hi)
+            acc = self._scratch[: b - a]
+            fn(parts[0][a:b], parts[1][a:b], out=acc) if len(parts) > 1 else np.copyto(acc, parts[0][a:b])
+            for p in parts[2:]:
+                fn(acc, p[a:b], out=acc)
+            if op == "mean":
+                (np.divide if acc.dtype.kind == "f" else np.floor_divide)(acc, len(parts), out=acc)
+            for t in targets:
+                np.copyto(t[a:b], acc)
 
     @staticmethod
     def start_reduce(tensor: Tensor, down: StagingBuffer) -> None:
@@ -233,16 +260,7 @@ class ThreadRank(Collectives):
             # From here other ranks read our mapped memory: on failure, never unmap (it would crash them).
             bounds = np.cumsum([0, *split_sizes(target.size, world)])
             lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
-            if hi > lo:
-                out = targets[0][lo:hi]
-                fn = np.add if op in ("sum", "mean") else (np.maximum if op == "max" else np.minimum)
-                np.copyto(out, parts[0][lo:hi])
-                for p in parts[1:]:
-                    fn(out, p[lo:hi], out=out)
-                if op == "mean":
-                    (np.divide if out.dtype.kind == "f" else np.floor_divide)(out, world, out=out)
-                for t in targets[1:]:
-                    np.copyto(t[lo:hi], out)
+            self._reduce_slice(parts, targets, lo, hi, op)
             del parts, targets
             try:
                 self.group.exchange(self.rank, kind + ".reduced", None, lambda d: True)
