@@ -252,3 +252,18 @@ def test_setitem(dev, rng):
         x[0:2] = wgpar.zeros(3, 33)
     with pytest.raises(TypeError):
         x[[0, 1]] = 0.0
+
+
+def test_index_changed_in_place_is_checked_again(dev):
+    x = wgpar.arange(5).float()
+    idx = wgpar.tensor([0, 1])
+    idx += 10  # the range known from the upload is stale now
+    with pytest.raises(IndexError, match="11"):
+        x.index_select(0, idx)
+    idx = wgpar.tensor([0, 1])
+    idx[1] = 7
+    with pytest.raises(IndexError, match="7"):
+        x[idx]
+    idx = wgpar.tensor([4, 9])
+    idx.fill_(2)
+    same(x[idx], np.array([2.0, 2.0], np.float32))

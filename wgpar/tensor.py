@@ -151,6 +151,19 @@ class Tensor:
         """(id of the storage, element offset): equal for views that start at the same element."""
         return id(self._storage), self._offset
 
+    @property
+    def _host_range(self) -> tuple[int, int] | None:
+        """(min, max) of the values as known on the host (index ops check ranges without a readback);
+        None once an in-place write may have changed them."""
+        known = self.__dict__.get("_known_range")
+        if known is None or known[0] != self._storage.version:
+            return None
+        return known[1]
+
+    @_host_range.setter
+    def _host_range(self, rng: tuple[int, int]) -> None:
+        self.__dict__["_known_range"] = (self._storage.version, rng)
+
     # -- autograd -------------------------------------------------------------------------
     def backward(self, grad: "Tensor | None" = None, retain_graph: bool = False) -> None:
         """Accumulate gradients of this tensor into the ``.grad`` of every leaf it depends on."""
