@@ -164,3 +164,22 @@ def test_repr_names_adapter_backend_and_limits(dev):
     assert "max-storage-buffer-binding-size" in r
     assert str(dev.max_binding) in r
     assert str(dev).startswith("wgpu:0")
+
+
+def test_environment_configuration(monkeypatch):
+    from wgpar.runtime import config
+
+    monkeypatch.setenv("WGPAR_ADAPTER", "radeon")
+    monkeypatch.setenv("WGPAR_BACKEND", "Vulkan")
+    monkeypatch.setenv("WGPAR_SUBMIT_THRESHOLD", "64")
+    c = config.load()
+    assert (c.adapter, c.backend, c.submit_threshold) == ("radeon", "vulkan", 64)
+    monkeypatch.setenv("WGPAR_SUBMIT_THRESHOLD", "0")
+    assert config.load().submit_threshold == 1
+    monkeypatch.setenv("WGPAR_SUBMIT_THRESHOLD", "many")
+    with pytest.raises(ValueError, match="WGPAR_SUBMIT_THRESHOLD"):
+        config.load()
+    for name in ("WGPAR_ADAPTER", "WGPAR_BACKEND", "WGPAR_SUBMIT_THRESHOLD"):
+        monkeypatch.delenv(name)
+    c = config.load()
+    assert (c.adapter, c.backend, c.submit_threshold) == (None, None, 512)
