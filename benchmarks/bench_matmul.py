@@ -67,6 +67,13 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
+def put(x: np.ndarray, transposed: bool, dev, dtype: str) -> wgpar.Tensor:
+    """x on the device, stored row-major, or as the transposed view of a row-major x.T."""
+    if transposed:
+        return wgpar.tensor(np.ascontiguousarray(x.T), device=dev, dtype=dtype).T
+    return wgpar.tensor(x, device=dev, dtype=dtype)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="*", default=[256, 512, 1024], help="square sizes N (N x N @ N x N)")
@@ -77,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"wgpar kernels: auto, general, {', '.join(mm.TILINGS)}")
     ap.add_argument("--tilings", nargs="*", default=[],
                     help="extra fast-kernel tilings to time, BMxBNxBKxTMxTN[u] (e.g. 128x128x8x8x8u)")
+    ap.add_argument("--layouts", nargs="+", default=["nn"], choices=["nn", "nt", "tn", "tt"],
+                    help="operand storage: n = row-major, t = transposed view of a row-major array "
+                         "(nt is nn.Linear's x @ W.T)")
+    ap.add_argument("--general-max", type=int, default=1 << 30,
+                    help="time the (slow) general kernel only up to this many rows/cols")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
     ap.add_argument("--numpy-max", type=int, default=2048, help="skip NumPy above this many rows/cols")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
@@ -118,28 +130,33 @@ def main(argv: list[str] | None = None) -> int:
             sec = time_loop(lambda a=a, b=b: a @ b, lambda: None, args.repeat, args.min_time)
             ref["numpy fp32"] = gflops(M, K, N, sec)
         for dname in dtypes:
-            wa = wgpar.tensor(a, device=dev, dtype=dname)
-            wb = wgpar.tensor(b, device=dev, dtype=dname)
-            for variant in variants:
-                mm.TILINGS = {**defaults, **extras} if variant in extras else defaults  # auto sees the defaults
-                with mm.force_variant(None if variant == "auto" else variant):
-                    chosen = mm.plan(wa.reshape(1, M, K), wb.reshape(1, K, N)).variant
-                    sec = time_loop(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev),
-                                    args.repeat, args.min_time)
-                    err = rel_err(np.asarray((wa @ wb).numpy(), np.float64), want) if want is not None else float("nan")
-                g = gflops(M, K, N, sec)
-                base = ref.get("torch fp32")
-                pct = f"{100 * g / base:.0f}%" if base else "-"
-                print(f"{M}x{K}x{N} {dname:8s} {variant:>12s} -> {chosen:12s} {g:9.1f} GFLOP/s  "
-                      f"{pct:>5s} of torch fp32   max rel err {err:.1e}")
-                rows.append([f"{M}x{K}x{N}", dname, f"{variant} ({chosen})" if variant == "auto" else variant,
-                             f"{g:.0f}", pct, f"{err:.1e}"] +
-                            [f"{ref[k]:.0f}" if k in ref else "-"
-                             for k in ("numpy fp32", "torch fp32", "torch tf32", "torch fp16")])
-            del wa, wb
+            for layout in args.layouts:
+                wa = put(a, layout[0] == "t", dev, dname)
+                wb = put(b, layout[1] == "t", dev, dname)
+                for variant in variants:
+                    if variant == "general" and max(M, N, K) > args.general_max:
+                        continue
+                    mm.TILINGS = {**defaults, **extras} if variant in extras else defaults  # auto sees the defaults
+                    with mm.force_variant(None if variant == "auto" else variant):
+                        chosen = mm.plan(wa.reshape(1, M, K), wb.reshape(1, K, N)).variant
+                        sec = time_loop(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev),
+                                        args.repeat, args.min_time)
+                        got = (wa @ wb).numpy()
+                        err = rel_err(np.asarray(got, np.float64), want) if want is not None else float("nan")
+                    g = gflops(M, K, N, sec)
+                    base = ref.get("torch fp32")
+                    pct = f"{100 * g / base:.0f}%" if base else "-"
+                    print(f"{M}x{K}x{N} {dname:8s} {layout} {variant:>12s} -> {chosen:12s} {g:9.1f} GFLOP/s  "
+                          f"{pct:>5s} of torch fp32   max rel err {err:.1e}")
+                    rows.append([f"{M}x{K}x{N}", dname, layout,
+                                 f"{variant} ({chosen})" if variant == "auto" else variant, f"{g:.0f}", pct,
+                                 f"{err:.1e}"] +
+                                [f"{ref[k]:.0f}" if k in ref else "-"
+                                 for k in ("numpy fp32", "torch fp32", "torch tf32", "torch fp16")])
+                del wa, wb
         print("  reference GFLOP/s: " + ", ".join(f"{k} {v:.0f}" for k, v in ref.items()))
     table = _report.markdown_table(
-        ["M x K x N", "dtype", "wgpar kernel", "wgpar GFLOP/s", "of torch fp32", "max rel err", "NumPy fp32",
+        ["M x K x N", "dtype", "layout", "wgpar kernel", "wgpar GFLOP/s", "of torch fp32", "max rel err", "NumPy fp32",
          "torch fp32 (TF32 off)", "torch TF32", "torch fp16"], rows)
     print(table)
     if not args.no_md:
@@ -148,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         body = (f"## Matmul GFLOP/s ({dev.adapter_name})\n\n"
                 f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"
                 f"- command: `{_report.command_line()}`\n"
-                f"- what: `a @ b`, row-major operands, {args.repeat} back-to-back calls then a wait for the "
+                f"- what: `a @ b` (layout n: row-major operand, t: transposed view), {args.repeat} back-to-back "
+                f"calls then a wait for the "
                 f"GPU; GFLOP/s = 2MNK / time. Error: max |wgpar - float64| / max |float64|.\n\n{table}\n")
         _report.write_section(f"matmul:{slug}", body, args.md)
         print(f"updated {args.md}")
