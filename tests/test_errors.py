@@ -145,6 +145,8 @@ def test_out_of_range_indices(dev):
 
 # -- memory --------------------------------------------------------------------------------------------
 def test_out_of_memory(dev, monkeypatch):
+    gc.collect()
+    dev.empty_cache()  # nothing cached may serve the request
     alloc = dev.allocator
 
     def create(size):
