@@ -37,12 +37,12 @@ def _require_safetensors():
 def _encode(obj: Any, path: list[str], arrays: dict[str, np.ndarray]) -> Any:
     """JSON for ``obj``; tensors move to ``arrays`` under a unique name built from their key path."""
     if isinstance(obj, (Tensor, np.ndarray)):
-        arr = obj.numpy() if isinstance(obj, Tensor) else np.ascontiguousarray(obj)
+        arr = obj.numpy() if isinstance(obj, Tensor) else obj
         name = ".".join(path) or "tensor"
         base, n = name, 1
         while name in arrays:
             name, n = f"{base}#{n}", n + 1
-        arrays[name] = np.ascontiguousarray(arr)
+        arrays[name] = np.ascontiguousarray(arr).reshape(arr.shape)  # (ascontiguousarray makes 0-d 1-d)
         return {"tensor": name}
     if isinstance(obj, dict):
         items = []
