@@ -88,9 +88,9 @@ class Tensor:
             if lo < -(2**31) or hi >= 2**31:
                 raise ValueError(f"values in [{lo}, {hi}] do not fit int32")
         host = np.ascontiguousarray(arr, dtype=host_dtype)
-        data = host.tobytes()
+        data = memoryview(host).cast("B")  # no host copy: the device copies straight from the array
         if len(data) % 4:
-            data += b"\0" * (4 - len(data) % 4)
+            data = bytes(data) + b"\0" * (4 - len(data) % 4)
         t.device.upload(t._storage.buffer, 0, data)
         if dt.storage == "i32":
             t._host_range = (int(host.min()), int(host.max()))  # lets index ops validate without a readback

@@ -21,6 +21,8 @@ from .config import CONFIG
 from .kernels import PARAM_SLOT, KernelSpec
 
 _ARENA_SLOTS = 1024
+_LARGE_UPLOAD = 1 << 20  # bytes; smaller uploads use queue.write_buffer
+_UPLOAD_TIMEOUT = 300.0
 _BIND_GROUP_CACHE_MAX = 8192
 
 _LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -65,6 +67,7 @@ class Device:
         self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
         self._bind_groups: dict[tuple, Any] = {}
         self._staging: dict[int, wgpu.GPUBuffer] = {}
+        self._upload_ring = None
         align = int(self.limits.get("min-uniform-buffer-offset-alignment", 256))
         self._slot = max(PARAM_SLOT, align)
         self._arena = self._dev.create_buffer(
@@ -116,6 +119,7 @@ class Device:
             self.synchronize()
             released = self.allocator.release_cache()
             self._staging.clear()
+            self._upload_ring = None
             # wgpu frees dropped buffers only after a later submit and poll.
             self._submit_empty_and_wait()
             return released
@@ -236,10 +240,28 @@ class Device:
 
     # -- host transfers -------------------------------------------------------------------
     def upload(self, buffer: wgpu.GPUBuffer, offset: int, data: bytes | memoryview) -> None:
+        """Copy host bytes (a multiple of 4) into ``buffer`` at ``offset``, in stream order."""
+        nbytes = len(data) if not isinstance(data, memoryview) else data.nbytes
         with self._lock:
+            if nbytes >= _LARGE_UPLOAD:
+                # A persistent mapped buffer: queue.write_buffer allocates fresh staging memory per
+                # call, and first-touch page faults cost more than the PCIe copy (BENCHMARKS.md).
+                self._upload_through_ring(buffer, offset, data, nbytes)
+                return
             # write_buffer runs before still-unsubmitted work, which may read this (reused) buffer.
             self._flush_locked()
             self.queue.write_buffer(buffer, offset, data)
+
+    def _upload_through_ring(self, buffer, offset: int, data, nbytes: int) -> None:
+        from .transfer import UploadBuffer
+
+        ring = self._upload_ring
+        if ring is None or ring.capacity < nbytes:
+            ring = self._upload_ring = UploadBuffer(self, max(nbytes, 2 * ring.capacity if ring else 0), "upload")
+        target = ring.view(_UPLOAD_TIMEOUT, "upload")
+        target[:nbytes] = memoryview(data).cast("B")
+        del target
+        ring.commit(buffer, offset, nbytes)  # a GPU copy recorded in stream order, then submitted
 
     def _staging_buffer(self, size: int) -> wgpu.GPUBuffer:
         bucket = 1 << max(8, (size - 1).bit_length())
