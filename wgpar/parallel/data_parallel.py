@@ -85,15 +85,24 @@ class DataParallel:
     # -- splitting ------------------------------------------------------------------------
     def scatter(self, arg, sizes: Sequence[int]) -> list:
         """Split one argument along dim 0 into per-rank pieces on each rank's device."""
+        return [self._to_rank(piece, r) for r, piece in enumerate(self._split(arg, sizes))]
+
+    @staticmethod
+    def _split(arg, sizes: Sequence[int]) -> list:
+        """Per-rank slices along dim 0 (views: nothing is copied yet); non-batch args are repeated."""
+        if not isinstance(arg, (Tensor, np.ndarray)):
+            return [arg] * len(sizes)
         bounds = np.cumsum([0, *sizes])
-        devs = self.context.devices
-        if isinstance(arg, Tensor):
-            return [ops.to_device(ops.getitem(arg, slice(int(bounds[r]), int(bounds[r + 1]))), devs[r])
-                    if arg.device is not devs[r] else ops.getitem(arg, slice(int(bounds[r]), int(bounds[r + 1])))
-                    for r in range(len(devs))]
-        if isinstance(arg, np.ndarray):
-            return [Tensor.from_numpy(arg[bounds[r]:bounds[r + 1]], device=devs[r]) for r in range(len(devs))]
-        return [arg] * len(devs)
+        return [arg[int(bounds[r]):int(bounds[r + 1])] for r in range(len(sizes))]
+
+    def _to_rank(self, piece, rank: int):
+        """Move one slice to rank ``rank``'s device (called from that rank's thread, so uploads overlap)."""
+        dev = self.context.devices[rank]
+        if isinstance(piece, Tensor):
+            return piece if piece.device is dev else ops.to_device(piece, dev)
+        if isinstance(piece, np.ndarray):
+            return Tensor.from_numpy(piece, device=dev)
+        return piece
 
     def _batch_sizes(self, x) -> list[int]:
         n = len(x)
@@ -104,9 +113,9 @@ class DataParallel:
     # -- forward / loss / backward --------------------------------------------------------
     def forward(self, x, *rest) -> list:
         sizes = self._batch_sizes(x)
-        args = [self.scatter(a, sizes) for a in (x, *rest)]
+        args = [self._split(a, sizes) for a in (x, *rest)]
         self._sizes = sizes
-        return self.context.run(lambda r, *a: self.replicas[r](*a), *args)
+        return self.context.run(lambda r, *a: self.replicas[r](*(self._to_rank(p, r) for p in a)), *args)
 
     __call__ = forward
 
@@ -114,8 +123,8 @@ class DataParallel:
         """Per-rank ``fn(output_r, *targets_r)``; targets are split like the inputs were."""
         if self._sizes is None:
             raise RuntimeError("DataParallel.loss: call forward first")
-        args = [self.scatter(t, self._sizes) for t in targets]
-        return self.context.run(lambda r, out, *a: fn(out, *a), outputs, *args)
+        args = [self._split(t, self._sizes) for t in targets]
+        return self.context.run(lambda r, out, *a: fn(out, *(self._to_rank(p, r) for p in a)), outputs, *args)
 
     def _backward_rank(self, rank: int, loss: Tensor) -> None:
         total = sum(self._sizes)
@@ -153,10 +162,11 @@ class DataParallel:
         Returns the batch's mean loss as a 0-d tensor on rank 0's device.
         """
         sizes = self._batch_sizes(x)
-        xs, ys = self.scatter(x, sizes), self.scatter(y, sizes)
+        xs, ys = self._split(x, sizes), self._split(y, sizes)
         self._sizes = sizes
 
         def work(rank: int, xr, yr, opt):
+            xr, yr = self._to_rank(xr, rank), self._to_rank(yr, rank)
             opt.zero_grad()
             loss = loss_fn(self.replicas[rank](xr), yr)
             self._backward_rank(rank, loss)
