@@ -19,8 +19,10 @@ number, and the group refuses further collectives until ``reset``.
 from __future__ import annotations
 
 import abc
+import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
@@ -174,7 +176,6 @@ class ThreadRank(Collectives):
         self._staging: StagingBuffer | None = None
         self._upload: UploadBuffer | None = None
         self._abandoned: list = []  # buffers other ranks may still read after a failure: never unmapped
-        self._scratch: np.ndarray | None = None
 
     # -- transfers ------------------------------------------------------------------------
     def staging(self, nbytes: int) -> StagingBuffer:
@@ -191,31 +192,44 @@ class ThreadRank(Collectives):
             self._upload = UploadBuffer(self.device, cap, f"collective{self.rank}")
         return self._upload
 
-    _BLOCK = 1 << 20  # elements per block: the scratch block stays in cache
+    _BLOCK = 1 << 20  # elements per block: a worker's scratch block stays in its cache
 
     def _reduce_slice(self, parts: list[np.ndarray], targets: list[np.ndarray], lo: int, hi: int, op: str) -> None:
         """Reduce ``parts[:][lo:hi]`` and write the result into every rank's upload mapping.
 
         Upload mappings may be write-combined or device memory (resizable BAR), where reads are
-        orders of magnitude slower than writes: the result is built in a cached scratch block
-        and only ever written to them.
+        orders of magnitude slower than writes: each block of the result is built in a cached
+        scratch block and only ever written to them. Blocks run on a shared thread pool (NumPy
+        releases the GIL), since one core cannot keep up with the PCIe copies.
         """
         if hi <= lo:
             return
         fn = np.add if op in ("sum", "mean") else (np.maximum if op == "max" else np.minimum)
-        block = min(self._BLOCK, hi - lo)
-        if self._scratch is None or self._scratch.dtype != parts[0].dtype or self._scratch.size < block:
-            self._scratch = np.empty(block, dtype=parts[0].dtype)
-        for a in range(lo, hi, block):
-            b = min(a + block, hi)
-            acc = self._scratch[: b - a]
-            fn(parts[0][a:b], parts[1][a:b], out=acc) if len(parts) > 1 else np.copyto(acc, parts[0][a:b])
+        world = len(parts)
+
+        def run_block(a: int, b: int) -> None:
+            if world == 1:  # a plain copy (the transfer floor): nothing to build first
+                for t in targets:
+                    np.copyto(t[a:b], parts[0][a:b])
+                return
+            scratch = getattr(_scratch, "block", None)
+            if scratch is None or scratch.dtype != parts[0].dtype or scratch.size < b - a:
+                scratch = _scratch.block = np.empty(self._BLOCK, dtype=parts[0].dtype)
+            acc = scratch[: b - a]
+            fn(parts[0][a:b], parts[1][a:b], out=acc)
             for p in parts[2:]:
                 fn(acc, p[a:b], out=acc)
             if op == "mean":
-                (np.divide if acc.dtype.kind == "f" else np.floor_divide)(acc, len(parts), out=acc)
+                (np.divide if acc.dtype.kind == "f" else np.floor_divide)(acc, world, out=acc)
             for t in targets:
                 np.copyto(t[a:b], acc)
+
+        blocks = [(a, min(a + self._BLOCK, hi)) for a in range(lo, hi, self._BLOCK)]
+        if len(blocks) == 1:
+            run_block(*blocks[0])
+            return
+        for f in [_reduce_pool().submit(run_block, a, b) for a, b in blocks]:
+            f.result()
 
     @staticmethod
     def start_reduce(tensor: Tensor, down: StagingBuffer) -> None:
@@ -245,7 +259,7 @@ class ThreadRank(Collectives):
             self.group.abort(self.rank, str(exc))
             raise CollectiveTimeoutError(f"{kind} on rank {self.rank}: {exc}") from None
         if not reduce:
-            np.copyto(target, mine)
+            self._reduce_slice([mine], [target], 0, target.size, "sum")
         else:
             world = self.world_size
             def share(d):
@@ -394,6 +408,21 @@ class ThreadRank(Collectives):
 
     def barrier(self) -> None:
         self.group.exchange(self.rank, "barrier", None, lambda d: True)
+
+
+_scratch = threading.local()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _reduce_pool() -> ThreadPoolExecutor:
+    """Threads shared by every rank's host reduction (created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
+                                       thread_name_prefix="wgpar-reduce")
+        return _pool
 
 
 def _same_shapes(parts: dict[int, np.ndarray], what: str) -> None:
