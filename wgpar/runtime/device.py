@@ -282,7 +282,10 @@ class Device:
             staging = self._staging_buffer(nbytes)
             self._end_pass().copy_buffer_to_buffer(buffer, offset, staging, 0, nbytes)
             self._flush_locked()
-            staging.map_sync(wgpu.MapMode.READ, 0, staging.size)
+            from .transfer import map_async, wait_promise
+
+            wait_promise(map_async(staging, wgpu.MapMode.READ, 0, staging.size), _UPLOAD_TIMEOUT,
+                         f"readback of {nbytes} bytes on {self}")
             try:
                 return bytes(staging.read_mapped(0, nbytes, copy=True))
             finally:

@@ -26,14 +26,53 @@ class TransferTimeout(TimeoutError):
     pass
 
 
+class _NoPollToken:
+    """Stands in for wgpu-py's poller token: we poll this map ourselves, without blocking."""
+
+    def set_done(self) -> None:
+        pass
+
+
+def map_async(buffer: wgpu.GPUBuffer, mode, offset: int = 0, size: int | None = None):
+    """``buffer.map_async`` without waking wgpu-py's poller thread.
+
+    While a map is pending, wgpu-py's per-device poller calls a *blocking* device poll that
+    waits for all submitted work, and submits on that device (and, as measured on two H200s,
+    on the other device too) wait behind it: the GPUs stop overlapping. Maps made here are
+    completed by ``wait_promise``'s non-blocking polls instead. Call with the device lock held.
+    """
+    dev = buffer._device
+    poller = getattr(dev, "_poller", None)
+    if poller is None:
+        return buffer.map_async(mode, offset, size)
+    real = poller.get_token
+    poller.get_token = _NoPollToken
+    try:
+        promise = buffer.map_async(mode, offset, size)
+    finally:
+        poller.get_token = real
+    promise._wgpar_poll = dev._poll  # the non-blocking wgpuDevicePoll that completes it
+    return promise
+
+
 def wait_promise(promise, timeout: float, what: str) -> None:
     """Wait for a wgpu promise at most ``timeout`` seconds, then resolve it (raising its error)."""
     event = getattr(promise, "_thread_event", None)
-    if event is not None:  # wgpu-native resolves promises from a per-device poller thread
+    poll = getattr(promise, "_wgpar_poll", None)
+    deadline = time.monotonic() + timeout
+    if poll is not None and event is not None:  # ours: poll without blocking until it resolves
+        pause = 0.00005
+        while not event.is_set():
+            poll(False)
+            if event.wait(pause):
+                break
+            if time.monotonic() > deadline:
+                raise TransferTimeout(f"{what}: not finished after {timeout:.1f} s")
+            pause = min(pause * 2, 0.001)
+    elif event is not None:  # wgpu-native resolves promises from a per-device poller thread
         if not event.wait(timeout):
             raise TransferTimeout(f"{what}: not finished after {timeout:.1f} s")
     else:  # another backend: poll its state
-        deadline = time.monotonic() + timeout
         while getattr(promise, "_state", "") == "pending":
             if time.monotonic() > deadline:
                 raise TransferTimeout(f"{what}: not finished after {timeout:.1f} s")
@@ -66,7 +105,8 @@ class StagingBuffer:
         return self.device._dev.create_buffer(label=self._label, size=self.capacity,
                                               usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
-    def start(self, src: wgpu.GPUBuffer, src_offset: int, nbytes: int) -> None:
+    def record(self, src: wgpu.GPUBuffer, src_offset: int, nbytes: int) -> None:
+        """Record the GPU copy into this buffer, in stream order, without submitting or mapping."""
         if self._promise is not None or self._mapped:
             raise RuntimeError(f"staging buffer on {self.device} is still in use by an earlier transfer")
         if nbytes > self.capacity:
@@ -74,8 +114,24 @@ class StagingBuffer:
         self._nbytes = nbytes
         if nbytes:
             self.device.copy(src, src_offset, self.buffer, 0, nbytes)
+
+    def request_map(self) -> None:
+        """Ask for the map of a recorded copy (the caller has flushed the device).
+
+        While any map is pending, wgpu-py's poller thread blocks in a device poll that waits for
+        all submitted work, and every submit on that device waits for it: so map requests are
+        made only once the work before them has been submitted.
+        """
+        if self._nbytes and self._promise is None and not self._mapped:
+            with self.device._lock:
+                self._promise = map_async(self.buffer, wgpu.MapMode.READ, 0, self.capacity)
+
+    def start(self, src: wgpu.GPUBuffer, src_offset: int, nbytes: int) -> None:
+        """Record the copy, submit it, and ask for the map; returns without waiting."""
+        self.record(src, src_offset, nbytes)
+        if nbytes:
             self.device.flush()
-            self._promise = self.buffer.map_async(wgpu.MapMode.READ, 0, self.capacity)
+            self.request_map()
 
     def view(self, timeout: float, what: str = "readback") -> memoryview:
         """The transferred bytes, read in place from the mapped buffer (valid until ``release``)."""
@@ -133,4 +189,5 @@ class UploadBuffer:
         if nbytes:
             self.device.copy(self.buffer, 0, dst, dst_offset, nbytes)
             self.device.flush()
-        self._promise = self.buffer.map_async(wgpu.MapMode.WRITE, 0, self.capacity)
+        with self.device._lock:
+            self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)
