@@ -4,10 +4,10 @@ rumus's four phases (copy to staging on every device, map_async all, wait,
 reduce on the host and upload), per bucket rather than per parameter:
 parameters are grouped, last layer first (the order backward produces them),
 into flat buckets of up to ``bucket_cap_mb``. When backward has finished every
-gradient of a bucket, a hook records the bucket's copy to its staging buffer,
-so the GPU performs it in stream order between the remaining backward kernels.
-Maps are requested once backward is submitted (a pending map makes every
-submit on that device wait for the GPU: see StagingBuffer.request_map). ``finish`` waits
+gradient of a bucket, a hook records the bucket's copy to its staging buffer
+(the GPU performs it in stream order between the remaining backward kernels)
+and requests its map, so ``finish`` can reduce early buckets on the host while
+the GPU still computes the rest of backward. ``finish`` waits
 for each bucket, exchanges it with the other ranks, uploads the reduced
 values once, and leaves every ``param.grad`` as a view into its bucket.
 Buckets and staging buffers are allocated once and reused every step.
@@ -132,9 +132,10 @@ class AllReduceSync:
                     view.zero_()
                 elif p.grad.data_ptr() != view.data_ptr():
                     ops.copy_(view, p.grad)
-        # Only the copy is recorded here: it runs in stream order right after these gradients;
-        # submitting and mapping wait for finish() (see StagingBuffer.request_map).
-        b.staging.record(b.flat._storage.buffer, 0, b.flat.nbytes)
+        # The copy runs in stream order right after these gradients; the map (completed by our
+        # non-blocking polls, so later submits never wait for it) lets finish() reduce this
+        # bucket on the host while the GPU still runs the rest of backward.
+        b.staging.start(b.flat._storage.buffer, 0, b.flat.nbytes)
         b.launched = True
 
     def finish(self, rank: int) -> None:
@@ -144,9 +145,6 @@ class AllReduceSync:
         for b in buckets:  # parameters that got no gradient this step: their bucket goes now
             if not b.launched:
                 self._launch(b)
-        comm.device.flush()
-        for b in buckets:
-            b.staging.request_map()
         for b in buckets:
             comm.reduce_in_place(b.flat, self.op, b.staging, b.upload, started=True)
             for i, p in enumerate(b.params):

@@ -116,12 +116,7 @@ class StagingBuffer:
             self.device.copy(src, src_offset, self.buffer, 0, nbytes)
 
     def request_map(self) -> None:
-        """Ask for the map of a recorded copy (the caller has flushed the device).
-
-        While any map is pending, wgpu-py's poller thread blocks in a device poll that waits for
-        all submitted work, and every submit on that device waits for it: so map requests are
-        made only once the work before them has been submitted.
-        """
+        """Ask for the map of a recorded copy (the caller has flushed the device)."""
         if self._nbytes and self._promise is None and not self._mapped:
             with self.device._lock:
                 self._promise = map_async(self.buffer, wgpu.MapMode.READ, 0, self.capacity)
