@@ -2,8 +2,8 @@
 
 The floor moves the same bytes the same way on every rank at once (device -> mapped staging buffer
 -> host copy into a mapped upload buffer -> device) with no exchange and no reduction; the
-all-reduce adds the two rendezvous and the host reduction (each rank reduces its slice, reading
-every rank's mapped readback in place and writing every rank's upload buffer). Target: all-reduce at most 1.5x the floor.
+all-reduce adds the two rendezvous and the host reduction (each rank reduces its slice, reading every
+rank's mapped readback in place and writing every rank's upload buffer). Target: all-reduce at most 1.5x the floor.
 Bandwidth is bytes reduced per second (the tensor's size divided by the time).
 
     python benchmarks/bench_allreduce.py --devices 2 --sizes-mb 1 4 16 64 256 1024 --repeat 3
@@ -41,6 +41,21 @@ def timed(ctx: MultiAdapterContext, fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def measure(ctx: MultiAdapterContext, mb: float, repeat: int) -> list[str]:
+    """One table row: all-reduce and floor of ``mb`` MiB of float32 per rank."""
+    n = int(mb * 2**20) // 4
+    tensors = [wgpar.tensor(np.full(n, r + 1, np.float32), device=d) for r, d in enumerate(ctx.devices)]
+    comms = [ctx.comm(r) for r in range(ctx.world_size)]
+    nbytes = n * 4
+    t_ar = timed(ctx, lambda r: comms[r].all_reduce(tensors[r], "sum"), repeat)
+    t_floor = timed(ctx, lambda r: comms[r].reduce_in_place(
+        tensors[r], "sum", comms[r].staging(nbytes), comms[r].uploader(nbytes), "floor", reduce=False), repeat)
+    row = [f"{nbytes / 2**20:g}", f"{t_ar * 1e3:.2f}", f"{nbytes / t_ar / 1e9:.2f}",
+           f"{t_floor * 1e3:.2f}", f"{nbytes / t_floor / 1e9:.2f}", f"{t_ar / t_floor:.2f}"]
+    print(" | ".join(row), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", type=int, default=2)
@@ -53,19 +68,8 @@ def main() -> None:
     print(f"devices: {devs}")
     rows = []
     for mb in args.sizes_mb:
-        n = int(mb * 2**20) // 4
-        tensors = [wgpar.tensor(np.full(n, r + 1, np.float32), device=d) for r, d in enumerate(ctx.devices)]
-        comms = [ctx.comm(r) for r in range(ctx.world_size)]
-        t_ar = timed(ctx, lambda r: comms[r].all_reduce(tensors[r], "sum"), args.repeat)
-        nb = tensors[0].nbytes
-        t_floor = timed(ctx, lambda r: comms[r].reduce_in_place(
-            tensors[r], "sum", comms[r].staging(nb), comms[r].uploader(nb), "floor", reduce=False), args.repeat)
-        nbytes = n * 4
-        rows.append([f"{nbytes / 2**20:g}", f"{t_ar * 1e3:.2f}", f"{nbytes / t_ar / 1e9:.2f}",
-                     f"{t_floor * 1e3:.2f}", f"{nbytes / t_floor / 1e9:.2f}", f"{t_ar / t_floor:.2f}"])
-        print(" | ".join(rows[-1]), flush=True)
-        del tensors
-        wgpar.empty_cache()
+        rows.append(measure(ctx, mb, args.repeat))
+        wgpar.empty_cache()  # the last size's buffers go back before the next, larger one
     table = _report.markdown_table(
         ["MiB", "all-reduce ms", "all-reduce GB/s", "floor ms", "floor GB/s", "ratio (target <= 1.5)"], rows)
     body = (f"### All-reduce on {ctx.world_size} devices: {ctx.devices[0].adapter_name}\n\n"

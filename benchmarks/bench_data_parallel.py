@@ -33,6 +33,27 @@ def mlp(width: int, layers: int, classes: int, device) -> nn.Module:
     return nn.Sequential(*mods)
 
 
+def single_device_step_time(args, X: np.ndarray, Y: np.ndarray) -> float:
+    """Seconds per training step of the same model on device 0 alone."""
+    dev = wgpar.device(0)
+    wgpar.manual_seed(0)
+    model = mlp(args.width, args.layers, args.classes, dev)
+    opt = optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(wgpar.tensor(X, device=dev)), Y).backward()
+        opt.step()
+
+    step()
+    wgpar.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    wgpar.synchronize(dev)
+    return (time.perf_counter() - t0) / args.steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--width", type=int, default=256)
@@ -48,26 +69,7 @@ def main() -> None:
     X = rng.standard_normal((args.batch, args.width)).astype(np.float32)
     Y = rng.integers(0, args.classes, args.batch).astype(np.int32)
 
-    dev = wgpar.device(0)
-    wgpar.manual_seed(0)
-    model = mlp(args.width, args.layers, args.classes, dev)
-    opt = optim.SGD(model.parameters(), lr=1e-3)
-
-    def step1():
-        opt.zero_grad()
-        loss = F.cross_entropy(model(wgpar.tensor(X, device=dev)), Y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step1()
-    wgpar.synchronize(dev)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step1()
-    wgpar.synchronize(dev)
-    t1 = (time.perf_counter() - t0) / args.steps
-    del model, opt
+    t1 = single_device_step_time(args, X, Y)
     wgpar.empty_cache()
 
     ctx = MultiAdapterContext(args.devices, timeout=600)

@@ -20,8 +20,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import wgpar  # noqa: E402
 from train_mlp import accuracy, load_digits, make_model, train  # noqa: E402
+
+import wgpar  # noqa: E402
 from wgpar.nn import functional as F  # noqa: E402
 from wgpar.parallel import DataParallel, MultiAdapterContext  # noqa: E402
 
@@ -61,7 +62,7 @@ def main() -> None:
             losses.append(dp.train_step(xtr[idx], ytr[idx], F.cross_entropy, opts))
             if bar:
                 bar.update(1)
-        mean_loss = float(np.mean([l.item() for l in losses]))
+        mean_loss = float(np.mean([loss.item() for loss in losses]))
         acc = accuracy(dp.module, xte, yte, ctx.devices[0])
         msg = f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {acc * 100:.2f}%"
         bar.write(msg) if bar else print(msg)

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import wgpar
-from wgpar.parallel import (CollectiveError, CollectiveTimeoutError, MultiAdapterContext, RankError,
-                            split_sizes)
+from wgpar.parallel import CollectiveError, CollectiveTimeoutError, MultiAdapterContext, RankError, split_sizes
 
 from .helpers import assert_close
 

@@ -37,7 +37,8 @@ __all__ = [
     "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
     "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
-    "autograd", "nn", "optim", "parallel", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "backward_with_grad",
+    "autograd", "nn", "optim", "parallel", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
 ]

@@ -8,7 +8,8 @@ a view unless it must. Operators and methods forward to ``wgpar.ops``.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class Tensor:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def empty(cls, shape: Sequence[int], dtype: DType | str = _dt.float32, device=None) -> "Tensor":
+    def empty(cls, shape: Sequence[int], dtype: DType | str = _dt.float32, device=None) -> Tensor:
         dtype = _dt.as_dtype(dtype)
         dev = _adapters.resolve(device)
         shape = _norm_shape(shape)
@@ -70,7 +71,7 @@ class Tensor:
         return cls(Storage(dev, dtype, math.prod(shape)), shape)
 
     @classmethod
-    def from_numpy(cls, arr: np.ndarray, device=None, dtype=None) -> "Tensor":
+    def from_numpy(cls, arr: np.ndarray, device=None, dtype=None) -> Tensor:
         arr = np.asarray(arr)
         dt = _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy_dtype(arr.dtype)
         if arr.dtype.kind not in "fiub":
@@ -165,24 +166,24 @@ class Tensor:
         self.__dict__["_known_range"] = (self._storage.version, rng)
 
     # -- autograd -------------------------------------------------------------------------
-    def backward(self, grad: "Tensor | None" = None, retain_graph: bool = False) -> None:
+    def backward(self, grad: Tensor | None = None, retain_graph: bool = False) -> None:
         """Accumulate gradients of this tensor into the ``.grad`` of every leaf it depends on."""
         from .autograd.engine import backward
 
         backward([self], [grad], retain_graph=retain_graph)
 
-    def retain_grad(self) -> "Tensor":
+    def retain_grad(self) -> Tensor:
         """Keep ``.grad`` on this non-leaf tensor after backward."""
         from .autograd.engine import retain_grad
 
         retain_grad(self)
         return self
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         """A view of the same storage outside the graph."""
         return Tensor(self._storage, self._shape, self._strides, self._offset)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if requires_grad and not self.dtype.is_float:
             raise TypeError(f"only float tensors can require gradients, got {self.dtype.name}")
         if not requires_grad and self._node is not None:
@@ -202,7 +203,7 @@ class Tensor:
             self._grad_hooks = []
         self._grad_hooks.append(hook)
 
-    def __deepcopy__(self, memo) -> "Tensor":
+    def __deepcopy__(self, memo) -> Tensor:
         out = ops.clone(self.detach())
         out.requires_grad = self.requires_grad
         return out
@@ -257,7 +258,7 @@ class Tensor:
             extra.append("requires_grad=True")
         return f"tensor({body}, {', '.join(extra)})"
 
-    def to(self, device=None, dtype=None) -> "Tensor":
+    def to(self, device=None, dtype=None) -> Tensor:
         """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``)."""
         if isinstance(device, (DType, type)) or (isinstance(device, str) and not device.replace("wgpu:", "").isdigit()):
             device, dtype = None, device
@@ -270,69 +271,69 @@ class Tensor:
                 out = ops.to_device(out, dev)
         return out
 
-    def float(self) -> "Tensor":
+    def float(self) -> Tensor:
         return self.to(dtype=_dt.float32)
 
-    def half(self) -> "Tensor":
+    def half(self) -> Tensor:
         return self.to(dtype=_dt.float16)
 
-    def int(self) -> "Tensor":
+    def int(self) -> Tensor:
         return self.to(dtype=_dt.int32)
 
-    def bool(self) -> "Tensor":
+    def bool(self) -> Tensor:
         return self.to(dtype=_dt.bool_)
 
-    def astype(self, dtype) -> "Tensor":
+    def astype(self, dtype) -> Tensor:
         return self.to(dtype=dtype)
 
     def cpu(self) -> np.ndarray:
         return self.numpy()
 
     # -- shape ----------------------------------------------------------------------------
-    def reshape(self, *shape) -> "Tensor":
+    def reshape(self, *shape) -> Tensor:
         return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     view = reshape
 
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         return ops.flatten(self, start_dim, end_dim)
 
-    def permute(self, *axes) -> "Tensor":
+    def permute(self, *axes) -> Tensor:
         return ops.permute(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
 
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
         return ops.transpose(self, dim0, dim1)
 
     @property
-    def T(self) -> "Tensor":
+    def T(self) -> Tensor:
         return ops.permute(self, tuple(reversed(range(self.ndim))))
 
     @property
-    def mT(self) -> "Tensor":
+    def mT(self) -> Tensor:
         return ops.transpose(self, -2, -1)
 
-    def contiguous(self) -> "Tensor":
+    def contiguous(self) -> Tensor:
         return ops.contiguous(self)
 
-    def clone(self) -> "Tensor":
+    def clone(self) -> Tensor:
         return ops.clone(self)
 
-    def expand(self, *shape) -> "Tensor":
+    def expand(self, *shape) -> Tensor:
         return ops.expand(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
-    def squeeze(self, dim=None) -> "Tensor":
+    def squeeze(self, dim=None) -> Tensor:
         return ops.squeeze(self, dim)
 
-    def unsqueeze(self, dim: int) -> "Tensor":
+    def unsqueeze(self, dim: int) -> Tensor:
         return ops.unsqueeze(self, dim)
 
-    def __getitem__(self, key) -> "Tensor":
+    def __getitem__(self, key) -> Tensor:
         return ops.getitem(self, key)
 
     def __setitem__(self, key, value) -> None:
         ops.setitem(self, key, value)
 
-    def index_select(self, dim: int, index) -> "Tensor":
+    def index_select(self, dim: int, index) -> Tensor:
         return ops.index_select(self, dim, index)
 
     # -- arithmetic -----------------------------------------------------------------------

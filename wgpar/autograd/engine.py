@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import ops
 from ..tensor import Tensor
 from .grad_mode import is_grad_enabled, no_grad
 from .graph import Node, current_tape
 
-_retained: "weakref.WeakKeyDictionary[Node, weakref.ref]" = weakref.WeakKeyDictionary()
+_retained: weakref.WeakKeyDictionary[Node, weakref.ref] = weakref.WeakKeyDictionary()
 
 
 def record(name: str, out: Tensor, inputs: Sequence, backward_fn, saved: Sequence[Tensor] = ()) -> Tensor:

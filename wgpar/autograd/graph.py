@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 _ids = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 _local = threading.local()

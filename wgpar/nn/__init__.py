@@ -1,8 +1,20 @@
 """Neural-network building blocks: Module, Parameter, layers, losses, functional, init."""
 
 from . import functional, init, utils
-from .layers import (GELU, CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, MSELoss, ReLU, Sequential,
-                     Sigmoid, Softmax, Tanh)
+from .layers import (
+                     GELU,
+                     CrossEntropyLoss,
+                     Dropout,
+                     Embedding,
+                     LayerNorm,
+                     Linear,
+                     MSELoss,
+                     ReLU,
+                     Sequential,
+                     Sigmoid,
+                     Softmax,
+                     Tanh,
+)
 from .module import Module
 from .parameter import Parameter
 from .utils import clip_grad_norm_

@@ -6,13 +6,13 @@ import numpy as np
 
 from .. import creation
 from .. import dtypes as _dt
+from .. import ops as raw
 from ..autograd import functions as F
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled
-from .. import ops as raw
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _as_index, _check_range
-from ..runtime.kernels import WORKGROUP, F32, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, grid, pack, spec
 from ..tensor import Tensor, check_same_device
 
 

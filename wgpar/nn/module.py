@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -56,11 +57,11 @@ class Module:
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         self._parameters[name] = param
 
-    def add_module(self, name: str, module: "Module | None") -> None:
+    def add_module(self, name: str, module: Module | None) -> None:
         self._modules[name] = module
 
     # -- traversal ------------------------------------------------------------------------
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
         stack = [(prefix, self)]
         seen = set()
         while stack:
@@ -71,16 +72,16 @@ class Module:
             yield name, m
             stack[0:0] = [(f"{name}.{k}" if name else k, c) for k, c in m._modules.items() if c is not None]
 
-    def modules(self) -> Iterator["Module"]:
+    def modules(self) -> Iterator[Module]:
         for _, m in self.named_modules():
             yield m
 
-    def children(self) -> Iterator["Module"]:
+    def children(self) -> Iterator[Module]:
         for m in self._modules.values():
             if m is not None:
                 yield m
 
-    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         for k, m in self._modules.items():
             if m is not None:
                 yield k, m
@@ -110,12 +111,12 @@ class Module:
             yield b
 
     # -- modes ----------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         for m in self.modules():
             object.__setattr__(m, "training", mode)
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -130,13 +131,13 @@ class Module:
                 with no_grad():
                     p.grad.zero_()
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
         for p in self.parameters():
             p.requires_grad = requires_grad
         return self
 
     # -- devices --------------------------------------------------------------------------
-    def to(self, device=None, dtype=None) -> "Module":
+    def to(self, device=None, dtype=None) -> Module:
         """Move (or convert) every parameter and buffer in place of the old ones; returns self."""
         for m in self.modules():
             for k, p in list(m._parameters.items()):
@@ -153,7 +154,7 @@ class Module:
         return p.device if p is not None else None
 
     # -- state ----------------------------------------------------------------------------
-    def state_dict(self) -> "OrderedDict[str, Tensor]":
+    def state_dict(self) -> OrderedDict[str, Tensor]:
         """Parameters and buffers by dotted name (the tensors themselves, detached)."""
         out: OrderedDict[str, Tensor] = OrderedDict()
         for k, p in self.named_parameters():

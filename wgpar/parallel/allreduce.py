@@ -15,7 +15,7 @@ Buckets and staging buffers are allocated once and reused every step.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import ops
 from ..autograd.grad_mode import no_grad

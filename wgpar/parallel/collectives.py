@@ -22,13 +22,13 @@ import abc
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 import numpy as np
 
-from ..runtime.device import Device
 from .. import ops
+from ..runtime.device import Device
 from ..runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
 from ..tensor import Tensor
 from .errors import CollectiveError, CollectiveTimeoutError
@@ -99,7 +99,7 @@ class ThreadGroup:
         self._broken: str | None = None
         self._ranks = [ThreadRank(self, r) for r in range(self.world_size)]
 
-    def rank(self, r: int) -> "ThreadRank":
+    def rank(self, r: int) -> ThreadRank:
         if not 0 <= r < self.world_size:
             raise ValueError(f"rank {r} out of range for a group of {self.world_size}")
         return self._ranks[r]

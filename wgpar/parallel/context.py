@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
@@ -79,7 +79,7 @@ class MultiAdapterContext:
             self._workers.close()
             self._workers = None
 
-    def __enter__(self) -> "MultiAdapterContext":
+    def __enter__(self) -> MultiAdapterContext:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -17,7 +17,8 @@ moves the whole model through the host each step).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -179,10 +180,10 @@ class DataParallel:
         value = sum(float(loss.item()) * n for loss, n in zip(losses, sizes)) / total
         return full((), value, dtype=losses[0].dtype, device=self.context.devices[0])
 
-    def train(self, mode: bool = True) -> "DataParallel":
+    def train(self, mode: bool = True) -> DataParallel:
         for m in self.replicas:
             m.train(mode)
         return self
 
-    def eval(self) -> "DataParallel":
+    def eval(self) -> DataParallel:
         return self.train(False)

@@ -119,7 +119,7 @@ def devices(n: int | None = None) -> list[Device]:
     return [device(i) for i in range(n)]
 
 
-def resolve(dev: "Device | int | str | None") -> Device:
+def resolve(dev: Device | int | str | None) -> Device:
     """Accept a Device, an index, ``"wgpu:1"``/``"1"``, or None (device 0)."""
     if dev is None:
         return device(0)

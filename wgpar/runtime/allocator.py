@@ -16,7 +16,7 @@ aborts the process.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import wgpu
 

@@ -52,7 +52,8 @@ class Device:
                 label=f"wgpar:{index}", required_features=features, required_limits=None
             )
         except Exception as exc:
-            raise WgparError(f"could not create a device on adapter {self.adapter_name!r} ({self.backend}): {exc}") from exc
+            raise WgparError(
+                f"could not create a device on adapter {self.adapter_name!r} ({self.backend}): {exc}") from exc
         self.features = frozenset(str(f) for f in self._dev.features)
         self.limits: dict[str, int] = dict(self._dev.limits)
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
@@ -147,7 +148,8 @@ class Device:
             return hit
         entries = [
             {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-             "buffer": {"type": wgpu.BufferBindingType.read_only_storage if a == "r" else wgpu.BufferBindingType.storage}}
+             "buffer": {"type": wgpu.BufferBindingType.read_only_storage if a == "r"
+                        else wgpu.BufferBindingType.storage}}
             for i, a in enumerate(kspec.access)
         ]
         entries.append({"binding": len(kspec.access), "visibility": wgpu.ShaderStage.COMPUTE,
