@@ -11,6 +11,7 @@ import math
 from .. import dtypes as _dt
 from .. import ops as raw
 from ..ops.index import _as_index, index_add_rows
+from ..ops.shape import stack_dim
 from ..tensor import Tensor, _wrap_dim
 from .engine import record
 from .grad_mode import is_grad_enabled
@@ -307,12 +308,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
 
 def stack(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
-    if not tensors:
-        raise ValueError("stack: expected a non-empty sequence of tensors")
-    shapes = {t.shape for t in tensors}
-    if len(shapes) > 1:
-        raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
-    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    d = stack_dim(tensors, dim)
     return cat([unsqueeze(t, d) for t in tensors], d)
 
 

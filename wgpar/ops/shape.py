@@ -171,14 +171,19 @@ def _narrow(t: Tensor, d: int, start: int, length: int) -> Tensor:
     return _view(t, shape, t.strides, t._offset + start * t.strides[d])
 
 
-def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    tensors = list(tensors)
+def stack_dim(tensors: Sequence[Tensor], dim: int) -> int:
+    """Check tensors for stack (non-empty, one shape) and return the new dim's index."""
     if not tensors:
         raise ValueError("stack: expected a non-empty sequence of tensors")
     shapes = {x.shape for x in tensors}
     if len(shapes) > 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
-    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    return _wrap_dim(dim, tensors[0].ndim + 1)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    d = stack_dim(tensors, dim)
     return cat([unsqueeze(x, d) for x in tensors], d)
 
 
