@@ -67,6 +67,7 @@ class AllReduceSync:
         self._buckets: list[list[_Bucket]] = [[] for _ in range(context.world_size)]
         self._where: list[dict[int, tuple[_Bucket, int]]] = [{} for _ in range(context.world_size)]
         self.launched_in_backward = [0] * context.world_size  # buckets whose transfer overlapped backward
+        self.overlap = True  # False: every bucket waits for finish() (to measure what overlap buys)
 
     # -- set-up ---------------------------------------------------------------------------
     def register(self, rank: int, params: Sequence[Tensor]) -> None:
@@ -106,7 +107,7 @@ class AllReduceSync:
         def hook(param: Tensor) -> None:
             b, _ = self._where[rank][id(param)]
             b.ready += 1
-            if b.ready == len(b.params) and not b.launched:
+            if self.overlap and b.ready == len(b.params) and not b.launched:
                 self._launch(b)
                 self.launched_in_backward[rank] += 1
 
