@@ -68,7 +68,7 @@ def wait_promise(promise, timeout: float, what: str) -> None:
                 break
             if time.monotonic() > deadline:
                 raise TransferTimeout(f"{what}: not finished after {timeout:.1f} s")
-            pause = min(pause * 2, 0.001)
+            pause = min(pause * 2, 0.00025)  # a map is waited on in the critical path: wake often
     elif event is not None:  # wgpu-native resolves promises from a per-device poller thread
         if not event.wait(timeout):
             raise TransferTimeout(f"{what}: not finished after {timeout:.1f} s")
