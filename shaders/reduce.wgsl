@@ -1,10 +1,11 @@
 // Row reduction of a contiguous [rows, cols] block: one workgroup reduces one
 // chunk of one row (chunks let a few long rows use many workgroups; a second
 // pass reduces the per-chunk partials). The host fills C (compute type), the
-// storage types, INIT, COMBINE (folds v at column c into acc/ai) and FINAL.
+// storage types, INIT, COMBINE (folds v at column c into acc/ai), FINAL, and LOOP: one
+// element per step, or (cols, offset and chunk multiples of 4; X = vec4<T>) one vec4.
 {{F16}}
 @group(0) @binding(0) var<storage, read_write> out: array<{{O}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{X}}>;
 struct Params { rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32, _p0: u32, _p1: u32 }
 @group(0) @binding(2) var<uniform> p: Params;
 
@@ -27,10 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var acc: {{C}} = {{INIT}};
   var ai: i32 = 2147483647;
   if (live) {
-    let base = p.off + row * p.cols;
-    for (var c = start + lid; c < end; c = c + 256u) {
-      fold(&acc, &ai, {{C}}(x[base + c]), i32(c));
-    }
+{{LOOP}}
   }
   sv[lid] = acc;
   si[lid] = ai;

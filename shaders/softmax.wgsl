@@ -1,58 +1,58 @@
 // softmax / log_softmax over the rows of a contiguous [rows, cols] block, one
-// workgroup per row: max, then sum of exp(x - max), then the write. LOG picks
-// log_softmax (x - max - log(sum)), which stays finite where softmax underflows.
+// workgroup per row. Pass 1 keeps a running (max, sum of exp(x - max)) per thread,
+// rescaling the sum when the max grows, and the workgroup merges the pairs; pass 2
+// reads the row again (from cache) and writes. LOG picks log_softmax
+// (x - max - log(sum)), which stays finite where softmax underflows. With W = 4
+// (cols and offsets multiples of 4) X is vec4<T> and each step moves 4 elements.
 {{F16}}
-@group(0) @binding(0) var<storage, read_write> y: array<{{T}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
-struct Params { rows: u32, cols: u32, off_x: u32, off_y: u32 }
+@group(0) @binding(0) var<storage, read_write> y: array<{{X}}>;
+@group(0) @binding(1) var<storage, read> x: array<{{X}}>;
+struct Params { rows: u32, cols: u32, off_x: u32, off_y: u32 }  // elements
 @group(0) @binding(2) var<uniform> p: Params;
 
-var<workgroup> red: array<f32, 256>;
-
-fn reduce_max(lid: u32) -> f32 {
-  for (var s = 128u; s > 0u; s = s >> 1u) {
-    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
-    workgroupBarrier();
-  }
-  return red[0];
-}
-
-fn reduce_sum(lid: u32) -> f32 {
-  for (var s = 128u; s > 0u; s = s >> 1u) {
-    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
-    workgroupBarrier();
-  }
-  return red[0];
-}
+const NEG_INF = -3.40282347e+38;  // lowest f32: a running max that saw nothing (no -inf literal in WGSL constants)
+var<workgroup> rm: array<f32, 256>;
+var<workgroup> rs: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let row = wid.x + wid.y * nwg.x;
   let live = row < p.rows;
-  let bx = p.off_x + row * p.cols;
-  let by = p.off_y + row * p.cols;
-  var m = bitcast<f32>(0xff800000u);
-  if (live) {
-    for (var c = lid; c < p.cols; c = c + 256u) { m = max(m, f32(x[bx + c])); }
-  }
-  red[lid] = m;
-  workgroupBarrier();
-  let row_max = reduce_max(lid);
-  workgroupBarrier();
+  let bx = (p.off_x + row * p.cols) / {{W}}u;
+  let by = (p.off_y + row * p.cols) / {{W}}u;
+  let n = p.cols / {{W}}u;
+  var m = NEG_INF;
   var s = 0.0;
   if (live) {
-    for (var c = lid; c < p.cols; c = c + 256u) { s = s + exp(f32(x[bx + c]) - row_max); }
+    for (var c = lid; c < n; c = c + 256u) {
+      let v = {{F}}(x[bx + c]);
+      let mx = {{HMAX}};
+      if (mx > m) { s = s * exp(m - mx); m = mx; }
+      if (m > NEG_INF) { s = s + {{HSUM}}; }
+    }
   }
-  red[lid] = s;
+  rm[lid] = m;
+  rs[lid] = s;
   workgroupBarrier();
-  let total = reduce_sum(lid);
+  for (var k = 128u; k > 0u; k = k >> 1u) {
+    if (lid < k) {
+      let m1 = rm[lid];
+      let m2 = rm[lid + k];
+      let mm = max(m1, m2);
+      if (mm > NEG_INF) { rs[lid] = rs[lid] * exp(m1 - mm) + rs[lid + k] * exp(m2 - mm); }
+      rm[lid] = mm;
+    }
+    workgroupBarrier();
+  }
+  let row_max = rm[0];
+  let total = rs[0];
   if (live) {
     let lse = log(total);
     let inv = 1.0 / total;
-    for (var c = lid; c < p.cols; c = c + 256u) {
-      let z = f32(x[bx + c]) - row_max;
-      y[by + c] = {{T}}(select(exp(z) * inv, z - lse, {{LOG}}));
+    for (var c = lid; c < n; c = c + 256u) {
+      let z = {{F}}(x[bx + c]) - row_max;
+      y[by + c] = {{X}}(select(exp(z) * inv, z - lse, {{LOG}}));
     }
   }
 }

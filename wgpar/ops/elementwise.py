@@ -1,8 +1,12 @@
 """Elementwise kernels: unary, binary, where, clamp, casts and strided copies.
 
-One shader family (shaders/elementwise.wgsl) serves them all; the host picks
-the expression, the operand types and whether the fast contiguous indexing
-applies, then caches one pipeline per combination.
+Two shader families serve them all: shaders/elementwise_block.wgsl when the
+output is contiguous and each operand is one contiguous block of memory
+(same-shape tensors, a bias over rows, a row statistic, a single element),
+moving 4 elements per thread through vec4 loads and stores when sizes and
+offsets allow, and shaders/elementwise.wgsl (any strides) otherwise. The host
+picks the expression, the operand types and the indexing, then caches one
+pipeline per combination.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, dims, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, dims, grid, load_source, pack, spec
 from ..storage import Storage
 from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
 
@@ -125,41 +129,9 @@ def _scalar_bits(x, ctype: str) -> int:
     return v & 0xFFFFFFFF
 
 
-@functools.lru_cache(maxsize=4096)
-def _map_kernel(op: str, sig: tuple, fast: bool, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
-                compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
-    """Generate (once per signature) the kernel for ``run_map``.
-
-    ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
-    binding 0 being the output buffer (an input that aliases it is read through it).
-    """
-    n_buf = 1 + max((s[0] for s in sig if s is not None), default=0)
-    decl = [f"@group(0) @binding(0) var<storage, read_write> bo: array<{out_storage}>;"]
-    seen = {0}
-    for s in sig:
-        if s is not None and s[0] not in seen:
-            seen.add(s[0])
-            decl.append(f"@group(0) @binding({s[0]}) var<storage, read> b{s[0]}: array<{s[1]}>;")
-    names = [None if s is None else ("bo" if s[0] == 0 else f"b{s[0]}") for s in sig]
-    if fast:
-        lines = ["  let io = p.off_o + i;"] + [f"  let i{k} = p.off{k} + i;" for k in range(len(sig))]
-    else:
-        acc = [f"i{k}" for k, s in enumerate(sig) if s is not None]
-        lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
-        lines += [f"  var {n}_ = i32(p.off{n[1:]});" for n in acc]
-        lines += ["  for (var d = i32(p.ndim) - 1; d >= 0; d = d - 1) {",
-                  "    let s = p.shape[d / 4][d % 4];",
-                  "    let c = i32(rem % s);",
-                  "    rem = rem / s;",
-                  "    io_ = io_ + c * p.str_o[d / 4][d % 4];"]
-        lines += [f"    {n}_ = {n}_ + c * p.str{n[1:]}[d / 4][d % 4];" for n in acc]
-        lines += ["  }", "  let io = u32(io_);"] + [f"  let {n} = u32({n}_);" for n in acc]
-    loads = []
-    for k, (name, ct) in enumerate(zip(names, cts)):
-        if name is None:
-            loads.append(f"  let x{k} = bitcast<{ct}>(p.sc[{k}]);")
-        else:
-            loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
+def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, compute: str,
+          cmp_as_i32: bool) -> tuple[str, str]:
+    """(type stored, WGSL expression over x0..x2) for ``OPS[op]``."""
     kind, expr = OPS[op]
     expr = expr.replace("C(", f"{cts[0]}(").replace("X0(", f"{cts[0]}(")
     store = out_storage
@@ -170,9 +142,153 @@ def _map_kernel(op: str, sig: tuple, fast: bool, cts: tuple[str, ...], out_stora
         expr = f"select({store}(0), {store}(1), {expr})"
     elif out_is_bool:
         expr = f"select(0i, 1i, {expr} != {cts[0] if kind == 'copy' else compute}(0))"
+    return store, expr
+
+
+def _declare(sig: tuple, out_storage: str, width: int) -> tuple[int, list[str]]:
+    """(number of storage bindings, their declarations); binding 0 is the output."""
+    vec = (lambda t: f"vec4<{t}>") if width == 4 else (lambda t: t)
+    decl = [f"@group(0) @binding(0) var<storage, read_write> bo: array<{vec(out_storage)}>;"]
+    seen = {0}
+    for s in sig:
+        if s is not None and s[0] not in seen:
+            seen.add(s[0])
+            decl.append(f"@group(0) @binding({s[0]}) var<storage, read> b{s[0]}: array<{vec(s[1])}>;")
+    return 1 + max((s[0] for s in sig if s is not None), default=0), decl
+
+
+def _name(s) -> str:
+    return "bo" if s[0] == 0 else f"b{s[0]}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _map_kernel(op: str, sig: tuple, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
+                compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
+    """Generate (once per signature) the strided kernel for ``run_map``.
+
+    ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
+    binding 0 being the output buffer (an input that aliases it is read through it).
+    """
+    n_buf, decl = _declare(sig, out_storage, 1)
+    names = [None if s is None else _name(s) for s in sig]
+    acc = [f"i{k}" for k, s in enumerate(sig) if s is not None]
+    lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
+    lines += [f"  var {n}_ = i32(p.off{n[1:]});" for n in acc]
+    lines += ["  for (var d = i32(p.ndim) - 1; d >= 0; d = d - 1) {",
+              "    let s = p.shape[d / 4][d % 4];",
+              "    let c = i32(rem % s);",
+              "    rem = rem / s;",
+              "    io_ = io_ + c * p.str_o[d / 4][d % 4];"]
+    lines += [f"    {n}_ = {n}_ + c * p.str{n[1:]}[d / 4][d % 4];" for n in acc]
+    lines += ["  }", "  let io = u32(io_);"] + [f"  let {n} = u32({n}_);" for n in acc]
+    loads = []
+    for k, (name, ct) in enumerate(zip(names, cts)):
+        if name is None:
+            loads.append(f"  let x{k} = bitcast<{ct}>(p.sc[{k}]);")
+        else:
+            loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
+    store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
     return spec("elementwise", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines),
+                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines), FNS=load_source("elementwise_fns"),
                 LOADS="\n".join(loads), STORE=store, EXPR=expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str, ...], out_storage: str,
+                  out_is_bool: bool, compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
+    """Generate (once per signature) the kernel of shaders/elementwise_block.wgsl.
+
+    ``sig`` as for ``_map_kernel``; ``modes`` names each tensor operand's indexing (see
+    ``_block_mode``); ``width`` 4 moves a vec4 per thread (operands' arrays are vec4 arrays, and a
+    "div" or "one" operand reads its one element out of one and splats it).
+    """
+    n_buf, decl = _declare(sig, out_storage, width)
+    store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
+    unit = "" if width == 1 else " >> 2u"  # offsets come in elements
+    index = {"full": f"(p.off[{{k}}]{unit}) + i", "mod": f"(p.off[{{k}}]{unit}) + i % p.md[{{k}}]",
+             "div": "p.off[{k}] + (i / p.dv[{k}]) % p.md[{k}]", "one": "p.off[{k}]"}
+    body = []
+    for k, (s, mode) in enumerate(zip(sig, modes)):
+        if s is None:
+            continue
+        j = index[mode].format(k=k)
+        if width == 1:
+            body.append(f"  let x{k} = {cts[k]}({_name(s)}[{j}]);")
+        elif mode in ("full", "mod"):
+            body.append(f"  let v{k} = {_name(s)}[{j}];")
+        else:
+            body += [f"  let j{k} = {j};", f"  let v{k} = {_name(s)}[j{k} >> 2u][j{k} & 3u];"]
+    scalars = [f"let x{k} = bitcast<{ct}>(p.sc[{k}]);" for k, (s, ct) in enumerate(zip(sig, cts)) if s is None]
+    if width == 1:
+        body += [f"  {x}" for x in scalars] + [f"  bo[p.off_o + i] = {store}({expr});"]
+    else:
+        body.append(f"  var r: vec4<{store}>;")
+        for c in "xyzw":
+            loads = [f"let x{k} = {cts[k]}(v{k}{'.' + c if m in ('full', 'mod') else ''});"
+                     for k, (s, m) in enumerate(zip(sig, modes)) if s is not None]
+            body.append(f"  {{ {' '.join(loads + scalars)} r.{c} = {store}({expr}); }}")
+        body.append("  bo[(p.off_o >> 2u) + i] = r;")
+    return spec("elementwise_block", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
+                BINDINGS="\n".join(decl), PARAMS=n_buf, FNS=load_source("elementwise_fns"), BODY="\n".join(body))
+
+
+def _block_mode(t: Tensor, shape: tuple[int, ...], numel: int) -> tuple[str, int, int] | None:
+    """How ``t``, broadcast to ``shape``, is read at output position i of a contiguous output.
+
+    (mode, dv, md): "full" (position i), "mod" (i % md: a trailing block repeated), "div"
+    ((i // dv) % md: each element of a block repeated dv times), "one" (a single element); None when
+    the broadcast operand is not one contiguous block of memory (it then takes the strided kernel).
+    """
+    live = [(n, s) for n, s in zip(shape, broadcast_strides(t, shape)) if n > 1]
+    used = [j for j, (_, s) in enumerate(live) if s != 0]
+    if not used:
+        return ("one", 1, 1)
+    md = 1
+    for n, s in reversed(live[used[0]:used[-1] + 1]):
+        if s != md:
+            return None
+        md *= n
+    dv = math.prod(n for n, _ in live[used[-1] + 1:])
+    if dv == 1:
+        return ("full", 1, md) if md == numel else ("mod", 1, md)
+    return ("div", dv, md)
+
+
+def _vec_static(numel: int, modes: tuple) -> bool:
+    """Whether every unit of 4 output elements maps to 4 consecutive elements (or one splat element)."""
+    if numel % 4:
+        return False
+    for m in modes:
+        if m is not None and ((m[0] == "mod" and m[2] % 4) or (m[0] == "div" and m[1] % 4)):
+            return False
+    return True
+
+
+def _block_words(numel: int, width: int, out_offset: int, operands: list, modes: tuple, cts) -> list[int]:
+    words = [numel // width, out_offset, 0, 0] + [0] * 16
+    for k, (x, m) in enumerate(zip(operands, modes)):
+        if m is None:
+            words[16 + k] = _scalar_bits(x, cts[k])
+            continue
+        words[4 + k] = x._offset
+        words[8 + k] = m[1] // width if m[0] == "div" else 1
+        words[12 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
+    return words
+
+
+def _vec_ok(out_offset: int, operands: list, modes: tuple) -> bool:
+    """The per-call half of the vec4 test: 4-aligned offsets of what is read as vec4s.
+
+    Those reads then never pass the tensor's end, so the last whole vec4 of its buffer; an element
+    read out of a vec4 array ("div", "one") may lie in a buffer's partial last vec4, so those
+    buffers must hold whole vec4s (the allocator's always do, but for the largest tensors).
+    """
+    if out_offset & 3:
+        return False
+    for x, m in zip(operands, modes):
+        if m is not None and (x._offset & 3 if m[0] in ("full", "mod") else x._storage.buffer.size & 15):
+            return False
+    return True
 
 
 def _extent(t: Tensor) -> tuple[int, int]:
@@ -200,12 +316,13 @@ def _unalias(x: Tensor, out: Tensor) -> Tensor:
     return run_map("copy", [x], out_dtype=x.dtype)
 
 
-# The common case (a new output; contiguous tensor operands of one shape) skips the general
-# checks after its first call: what they decide depends only on the op, the operands' dtypes,
-# shapes, strides and devices, and the scalars' types, which make the key of this cache.
+# The common case (a new output; tensor operands on one device whose broadcast reads are blocks of
+# memory, see _block_mode) skips the general checks after its first call: what they decide depends
+# only on the op, the operands' dtypes, shapes, strides and devices, and the scalars' types, which
+# make the key of this cache. Offsets (and so the vec4 choice) are looked at per call.
 _QUICK: dict[tuple, tuple | None] = {}
 _QUICK_MAX = 4096
-_QUICK_PARAMS = struct.Struct("<12I")
+_BLOCK_PARAMS = struct.Struct("<20I")
 
 
 def _binding(buffers: list, buf) -> int:
@@ -217,25 +334,47 @@ def _binding(buffers: list, buf) -> int:
     return len(buffers) - 1
 
 
+def _block_modes(operands: list, shape: tuple[int, ...], numel: int) -> tuple | None:
+    modes = tuple(_block_mode(x, shape, numel) if isinstance(x, Tensor) else None for x in operands)
+    if any(m is None for x, m in zip(operands, modes) if isinstance(x, Tensor)):
+        return None
+    return modes
+
+
 def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     tensors = [x for x in operands if isinstance(x, Tensor)]
     if not tensors or any(not isinstance(x, Tensor) and not _is_scalar(x) for x in operands):
         return None
-    shape = tensors[0].shape
-    if any(t.shape != shape or not t.is_contiguous() or t.device is not tensors[0].device for t in tensors):
+    dev = tensors[0].device
+    if any(t.device is not dev for t in tensors):
         return None
+    shape = tensors[0].shape
+    if any(t.shape != shape for t in tensors):
+        shape = broadcast_shape(*(t.shape for t in tensors), op=op)
     numel = math.prod(shape)
     if numel == 0:
         return None
+    modes = _block_modes(operands, shape, numel)
+    if modes is None:
+        return None
     dtype, cts = _types(op, operands, None)
-    dev = tensors[0].device
     _check_dtype_supported(dtype, dev)
     f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
-    kernel = functools.partial(_map_kernel, op, fast=True, cts=tuple(cts), out_storage=dtype.storage,
-                               out_is_bool=dtype is _dt.bool_, compute=dtype.compute, cmp_as_i32=True, f16=f16)
-    kernels: dict[tuple, KernelSpec] = {}  # by binding signature (which operands share a buffer)
-    return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), kernel, kernels,
-            grid(-(-numel // WORKGROUP)), dev)
+    kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=tuple(cts),
+                               out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
+                               cmp_as_i32=True, f16=f16)
+    kernels: dict[tuple, KernelSpec] = {}  # by (binding signature, width)
+    # The parameter words that do not change between calls (n, dv, md), for width 1 and 4 (where possible).
+    zeros = [0 if m is None else x for x, m in zip(operands, modes)]  # scalars' values do not matter here
+    words1 = _block_words(numel, 1, 0, zeros, modes, cts)
+    words4 = _block_words(numel, 4, 0, zeros, modes, cts) if _vec_static(numel, modes) else None
+    # Per operand: 0 a scalar, 1 a tensor read at unit offsets (its offset must be 4-aligned for vec4),
+    # 2 a tensor read element by element (its buffer must hold whole vec4s).
+    how = tuple(0 if m is None else 1 if m[0] in ("full", "mod") else 2 for m in modes)
+    heads = (words1[:4], words4[:4] if words4 else None)
+    mids = (words1[8:16], words4[8:16] if words4 else None)
+    return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), how, kernel, kernels, heads, mids,
+            grid(-(-numel // WORKGROUP)), grid(-(-numel // (4 * WORKGROUP))), dev)
 
 
 def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
@@ -251,23 +390,29 @@ def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
         entry = _QUICK[key] = _quick_entry(op, operands)
     if entry is None:
         return None
-    dtype, shape, strides, numel, cts, kernel, kernels, groups, dev = entry
+    dtype, shape, strides, numel, cts, how, kernel, kernels, heads, mids, groups1, groups4, dev = entry
     out = Tensor(Storage(dev, dtype, numel), shape, strides)
     buffers = [out._storage.buffer]
+    vec = heads[1] is not None
     sig = []
-    words = [numel, len(shape), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
-    for i, x in enumerate(operands):
-        if isinstance(x, Tensor):
-            sig.append((_binding(buffers, x._storage.buffer), x._storage.dtype.storage))
-            words[3 + i] = x._offset
+    offs = [0, 0, 0, 0]
+    scal = [0, 0, 0, 0]
+    for k, x in enumerate(operands):
+        h = how[k]
+        if h:
+            b = x._storage.buffer
+            sig.append((_binding(buffers, b), x._storage.dtype.storage))
+            off = offs[k] = x._offset
+            if vec and (off & 3 if h == 1 else b.size & 15):
+                vec = False
         else:
             sig.append(None)
-            words[8 + i] = _scalar_bits(x, cts[i])
-    sig = tuple(sig)
+            scal[k] = _scalar_bits(x, cts[k])
+    sig = (tuple(sig), vec)
     kspec = kernels.get(sig)
     if kspec is None:
-        kspec = kernels[sig] = kernel(sig)
-    dev.dispatch(kspec, buffers, _QUICK_PARAMS.pack(*words), groups)
+        kspec = kernels[sig] = kernel(sig[0], width=4 if vec else 1)
+    dev.dispatch(kspec, buffers, _BLOCK_PARAMS.pack(*heads[vec], *offs, *mids[vec], *scal), groups4 if vec else groups1)
     return out
 
 
@@ -319,20 +464,23 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
             sig.append(None)
             continue
         sig.append((_binding(buffers, x._storage.buffer), x.dtype.storage))
-    fast = out.is_contiguous() and all(t.shape == shape and t.is_contiguous() for t in tensors)
-    kspec = _map_kernel(op, tuple(sig), fast, tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
+    modes = _block_modes(operands, shape, numel) if out.is_contiguous() else None
+    if modes is not None:
+        width = 4 if _vec_static(numel, modes) and _vec_ok(out._offset, operands, modes) else 1
+        kspec = _block_kernel(op, tuple(sig), tuple(m and m[0] for m in modes), width, tuple(cts),
+                              out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None, f16)
+        dev.dispatch(kspec, buffers, pack(_block_words(numel, width, out._offset, operands, modes, cts)),
+                     grid(-(-numel // (width * WORKGROUP))))
+        return out
+    kspec = _map_kernel(op, tuple(sig), tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
                         dtype.compute, out_dtype is None, f16)
-
     offs = [x._offset if isinstance(x, Tensor) else 0 for x in operands] + [0] * (3 - len(operands))
     scal = [_scalar_bits(x, ct) if not isinstance(x, Tensor) else 0 for x, ct in zip(operands, cts)]
     scal += [0] * (4 - len(scal))
-    if fast:  # the contiguous kernel reads only these words of Params
-        params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal)
-    else:
-        strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
-        strides += [dims([])] * (3 - len(operands))
-        params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
-                      dims(shape, 1), dims(out.strides), *strides)
+    strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
+    strides += [dims([])] * (3 - len(operands))
+    params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
+                  dims(shape, 1), dims(out.strides), *strides)
     dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP)))
     return out
 

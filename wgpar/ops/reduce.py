@@ -101,6 +101,21 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     scale = F32(1.0 / n)
     dev = x.device
     if inner > 1:
+        # Few outputs over a long axis (a bias gradient: [4096, 4096] summed over rows gives 4096 threads)
+        # leave a GPU mostly idle: reduce g slices of the axis side by side, then the g partials.
+        g = 1
+        while (op not in _ARG and g < 64 and n % (2 * g) == 0 and n // (2 * g) >= 16
+               and outer * inner * g < 1 << 16):
+            g *= 2
+        if g > 1:
+            first = _reduce_block("sum" if op == "mean" else op, x, outer * g, n // g, inner,
+                                  _dt.float32 if ctype == "f32" else _dt.int32)
+            second = _reduce_block(op, first, outer, g, inner, out_dt)
+            if op == "mean":  # the second pass averaged over g, not over n
+                from .elementwise import binary
+
+                second = binary("mul", second, float(g) / n)
+            return second
         out = Tensor.empty((outer * inner,), out_dt, dev)
         k = spec("reduce_cols", ("w", "r"), F16=f16, O=out_dt.storage, T=x.dtype.storage, C=ctype, **text)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
@@ -111,12 +126,16 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     two_pass = n > 16 * WORKGROUP and (outer < 64 or n > WORKGROUP * MAX_LOOP)
     groups = max(min(-(-n // (4 * WORKGROUP)), 1024), -(-n // (WORKGROUP * MAX_LOOP))) if two_pass else 1
     chunk = -(-n // groups)
+    vec = n % 4 == 0 and x._offset % 4 == 0
+    if vec and chunk % 4:  # whole vec4s per chunk
+        chunk += 4 - chunk % 4
+        groups = -(-n // chunk)
     if op in _ARG and groups > 1:
-        return _arg_two_pass(op, x, outer, n, chunk, groups)
+        return _arg_two_pass(op, x, outer, n, chunk, groups, vec)
     partial_dt = out_dt if groups == 1 else (_dt.float32 if ctype == "f32" else _dt.int32)
     first_op = "sum" if op == "mean" and groups > 1 else op
     out = Tensor.empty((outer * groups,), partial_dt, dev)
-    k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, T=x.dtype.storage, C=ctype,
+    k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
              **_kernel_text(first_op, ctype))
     dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
                  pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups))
@@ -130,7 +149,19 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     return second
 
 
-def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int) -> Tensor:
+def _row_loop(t: str, ctype: str, vec: bool) -> dict[str, str]:
+    """reduce.wgsl's X (element array type) and LOOP: scalar loads, or vec4 loads of 4 columns."""
+    if not vec:
+        return {"X": t, "LOOP": ("    let base = p.off + row * p.cols;\n"
+                                 "    for (var c = start + lid; c < end; c = c + 256u) {\n"
+                                 f"      fold(&acc, &ai, {ctype}(x[base + c]), i32(c));\n    }}")}
+    folds = "\n".join(f"      fold(&acc, &ai, {ctype}(v.{e}), i32(4u * c + {j}u));" for j, e in enumerate("xyzw"))
+    return {"X": f"vec4<{t}>", "LOOP": ("    let base = (p.off + row * p.cols) >> 2u;\n"
+                                        "    for (var c = (start >> 2u) + lid; c < (end >> 2u); c = c + 256u) {\n"
+                                        f"      let v = x[base + c];\n{folds}\n    }}")}
+
+
+def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int, vec: bool) -> Tensor:
     """argmax/argmin of long rows: per chunk the extreme value and its (first) index, then the first
     chunk holding the row's extreme picks the index, so ties still resolve to the first index."""
     from ..creation import arange
@@ -143,7 +174,7 @@ def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: in
     parts = []
     for first_op, dt in (("max" if op == "argmax" else "min", part_dt), (op, _dt.int32)):
         out = Tensor.empty((outer * groups,), dt, dev)
-        k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, T=x.dtype.storage, C=ctype,
+        k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
                  **_kernel_text(first_op, ctype))
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
                      pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0), grid(outer * groups))
@@ -180,7 +211,12 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
     rows = src.numel() // cols if cols else 0
     if rows and cols:
         f16 = "enable f16;" if x.dtype is _dt.float16 else ""
-        k = spec("softmax", ("w", "r"), F16=f16, T=x.dtype.storage, LOG="true" if log else "false")
+        t = x.dtype.storage
+        vec = cols % 4 == 0 and src._offset % 4 == 0  # vec4 loads and stores (the output is fresh)
+        k = spec("softmax", ("w", "r"), F16=f16, LOG="true" if log else "false", W=4 if vec else 1,
+                 X=f"vec4<{t}>" if vec else t, F="vec4<f32>" if vec else "f32",
+                 HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
+                 HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)")
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
                           pack(rows, cols, src._offset, 0), grid(rows))
     if d != last:

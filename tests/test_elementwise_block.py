@@ -1,0 +1,181 @@
+"""The block / vec4 elementwise path against NumPy float64: which kernel runs, and its values.
+
+The block kernel serves contiguous outputs whose operands are each a contiguous block of memory
+(same shape, a trailing block like a bias, a row statistic, one element); it moves a vec4 per thread
+when the element count, the blocks and the offsets are multiples of 4. Everything else must take the
+scalar block kernel or the strided kernel and still be right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpar
+
+from .helpers import assert_close
+
+
+@pytest.fixture
+def chosen(dev, monkeypatch):
+    """Records (family, width) of every dispatch on the default device."""
+    seen: list[tuple[str, int]] = []
+    real = dev.dispatch
+
+    def record(kspec, *args, **kwargs):
+        fills = dict(kspec.fills)
+        seen.append((kspec.family, 4 if "vec4<" in fills.get("BINDINGS", "") else 1))
+        return real(kspec, *args, **kwargs)
+
+    monkeypatch.setattr(dev, "dispatch", record)
+    return seen
+
+
+def f32(rng, shape):
+    return rng.uniform(-2.0, 2.0, size=shape).astype(np.float32)
+
+
+def r64(a):
+    return np.asarray(a, dtype=np.float64)
+
+
+BLOCK4, BLOCK1, STRIDED = ("elementwise_block", 4), ("elementwise_block", 1), ("elementwise", 1)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 12, 1000, 1023, 1024, 4099, 65540])
+def test_same_shape_ops_pick_vec4_when_n_is_a_multiple_of_4(dev, rng, chosen, n):
+    a, b = f32(rng, (n,)), f32(rng, (n,))
+    x, y = wgpar.tensor(a), wgpar.tensor(b)
+    want_kind = BLOCK4 if n % 4 == 0 else BLOCK1
+    cases = [("x + y", lambda: x + y, r64(a) + r64(b)),
+             ("x * 2 + 1", lambda: x * 2.0 + 1.0, r64(a) * 2 + 1),
+             ("relu", lambda: x.relu(), np.maximum(r64(a), 0)),
+             ("gelu-free exp", lambda: (x * 0.5).exp(), np.exp(r64(a) * 0.5)),
+             ("where", lambda: wgpar.where(x > y, x, 0.25), np.where(a > b, r64(a), 0.25))]
+    for what, fn, want in cases:
+        chosen.clear()
+        got = fn()
+        assert chosen and all(k == want_kind for k in chosen), (what, chosen)
+        assert_close(got.numpy(), want, rtol=2e-6, atol=1e-6, what=what)
+
+
+@pytest.mark.parametrize("n", [3, 8, 1000])
+def test_comparisons_int_and_f16_through_vec4(dev, rng, chosen, n):
+    a, b = f32(rng, (n,)), f32(rng, (n,))
+    x, y = wgpar.tensor(a), wgpar.tensor(b)
+    lt = x < y
+    assert lt.dtype is wgpar.bool_
+    np.testing.assert_array_equal(lt.numpy(), a < b)
+    ia = rng.integers(-1000, 1000, size=n)
+    ib = rng.integers(-1000, 1000, size=n)
+    np.testing.assert_array_equal((wgpar.tensor(ia) * wgpar.tensor(ib) - 3).numpy(), ia * ib - 3)
+    assert_close((wgpar.tensor(ia) + x).numpy(), ia + r64(a), rtol=1e-6)
+    if dev.has_f16:
+        h = wgpar.tensor(a, dtype="float16")
+        got = h * 2.0 + wgpar.tensor(b, dtype="float16")
+        assert got.dtype is wgpar.float16
+        assert_close(got.numpy(), r64(a.astype(np.float16)) * 2 + r64(b.astype(np.float16)), rtol=2e-3,
+                     atol=2e-3)
+        mixed = h + y  # f16 + f32 -> f32
+        assert mixed.dtype is wgpar.float32
+        assert_close(mixed.numpy(), r64(a.astype(np.float16)) + r64(b), rtol=1e-6, atol=1e-6)
+    assert all(k[0] == "elementwise_block" and k[1] == (4 if n % 4 == 0 else 1) for k in chosen), chosen
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 4), (5, 8), (33, 12), (7, 1024), (3, 7), (9, 5), (2, 1), (1, 1)])
+def test_bias_and_row_statistics(dev, rng, chosen, rows, cols):
+    a, bias, stat = f32(rng, (rows, cols)), f32(rng, (cols,)), f32(rng, (rows, 1))
+    x, b, s = wgpar.tensor(a), wgpar.tensor(bias), wgpar.tensor(stat)
+    vec = (rows * cols) % 4 == 0
+    for what, fn, want, kind in [
+        ("x + bias", lambda: x + b, r64(a) + r64(bias), BLOCK4 if vec and cols % 4 == 0 else BLOCK1),
+        ("bias * x", lambda: b * x, r64(bias) * r64(a), BLOCK4 if vec and cols % 4 == 0 else BLOCK1),
+        ("x - stat", lambda: x - s, r64(a) - r64(stat), BLOCK4 if vec and cols % 4 == 0 else BLOCK1),
+        ("stat + bias", lambda: s + b, r64(stat) + r64(bias), BLOCK4 if vec and cols % 4 == 0 else BLOCK1),
+        ("x * scalar tensor", lambda: x * wgpar.tensor(np.float32(1.5)), r64(a) * 1.5, BLOCK4 if vec else BLOCK1),
+        ("where(x > bias, stat, x)", lambda: wgpar.where(x > b, s, x), np.where(a > bias, r64(stat), r64(a)),
+         BLOCK4 if vec and cols % 4 == 0 else BLOCK1),
+    ]:
+        chosen.clear()
+        got = fn()
+        assert chosen and all(k == kind for k in chosen), (what, chosen)
+        assert_close(got.numpy(), want, rtol=2e-6, atol=1e-6, what=what)
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 4, 8), (3, 1, 8)), ((2, 3, 4, 8), (3, 1, 1)), ((4, 8, 2), (1, 8, 1)),
+                                   ((6, 1, 8), (1, 5, 1)), ((2, 8, 4), (2, 1, 4)), ((4, 4), (4, 1, 4))])
+def test_broadcasts_that_are_not_one_block(dev, rng, chosen, sa, sb):
+    a, b = f32(rng, sa), f32(rng, sb)
+    got = wgpar.tensor(a) + wgpar.tensor(b)
+    assert_close(got.numpy(), r64(a) + r64(b), rtol=2e-6, what=f"{sa} + {sb}")
+    assert chosen, chosen
+
+
+def test_block_modes():
+    el = __import__("wgpar.ops.elementwise", fromlist=["_block_mode"])
+    t = wgpar.empty((4, 8))
+    assert el._block_mode(t, (4, 8), 32) == ("full", 1, 32)
+    assert el._block_mode(wgpar.empty((8,)), (4, 8), 32) == ("mod", 1, 8)
+    assert el._block_mode(wgpar.empty((4, 1)), (4, 8), 32) == ("div", 8, 4)
+    assert el._block_mode(wgpar.empty((3, 1, 1)), (2, 3, 4, 8), 192) == ("div", 32, 3)
+    assert el._block_mode(wgpar.empty((1, 1)), (4, 8), 32) == ("one", 1, 1)
+    assert el._block_mode(wgpar.empty((3, 1, 8)), (3, 4, 8), 96) is None
+    assert el._block_mode(wgpar.empty((8, 4)).T, (4, 8), 32) is None
+
+
+def test_offset_views_and_transposes(dev, rng, chosen):
+    a = f32(rng, (1030,))
+    x = wgpar.tensor(a)
+    for start, stop in [(1, 1029), (2, 1030), (4, 1028), (4, 1030), (0, 1028), (3, 7)]:
+        chosen.clear()
+        got = x[start:stop] * 3.0 - x[:stop - start]
+        n = stop - start
+        want_kind = BLOCK4 if start % 4 == 0 and n % 4 == 0 else BLOCK1
+        assert chosen == [want_kind, BLOCK4 if n % 4 == 0 else BLOCK1], (start, stop, chosen)
+        assert_close(got.numpy(), r64(a[start:stop]) * 3 - r64(a[:n]), rtol=2e-6, atol=1e-6)
+    m = f32(rng, (12, 8))
+    w = wgpar.tensor(m)
+    chosen.clear()
+    got = w.T + 1.0
+    assert chosen == [STRIDED]
+    assert_close(got.numpy(), r64(m).T + 1)
+    row = w[5]  # offset 40: a 4-aligned row
+    chosen.clear()
+    assert_close((row + w).numpy(), r64(m[5]) + r64(m))
+    assert chosen == [BLOCK4]
+    col = w[:, 3]  # strided
+    chosen.clear()
+    assert_close((col * 2.0).numpy(), r64(m[:, 3]) * 2)
+    assert chosen == [STRIDED]
+
+
+def test_in_place_and_out_variants(dev, rng, chosen):
+    a, b = f32(rng, (16, 12)), f32(rng, (12,))
+    x = wgpar.tensor(a)
+    x += wgpar.tensor(b)
+    assert chosen[-1] == BLOCK4
+    assert_close(x.numpy(), r64(a) + r64(b), rtol=2e-6)
+    y = wgpar.tensor(a)
+    y[1:] += y[:-1]  # overlapping: read through a copy, never the half-written output
+    want = r64(a).copy()
+    want[1:] += r64(a)[:-1]
+    assert_close(y.numpy(), want, rtol=2e-6)
+    z = wgpar.tensor(a)
+    sub = z[2:9]  # offset 24, 7 rows of 12: vec4
+    chosen.clear()
+    sub *= 2.0
+    assert chosen == [BLOCK4]
+    want = r64(a).copy()
+    want[2:9] *= 2
+    assert_close(z.numpy(), want)
+    flat = wgpar.tensor(a.reshape(-1))
+    part = flat[5:17]  # offset 5: not 4-aligned
+    chosen.clear()
+    part.fill_(0.5)
+    assert chosen == [BLOCK1]
+    want = r64(a.reshape(-1)).copy()
+    want[5:17] = 0.5
+    assert_close(flat.numpy(), want)
+    c = wgpar.tensor(a).to(wgpar.float16) if dev.has_f16 else None
+    if c is not None:
+        assert_close(c.numpy(), r64(a.astype(np.float16)))
