@@ -191,3 +191,23 @@ def test_top_level_names_exist():
         assert callable(getattr(wgpar, name)) or isinstance(getattr(wgpar, name), wgpar.DType), name
     assert issubclass(wgpar.OutOfMemoryError, MemoryError)
     assert issubclass(wgpar.DeviceMismatchError, ValueError)
+
+
+def test_full_infers_bool_and_float_dtypes():
+    assert wgpar.full((2, 3), True).dtype is wgpar.bool_
+    np.testing.assert_array_equal(wgpar.full((2, 3), True).numpy(), np.ones((2, 3), bool))
+    assert wgpar.full((2,), 1.5).dtype is wgpar.float32
+    assert wgpar.full((2,), 7).dtype is wgpar.int32
+
+
+def test_setitem_with_host_values(rng):
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    t = wgpar.tensor(a)
+    block = rng.standard_normal((2, 3))
+    t[1:3, ::3] = block
+    a[1:3, ::3] = block
+    t[4] = [float(i) for i in range(7)]
+    a[4] = np.arange(7)
+    np.testing.assert_array_equal(t.numpy(), a)
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        t[0:2, 0:2] = block

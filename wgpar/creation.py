@@ -61,8 +61,11 @@ def ones(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) ->
 
 
 def full(shape, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    if dtype is None:
-        dtype = _dt.float32 if isinstance(fill_value, float) else _dt.int32
+    if dtype is None:  # as in PyTorch: a bool fills a bool tensor, a float a float32 one
+        if isinstance(fill_value, (bool, np.bool_)):
+            dtype = _dt.bool_
+        else:
+            dtype = _dt.float32 if isinstance(fill_value, (float, np.floating)) else _dt.int32
     return _factory(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), fill_value, dtype, device,
                     requires_grad)
 

@@ -76,7 +76,10 @@ def setitem(t: Tensor, key, value) -> None:
     items = key if isinstance(key, tuple) else (key,)
     if any(isinstance(k, (Tensor, list, np.ndarray)) for k in items):
         raise TypeError("assignment through an integer-array or mask index is not supported; use where()")
-    copy_(getitem(t, key), value)
+    target = getitem(t, key)
+    if isinstance(value, (np.ndarray, list, tuple)):  # host values: uploaded to t's device first
+        value = Tensor.from_numpy(np.asarray(value), device=t.device, dtype=t.dtype)
+    copy_(target, value)
 
 
 def _as_index(index, dev) -> Tensor:
