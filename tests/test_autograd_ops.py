@@ -207,3 +207,29 @@ def test_against_torch_mlp_block(rng):
     assert abs(got[0] - ref[0]) < 1e-5 * max(1, abs(ref[0]))
     np.testing.assert_allclose(got[1], ref[1], rtol=1e-3, atol=1e-5)
     np.testing.assert_allclose(got[2], ref[2], rtol=1e-3, atol=1e-5)
+
+
+def test_copy_like_ops_grad(rng, devs2):
+    x = rng.standard_normal((3, 5))
+    check(lambda t: t.clone() * 2.0, lambda a: a * 2.0, [x], rng)
+    check(lambda t: t.T.contiguous().exp(), lambda a: np.exp(a.T), [x], rng)
+    check(lambda t: t.half().float() * 1.0, lambda a: a, [np.round(x * 8) / 8], rng)  # exact in float16
+    # across devices: the gradient comes back to the source device
+    t = wgpar.tensor(x.astype(np.float32), device=devs2[0], requires_grad=True)
+    y = (t.to(devs2[1]) * 3.0).sum()
+    y.backward()
+    assert t.grad.device is devs2[0]
+    np.testing.assert_allclose(t.grad.numpy(), np.full((3, 5), 3.0))
+
+
+def test_loss_variants_grad(rng):
+    t = rng.integers(0, 4, 6)
+    w = rng.standard_normal(6)
+
+    def logp(z):
+        return np.log(_softmax(z, 1))
+
+    check(lambda z: F.nll_loss(F.log_softmax(z, 1), t), lambda z: -logp(z)[np.arange(6), t].mean(),
+          [rng.standard_normal((6, 4))], rng)
+    check(lambda z: (F.cross_entropy(z, t, reduction="none") * wgpar.tensor(w)).sum(),
+          lambda z: (-logp(z)[np.arange(6), t] * w).sum(), [rng.standard_normal((6, 4))], rng)
