@@ -262,6 +262,7 @@ class ThreadRank(Collectives):
             self._reduce_slice([mine], [target], 0, target.size, "sum")
         else:
             world = self.world_size
+
             def share(d):
                 _same_shapes({r: v[0] for r, v in d.items()}, kind)
                 return [d[r][0] for r in range(world)], [d[r][1] for r in range(world)]
@@ -337,20 +338,10 @@ class ThreadRank(Collectives):
             return [parts[r] for r in range(world)], np.empty_like(parts[0])
 
         parts, result = self.group.exchange(self.rank, kind, host, share)
-        flat_parts = [p.reshape(-1) for p in parts]
         out = result.reshape(-1)
         bounds = np.cumsum([0, *split_sizes(out.size, world)])
-        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
-        if hi > lo:
-            fn = np.add if op in ("sum", "mean") else (np.maximum if op == "max" else np.minimum)
-            np.copyto(out[lo:hi], flat_parts[0][lo:hi])
-            for p in flat_parts[1:]:
-                fn(out[lo:hi], p[lo:hi], out=out[lo:hi])
-            if op == "mean":
-                if out.dtype.kind == "f":
-                    np.divide(out[lo:hi], world, out=out[lo:hi])
-                else:
-                    np.floor_divide(out[lo:hi], world, out=out[lo:hi])
+        self._reduce_slice([p.reshape(-1) for p in parts], [out], int(bounds[self.rank]),
+                           int(bounds[self.rank + 1]), op)
         self.group.exchange(self.rank, kind + ".reduced", None, lambda d: True)
         return result
 
