@@ -120,16 +120,9 @@ class Module:
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        from ..autograd.grad_mode import no_grad
+        from .utils import zero_grad_
 
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                with no_grad():
-                    p.grad.zero_()
+        zero_grad_(self.parameters(), set_to_none)
 
     def requires_grad_(self, requires_grad: bool = True) -> Module:
         for p in self.parameters():

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from .. import dtypes as _dt
 from .. import ops
+from ..autograd.grad_mode import no_grad
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
 from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
@@ -128,3 +129,18 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
 
 
 __all__ = ["clip_grad_norm_"]
+
+
+def zero_grad_(parameters: Iterable[Tensor], set_to_none: bool = True) -> None:
+    """Reset gradients: to None (frees memory; the default) or to zeros in place, outside the graph."""
+    for p in parameters:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+            continue
+        with no_grad():
+            if p.grad._node is not None:
+                p.grad = p.grad.detach()
+            p.grad.requires_grad = False
+            p.grad.zero_()

@@ -19,6 +19,7 @@ from .. import ops
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..errors import DeviceMismatchError
 from ..nn.parameter import Parameter
+from ..nn.utils import zero_grad_
 from ..tensor import Tensor
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
@@ -120,18 +121,7 @@ class Optimizer:
     # -- stepping -------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to None (the default, frees memory) or to zeros in place."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    with no_grad():
-                        if p.grad._node is not None:
-                            p.grad = p.grad.detach()
-                        p.grad.requires_grad = False
-                        p.grad.zero_()
+        zero_grad_([p for group in self.param_groups for p in group["params"]], set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a gradient; one fused kernel per parameter, no readback.
