@@ -30,3 +30,16 @@ fn gelu_grad_(x: f32) -> f32 {
 fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 // Some drivers compute tanh as a ratio of exponentials that overflows to NaN.
 fn tanh_(x: f32) -> f32 { return tanh(clamp(x, -20.0, 20.0)); }
+
+// Python's floor division and modulo: the quotient rounds toward -inf, the remainder takes the
+// divisor's sign. (WGSL's integer / and % truncate toward zero.)
+fn floordiv_f32(a: f32, b: f32) -> f32 { return floor(a / b); }
+fn mod_f32(a: f32, b: f32) -> f32 { return a - floor(a / b) * b; }
+fn floordiv_i32(a: i32, b: i32) -> i32 {
+  let q = a / b;
+  return select(q, q - 1, (a % b != 0) && ((a < 0) != (b < 0)));
+}
+fn mod_i32(a: i32, b: i32) -> i32 {
+  let r = a % b;
+  return select(r, r + b, (r != 0) && ((r < 0) != (b < 0)));
+}

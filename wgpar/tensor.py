@@ -361,6 +361,24 @@ class Tensor:
     def __rtruediv__(self, o):
         return ops.binary("div", o, self)
 
+    def __floordiv__(self, o):
+        return ops.binary("floordiv", self, o)
+
+    def __rfloordiv__(self, o):
+        return ops.binary("floordiv", o, self)
+
+    def __mod__(self, o):
+        return ops.binary("mod", self, o)
+
+    def __rmod__(self, o):
+        return ops.binary("mod", o, self)
+
+    def floor_divide(self, o):
+        return ops.binary("floordiv", self, o)
+
+    def remainder(self, o):
+        return ops.binary("mod", self, o)
+
     def __pow__(self, o):
         return ops.binary("pow", self, o)
 

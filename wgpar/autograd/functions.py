@@ -84,8 +84,14 @@ def binary(op: str, a, b) -> Tensor:
             return (unbroadcast(raw.binary("mul", g, wa), sa) if _needs(a) else None,
                     unbroadcast(raw.binary("mul", g, raw.binary("sub", 1.0, wa)), sb) if _needs(b) else None)
         saved = [x for x in (a, b) if isinstance(x, Tensor)]
+    elif op == "mod":  # a - floor(a / b) * b
+        def bw(g):
+            return (unbroadcast(g, sa) if _needs(a) else None,
+                    unbroadcast(raw.binary("mul", g, raw.unary("neg", raw.binary("floordiv", a, b))), sb)
+                    if _needs(b) else None)
+        saved = [x for x in (a, b) if isinstance(x, Tensor)]
     else:
-        return out  # comparisons: no gradient
+        return out  # comparisons, floordiv: the gradient is zero (almost everywhere)
     return record(op, out, [a, b], bw, saved)
 
 

@@ -31,6 +31,8 @@ OPS: dict[str, tuple[str, str]] = {
     "mul": ("arith", "x0 * x1"),
     "div": ("true", "x0 / x1"),
     "pow": ("true", "fpow(x0, x1)"),
+    "floordiv": ("arith", "floordiv_C(x0, x1)"),  # C( becomes the compute type: floordiv_f32(
+    "mod": ("arith", "mod_C(x0, x1)"),
     "maximum": ("arith", "max(x0, x1)"),
     "minimum": ("arith", "min(x0, x1)"),
     "eq": ("cmp", "x0 == x1"),
