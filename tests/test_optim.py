@@ -167,7 +167,10 @@ def test_float16_parameters(cls, rng, dev):
             if k != "t":
                 st[k] = st[k].astype(np.float16).astype(np.float64)
     assert p.dtype is wgpar.float16
-    assert_close(p.numpy(), want, rtol=5e-3, atol=5e-3)
+    # Kernel and reference may round differently by one float16 step per update: allow 4 steps, of
+    # the size of the update's operands (a weight crossing zero keeps their absolute rounding).
+    ulp = np.spacing(np.maximum(np.abs(want), 0.05).astype(np.float16)).astype(np.float64)
+    np.testing.assert_array_less(np.abs(p.numpy().astype(np.float64) - want), 4 * ulp + 1e-6)
     assert all(t.dtype is wgpar.float16 for t in opt.state[p].values() if isinstance(t, wgpar.Tensor))
 
 
