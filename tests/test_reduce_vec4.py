@@ -113,9 +113,12 @@ def test_softmax_with_infinities_and_offsets(dev, rng, chosen):
 def test_split_column_reductions(dev, rng, shape, axis):
     a = rng.uniform(-2, 2, size=shape).astype(np.float32)
     x = wgpar.tensor(a)
+    # float32 sums of thousands of terms that cancel: the error scales with the terms, not the sum
+    scale = float(np.abs(r64(a)).sum(axis).max())
     for name, want in [("sum", r64(a).sum(axis)), ("mean", r64(a).mean(axis)), ("max", a.max(axis)),
                        ("min", a.min(axis)), ("argmax", a.argmax(axis))]:
-        assert_close(getattr(x, name)(axis).numpy(), want, rtol=1e-5, atol=1e-5, what=f"{name} {shape} {axis}")
+        atol = 1e-5 + (2e-7 * scale if name == "sum" else 2e-7 * scale / a.shape[axis] if name == "mean" else 0)
+        assert_close(getattr(x, name)(axis).numpy(), want, rtol=1e-5, atol=atol, what=f"{name} {shape} {axis}")
     ints = rng.integers(-50, 50, size=shape)
     np.testing.assert_array_equal(wgpar.tensor(ints).sum(axis).numpy(), ints.sum(axis))
     b = wgpar.tensor(a > 0)
