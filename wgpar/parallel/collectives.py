@@ -19,17 +19,15 @@ number, and the group refuses further collectives until ``reset``.
 from __future__ import annotations
 
 import abc
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import ops
 from ..runtime.device import Device
-from ..runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
+from ..runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer, host_pool
 from ..tensor import Tensor
 from .errors import CollectiveError, CollectiveTimeoutError
 
@@ -228,7 +226,7 @@ class ThreadRank(Collectives):
         if len(blocks) == 1:
             run_block(*blocks[0])
             return
-        for f in [_reduce_pool().submit(run_block, a, b) for a, b in blocks]:
+        for f in [host_pool().submit(run_block, a, b) for a, b in blocks]:
             f.result()
 
     @staticmethod
@@ -402,18 +400,6 @@ class ThreadRank(Collectives):
 
 
 _scratch = threading.local()
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _reduce_pool() -> ThreadPoolExecutor:
-    """Threads shared by every rank's host reduction (created on first use)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
-                                       thread_name_prefix="wgpar-reduce")
-        return _pool
 
 
 def _same_shapes(parts: dict[int, np.ndarray], what: str) -> None:

@@ -11,7 +11,8 @@ device, and threads driving different devices never contend.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import wgpu
 
@@ -255,13 +256,13 @@ class Device:
             self.queue.write_buffer(buffer, offset, data)
 
     def _upload_through_ring(self, buffer, offset: int, data, nbytes: int) -> None:
-        from .transfer import UploadBuffer
+        from .transfer import UploadBuffer, host_copy
 
         ring = self._upload_ring
         if ring is None or ring.capacity < nbytes:
             ring = self._upload_ring = UploadBuffer(self, max(nbytes, 2 * ring.capacity if ring else 0), "upload")
         target = ring.view(_UPLOAD_TIMEOUT, "upload")
-        target[:nbytes] = memoryview(data).cast("B")
+        host_copy(target, data)
         del target
         ring.commit(buffer, offset, nbytes)  # a GPU copy recorded in stream order, then submitted
 

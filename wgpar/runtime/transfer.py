@@ -15,8 +15,12 @@ waits go through the promise's completion event with a deadline.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import wgpu
 
 from .device import Device
@@ -24,6 +28,36 @@ from .device import Device
 
 class TransferTimeout(TimeoutError):
     pass
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_COPY_BLOCK = 4 << 20  # bytes per task of a parallel host copy
+
+
+def host_pool() -> ThreadPoolExecutor:
+    """Threads for host-side copies and reductions (NumPy releases the GIL), made on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
+                                       thread_name_prefix="wgpar-host")
+        return _pool
+
+
+def host_copy(dst: memoryview, src) -> None:
+    """Copy bytes into (mapped) memory in blocks on the host pool: one core cannot saturate PCIe."""
+    d = np.frombuffer(dst, dtype=np.uint8)
+    s = np.frombuffer(memoryview(src).cast("B"), dtype=np.uint8)
+    if s.size <= _COPY_BLOCK:
+        np.copyto(d[: s.size], s)
+        return
+    tasks = [host_pool().submit(np.copyto, d[a:a + _COPY_BLOCK], s[a:a + _COPY_BLOCK])
+             for a in range(0, s.size - _COPY_BLOCK, _COPY_BLOCK)]
+    tail = (s.size - 1) // _COPY_BLOCK * _COPY_BLOCK
+    np.copyto(d[tail:s.size], s[tail:])
+    for t in tasks:
+        t.result()
 
 
 class _NoPollToken:
