@@ -42,6 +42,11 @@ def device_line(dev) -> str:
     return f"{dev.adapter_name} ({dev.backend}, {dev.adapter_type or 'unknown type'})"
 
 
+def slug(name: str) -> str:
+    """A BENCHMARKS.md section key from an adapter name ("NVIDIA H200" -> "nvidia-h200")."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

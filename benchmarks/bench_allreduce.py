@@ -76,7 +76,7 @@ def main() -> None:
             f"Devices: {devs}. Date: {_report.today()}. Command: `{_report.command_line()}`\n\n{table}\n")
     print(body)
     if not args.no_write:
-        _report.write_section(f"allreduce:{ctx.devices[0].adapter_name}", body)
+        _report.write_section(f"allreduce:{_report.slug(ctx.devices[0].adapter_name)}", body)
     ctx.close()
 
 

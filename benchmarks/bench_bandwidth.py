@@ -18,7 +18,6 @@ NumPy (here) or PyTorch on CUDA (when importable) run the same ops alongside.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _report.markdown_table(header, rows_out)
     print(table)
     if not args.no_md:
-        slug = re.sub(r"[^a-z0-9]+", "-", dev.adapter_name.lower()).strip("-")[:40]
+        slug = _report.slug(dev.adapter_name)
         tver = f"; torch {torch.__version__} on {torch.cuda.get_device_name(0)}" if torch is not None else ""
         body = (f"## Memory-bound kernels vs device copy bandwidth ({dev.adapter_name})\n\n"
                 f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"

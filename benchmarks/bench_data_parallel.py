@@ -130,7 +130,7 @@ def main() -> None:
             f"{t_bcast * 1e3:.1f} ms per step.\n")
     print(body)
     if not args.no_write:
-        _report.write_section(f"data_parallel:{ctx.devices[0].adapter_name}", body)
+        _report.write_section(f"data_parallel:{_report.slug(ctx.devices[0].adapter_name)}", body)
     ctx.close()
 
 

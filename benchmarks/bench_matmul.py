@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
          "torch fp32 (TF32 off)", "torch TF32", "torch fp16"], rows)
     print(table)
     if not args.no_md:
-        slug = re.sub(r"[^a-z0-9]+", "-", dev.adapter_name.lower()).strip("-")[:40]
+        slug = _report.slug(dev.adapter_name)
         tver = f"; torch {torch.__version__} on {torch.cuda.get_device_name(0)}" if torch is not None else ""
         body = (f"## Matmul GFLOP/s ({dev.adapter_name})\n\n"
                 f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"

@@ -13,7 +13,6 @@ dispatch path adds per op (target: at most 3x).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -144,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
          "<= 3x"], rows)
     print(table)
     if not args.no_md:
-        slug = re.sub(r"[^a-z0-9]+", "-", dev.adapter_name.lower()).strip("-")[:40]
+        slug = _report.slug(dev.adapter_name)
         body = (f"## Elementwise chain: per-op cost vs raw wgpu-py ({dev.adapter_name})\n\n"
                 f"- device: {_report.device_line(dev)}\n- date: {_report.today()}\n"
                 f"- command: `{_report.command_line()}`\n"

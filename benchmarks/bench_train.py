@@ -18,7 +18,6 @@ losses of the first steps are printed side by side as a check.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ["batch", "wgpar ms/step", "wgpar samples/s", f"{ref} ms/step", "ratio", "<= 1.5x (GPU)"], rows)
     print(table)
     if not args.no_md:
-        slug = re.sub(r"[^a-z0-9]+", "-", dev.adapter_name.lower()).strip("-")[:40]
+        slug = _report.slug(dev.adapter_name)
         body = (f"## MLP training step vs PyTorch eager ({dev.adapter_name})\n\n"
                 f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
                 f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
