@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 import wgpar  # noqa: E402
 from benchmarks import _report  # noqa: E402
 from wgpar import nn, optim  # noqa: E402
+from wgpar.distributed import DataParallel, MultiAdapterContext  # noqa: E402
 from wgpar.nn import functional as F  # noqa: E402
-from wgpar.parallel import DataParallel, MultiAdapterContext  # noqa: E402
 
 
 def mlp(width: int, layers: int, classes: int, device) -> nn.Module:
@@ -105,10 +105,12 @@ def main() -> None:
         return (time.perf_counter() - t0) / args.steps
 
     tn = dp_step_time()
-    overlapped = dp.sync.launched_in_backward[0]
-    dp.sync.overlap = False  # every bucket waits until backward is issued: what overlap buys
+    overlapped = dp.sync.launched_in_backward
+    for d in dp.ranks:  # every bucket waits until backward is issued: what overlap buys
+        d.sync.overlap = False
     tn_serial = dp_step_time()
-    dp.sync.overlap = True
+    for d in dp.ranks:
+        d.sync.overlap = True
     t_opt, t_bcast = step_vs_broadcast(ctx, dp, opts)
     buckets = len(dp.sync.bucket_sizes())
     params = sum(p.numel() for p in dp.module.parameters())

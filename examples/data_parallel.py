@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_mlp import accuracy, load_digits, make_model, train  # noqa: E402
 
 import wgpar  # noqa: E402
+from wgpar.distributed import DataParallel, MultiAdapterContext  # noqa: E402
 from wgpar.nn import functional as F  # noqa: E402
-from wgpar.parallel import DataParallel, MultiAdapterContext  # noqa: E402
 
 
 def main() -> None:

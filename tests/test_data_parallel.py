@@ -9,8 +9,15 @@ import pytest
 
 import wgpar
 from wgpar import nn, optim
+from wgpar.distributed import (
+    AllReduceSync,
+    DataParallel,
+    DistributedDataParallel,
+    MultiAdapterContext,
+    RankError,
+    run_spmd,
+)
 from wgpar.nn import functional as F
-from wgpar.parallel import AllReduceSync, DataParallel, MultiAdapterContext, RankError
 
 pytestmark = pytest.mark.multidevice
 
@@ -76,27 +83,88 @@ def test_forward_loss_backward_api_and_overlap(rng):
         assert [o.device for o in outs] == ctx.devices
         dp.backward(dp.loss(F.cross_entropy, outs, Y))
         # buckets whose gradients were complete went out while backward still ran
-        assert dp.sync.launched_in_backward[0] == len(dp.sync.bucket_sizes())
+        assert dp.sync.launched_in_backward == len(dp.sync.bucket_sizes())
         for (k, p), q in zip(ref.named_parameters(), dp.replicas[1].parameters()):
             np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_all_reduce_sync_averages_gradients(rng):
-    with MultiAdapterContext(2, timeout=60) as ctx:
-        sync = AllReduceSync(ctx, bucket_cap_mb=1)
-        grads = [rng.standard_normal((7, 3)).astype(np.float32) for _ in range(2)]
+    grads = [rng.standard_normal((7, 3)).astype(np.float32) for _ in range(2)]
 
-        def f(r, g):
-            p = nn.Parameter(wgpar.zeros(7, 3, device=ctx.devices[r]))
-            sync.register(r, [p])
-            sync.prepare(r)
-            (p * wgpar.tensor(g, device=ctx.devices[r])).sum().backward()
-            sync.finish(r)
-            return p.grad.numpy()
+    def f(group):
+        p = nn.Parameter(wgpar.zeros(7, 3, device=group.device))
+        sync = AllReduceSync(group, [p], bucket_cap_mb=1)
+        sync.prepare()
+        (p * wgpar.tensor(grads[group.rank], device=group.device)).sum().backward()
+        sync.finish()
+        return p.grad.numpy()
 
-        out = ctx.run(f, grads)
-        for o in out:
-            np.testing.assert_allclose(o, (grads[0] + grads[1]) / 2, rtol=1e-6)
+    for o in run_spmd(f, 2, timeout=60):
+        np.testing.assert_allclose(o, (grads[0] + grads[1]) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradient_accumulation_without_zero_grad(world, rng):
+    """Two forward/backward rounds without zero_grad give g1 + g2 (not N * g1 + g2), as on one device;
+    with no_sync the first round stays local and the second reduces both."""
+    X = rng.standard_normal((2, 11, 6)).astype(np.float32)
+    Y = rng.integers(0, 4, (2, 11)).astype(np.int32)
+    seed = int(rng.integers(1 << 30))
+    ref = _model(seed)
+    for k in range(2):
+        F.cross_entropy(ref(wgpar.tensor(X[k])), Y[k]).backward()
+    want = [p.grad.numpy() for p in ref.parameters()]
+    with MultiAdapterContext(world, timeout=60) as ctx:
+        for use_no_sync in (False, True):
+            dp = DataParallel(_model(seed), ctx, bucket_cap_mb=0.001)
+            assert len(dp.sync.bucket_sizes()) > 1
+            for k in range(2):
+                outs = dp(X[k])
+                losses = dp.loss(F.cross_entropy, outs, Y[k])
+                if use_no_sync and k == 0:
+                    with dp.no_sync():
+                        dp.backward(losses)
+                else:
+                    dp.backward(losses)
+            for r, replica in enumerate(dp.replicas):
+                for (name, _), p, w in zip(ref.named_parameters(), replica.parameters(), want):
+                    np.testing.assert_allclose(p.grad.numpy(), w, rtol=1e-4, atol=1e-6,
+                                               err_msg=f"rank {r} {name} no_sync={use_no_sync}")
+
+
+def test_distributed_data_parallel_spmd_matches_single_device(rng):
+    """The per-rank wrapper, written against one rank's group, trains like one device on the whole batch
+    (equal shares, op="mean")."""
+    X = rng.standard_normal((3, 12, 6)).astype(np.float32)
+    Y = rng.integers(0, 4, (3, 12)).astype(np.int32)
+    seed = int(rng.integers(1 << 30))
+    ref = _model(seed)
+    init = {k: v.numpy() for k, v in ref.state_dict().items()}
+    opt = OPTS["adam"](ref.parameters())
+    for k in range(3):
+        opt.zero_grad()
+        F.cross_entropy(ref(wgpar.tensor(X[k])), Y[k]).backward()
+        opt.step()
+    want = {k: v.numpy() for k, v in ref.state_dict().items()}
+
+    def train(group):
+        model = nn.Sequential(nn.Linear(6, 33, device=group.device), nn.GELU(), nn.LayerNorm(33, device=group.device),
+                              nn.Linear(33, 4, device=group.device))
+        if group.rank == 0:  # the other ranks start from other weights: the broadcast must fix them
+            model.load_state_dict(init)
+        ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001)
+        o = OPTS["adam"](ddp.parameters())
+        lo, hi = group.rank * 4, group.rank * 4 + 4
+        for k in range(3):
+            o.zero_grad()
+            F.cross_entropy(ddp(wgpar.tensor(X[k, lo:hi], device=group.device)), Y[k, lo:hi]).backward()
+            ddp.finish()
+            o.step()
+        return {k: v.numpy() for k, v in ddp.module.state_dict().items()}
+
+    for got in run_spmd(train, 3, timeout=60):
+        for k, w in want.items():
+            np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_replica_failure_raises_on_every_rank(rng):
@@ -137,6 +205,35 @@ def test_memory_does_not_grow_over_100_steps(rng):
             assert b["num_buffer_creates"] == a["num_buffer_creates"], f"rank {r} created buffers"
 
 
+def test_reset_recovers_after_a_failure_mid_backward_with_several_buckets(rng):
+    """A hook raising on one rank while other buckets are in flight: every rank raises, and after reset
+    the same DataParallel trains again (no staging buffer is left mapped or pending)."""
+    X = rng.standard_normal((12, 6)).astype(np.float32)
+    Y = rng.integers(0, 4, 12).astype(np.int32)
+    with MultiAdapterContext(2, timeout=30) as ctx:
+        dp = DataParallel(_model(3), ctx, bucket_cap_mb=0.0005)
+        assert len(dp.sync.bucket_sizes()) >= 3
+        opts = dp.optimizers(OPTS["sgd"])
+        first = dp.replicas[1][0].weight  # the last gradient backward produces: buckets are in flight by then
+        state = {"armed": True}
+
+        def hook(p):
+            if state["armed"]:
+                state["armed"] = False
+                raise RuntimeError("injected hook failure")
+
+        first.register_post_accumulate_grad_hook(hook)
+        with pytest.raises(RankError, match="injected hook failure"):
+            dp.train_step(X, Y, F.cross_entropy, opts)
+        ctx.reset()
+        for _ in range(3):
+            loss = dp.train_step(X, Y, F.cross_entropy, opts)
+        assert np.isfinite(loss.item())
+        a, b = (dict(m.state_dict()) for m in dp.replicas)
+        for k in a:
+            np.testing.assert_array_equal(a[k].numpy(), b[k].numpy(), err_msg=k)
+
+
 def test_bad_input():
     with MultiAdapterContext(2) as ctx:
         with pytest.raises(TypeError, match="Module"):
@@ -144,3 +241,6 @@ def test_bad_input():
         dp = DataParallel(_model(0), ctx)
         with pytest.raises(ValueError, match="1 rows cannot feed 2"):
             dp(np.zeros((1, 6), np.float32))
+        opts = dp.optimizers(OPTS["sgd"])
+        with pytest.raises(ValueError, match=r"step: needs one per rank \(2\), got 1"):
+            dp.step(opts[:1])

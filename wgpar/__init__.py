@@ -18,7 +18,7 @@ from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory
                      reset_peak_memory_stats, synchronize)
 from .runtime import Device, adapter_names, device, devices
 from .tensor import Tensor
-from . import autograd, nn, optim, parallel  # noqa: E402  (after Tensor: they build on it)
+from . import autograd, distributed, nn, optim  # noqa: E402  (after Tensor: they build on it)
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
 
@@ -37,8 +37,16 @@ __all__ = [
     "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
     "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
-    "autograd", "nn", "optim", "parallel", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "autograd", "nn", "optim", "distributed", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
 ]
+
+
+def __getattr__(name: str):
+    if name == "parallel":  # the deprecated alias of wgpar.distributed, imported (and warned about) on use
+        import importlib
+
+        return importlib.import_module(".parallel", __name__)
+    raise AttributeError(f"module 'wgpar' has no attribute {name!r}")

@@ -1,16 +1,9 @@
-"""Training across several adapters: context, collectives, DataParallel, AllReduceSync.
+"""Deprecated alias of ``wgpar.distributed`` (renamed so the name says what it is); kept for one release."""
 
-Everything here reaches other devices only through ``collectives`` (the
-``Collectives`` interface), so a multi-process backend can replace the
-threaded one.
-"""
+import warnings
 
-from .allreduce import AllReduceSync
-from .collectives import Collectives, ThreadGroup, ThreadRank, split_sizes
-from .context import MultiAdapterContext
-from .data_parallel import DataParallel, replicate
-from .errors import CollectiveError, CollectiveTimeoutError
-from .workers import RankError, RankWorkers
+from ..distributed import *  # noqa: F403
+from ..distributed import __all__  # noqa: F401
 
-__all__ = ["MultiAdapterContext", "Collectives", "ThreadGroup", "ThreadRank", "AllReduceSync", "DataParallel",
-           "replicate", "split_sizes", "CollectiveError", "CollectiveTimeoutError", "RankError", "RankWorkers"]
+warnings.warn("wgpar.parallel is now wgpar.distributed; the old name goes away in the next release",
+              DeprecationWarning, stacklevel=2)

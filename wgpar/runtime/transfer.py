@@ -183,6 +183,25 @@ class StagingBuffer:
             self._mapped = False
             self.buffer.unmap()
 
+    @property
+    def idle(self) -> bool:
+        """Neither mapped nor waiting for a map: ready for the next ``start``."""
+        return self._promise is None and not self._mapped
+
+    def settle(self, timeout: float) -> None:
+        """Make the buffer idle after a failure, when nobody reads it any more: wait for a pending map
+        (a map still pending after ``timeout`` is left to finish on a buffer of its own), then unmap."""
+        promise, self._promise = self._promise, None
+        if promise is not None:
+            try:
+                wait_promise(promise, timeout, f"settling a staging buffer on {self.device}")
+                self._mapped = True
+            except TransferTimeout:
+                self.buffer = self._create()
+            except Exception:  # the map itself failed: nothing is mapped
+                pass
+        self.release()
+
     def wait(self, timeout: float, what: str = "readback") -> memoryview:
         """Wait for the transfer and return a copy of the bytes (the buffer is free again)."""
         data = self.view(timeout, what)
@@ -212,11 +231,30 @@ class UploadBuffer:
 
     def commit(self, dst: wgpu.GPUBuffer, dst_offset: int, nbytes: int) -> None:
         """Unmap, copy the first ``nbytes`` into ``dst`` on the GPU, and start mapping again."""
-        if nbytes > self.capacity:
-            raise ValueError(f"upload of {nbytes} bytes exceeds the buffer's {self.capacity} bytes")
+        self.commit_many([(0, dst, dst_offset, nbytes)])
+
+    def commit_many(self, copies: list[tuple[int, wgpu.GPUBuffer, int, int]]) -> None:
+        """Unmap, record each ``(offset, dst, dst_offset, nbytes)`` copy out of this buffer (offsets and
+        sizes multiples of 4), submit, and start mapping again."""
+        for off, _, _, nbytes in copies:
+            if off + nbytes > self.capacity:
+                raise ValueError(f"upload of {nbytes} bytes at offset {off} exceeds the buffer's {self.capacity} bytes")
         self.buffer.unmap()
-        if nbytes:
-            self.device.copy(self.buffer, 0, dst, dst_offset, nbytes)
+        if any(nbytes for *_, nbytes in copies):
+            for off, dst, dst_offset, nbytes in copies:
+                if nbytes:
+                    self.device.copy(self.buffer, off, dst, dst_offset, nbytes)
             self.device.flush()
         with self.device._lock:
             self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)
+
+    def settle(self, timeout: float) -> bool:
+        """Wait for a pending re-map (after a failure); False when it did not finish in time."""
+        promise, self._promise = self._promise, None
+        if promise is None:
+            return True
+        try:
+            wait_promise(promise, timeout, f"settling an upload buffer on {self.device}")
+            return True
+        except TransferTimeout:
+            return False

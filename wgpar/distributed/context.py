@@ -1,4 +1,10 @@
-"""MultiAdapterContext (rumus: MultiGpuContext): the devices a job uses and their process group."""
+"""MultiAdapterContext (rumus, the Rust framework wgpar follows: MultiGpuContext): the single-controller API.
+
+One Python thread (the driver) holds the context and hands per-rank work to
+the ranks' persistent threads with ``run``; each rank talks to the others
+through its ProcessGroup, ``ctx.comm(rank)``. It is a thin layer over the
+threaded backend and the launcher that ``run_spmd`` uses.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,9 @@ from collections.abc import Sequence
 
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from .collectives import DEFAULT_TIMEOUT, ThreadGroup, ThreadRank
-from .workers import RankWorkers
+from .backends.threads import ThreadGroup, ThreadRank, check_timeout
+from .group import DEFAULT_TIMEOUT
+from .launch import RankWorkers
 
 
 class MultiAdapterContext:
@@ -16,12 +23,13 @@ class MultiAdapterContext:
     Arguments:
         n: number of devices (``wgpar.devices(n)``: logical devices on shared adapters if needed).
         devices: explicit devices (or indices) instead of ``n``.
-        timeout: seconds every collective wait may take before all ranks raise.
+        timeout: seconds every collective wait may take before all ranks raise (positive).
     By default every physical adapter is used.
     """
 
     def __init__(self, n: int | None = None, devices: Sequence[Device | int] | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
+        check_timeout(timeout)
         if devices is not None and n is not None and len(devices) != n:
             raise ValueError(f"MultiAdapterContext: n={n} but {len(devices)} devices given")
         devs = [_adapters.resolve(d) for d in devices] if devices is not None else _adapters.devices(n)
@@ -39,7 +47,7 @@ class MultiAdapterContext:
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        self.group.timeout = float(seconds)
+        self.group.timeout = seconds
 
     def rank_of(self, device: Device) -> int:
         for r, d in enumerate(self.devices):
@@ -53,7 +61,7 @@ class MultiAdapterContext:
         return self.devices[rank]
 
     def comm(self, rank: int) -> ThreadRank:
-        """Rank ``rank``'s collectives handle (use it from that rank's thread)."""
+        """Rank ``rank``'s ProcessGroup (use it from that rank's thread)."""
         return self.group.rank(rank)
 
     @property
@@ -63,7 +71,13 @@ class MultiAdapterContext:
         return self._workers
 
     def run(self, fn, *per_rank_args, timeout: float | None = None) -> list:
-        """Call ``fn(rank, *args_r)`` on every rank's own thread; results in rank order."""
+        """Call ``fn(rank, *args_r)`` on every rank's own thread; results in rank order.
+
+        Each of ``per_rank_args`` is a sequence with one entry per rank.
+        """
+        for i, a in enumerate(per_rank_args):
+            if len(a) != self.world_size:
+                raise ValueError(f"run: per-rank argument {i} has {len(a)} entries for {self.world_size} ranks")
         calls = []
         for r in range(self.world_size):
             args = [a[r] for a in per_rank_args]
@@ -78,6 +92,7 @@ class MultiAdapterContext:
         if self._workers is not None:
             self._workers.close()
             self._workers = None
+        self.group.close()
 
     def __enter__(self) -> MultiAdapterContext:
         return self

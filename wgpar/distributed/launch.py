@@ -1,9 +1,13 @@
-"""One persistent worker thread per rank: each runs its rank's work, with its own thread-local tape.
+"""Launching SPMD work: one persistent worker thread per rank, and ``run_spmd``.
 
-``run`` hands rank r's function to thread r and waits for all of them. If a
-rank raises, the group is aborted at once, so ranks blocked in a collective
-raise too instead of waiting for their timeout; ``run`` then raises a
-RankError naming the first failing rank.
+SPMD (single program, multiple data): the same function runs on every rank,
+written against that rank's ProcessGroup (its rank, its device, its
+collectives), so it runs unchanged as threads of one process or as processes
+under MPI. With threads, ``RankWorkers.run`` hands rank r's function to
+thread r (persistent, so thread-local autograd tapes stay put) and waits for
+all of them. If a rank raises, the group is aborted at once, so ranks blocked
+in a collective raise too instead of waiting for their timeout; ``run`` then
+raises a RankError naming the first failing rank.
 """
 
 from __future__ import annotations
@@ -13,16 +17,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .collectives import ThreadGroup
-from .errors import CollectiveError
+from .backends.threads import ThreadGroup
+from .errors import CollectiveError, RankError
 
-
-class RankError(RuntimeError):
-    """Work on one rank raised; ``rank`` and ``__cause__`` say where and what."""
-
-    def __init__(self, rank: int, exc: BaseException) -> None:
-        super().__init__(f"rank {rank} raised {type(exc).__name__}: {exc}")
-        self.rank = rank
+BACKENDS = ("threads",)
 
 
 class RankWorkers:
@@ -87,3 +85,25 @@ class RankWorkers:
             inbox.put(None)
         for t in self._threads:
             t.join(5)
+
+
+def run_spmd(fn: Callable[..., Any], world_size: int | None = None, *, devices: Sequence | None = None,
+             backend: str = "threads", timeout: float | None = None, args: Sequence = ()) -> list[Any]:
+    """Run ``fn(group, *args)`` on every rank and return the results in rank order.
+
+    Arguments:
+        fn: the per-rank program; ``group`` is that rank's ProcessGroup (``group.rank``,
+            ``group.device``, the collectives).
+        world_size: number of ranks (``wgpar.devices(world_size)``; default: every adapter).
+        devices: explicit devices (or indices) instead of ``world_size``.
+        backend: "threads" (one thread per rank in this process).
+        timeout: seconds every collective wait may take (default 300).
+    If a rank raises, every rank stops within the timeout and RankError names the rank.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"run_spmd: unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    from .context import MultiAdapterContext
+
+    kw = {} if timeout is None else {"timeout": timeout}
+    with MultiAdapterContext(world_size, devices=devices, **kw) as ctx:
+        return ctx.run(lambda r: fn(ctx.comm(r), *args))

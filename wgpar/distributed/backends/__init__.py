@@ -1,0 +1,1 @@
+"""Implementations of the ProcessGroup interface (``threads``: ranks are threads of one process)."""

@@ -1,0 +1,86 @@
+"""Reductions of host arrays, in blocks on the shared host thread pool.
+
+Each rank reduces its slice of a collective's result from every rank's mapped
+readback straight into the mapped upload buffers. Upload mappings may be
+write-combined or device memory (resizable BAR), where reads are orders of
+magnitude slower than writes, so each block of the result is built in a
+cached scratch block and only ever written to them. Blocks run on a thread
+pool (NumPy releases the GIL): one core cannot keep up with PCIe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...dtypes import DType
+from ...runtime.transfer import host_pool
+
+BLOCK = 1 << 20  # elements per block: a worker's scratch block stays in its cache
+_scratch = threading.local()
+
+
+def host_dtype(dtype: DType) -> np.dtype:
+    """The NumPy dtype of a tensor's bytes on the host (bool is stored as one int32 per element)."""
+    return np.dtype(np.int32) if dtype.storage == "i32" else dtype.np
+
+
+def check_reducible(dtype: DType, op: str, what: str) -> None:
+    if op == "mean" and not dtype.is_float:
+        raise TypeError(f"{what}: op 'mean' needs a float tensor, got {dtype.name} (sum, then divide)")
+
+
+def _ufunc(op: str, is_bool: bool):
+    if is_bool:  # 0/1 values: sum and max are "any", prod and min are "all"
+        return np.maximum if op in ("sum", "max") else np.minimum
+    return {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+
+
+def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False) -> None:
+    """Reduce equal-length ``parts`` elementwise and write the result into every array of ``targets``.
+
+    float16 accumulates in float32; NaN propagates (np.maximum / np.minimum / np.add do).
+    """
+    n = len(parts[0]) if parts else 0
+    if n == 0:
+        return
+    fn = _ufunc(op, is_bool)
+    world = len(parts)
+    acc_dtype = np.dtype(np.float32) if parts[0].dtype == np.float16 else parts[0].dtype
+
+    def run_block(a: int, b: int) -> None:
+        if world == 1:
+            for t in targets:
+                np.copyto(t[a:b], parts[0][a:b])
+            return
+        scratch = getattr(_scratch, "block", None)
+        if scratch is None or scratch.dtype != acc_dtype:
+            scratch = _scratch.block = np.empty(BLOCK, dtype=acc_dtype)
+        acc = scratch[: b - a]
+        fn(parts[0][a:b], parts[1][a:b], out=acc, casting="unsafe")
+        for p in parts[2:]:
+            fn(acc, p[a:b], out=acc, casting="unsafe")
+        if op == "mean":
+            np.divide(acc, world, out=acc)
+        for t in targets:
+            np.copyto(t[a:b], acc, casting="unsafe")
+
+    blocks = [(a, min(a + BLOCK, n)) for a in range(0, n, BLOCK)]
+    if len(blocks) == 1:
+        run_block(*blocks[0])
+        return
+    for f in [host_pool().submit(run_block, a, b) for a, b in blocks]:
+        f.result()
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` in blocks on the host pool (large copies between mappings)."""
+    n = len(src)
+    blocks = [(a, min(a + BLOCK, n)) for a in range(0, n, BLOCK)]
+    if len(blocks) <= 1:
+        np.copyto(dst[:n], src)
+        return
+    for f in [host_pool().submit(np.copyto, dst[a:b], src[a:b]) for a, b in blocks]:
+        f.result()

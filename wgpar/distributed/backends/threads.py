@@ -1,0 +1,690 @@
+"""The threaded backend: ranks are threads of one process, each owning one device.
+
+``ThreadGroup`` is the state the ranks share: a rendezvous keyed by each
+collective's sequence number, a mailbox for point-to-point messages, and the
+failure flag. ``ThreadRank`` is one rank's ``ProcessGroup``.
+
+A collective runs in two halves. The *launch* runs on the calling thread: it
+records the copy of the input into a leased staging buffer (so it reads the
+input in the device's stream order), submits it and requests the map, without
+waiting. The *completion* runs on the rank's communication thread, in call
+order: it waits for the map, meets the other ranks, reduces or copies on the
+host straight between the mapped buffers (every rank reads the others'
+readbacks in place and works on its own slice), meets them again so nobody
+unmaps memory another rank still reads, and commits the upload with a GPU
+copy. ``async_op=True`` returns the Work of that completion, so transfers and
+host reductions overlap the rank's compute.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ... import ops as raw
+from ...runtime.device import Device
+from ...runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
+from ...tensor import Tensor
+from ..errors import CollectiveError, CollectiveTimeoutError
+from ..group import DEFAULT_TIMEOUT, ProcessGroup, Work, check_agreement, split_sizes
+from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
+from .staging import TransferPool
+
+
+def check_timeout(timeout: float) -> float:
+    t = float(timeout)
+    if not (t > 0 and math.isfinite(t)):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return t
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def _byte_offset(t: Tensor) -> int:
+    return t._offset * t.dtype.itemsize
+
+
+def _readable(t: Tensor) -> bool:
+    """Copyable to staging as is: contiguous from a 4-aligned byte offset (bytes read past its end, up
+    to the next multiple of 4, lie in its own buffer and are ignored)."""
+    return t.is_contiguous() and _byte_offset(t) % 4 == 0
+
+
+def _writable(t: Tensor) -> bool:
+    """Committable in place: contiguous, 4-aligned, a whole number of 4-byte words (writes no neighbour)."""
+    return t.is_contiguous() and _byte_offset(t) % 4 == 0 and t.nbytes % 4 == 0
+
+
+def _kind(name: str, label: str | None) -> str:
+    return f"{name}[{label}]" if label else name
+
+
+class _Slot:
+    __slots__ = ("kind", "first", "data", "result", "error", "taken")
+
+    def __init__(self, kind: str, first: int) -> None:
+        self.kind = kind
+        self.first = first
+        self.data: dict[int, object] = {}
+        self.result: object = None
+        self.error: str | None = None
+        self.taken = 0
+
+
+class _Progress:
+    """A rank's communication thread: runs completions in call order, one at a time."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Condition()
+        self._pending = 0
+
+    def submit(self, work: Work, fn: Callable[[], Any]) -> None:
+        with self._idle:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+        self._queue.put((work, fn))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            work, fn = item
+            try:
+                work.set_result(fn())
+            except BaseException as exc:  # handed to whoever waits on the Work
+                work.set_error(exc)
+            finally:
+                del work, fn, item
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted completion has run; False if some still run after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(5)
+            self._thread = None
+
+
+class ThreadGroup:
+    """The shared state of a group of thread ranks, rank r owning ``devices[r]``.
+
+    Arguments:
+        devices: one distinct Device per rank.
+        timeout: seconds any wait inside a collective may take.
+        ranks: the members' ranks in the parent group (sub-groups made by ``split``).
+    """
+
+    def __init__(self, devices: Sequence[Device], timeout: float = DEFAULT_TIMEOUT, *,
+                 ranks: Sequence[int] | None = None, name: str = "group") -> None:
+        if len(devices) < 1:
+            raise ValueError("a process group needs at least one device")
+        if len({id(d) for d in devices}) != len(devices):
+            raise ValueError(f"each rank needs its own device, got {[str(d) for d in devices]}")
+        self.devices = list(devices)
+        self.world_size = len(devices)
+        self._timeout = check_timeout(timeout)
+        self.ranks = tuple(ranks) if ranks is not None else tuple(range(self.world_size))
+        self.name = name
+        self._cond = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._seq = [0] * self.world_size
+        self._broken: str | None = None
+        self._mail: dict[tuple[int, int, int], deque] = {}
+        self._children: list[ThreadGroup] = []
+        self._members = [ThreadRank(self, r) for r in range(self.world_size)]
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = check_timeout(seconds)
+        for child in self._children:
+            child.timeout = seconds
+
+    def rank(self, r: int) -> ThreadRank:
+        """Rank ``r``'s ProcessGroup (use it from that rank's thread)."""
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world_size:
+            raise ValueError(f"rank {r!r} out of range for a group of {self.world_size}")
+        return self._members[r]
+
+    # -- failure handling -----------------------------------------------------------------
+    def abort(self, rank: int, reason: str) -> None:
+        """Mark the group (and its sub-groups) broken: every rank waiting in a collective raises."""
+        self._break(f"rank {rank} failed: {reason}")
+
+    def _break(self, why: str) -> None:
+        with self._cond:
+            if self._broken is None:
+                self._broken = why
+            self._cond.notify_all()
+        for child in self._children:
+            child._break(f"its parent group broke ({why})")
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
+
+    def reset(self) -> None:
+        """Forget a failure and everything pending, so the group can be used again.
+
+        Collectives still in flight fail first (the group is aborted while they drain); then every
+        rank's abandoned staging buffers are settled and returned to its pool.
+        """
+        busy = [m for m in self._members if m._progress.pending]
+        if busy:
+            self.abort(busy[0].rank, "reset() while collectives were in flight")
+        for m in self._members:
+            if not m._progress.drain(self._timeout + 10):
+                raise CollectiveTimeoutError(f"reset: rank {m.rank}'s collectives did not finish within "
+                                             f"{self._timeout + 10:g} s")
+        with self._cond:
+            mail, self._mail = self._mail, {}
+            self._broken = None
+            self._slots.clear()
+            self._seq = [0] * self.world_size
+        for box in mail.values():
+            for msg in box:
+                msg[-1]()  # give the sender's staging buffer back
+        for m in self._members:
+            m._pool.reset()
+        for child in self._children:
+            child.reset()
+
+    def close(self) -> None:
+        """Stop the ranks' communication threads (and the sub-groups')."""
+        for child in self._children:
+            child.close()
+        for m in self._members:
+            m._progress.close()
+
+    # -- the rendezvous -------------------------------------------------------------------
+    def exchange(self, rank: int, kind: str, payload, combine: Callable[[dict[int, object]], object] | None):
+        """Deposit ``payload``; once all ranks have, ``combine`` (run once) gives everyone the result."""
+        with self._cond:
+            if self._broken:
+                raise CollectiveError(f"{kind}: the group is broken ({self._broken}); reset it first")
+            seq = self._seq[rank]
+            self._seq[rank] += 1
+            slot = self._slots.get(seq)
+            if slot is None:
+                slot = self._slots[seq] = _Slot(kind, rank)
+            if slot.kind != kind:
+                self._broken = (f"rank {rank} called {kind} as collective #{seq} while rank {slot.first} "
+                                f"called {slot.kind}")
+                self._cond.notify_all()
+                raise CollectiveError(self._broken)
+            slot.data[rank] = payload
+            if len(slot.data) == self.world_size:
+                try:
+                    slot.result = combine(slot.data) if combine is not None else True
+                except Exception as exc:  # e.g. ranks disagree on shapes: everyone learns why
+                    slot.error = f"{kind} #{seq}: {exc}"
+                slot.data = {}
+                self._cond.notify_all()
+            deadline = time.monotonic() + self._timeout
+            while slot.result is None and slot.error is None:
+                if self._broken:
+                    raise CollectiveError(f"{kind} #{seq} on rank {rank}: aborted, {self._broken}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [r for r in range(self.world_size) if r not in slot.data]
+                    self._broken = f"{kind} #{seq}: rank(s) {missing} did not arrive within {self._timeout:g} s"
+                    self._cond.notify_all()
+                    raise CollectiveTimeoutError(self._broken)
+                self._cond.wait(left)
+            slot.taken += 1
+            if slot.taken == self.world_size:
+                del self._slots[seq]
+            if slot.error is not None:
+                raise CollectiveError(slot.error)
+            return slot.result
+
+    # -- point to point -------------------------------------------------------------------
+    def post(self, src: int, dst: int, tag: int, message: tuple) -> None:
+        with self._cond:
+            if self._broken:
+                raise CollectiveError(f"send from rank {src} to rank {dst}: the group is broken ({self._broken})")
+            self._mail.setdefault((src, dst, tag), deque()).append(message)
+            self._cond.notify_all()
+
+    def take(self, src: int, dst: int, tag: int) -> tuple:
+        deadline = time.monotonic() + self._timeout
+        key = (src, dst, tag)
+        with self._cond:
+            while True:
+                if self._broken:
+                    raise CollectiveError(f"recv on rank {dst} from rank {src} (tag {tag}): aborted, {self._broken}")
+                box = self._mail.get(key)
+                if box:
+                    return box.popleft()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._broken = (f"recv on rank {dst}: no message from rank {src} (tag {tag}) within "
+                                    f"{self._timeout:g} s")
+                    self._cond.notify_all()
+                    raise CollectiveTimeoutError(self._broken)
+                self._cond.wait(left)
+
+    # -- sub-groups -----------------------------------------------------------------------
+    def child(self, ranks: tuple[int, ...]) -> ThreadGroup:
+        sub = ThreadGroup([self.devices[r] for r in ranks], self._timeout,
+                          ranks=[self.ranks[r] for r in ranks], name=f"{self.name}/{'.'.join(map(str, ranks))}")
+        self._children.append(sub)
+        return sub
+
+    def __repr__(self) -> str:
+        return f"ThreadGroup(world_size={self.world_size}, devices={[str(d) for d in self.devices]})"
+
+
+class ThreadRank(ProcessGroup):
+    """Rank ``rank`` of a ThreadGroup; call its methods from that rank's thread."""
+
+    backend = "threads"
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = group.world_size
+        self.device = group.devices[rank]
+        self.ranks = group.ranks
+        self._pool = TransferPool(self.device, f"{group.name}:{rank}")
+        self._progress = _Progress(f"wgpar-comm{group.ranks[rank]}")
+
+    @property
+    def timeout(self) -> float:
+        return self.group.timeout
+
+    def abort(self, reason: str) -> None:
+        self.group.abort(self.rank, reason)
+
+    def reset(self) -> None:
+        self.group.reset()
+
+    @property
+    def broken(self) -> str | None:
+        return self.group.broken
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _launch(self, kind: str) -> None:
+        if self.group.broken:
+            raise CollectiveError(f"{kind} on rank {self.rank}: the group is broken ({self.group.broken}); "
+                                  "reset it first")
+
+    def _submit(self, kind: str, complete: Callable[[], Any]) -> Work:
+        def run():
+            try:
+                return complete()
+            except CollectiveError:
+                raise
+            except BaseException as exc:  # a local failure: the other ranks must not wait for us
+                self.group.abort(self.rank, f"{kind}: {type(exc).__name__}: {exc}")
+                raise
+        work = Work(f"{kind} on rank {self.rank}", self.group.timeout * 2 + 60)
+        self._progress.submit(work, run)
+        return work
+
+    def _exchange(self, kind: str, payload, combine=None):
+        return self.group.exchange(self.rank, kind, payload, combine)
+
+    def _download(self, t: Tensor) -> tuple[StagingBuffer, Tensor]:
+        """Start copying ``t`` into a leased staging buffer (returns it and the tensor copied from)."""
+        src = t if _readable(t) else raw.clone(t)
+        down = self._pool.down(_round4(src.nbytes))
+        try:
+            down.start(src._storage.buffer, _byte_offset(src), _round4(src.nbytes))
+        except BaseException:
+            self._pool.give_back(down)
+            raise
+        return down, src
+
+    def _mapped_bytes(self, down: StagingBuffer, kind: str) -> memoryview:
+        """The staging buffer's bytes, read in place once its map completes (with the group's timeout)."""
+        try:
+            return down.view(self.group.timeout, kind)
+        except TransferTimeout as exc:
+            self.group.abort(self.rank, str(exc))
+            raise CollectiveTimeoutError(f"{kind} on rank {self.rank}: {exc}") from None
+
+    def _mapped(self, down: StagingBuffer, kind: str, dtype: _dt.DType, count: int) -> np.ndarray:
+        return np.frombuffer(self._mapped_bytes(down, kind), dtype=host_dtype(dtype), count=count)
+
+    def _upload_view(self, up: UploadBuffer, kind: str, dtype: _dt.DType, count: int) -> np.ndarray:
+        try:
+            mem = up.view(self.group.timeout, kind)
+        except TransferTimeout as exc:
+            self.group.abort(self.rank, str(exc))
+            raise CollectiveTimeoutError(f"{kind} on rank {self.rank}: {exc}") from None
+        return np.frombuffer(mem, dtype=host_dtype(dtype), count=count)
+
+    def _commit(self, up: UploadBuffer, target: Tensor, result: Tensor) -> Tensor:
+        """Copy the upload into ``target`` (then into ``result`` when target is a stand-in)."""
+        try:
+            up.commit(target._storage.buffer, _byte_offset(target), _round4(target.nbytes))
+        finally:
+            self._pool.give_back(up)
+        target._storage.version += 1
+        if target is not result:
+            raw.copy_(result, target)
+        return result
+
+    def _abandon(self, *bufs) -> None:
+        for b in bufs:
+            if b is not None:
+                self._pool.abandon(b)
+
+    def _give_back(self, *bufs) -> None:
+        for b in bufs:
+            if b is not None:
+                self._pool.give_back(b)
+
+    def _shared_phase(self, kind: str, bufs: tuple, work: Callable[..., None], *args) -> None:
+        """Run ``work(*args)`` (which reads or writes other ranks' mappings), then meet every rank again so
+        that no rank releases memory another one still uses; on failure the buffers are abandoned."""
+        try:
+            work(*args)
+            self._exchange(kind + ".done", None)
+        except BaseException:
+            self._abandon(*bufs)
+            raise
+
+    # -- collectives ----------------------------------------------------------------------
+    def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
+        kind = _kind("all_reduce", label)
+        self._launch(kind)
+        check_reducible(tensor.dtype, op, kind)
+        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
+        work_t = tensor if _writable(tensor) else raw.clone(tensor)  # a clone owns its padding
+        n = tensor.numel()
+        down, _ = self._download(work_t)
+        up = self._pool.up(_round4(work_t.nbytes))
+
+        def complete():
+            try:
+                mine = self._mapped(down, kind, tensor.dtype, n)
+                target = self._upload_view(up, kind, tensor.dtype, n)
+                parts, targets = self._exchange(kind, (meta, mine, target), _share_all(kind))
+            except BaseException:
+                self._give_back(down, up)
+                raise
+            bounds = np.cumsum([0, *split_sizes(n, self.world_size)])
+            lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+            self._shared_phase(kind, (down, up), reduce_into, [p[lo:hi] for p in parts],
+                               [t[lo:hi] for t in targets], op, tensor.dtype is _dt.bool_)
+            del mine, target, parts, targets
+            self._give_back(down)
+            return self._commit(up, work_t, tensor)
+
+        return self._submit(kind, complete)
+
+    def _broadcast(self, tensor: Tensor, src: int, label: str | None) -> Work:
+        kind = _kind("broadcast", label)
+        self._launch(kind)
+        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "src": src}
+        n = tensor.numel()
+        if self.rank == src:
+            down, _ = self._download(tensor)
+
+            def complete():
+                try:
+                    mine = self._mapped(down, kind, tensor.dtype, n)
+                    self._exchange(kind, (meta, mine), _share_src(kind, src))
+                except BaseException:
+                    self._give_back(down)
+                    raise
+                self._shared_phase(kind, (down,), _nothing)
+                del mine
+                self._give_back(down)
+                return tensor
+
+            return self._submit(kind, complete)
+
+        target_t = tensor if _writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
+        up = self._pool.up(_round4(tensor.nbytes))
+
+        def complete():
+            try:
+                target = self._upload_view(up, kind, tensor.dtype, n)
+                value = self._exchange(kind, (meta, None), _share_src(kind, src))
+            except BaseException:
+                self._give_back(up)
+                raise
+            self._shared_phase(kind, (up,), copy_into, target, value)
+            del target, value
+            return self._commit(up, target_t, tensor)
+
+        return self._submit(kind, complete)
+
+    def _all_gather(self, tensor: Tensor, label: str | None) -> Work:
+        kind = _kind("all_gather", label)
+        self._launch(kind)
+        meta = {"dtype": tensor.dtype.name}
+        down, _ = self._download(tensor)
+        dtype, n, shape = tensor.dtype, tensor.numel(), tensor.shape
+
+        def complete():
+            up = None
+            try:
+                mine = self._mapped(down, kind, dtype, n)
+                parts = self._exchange(kind, (meta, (shape, mine)), _share_all_payloads(kind))
+                outs = [Tensor.empty(s, dtype, self.device) for s, _ in parts]
+                offsets = np.cumsum([0] + [_round4(o.nbytes) for o in outs]).tolist()
+                up = self._pool.up(max(4, offsets[-1]))
+                mem = up.view(self.group.timeout, kind)
+            except BaseException:
+                self._give_back(down, up)
+                raise
+            flat = np.frombuffer(mem, dtype=np.uint8)
+            pieces = [(flat[off:off + o.nbytes], part.view(np.uint8))
+                      for (_, part), o, off in zip(parts, outs, offsets)]
+            self._shared_phase(kind, (down, up), _copy_pieces, pieces)
+            del flat, pieces
+            del mine, parts, mem
+            self._give_back(down)
+            try:
+                up.commit_many([(off, o._storage.buffer, 0, _round4(o.nbytes))
+                                for o, off in zip(outs, offsets) if o.numel()])
+            finally:
+                self._give_back(up)
+            return outs
+
+        return self._submit(kind, complete)
+
+    def _all_gather_into(self, output: Tensor, tensor: Tensor, label: str | None) -> Work:
+        kind = _kind("all_gather_into", label)
+        self._launch(kind)
+        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name}
+        down, _ = self._download(tensor)
+        target_t = output if _writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+        up = self._pool.up(_round4(output.nbytes))
+        n = tensor.numel()
+
+        def complete():
+            try:
+                mine = self._mapped(down, kind, tensor.dtype, n)
+                target = self._upload_view(up, kind, tensor.dtype, output.numel())
+                parts = self._exchange(kind, (meta, mine), _share_all_payloads(kind))
+            except BaseException:
+                self._give_back(down, up)
+                raise
+            pieces = [(target[r * n:(r + 1) * n], part) for r, part in enumerate(parts)]
+            self._shared_phase(kind, (down, up), _copy_pieces, pieces)
+            del pieces
+            del mine, target, parts
+            self._give_back(down)
+            return self._commit(up, target_t, output)
+
+        return self._submit(kind, complete)
+
+    def _scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, op: str,
+                         lo: int, hi: int) -> Work:
+        """Reduce elements [lo, hi) of the flattened ``tensor`` over ranks into ``output``."""
+        self._launch(kind)
+        check_reducible(tensor.dtype, op, kind)
+        down, _ = self._download(tensor)
+        target_t = output if _writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+        up = self._pool.up(_round4(output.nbytes))
+
+        def complete():
+            try:
+                mine = self._mapped(down, kind, tensor.dtype, tensor.numel())
+                target = self._upload_view(up, kind, tensor.dtype, output.numel())
+                parts = self._exchange(kind, (meta, mine), _share_all_payloads(kind))
+            except BaseException:
+                self._give_back(down, up)
+                raise
+            self._shared_phase(kind, (down, up), reduce_into, [p[lo:hi] for p in parts], [target], op,
+                               tensor.dtype is _dt.bool_)
+            del mine, target, parts
+            self._give_back(down)
+            return self._commit(up, target_t, output)
+
+        return self._submit(kind, complete)
+
+    def _reduce_scatter(self, tensor: Tensor, op: str, label: str | None) -> Work:
+        rows = split_sizes(tensor.shape[0], self.world_size)
+        row = math.prod(tensor.shape[1:])
+        start = sum(rows[:self.rank])
+        out = Tensor.empty((rows[self.rank], *tensor.shape[1:]), tensor.dtype, self.device)
+        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
+        return self._scatter_reduced(_kind("reduce_scatter", label), meta, tensor, out, op, start * row,
+                                     (start + rows[self.rank]) * row)
+
+    def _reduce_scatter_into(self, output: Tensor, tensor: Tensor, op: str, label: str | None) -> Work:
+        n = output.numel()
+        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name, "op": op}
+        return self._scatter_reduced(_kind("reduce_scatter_into", label), meta, tensor, output, op,
+                                     self.rank * n, (self.rank + 1) * n)
+
+    def _barrier(self, label: str | None) -> Work:
+        kind = _kind("barrier", label)
+        self._launch(kind)
+        def complete():
+            self._exchange(kind, None)
+
+        return self._submit(kind, complete)
+
+    # -- point to point -------------------------------------------------------------------
+    def _send(self, tensor: Tensor, dst: int, tag: int) -> Work:
+        kind = f"send to rank {dst} (tag {tag})"
+        self._launch(kind)
+        down, _ = self._download(tensor)
+        meta = (tensor.shape, tensor.dtype)
+
+        def complete():
+            # The receiver copies straight out of our mapping, then gives the buffer back to our pool.
+            try:
+                view = self._mapped_bytes(down, kind)
+                self.group.post(self.rank, dst, tag, (meta, view, lambda: self._pool.give_back(down)))
+            except BaseException:
+                self._give_back(down)
+                raise
+            return None
+
+        return self._submit(kind, complete)
+
+    def _recv(self, tensor: Tensor | None, src: int, tag: int) -> Work:
+        kind = f"recv from rank {src} (tag {tag})"
+        self._launch(kind)
+
+        def complete():
+            (shape, dtype), view, release = self.group.take(src, self.rank, tag)
+            up = None
+            try:
+                if tensor is not None and (tensor.shape != shape or tensor.dtype is not dtype):
+                    raise CollectiveError(
+                        f"recv on rank {self.rank} from rank {src} (tag {tag}): rank {src} sent {dtype.name} "
+                        f"{shape} but rank {self.rank} receives into {tensor.dtype.name} {tensor.shape}")
+                out = tensor if tensor is not None else Tensor.empty(shape, dtype, self.device)
+                target_t = out if _writable(out) else Tensor.empty(out.shape, out.dtype, self.device)
+                up = self._pool.up(_round4(out.nbytes))
+                mem = np.frombuffer(up.view(self.group.timeout, kind), dtype=np.uint8)
+                copy_into(mem, np.frombuffer(view, dtype=np.uint8))
+                del mem
+            except BaseException:
+                self._give_back(up)
+                raise
+            finally:
+                del view
+                release()
+            return self._commit(up, target_t, out)
+
+        return self._submit(kind, complete)
+
+    # -- sub-groups -----------------------------------------------------------------------
+    def _split(self, ranks: tuple[int, ...]) -> ThreadRank | None:
+        kind = "split"
+        self._launch(kind)
+
+        def combine(d):
+            check_agreement(kind, {r: {"ranks": v} for r, v in d.items()})
+            return self.group.child(ranks)
+
+        sub = self._submit(kind, lambda: self._exchange(kind, ranks, combine)).wait()
+        return sub.rank(ranks.index(self.rank)) if self.rank in ranks else None
+
+
+def _nothing() -> None:
+    pass
+
+
+def _copy_pieces(pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in pieces:
+        copy_into(dst, src)
+
+
+def _share_all(kind: str):
+    """Combine for (meta, readback, target): check the metas agree, share readbacks and targets."""
+    def combine(d):
+        check_agreement(kind, {r: v[0] for r, v in d.items()})
+        world = len(d)
+        return [d[r][1] for r in range(world)], [d[r][2] for r in range(world)]
+    return combine
+
+
+def _share_all_payloads(kind: str):
+    """Combine for (meta, payload): check the metas agree, share every rank's payload in rank order."""
+    def combine(d):
+        check_agreement(kind, {r: v[0] for r, v in d.items()})
+        return [d[r][1] for r in range(len(d))]
+    return combine
+
+
+def _share_src(kind: str, src: int):
+    def combine(d):
+        check_agreement(kind, {r: v[0] for r, v in d.items()})
+        return d[src][1]
+    return combine
