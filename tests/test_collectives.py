@@ -216,3 +216,13 @@ def test_work_wait_timeout_and_late_completion():
         out = ctx.run(f)
         assert_close(out[0], [2, 2, 2])
     assert isinstance(Work.completed("x", 5), Work) and Work.completed("x", 5).wait() == 5
+
+
+def test_old_package_name_still_imports_with_a_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("wgpar.parallel", None)
+    with pytest.warns(DeprecationWarning, match="wgpar.distributed"):
+        old = importlib.import_module("wgpar.parallel")
+    assert old.DataParallel is wgpar.distributed.DataParallel and old.MultiAdapterContext is MultiAdapterContext
