@@ -226,3 +226,20 @@ def test_old_package_name_still_imports_with_a_warning():
     with pytest.warns(DeprecationWarning, match="wgpar.distributed"):
         old = importlib.import_module("wgpar.parallel")
     assert old.DataParallel is wgpar.distributed.DataParallel and old.MultiAdapterContext is MultiAdapterContext
+
+
+def test_traffic_counts_the_bytes_each_rank_moves(ctx):
+    """all_reduce of n float32: 4n bytes down and 4n up per rank; all_gather_into: 4n down, 4n*world up."""
+    n, w = 1000, ctx.world_size
+
+    def f(r):
+        g = ctx.comm(r)
+        g.reset_traffic()
+        g.all_reduce(wgpar.ones(n, device=g.device))
+        after_reduce = g.traffic()
+        g.all_gather_into(wgpar.empty(n * w, device=g.device), wgpar.ones(n, device=g.device))
+        return after_reduce, g.traffic()
+
+    for ar, both in ctx.run(f):
+        assert ar == {"d2h_bytes": 4 * n, "h2d_bytes": 4 * n, "collectives": 1}
+        assert both == {"d2h_bytes": 8 * n, "h2d_bytes": 4 * n + 4 * n * w, "collectives": 2}

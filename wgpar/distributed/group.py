@@ -29,9 +29,8 @@ Semantics shared by every backend:
 from __future__ import annotations
 
 import abc
-import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..runtime.device import Device
@@ -305,6 +304,30 @@ class ProcessGroup(abc.ABC):
                              f"got {list(ranks)}")
         return self._split(members)
 
+    # -- traffic --------------------------------------------------------------------------
+    def traffic(self) -> dict[str, int]:
+        """What this rank moved through the host since the last ``reset_traffic``: ``d2h_bytes``
+        (device to host), ``h2d_bytes`` (host to device) and ``collectives`` (calls, p2p included)."""
+        return dict(self._traffic())
+
+    def reset_traffic(self) -> None:
+        t = self._traffic()
+        for k in t:
+            t[k] = 0
+
+    def _traffic(self) -> dict[str, int]:
+        counts = self.__dict__.get("_traffic_counts")
+        if counts is None:
+            counts = self.__dict__["_traffic_counts"] = {"d2h_bytes": 0, "h2d_bytes": 0, "collectives": 0}
+        return counts
+
+    def _count(self, d2h: int = 0, h2d: int = 0, calls: int = 0) -> None:
+        """Backends call this for every transfer they make (a dict update: cheap next to a transfer)."""
+        t = self._traffic()
+        t["d2h_bytes"] += d2h
+        t["h2d_bytes"] += h2d
+        t["collectives"] += calls
+
     # -- conveniences ---------------------------------------------------------------------
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
@@ -329,8 +352,3 @@ def check_agreement(kind: str, metas: dict[int, dict[str, Any]]) -> None:
             raise ValueError(f"{kind}: ranks disagree on {key} ({desc})")
 
 
-def elements(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
-Callback = Callable[[], None]

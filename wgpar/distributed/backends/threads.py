@@ -354,6 +354,7 @@ class ThreadRank(ProcessGroup):
                 self.group.abort(self.rank, f"{kind}: {type(exc).__name__}: {exc}")
                 raise
         work = Work(f"{kind} on rank {self.rank}", self.group.timeout * 2 + 60)
+        self._count(calls=1)
         self._progress.submit(work, run)
         return work
 
@@ -369,6 +370,7 @@ class ThreadRank(ProcessGroup):
         except BaseException:
             self._pool.give_back(down)
             raise
+        self._count(d2h=src.nbytes)
         return down, src
 
     def _mapped_bytes(self, down: StagingBuffer, kind: str) -> memoryview:
@@ -396,6 +398,7 @@ class ThreadRank(ProcessGroup):
             up.commit(target._storage.buffer, _byte_offset(target), _round4(target.nbytes))
         finally:
             self._pool.give_back(up)
+        self._count(h2d=target.nbytes)
         target._storage.version += 1
         if target is not result:
             raw.copy_(result, target)
@@ -519,6 +522,7 @@ class ThreadRank(ProcessGroup):
                                 for o, off in zip(outs, offsets) if o.numel()])
             finally:
                 self._give_back(up)
+            self._count(h2d=sum(o.nbytes for o in outs))
             return outs
 
         return self._submit(kind, complete)
