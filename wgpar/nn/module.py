@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from ..hooks import RemovableHandle, add_hook
 from ..tensor import Tensor
 from .parameter import Parameter
 
@@ -20,6 +21,11 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        # Per module, id -> (hook, with_kwargs); see register_forward_pre_hook / register_forward_hook.
+        object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
+        object.__setattr__(self, "_forward_hooks", OrderedDict())
+        # Set by the first registration: one attribute test is all a module without hooks pays per call.
+        object.__setattr__(self, "_has_forward_hooks", False)
 
     # -- registration ---------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -191,7 +197,67 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args, **kwargs):
+        if self._has_forward_hooks:
+            return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
+
+    def _call_with_hooks(self, args: tuple, kwargs: dict):
+        # Snapshots: a hook may remove itself or another one; that counts from the next call (as in torch).
+        for hook, with_kwargs in tuple(self._forward_pre_hooks.values()):
+            if with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise RuntimeError(f"forward pre-hook {_hook_name(hook)} of {type(self).__name__} must "
+                                           f"return None or a tuple (new_args, new_kwargs), got {result!r}")
+                    args, kwargs = result
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        output = self.forward(*args, **kwargs)
+        for hook, with_kwargs in tuple(self._forward_hooks.values()):
+            result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
+            if result is not None:
+                output = result
+        return output
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any], *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """Run ``hook(module, args)`` before every ``forward`` (as ``torch.nn.Module``'s does).
+
+        The hook may return None (args unchanged) or new positional args (a non-tuple is wrapped in
+        a 1-tuple). With ``with_kwargs`` it is called as ``hook(module, args, kwargs)`` and returns
+        None or ``(new_args, new_kwargs)``. Hooks run in registration order, in ``__call__`` (not in
+        ``forward``); an exception in one propagates and ``forward`` does not run.
+
+        Arguments:
+            hook: the callable.
+            prepend: run before the pre-hooks already registered instead of after them.
+            with_kwargs: pass (and let the hook replace) the keyword arguments too.
+
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        object.__setattr__(self, "_has_forward_hooks", True)
+        return add_hook(self._forward_pre_hooks, (hook, with_kwargs), prepend)
+
+    def register_forward_hook(self, hook: Callable[..., Any], *, prepend: bool = False,
+                              with_kwargs: bool = False) -> RemovableHandle:
+        """Run ``hook(module, args, output)`` after every ``forward`` (as ``torch.nn.Module``'s does).
+
+        ``args`` are the positional args forward received (after the pre-hooks). The hook may return
+        None (output unchanged) or a replacement output, which later hooks and the caller see. With
+        ``with_kwargs`` it is called as ``hook(module, args, kwargs, output)``.
+
+        Arguments:
+            hook: the callable.
+            prepend: run before the forward hooks already registered instead of after them.
+            with_kwargs: pass the keyword arguments too.
+
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        object.__setattr__(self, "_has_forward_hooks", True)
+        return add_hook(self._forward_hooks, (hook, with_kwargs), prepend)
 
     def extra_repr(self) -> str:
         return ""
@@ -202,3 +268,7 @@ class Module:
             sub = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({k}): {sub}")
         return "\n".join(lines) + ("\n)" if len(lines) > 1 else ")")
+
+
+def _hook_name(hook) -> str:
+    return getattr(hook, "__qualname__", None) or repr(hook)
