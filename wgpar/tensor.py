@@ -8,7 +8,8 @@ a view unless it must. Operators and methods forward to ``wgpar.ops``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from . import dtypes as _dt
 from .dtypes import DType
 from .errors import DeviceMismatchError
+from .hooks import RemovableHandle, add_hook
 from .runtime import adapters as _adapters
 from .runtime.device import Device
 from .storage import Storage
@@ -194,6 +196,29 @@ class Tensor:
     @property
     def grad_fn(self):
         return self._node
+
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> RemovableHandle:
+        """Call ``hook(grad)`` each time backward computes the gradient w.r.t. this tensor.
+
+        ``grad`` is that gradient summed over all uses of this tensor in the pass. The hook may
+        return None or a replacement (same shape, dtype and device) that is used from then on: for a
+        leaf, what accumulates into ``.grad``; for a non-leaf, what flows on through the graph (the
+        hook runs as a pre-hook of the node that produced this tensor, see ``Node.register_prehook``).
+
+        Arguments:
+            hook: the callable.
+
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        if not self.requires_grad:
+            raise RuntimeError(f"register_hook: the tensor of shape {self._shape} does not require grad, "
+                               "so backward never computes its gradient")
+        if self._node is not None:
+            return self._node.register_prehook(hook)
+        hooks = self.__dict__.get("_tensor_hooks")
+        if hooks is None:
+            hooks = self._tensor_hooks = OrderedDict()
+        return add_hook(hooks, hook)
 
     def register_post_accumulate_grad_hook(self, hook) -> None:
         """Call ``hook(tensor)`` each time backward has finished this leaf's ``.grad``."""

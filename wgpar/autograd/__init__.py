@@ -5,12 +5,14 @@ records its own graph; ``install_tape`` / ``take_tape`` hand one thread's
 recorded nodes to whoever runs their backward (``backward_with_grad``).
 """
 
-from .engine import backward, backward_with_grad
+from .engine import backward, backward_with_grad, queue_callback
 from .function import Context, Function
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .graph import Node, Tape, current_tape, install_tape, take_tape
+from .versions import preserve_version
 
 __all__ = [
     "backward", "backward_with_grad", "Function", "Context", "no_grad", "enable_grad", "is_grad_enabled",
-    "set_grad_enabled", "Tape", "Node", "install_tape", "take_tape", "current_tape",
+    "set_grad_enabled", "Tape", "Node", "install_tape", "take_tape", "current_tape", "queue_callback",
+    "preserve_version",
 ]

@@ -7,20 +7,27 @@ nodes a thread records (each thread, e.g. a replica or a pipeline stage, has
 its own) while one is installed, so a pipeline can keep one micro-batch's graph, hand it to another
 step, and release it after its backward. Node ids come from one process-wide
 counter, so gradients never collide across threads.
+
+A node's pre-hooks (``Node.register_prehook``; ``Tensor.register_hook`` on a non-leaf) run when
+backward reaches it, before its saved tensors' versions are checked and before its backward
+function runs: FSDP re-gathers the parameters the node saved there.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+
+from ..hooks import RemovableHandle, add_hook
 
 _ids = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 _local = threading.local()
 
 
 class Node:
-    __slots__ = ("id", "name", "inputs", "backward_fn", "saved", "freed", "__weakref__")
+    __slots__ = ("id", "name", "inputs", "backward_fn", "saved", "freed", "prehooks", "__weakref__")
 
     def __init__(self, name: str, inputs: Sequence, backward_fn: Callable, saved: Sequence) -> None:
         self.id = next(_ids)
@@ -29,6 +36,25 @@ class Node:
         self.backward_fn = backward_fn
         self.saved = tuple((t, t._storage.version) for t in saved)
         self.freed = False
+        self.prehooks: OrderedDict | None = None  # made on first registration: most nodes have none
+
+    def register_prehook(self, hook: Callable) -> RemovableHandle:
+        """Call ``hook(grad_output)`` when backward reaches this node, before its backward function.
+
+        ``grad_output`` is the gradient w.r.t. the node's output (summed over all its uses). The
+        hook may return None or a replacement gradient of the same shape, dtype and device, which
+        later hooks, ``retain_grad`` and the backward function see. Pre-hooks run in registration
+        order and before the node's saved tensors are checked for in-place changes, so a hook may
+        restore a saved tensor's storage (see ``preserve_version``).
+
+        Arguments:
+            hook: the callable.
+
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        if self.prehooks is None:
+            self.prehooks = OrderedDict()
+        return add_hook(self.prehooks, hook)
 
     def check_versions(self) -> None:
         for t, version in self.saved:
@@ -40,6 +66,7 @@ class Node:
     def release(self) -> None:
         self.backward_fn = None
         self.saved = ()
+        self.prehooks = None
         self.freed = True
 
     def __repr__(self) -> str:
