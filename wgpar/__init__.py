@@ -10,13 +10,14 @@ from .creation import (arange, empty, from_numpy, full, manual_seed, ones, ones_
                        tensor, zeros, zeros_like)
 from .dtypes import DType, bool_, float16, float32, int32
 from .errors import (AdapterNotFoundError, BindingLimitError, DeviceMismatchError, OutOfMemoryError,
-                     WgparError)
+                     StorageFreedError, WgparError)
 from .functional import (abs, argmax, argmin, cat, clamp, concatenate, exp, gelu, index_select, log,
                          log_softmax, matmul, max, maximum, mean, min, minimum, neg, permute, relu, reshape,
                          rsqrt, sigmoid, softmax, sqrt, stack, sum, tanh, transpose, where)
 from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved, memory_stats,
                      reset_peak_memory_stats, synchronize)
 from .runtime import Device, adapter_names, device, devices
+from .storage import Storage
 from .tensor import Tensor
 from . import autograd, distributed, nn, optim  # noqa: E402  (after Tensor: they build on it)
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
@@ -29,7 +30,7 @@ half = float16
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "Device", "DType", "float32", "float16", "int32", "bool_", "half",
+    "Tensor", "Storage", "Device", "DType", "float32", "float16", "int32", "bool_", "half",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
     "zeros_like", "ones_like", "manual_seed",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
@@ -41,6 +42,7 @@ __all__ = [
     "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
+    "StorageFreedError",
 ]
 
 

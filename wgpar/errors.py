@@ -21,3 +21,7 @@ class BindingLimitError(ValueError):
 
 class AdapterNotFoundError(RuntimeError):
     """No WebGPU adapter matches the request (or none exists at all)."""
+
+
+class StorageFreedError(RuntimeError):
+    """A tensor was used while its storage was freed (``Storage.free``; FSDP's resharded parameters)."""

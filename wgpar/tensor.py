@@ -154,6 +154,14 @@ class Tensor:
         """(id of the storage, element offset): equal for views that start at the same element."""
         return id(self._storage), self._offset
 
+    def untyped_storage(self) -> Storage:
+        """The Storage under this tensor and its views (named like torch's; wgpar has one kind).
+
+        ``t.untyped_storage().free()`` gives its memory back while ``t`` stays the same object, and
+        ``.materialize()`` takes new memory for it (FSDP reshards and unshards parameters this way).
+        """
+        return self._storage
+
     @property
     def _host_range(self) -> tuple[int, int] | None:
         """(min, max) of the values as known on the host (index ops check ranges without a readback);
@@ -275,6 +283,8 @@ class Tensor:
         return bool(self.item())
 
     def __repr__(self) -> str:
+        if self._storage.is_freed:  # repr must not raise: tracebacks and debuggers call it
+            return f"tensor(<freed storage>, shape={self._shape}, device={self.device.index})"
         body = np.array2string(self.numpy(), separator=", ", precision=4, threshold=200, prefix="tensor(")
         extra = [f"device={self.device.index}"]
         if self.dtype is not _dt.float32:

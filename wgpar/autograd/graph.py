@@ -61,7 +61,8 @@ class Node:
             if t._storage.version != version:
                 raise RuntimeError(
                     f"autograd: a tensor of shape {t.shape} saved by {self.name} for backward was modified "
-                    f"in place (version {version} -> {t._storage.version}); use an out-of-place op or clone()")
+                    f"in place (version {version} -> {t._storage.version}); use an out-of-place op or clone() (a "
+                    "storage re-materialised for backward must be restored inside autograd.preserve_version)")
 
     def release(self) -> None:
         self.backward_fn = None
