@@ -158,7 +158,7 @@ def test_distributed_data_parallel_spmd_matches_single_device(rng):
         for k in range(3):
             o.zero_grad()
             F.cross_entropy(ddp(wgpar.tensor(X[k, lo:hi], device=group.device)), Y[k, lo:hi]).backward()
-            ddp.finish()
+            assert all(b.work is None for b in ddp.sync._buckets)  # backward waited for the all-reduce
             o.step()
         return {k: v.numpy() for k, v in ddp.module.state_dict().items()}
 

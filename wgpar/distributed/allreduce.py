@@ -8,7 +8,9 @@ When backward has finished every gradient of a bucket, a hook copies them
 into the bucket and starts ``group.all_reduce(bucket, async_op=True)``: the
 transfer and the host reduction run on the rank's communication thread while
 the GPU still computes the rest of backward. ``finish`` waits for every
-bucket and leaves each ``param.grad`` as a view into its bucket.
+bucket and leaves each ``param.grad`` as a view into its bucket; the first
+hook of a backward queues it to run when that backward ends (autograd's
+``queue_callback``), so after ``loss.backward()`` the gradients are reduced.
 
 Gradient accumulation: a second backward without ``zero_grad`` adds its
 gradient to the reduced one (each step's local gradients are reduced once;
@@ -23,6 +25,7 @@ import contextlib
 from collections.abc import Iterable
 
 from .. import ops
+from ..autograd.engine import queue_callback
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 from .group import ProcessGroup, Work
@@ -77,6 +80,8 @@ class AllReduceSync:
         self.overlap = True  # False: every bucket waits for finish() (to measure what overlap buys)
         self.launched_in_backward = 0  # buckets of the last backward whose transfer overlapped it
         self._sync = True
+        self._step_open = False  # prepare() ran and finish() has not yet
+        self._finish_queued = False
         self._set_aside: dict[int, Tensor] = {}  # id(param) -> already-reduced gradient (accumulation)
         params = [p for p in params if p.requires_grad]
         for p in params:
@@ -133,10 +138,15 @@ class AllReduceSync:
                     self._set_aside[id(p)] = ops.clone(p.grad)
                     p.grad = None
         self.launched_in_backward = 0
+        self._step_open = True
+        self._finish_queued = False
 
     def _hook(self, param: Tensor) -> None:
         b, _ = self._where[id(param)]
         b.ready += 1
+        if self._step_open and not self._finish_queued:
+            self._finish_queued = True
+            queue_callback(self.finish)
         if self._sync and self.overlap and b.ready == len(b.params) and b.work is None:
             self._launch(b)
             self.launched_in_backward += 1
@@ -154,10 +164,12 @@ class AllReduceSync:
     def finish(self) -> None:
         """After backward: wait for every bucket's all-reduce and point each ``param.grad`` into it.
 
-        Inside ``no_sync()`` this does nothing: the gradients stay local.
+        Inside ``no_sync()`` this does nothing: the gradients stay local. Called again after the step's
+        gradients were reduced (backward queues it), it does nothing either.
         """
-        if not self._sync:
+        if not self._sync or not self._step_open:
             return
+        self._step_open = False
         for b in self._buckets:  # parameters that got no gradient this step: their bucket goes now
             if b.work is None:
                 self._launch(b)

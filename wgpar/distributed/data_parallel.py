@@ -56,8 +56,9 @@ def broadcast_module(module: Module, group: ProcessGroup, src: int = 0) -> None:
 class DistributedDataParallel(Module):
     """One rank's replica in data-parallel training (every rank constructs its own, SPMD).
 
-    ``ddp(x)`` runs the replica; after ``loss.backward()`` call ``ddp.finish()`` (the gradients are then
-    reduced over the ranks: averaged with ``op="mean"``, torch's semantics, or summed with ``op="sum"``).
+    ``ddp(x)`` runs the replica; when ``loss.backward()`` returns, the gradients are reduced over the
+    ranks: averaged with ``op="mean"`` (torch's semantics) or summed with ``op="sum"`` (the bucketed
+    all-reduce runs during backward, and the end of backward waits for it).
 
     Arguments:
         module: this rank's replica, on ``group.device`` (moved there if it is elsewhere).
@@ -85,7 +86,7 @@ class DistributedDataParallel(Module):
         return self.module(*args, **kwargs)
 
     def finish(self) -> None:
-        """Wait for the gradient all-reduce of the last backward (no-op inside ``no_sync``)."""
+        """Wait for the gradient all-reduce of the last backward (backward already does; a no-op then)."""
         self.sync.finish()
 
     def no_sync(self) -> contextlib.AbstractContextManager:
