@@ -34,7 +34,7 @@ def mlp(width: int, layers: int, classes: int, device) -> nn.Module:
 
 
 def single_device_step_time(args, X: np.ndarray, Y: np.ndarray) -> float:
-    """Seconds per training step of the same model on device 0 alone."""
+    """Seconds per training step of the same model on device 0 alone, on the batch ``X``."""
     dev = wgpar.device(0)
     wgpar.manual_seed(0)
     model = mlp(args.width, args.layers, args.classes, dev)
@@ -91,12 +91,15 @@ def main() -> None:
     Y = rng.integers(0, args.classes, args.batch).astype(np.int32)
 
     t1 = single_device_step_time(args, X, Y)
+    share = args.batch // args.devices
+    t1_share = single_device_step_time(args, X[:share], Y[:share])  # one rank's compute: the ideal step
     wgpar.empty_cache()
 
     ctx = MultiAdapterContext(args.devices, timeout=600)
     wgpar.manual_seed(0)
     dp = DataParallel(mlp(args.width, args.layers, args.classes, ctx.devices[0]), ctx, bucket_cap_mb=args.bucket_mb)
     opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
+
     def dp_step_time() -> float:
         dp.train_step(X, Y, F.cross_entropy, opts)
         t0 = time.perf_counter()
@@ -111,22 +114,40 @@ def main() -> None:
     tn_serial = dp_step_time()
     for d in dp.ranks:
         d.sync.overlap = True
+    ctx.run(lambda r: ctx.comm(r).reset_traffic())
+    dp.train_step(X, Y, F.cross_entropy, opts)
+    moved = ctx.run(lambda r: ctx.comm(r).traffic())[0]
     t_opt, t_bcast = step_vs_broadcast(ctx, dp, opts)
+    tn_f16 = None
+    if ctx.devices[0].has_f16:  # gradients travel as float16: half the bytes through the host
+        wgpar.manual_seed(0)
+        dp16 = DataParallel(mlp(args.width, args.layers, args.classes, ctx.devices[0]), ctx,
+                            bucket_cap_mb=args.bucket_mb, compress="float16")
+        opts16 = dp16.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
+        dp, opts = dp16, opts16
+        tn_f16 = dp_step_time()
     buckets = len(dp.sync.bucket_sizes())
     params = sum(p.numel() for p in dp.module.parameters())
 
     devs = ", ".join(_report.device_line(d) for d in ctx.devices)
     rows = [["1", "-", f"{t1 * 1e3:.1f}", f"{args.batch / t1:.0f}", "1.00"],
+            [f"1 (batch {share}: one rank's share)", "-", f"{t1_share * 1e3:.1f}", f"{share / t1_share:.0f}",
+             f"{t1 / t1_share:.2f} (ideal)"],
             [str(args.devices), "overlapped with backward", f"{tn * 1e3:.1f}", f"{args.batch / tn:.0f}",
              f"{t1 / tn:.2f}"],
             [str(args.devices), "after backward", f"{tn_serial * 1e3:.1f}", f"{args.batch / tn_serial:.0f}",
              f"{t1 / tn_serial:.2f}"]]
+    if tn_f16 is not None:
+        rows.append([str(args.devices), "overlapped, sent as float16", f"{tn_f16 * 1e3:.1f}",
+                     f"{args.batch / tn_f16:.0f}", f"{t1 / tn_f16:.2f}"])
     table = _report.markdown_table(["devices", "bucket all-reduce", "ms / step", "samples / s", "speed-up"], rows)
     body = (f"### DataParallel training throughput: {ctx.devices[0].adapter_name}\n\n"
             f"Devices: {devs}. Date: {_report.today()}. Command: `{_report.command_line()}`\n\n"
             f"MLP {args.layers} x {args.width} wide ({params} parameters, {params * 4 / 2**20:.0f} MiB of "
             f"gradients all-reduced per step), batch {args.batch}, SGD. Gradient buckets: {buckets}; "
-            f"{overlapped} of them started their transfer while backward was still running.\n\n{table}\n\n"
+            f"{overlapped} of them started their transfer while backward was still running. Per step each "
+            f"rank moved {moved['d2h_bytes'] / 2**20:.1f} MiB device -> host and {moved['h2d_bytes'] / 2**20:.1f} "
+            f"MiB host -> device in {moved['collectives']} collectives.\n\n{table}\n\n"
             f"Keeping replicas identical: every replica steps its own optimizer, {t_opt * 1e3:.1f} ms per "
             f"step (all ranks at once); stepping rank 0 and broadcasting the parameters instead would add "
             f"{t_bcast * 1e3:.1f} ms per step.\n")

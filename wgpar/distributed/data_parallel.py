@@ -66,10 +66,11 @@ class DistributedDataParallel(Module):
         bucket_cap_mb: AllReduceSync's bucket size.
         op: "mean" or "sum".
         broadcast: copy rank 0's parameters and buffers to every rank first (default True).
+        compress: None, or "float16" to send float32 gradients as float16 (see AllReduceSync).
     """
 
     def __init__(self, module: Module, group: ProcessGroup, bucket_cap_mb: float = 25, op: str = "mean",
-                 broadcast: bool = True) -> None:
+                 broadcast: bool = True, compress: str | None = None) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a wgpar.nn.Module, got {type(module).__name__}")
         super().__init__()
@@ -79,7 +80,7 @@ class DistributedDataParallel(Module):
         object.__setattr__(self, "group", group)
         if broadcast:
             broadcast_module(module, group)
-        object.__setattr__(self, "sync", AllReduceSync(group, module.parameters(), bucket_cap_mb, op))
+        object.__setattr__(self, "sync", AllReduceSync(group, module.parameters(), bucket_cap_mb, op, compress))
 
     def forward(self, *args, **kwargs):
         self.sync.prepare()
@@ -107,9 +108,11 @@ class DataParallel:
         module: the model; it becomes rank 0's replica (moved to rank 0's device if needed).
         context: a MultiAdapterContext.
         bucket_cap_mb: AllReduceSync's bucket size.
+        compress: None, or "float16" to send float32 gradients as float16 (see AllReduceSync).
     """
 
-    def __init__(self, module: Module, context: MultiAdapterContext, bucket_cap_mb: float = 25) -> None:
+    def __init__(self, module: Module, context: MultiAdapterContext, bucket_cap_mb: float = 25,
+                 compress: str | None = None) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"DataParallel wraps a wgpar.nn.Module, got {type(module).__name__}")
         self.context = context
@@ -118,7 +121,7 @@ class DataParallel:
             module.to(dev0)
         replicas = [module] + [replicate(module, d) for d in context.devices[1:]]
         self.ranks: list[DistributedDataParallel] = context.run(
-            lambda r: DistributedDataParallel(replicas[r], context.comm(r), bucket_cap_mb, op="sum"))
+            lambda r: DistributedDataParallel(replicas[r], context.comm(r), bucket_cap_mb, op="sum", compress=compress))
         self._sizes: list[int] | None = None
 
     @property
