@@ -105,8 +105,19 @@ def randn(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -
 
 
 def randint(low, high=None, size=(), device=None) -> Tensor:
+    """Integers drawn uniformly from [low, high) (``randint(high, size=...)`` starts at 0), as int32.
+
+    Arguments:
+        low, high: the range; both bounds must fit int32 (high may be 2**31), checked before drawing.
+        size: the shape.
+        device: where the tensor goes.
+    """
     if high is None:
         low, high = 0, low
+    if not -(2**31) <= low < high <= 2**31:
+        raise ValueError(f"randint: the range [{low}, {high}) must be non-empty and lie within int32 "
+                         f"[{-(2**31)}, {2**31})")
     with _rng_lock:
-        data = _rng.integers(low, high, size=size)
-    return Tensor.from_numpy(data.astype(np.int32), device=device)
+        data = _rng.integers(low, high, size=_norm_shape(size if isinstance(size, (tuple, list)) else (size,)),
+                             dtype=np.int64)
+    return Tensor.from_numpy(data, device=device)

@@ -10,7 +10,7 @@ import math
 
 from .. import dtypes as _dt
 from .. import ops as raw
-from ..ops.index import _as_index, index_add_rows
+from ..ops.index import _as_index, index_add_rows, index_what
 from ..ops.shape import stack_dim
 from ..tensor import Tensor, _wrap_dim
 from .engine import record
@@ -282,15 +282,17 @@ def _advanced_getitem(a: Tensor, key) -> Tensor:
             basic.append(k)
             if k is None or isinstance(k, slice):
                 d_out += 1
-    return index_select(getitem(a, tuple(basic)), pos, index)
+    return index_select(getitem(a, tuple(basic)), pos, index, negative=True, op="indexing")
 
 
-def index_select(a: Tensor, dim: int, index) -> Tensor:
-    idx = _as_index(index, a.device)
-    out = raw.index_select(a, dim, idx)
+def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | None = None) -> Tensor:
+    """``raw.index_select`` (``negative`` and ``op`` as there) with its backward, a scatter-add of rows."""
     d = _wrap_dim(dim, a.ndim)
     n = a.shape[d]
-    return record("index_select", out, [a], lambda g: (index_add_rows(g, d, idx, n),))
+    if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
+        index = _as_index(index, a.device, n, index_what(a, d, op), negative)
+    out = raw.index_select(a, d, index, negative, op)
+    return record("index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),))
 
 
 def cat(tensors, dim: int = 0) -> Tensor:

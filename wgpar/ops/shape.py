@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..tensor import Tensor, _norm_shape, _wrap_dim, check_same_device
 from .elementwise import contiguous, copy_
