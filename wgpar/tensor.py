@@ -522,6 +522,11 @@ class Tensor:
 
     # -- reductions -----------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        """Sum over an axis, a tuple of axes, or all elements.
+
+        An int32 (or bool) tensor sums to int32, which wraps around on overflow, exactly modulo 2**32
+        (wgpar has no int64, unlike PyTorch's int sums); sum ``x.float()`` where totals may pass 2**31.
+        """
         return ops.reduce("sum", self, _axis(axis, dim), _keep(keepdims, keepdim))
 
     def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
