@@ -78,6 +78,42 @@ def test_moving_explicitly_works(devs2, rng):
     assert_close((y + wgpar.tensor(a, device=d1)).numpy(), 2 * a.astype(np.float64))
 
 
+# -- device arguments ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spelling", ["cuda", "cuda:0", "cuda:1", "cpu", "mps", "xpu:0", "bogus", "bogus:0", "wgpu:",
+                                      "wgpu:x", "wgpu:-1", "wgpu:1:2", "1", "wgpu:\u00b2", " wgpu:0"])
+def test_foreign_device_strings_are_refused(dev, tmp_path, spelling):
+    x = wgpar.ones(3)
+    lin = wgpar.nn.Linear(2, 2)
+    wgpar.save({"x": x}, tmp_path / "x.safetensors")
+    calls = [lambda: wgpar.zeros(2, device=spelling), lambda: wgpar.tensor([1.0], device=spelling),
+             lambda: x.to(spelling), lambda: x.to(device=spelling), lambda: wgpar.device(spelling),
+             lambda: wgpar.empty_cache(device=spelling), lambda: wgpar.memory_stats(spelling),
+             lambda: wgpar.synchronize(spelling), lambda: wgpar.load(tmp_path / "x.safetensors", device=spelling),
+             lambda: lin.to(spelling)]
+    gc.collect()
+    before = wgpar.memory_stats(dev)["num_allocs"]
+    for call in calls:
+        with pytest.raises(ValueError) as info:
+            call()
+        msg = str(info.value)
+        assert repr(spelling) in msg and "'wgpu:N'" in msg, msg
+        if spelling == "cpu":
+            assert ".numpy()" in msg
+    assert wgpar.memory_stats(dev)["num_allocs"] == before  # refused before anything was made
+    assert lin.weight.device is dev
+
+
+def test_wgpar_device_spellings(dev):
+    for spelling in ("wgpu", "wgpu:0", 0, np.int64(0), np.uint8(0), dev, None):
+        assert wgpar.zeros(2, device=spelling).device is dev
+        assert wgpar.ones(2).to(spelling).device is dev
+    assert wgpar.ones(2).to("float16" if dev.has_f16 else "int64").device is dev
+    assert isinstance(wgpar.empty_cache(device="wgpu:0"), int)
+    for bad in (-1, 1.0, True, [0]):
+        with pytest.raises(ValueError):
+            wgpar.zeros(2, device=bad)
+
+
 # -- dtypes --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("data", [np.array([1 + 2j]), np.array(["a", "b"]), np.array([object()]),
                                   np.array([1, 2], dtype="datetime64[s]")])

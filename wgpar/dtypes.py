@@ -52,6 +52,15 @@ def as_dtype(x) -> DType:
     return from_numpy_dtype(nd)
 
 
+def is_dtype_name(name: str) -> bool:
+    """Whether a string names a dtype (``"float16"``, ``"int64"``) rather than, say, a device."""
+    try:
+        as_dtype(name)
+    except TypeError:
+        return False
+    return True
+
+
 def from_numpy_dtype(nd: np.dtype) -> DType:
     """Map a NumPy dtype: floats of 32/64 bits -> float32, float16 -> float16, any integer -> int32."""
     if nd == np.float16:

@@ -260,7 +260,7 @@ class Tensor:
 
     def to(self, device=None, dtype=None) -> Tensor:
         """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``)."""
-        if isinstance(device, (DType, type)) or (isinstance(device, str) and not device.replace("wgpu:", "").isdigit()):
+        if isinstance(device, (DType, type, np.dtype)) or (isinstance(device, str) and _dt.is_dtype_name(device)):
             device, dtype = None, device
         out = self
         if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
