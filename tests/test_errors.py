@@ -114,6 +114,30 @@ def test_wgpar_device_spellings(dev):
             wgpar.zeros(2, device=bad)
 
 
+# -- expand --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,target", [((1, 3), (-2, 3)), ((1, 3), (2, -2)), ((3,), (-1, 3)), ((3,), (-5, 3)),
+                                          ((2, 1), (2, -3)), ((2, 3), (2, -7)), ((1,), (-2,))])
+def test_expand_refuses_negative_sizes_at_once(dev, shape, target):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError):
+        torch.ones(shape).expand(target)
+    x = wgpar.ones(*shape)
+    bad = next(n for n in target if n < -1) if any(n < -1 for n in target) else -1
+    with pytest.raises(ValueError, match=f"size {bad}"):
+        x.expand(target)
+    with pytest.raises(ValueError, match=f"size {bad}"):
+        x.expand(*target)
+
+
+def test_expand_sizes_must_be_ints(dev):
+    x = wgpar.ones(1, 3)
+    for target in ((2.0, 3), (2, "3"), (True, 3)):
+        with pytest.raises(TypeError, match="int"):
+            x.expand(target)
+    np.testing.assert_array_equal(x.expand(np.int64(2), -1).numpy(), np.ones((2, 3)))
+    np.testing.assert_array_equal(x.expand(4, 0, 3).numpy(), np.ones((4, 0, 3)))
+
+
 # -- dtypes --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("data", [np.array([1 + 2j]), np.array(["a", "b"]), np.array([object()]),
                                   np.array([1, 2], dtype="datetime64[s]")])
