@@ -138,6 +138,46 @@ def test_expand_sizes_must_be_ints(dev):
     np.testing.assert_array_equal(x.expand(4, 0, 3).numpy(), np.ones((4, 0, 3)))
 
 
+# -- requires_grad -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [
+    lambda: wgpar.zeros(3, dtype="int32", requires_grad=True),
+    lambda: wgpar.ones(2, 2, dtype=wgpar.bool_, requires_grad=True),
+    lambda: wgpar.full((2,), 1, requires_grad=True),
+    lambda: wgpar.full((2,), True, requires_grad=True),
+    lambda: wgpar.full((2,), 1.5, dtype=wgpar.int32, requires_grad=True),
+    lambda: wgpar.tensor([1, 2], requires_grad=True),
+    lambda: wgpar.tensor(np.array([1.5]), dtype=wgpar.int32, requires_grad=True),
+    lambda: wgpar.rand(3, dtype=wgpar.int32, requires_grad=True),
+    lambda: wgpar.randn(3, dtype=wgpar.bool_, requires_grad=True),
+    lambda: wgpar.arange(3).requires_grad_(),
+])
+def test_integer_tensors_cannot_require_grad(dev, make):
+    gc.collect()
+    before = wgpar.memory_stats(dev)["allocated_bytes"]
+    with pytest.raises(TypeError, match="only floating point tensors can require gradients"):
+        make()
+    gc.collect()
+    assert wgpar.memory_stats(dev)["allocated_bytes"] == before
+
+
+def test_float_factories_still_require_grad_and_modules_refuse_int_parameters(dev):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.zeros(3, dtype=torch.int32, requires_grad=True)
+    for t in (wgpar.zeros(3, requires_grad=True), wgpar.full((2,), 1.5, requires_grad=True),
+              wgpar.ones(2, dtype=wgpar.float16 if dev.has_f16 else wgpar.float32, requires_grad=True),
+              wgpar.full((2,), 1, dtype=wgpar.float32, requires_grad=True)):
+        assert t.requires_grad and t.is_leaf
+        (t * 2).sum().backward()
+        np.testing.assert_array_equal(t.grad.numpy(), np.full(t.shape, 2.0))
+    assert not wgpar.zeros(3, dtype="int32", requires_grad=False).requires_grad
+    m = wgpar.nn.Module()
+    m.steps = wgpar.nn.Parameter(wgpar.zeros(2, dtype=wgpar.int32), requires_grad=False)
+    with pytest.raises(TypeError, match="floating point"):
+        m.requires_grad_(True)
+    assert not m.steps.requires_grad
+
+
 # -- dtypes --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("data", [np.array([1 + 2j]), np.array(["a", "b"]), np.array([object()]),
                                   np.array([1, 2], dtype="datetime64[s]")])

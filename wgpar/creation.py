@@ -25,6 +25,11 @@ def generator() -> np.random.Generator:
     return _rng
 
 
+def _check_requires_grad(requires_grad: bool, dtype: _dt.DType) -> None:
+    if requires_grad and not dtype.is_float:
+        raise TypeError(f"only floating point tensors can require gradients, got {dtype.name}")
+
+
 def tensor(data, device=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Make a tensor from a list, a NumPy array, a number, or another tensor (copied)."""
     if isinstance(data, Tensor):
@@ -34,11 +39,10 @@ def tensor(data, device=None, dtype=None, requires_grad: bool = False) -> Tensor
         raise TypeError("tensor(): data must be numbers or nested lists of numbers of equal length")
     if dtype is None and arr.dtype.kind == "f":
         dtype = _dt.float16 if arr.dtype == np.float16 else _dt.float32
+    if requires_grad:  # before the upload: nothing is made for a call that fails
+        _check_requires_grad(True, _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy_dtype(arr.dtype))
     t = Tensor.from_numpy(arr, device=device, dtype=dtype)
-    if requires_grad:
-        if not t.dtype.is_float:
-            raise TypeError(f"only float tensors can require gradients, got {t.dtype.name}")
-        t.requires_grad = True
+    t.requires_grad = bool(requires_grad)
     return t
 
 
@@ -47,8 +51,10 @@ def from_numpy(arr: np.ndarray, device=None) -> Tensor:
 
 
 def _factory(shape, value, dtype, device, requires_grad) -> Tensor:
-    t = fill(_norm_shape(shape), value, _dt.as_dtype(dtype), device)
-    t.requires_grad = requires_grad
+    dtype = _dt.as_dtype(dtype)
+    _check_requires_grad(requires_grad, dtype)
+    t = fill(_norm_shape(shape), value, dtype, device)
+    t.requires_grad = bool(requires_grad)
     return t
 
 

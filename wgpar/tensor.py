@@ -185,7 +185,7 @@ class Tensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if requires_grad and not self.dtype.is_float:
-            raise TypeError(f"only float tensors can require gradients, got {self.dtype.name}")
+            raise TypeError(f"only floating point tensors can require gradients, got {self.dtype.name}")
         if not requires_grad and self._node is not None:
             raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
         self.requires_grad = requires_grad
