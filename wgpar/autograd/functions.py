@@ -148,7 +148,8 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
             r = raw.where(raw.binary("gt", a, max), 0.0, r)
         return (r, None, None)
 
-    return record("clamp", out, [a, min, max], bw, [a])
+    # Tensor bounds are saved too: changing one in place before backward would move the gradient.
+    return record("clamp", out, [a, min, max], bw, [x for x in (a, min, max) if isinstance(x, Tensor)])
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
@@ -292,7 +293,8 @@ def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | N
     if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
         index = _as_index(index, a.device, n, index_what(a, d, op), negative)
     out = raw.index_select(a, d, index, negative, op)
-    return record("index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),))
+    # The index is saved: changing it in place before backward would send the gradient to other rows.
+    return record(op or "index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),), [index])
 
 
 def cat(tensors, dim: int = 0) -> Tensor:

@@ -179,7 +179,7 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         def bw_none(g):  # the kernel's gradient carries 1/n; rescale each row by n * g[row]
             return (raw.binary("mul", _ce_kernel(logits, tgt, ones), raw.binary("mul", raw.unsqueeze(g, 1), float(n))),)
 
-        return record("cross_entropy", per_row, [input], bw_none, [input])
+        return record("cross_entropy", per_row, [input], bw_none, [input, tgt])
     if reduction not in ("mean", "sum"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     loss = raw.reduce(reduction, per_row)
@@ -192,7 +192,7 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         grad = _ce_kernel(logits, tgt, g)  # (softmax - onehot) * g / n
         return (grad if reduction == "mean" else raw.binary("mul", grad, float(n)),)
 
-    return record("cross_entropy", loss, [input], bw, [input])
+    return record("cross_entropy", loss, [input], bw, [input, tgt])  # the kernel reads the targets again
 
 
 def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
