@@ -154,6 +154,22 @@ def test_nll_loss_target_changed_after_forward_keeps_the_forward_gradient(rng):
     assert_close(x.grad.numpy(), xt.grad.numpy())
 
 
+@pytest.mark.parametrize("lo_shape,hi_shape", [((6, 5), (6, 5)), ((5,), (6, 1)), ((1, 5), None), (None, (5,))])
+def test_clamp_tensor_bounds_get_gradients_as_in_torch(rng, lo_shape, hi_shape):
+    torch = pytest.importorskip("torch")
+    a = rng.standard_normal((6, 5)).astype(np.float32)
+    lo = rng.uniform(-1.0, 0.2, lo_shape).astype(np.float32) if lo_shape else None
+    hi = rng.uniform(-0.2, 1.0, hi_shape).astype(np.float32) if hi_shape else None  # some hi < lo
+    g = rng.standard_normal((6, 5)).astype(np.float32)
+    w = [wgpar.tensor(v, requires_grad=True) if v is not None else None for v in (a, lo, hi)]
+    t = [torch.tensor(v, requires_grad=True) if v is not None else None for v in (a, lo, hi)]
+    (wgpar.clamp(w[0], w[1], w[2]) * wgpar.tensor(g)).sum().backward()
+    (torch.clamp(t[0], t[1], t[2]) * torch.tensor(g)).sum().backward()
+    for wi, ti, what in zip(w, t, ("input", "min", "max")):
+        if wi is not None:
+            assert_close(wi.grad.numpy(), ti.grad.numpy(), what=what)
+
+
 def test_in_place_on_leaf_requiring_grad_is_refused():
     x = wgpar.ones(3, requires_grad=True)
     with pytest.raises(RuntimeError, match="in-place"):

@@ -137,16 +137,25 @@ def where(cond: Tensor, a, b) -> Tensor:
 
 def clamp(a: Tensor, min=None, max=None) -> Tensor:
     out = raw.clamp(a, min, max)
-    if not (is_grad_enabled() and _needs(a)):
+    if not (is_grad_enabled() and (_needs(a) or _needs(min) or _needs(max))):
         return out
 
-    def bw(g):
-        r = g
-        if min is not None:
-            r = raw.where(raw.binary("lt", a, min), 0.0, r)
-        if max is not None:
-            r = raw.where(raw.binary("gt", a, max), 0.0, r)
-        return (r, None, None)
+    def bw(g):  # PyTorch's rule: a gets g where min <= a <= max, a bound where it was taken
+        below = raw.binary("lt", a, min) if min is not None else None
+        above = raw.binary("gt", a, max) if max is not None else None
+        ga = gmin = gmax = None
+        if _needs(a):
+            ga = g
+            for hit in (below, above):
+                if hit is not None:
+                    ga = raw.where(hit, 0.0, ga)
+        if _needs(min):  # with min > max the result is max: min gets nothing
+            took = below if max is None else raw.binary("mul", below, raw.binary("lt", min, max))
+            gmin = unbroadcast(raw.where(took, g, 0.0), min.shape)
+        if _needs(max):
+            took = above if min is None else raw.binary("add", above, raw.binary("lt", max, min))
+            gmax = unbroadcast(raw.where(took, g, 0.0), max.shape)
+        return ga, gmin, gmax
 
     # Tensor bounds are saved too: changing one in place before backward would move the gradient.
     return record("clamp", out, [a, min, max], bw, [x for x in (a, min, max) if isinstance(x, Tensor)])
