@@ -103,6 +103,13 @@ def test_foreign_device_strings_are_refused(dev, tmp_path, spelling):
     assert lin.weight.device is dev
 
 
+def test_devices_count_must_be_an_int():
+    for bad in (True, 0, -2, 1.0, "2"):
+        with pytest.raises(ValueError, match="devices"):
+            wgpar.devices(bad)
+    assert len(wgpar.devices(np.int64(2))) == 2
+
+
 def test_wgpar_device_spellings(dev):
     for spelling in ("wgpu", "wgpu:0", 0, np.int64(0), np.uint8(0), dev, None):
         assert wgpar.zeros(2, device=spelling).device is dev

@@ -89,8 +89,17 @@ def empty(*shape, dtype=_dt.float32, device=None) -> Tensor:
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+    """Values from start (default 0) up to stop, step apart: int32 when all three are integers.
+
+    Arguments:
+        start, stop, step: as in NumPy and PyTorch; step must be nonzero, integer values must fit int32.
+        dtype: the result's dtype (default int32 or float32, as above).
+        device: where the tensor goes.
+    """
     if stop is None:
         start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
     if dtype is None:
         dtype = _dt.int32 if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) else _dt.float32
     return Tensor.from_numpy(np.arange(start, stop, step), device=device, dtype=dtype)

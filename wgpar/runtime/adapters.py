@@ -118,9 +118,9 @@ def devices(n: int | None = None) -> list[Device]:
     """One Device per physical adapter, or ``n`` devices (logical ones on shared adapters if needed)."""
     if n is None:
         n = len(_physical())
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"devices(n) needs n >= 1, got {n!r}")
-    return [device(i) for i in range(n)]
+    if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)) or n < 1:
+        raise ValueError(f"devices(n) needs an int n >= 1, got {n!r}")
+    return [device(i) for i in range(int(n))]
 
 
 def resolve(dev: Device | int | str | None) -> Device:
