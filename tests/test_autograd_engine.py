@@ -9,6 +9,7 @@ import pytest
 
 import wgpar
 from wgpar.autograd import Function, backward_with_grad, install_tape, no_grad, take_tape
+from wgpar.nn import functional as F
 
 from .helpers import assert_close
 
@@ -97,6 +98,76 @@ def test_in_place_change_of_saved_tensor_is_caught():
         y.add_(1.0)
     with pytest.raises(RuntimeError, match="modified in place"):
         z.sum().backward()
+
+
+def _index_cases():
+    """(op name in the error, forward building a scalar loss from x and an int32 tensor, index values)."""
+    return [
+        ("index_select", lambda x, i: x.index_select(0, i).sum(), [0, 2, 2]),
+        ("indexing", lambda x, i: (x[i] * x[i]).sum(), [1, -1]),
+        ("indexing", lambda x, i: x[:, i].sum(), [0, 3]),
+        ("embedding", lambda x, i: F.embedding(i, x).sum(), [3, 0]),
+        ("cross_entropy", lambda x, i: F.cross_entropy(x, i), [0, 3, 1, 2]),
+        ("cross_entropy", lambda x, i: F.cross_entropy(x, i, reduction="none").sum(), [1, 1, 0, 2]),
+        ("cross_entropy", lambda x, i: F.cross_entropy(x, i, reduction="sum"), [3, 3, 3, 3]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_index_cases())))
+@pytest.mark.parametrize("change", ["add_", "setitem", "fill_", "copy_"])
+def test_in_place_change_of_an_index_or_target_after_forward_is_caught(case, change):
+    name, forward, values = _index_cases()[case]
+    x = wgpar.tensor(np.arange(16, dtype=np.float32).reshape(4, 4) / 10, requires_grad=True)
+    idx = wgpar.tensor(np.array(values, np.int32))
+    loss = forward(x, idx)
+    {"add_": lambda: idx.add_(0), "setitem": lambda: idx.__setitem__(0, 1), "fill_": lambda: idx.fill_(2),
+     "copy_": lambda: idx.copy_(wgpar.tensor(np.array(values[::-1], np.int32)))}[change]()
+    with pytest.raises(RuntimeError, match=f"saved by {name} for backward was modified in place"):
+        loss.backward()
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("which", ["min", "max", "both"])
+def test_in_place_change_of_a_clamp_bound_after_forward_is_caught(rng, which):
+    x = wgpar.tensor(rng.standard_normal(7).astype(np.float32), requires_grad=True)
+    lo, hi = wgpar.full((7,), -0.3), wgpar.full((1,), 0.4)
+    out = x.clamp(min=lo if which != "max" else None, max=hi if which != "min" else None)
+    with no_grad():
+        (lo if which == "min" else hi).mul_(0.5)
+    with pytest.raises(RuntimeError, match="saved by clamp for backward was modified in place"):
+        out.sum().backward()
+
+
+def test_nll_loss_target_changed_after_forward_keeps_the_forward_gradient(rng):
+    # nll_loss turns targets into flat positions during forward and never reads them again, so a later
+    # change cannot move its gradient: it stays the gradient of the loss that was computed.
+    torch = pytest.importorskip("torch")
+    z = rng.standard_normal((5, 4)).astype(np.float32)
+    tgt = np.array([0, 3, 1, 1, 2], np.int32)
+    x = wgpar.tensor(z, requires_grad=True)
+    t = wgpar.tensor(tgt)
+    loss = F.nll_loss(x, t)
+    t.fill_(0)
+    loss.backward()
+    xt = torch.tensor(z, requires_grad=True)
+    torch.nn.functional.nll_loss(xt, torch.tensor(tgt, dtype=torch.int64)).backward()
+    assert_close(x.grad.numpy(), xt.grad.numpy())
+
+
+@pytest.mark.parametrize("lo_shape,hi_shape", [((6, 5), (6, 5)), ((5,), (6, 1)), ((1, 5), None), (None, (5,))])
+def test_clamp_tensor_bounds_get_gradients_as_in_torch(rng, lo_shape, hi_shape):
+    torch = pytest.importorskip("torch")
+    a = rng.standard_normal((6, 5)).astype(np.float32)
+    lo = rng.uniform(-1.0, 0.2, lo_shape).astype(np.float32) if lo_shape else None
+    hi = rng.uniform(-0.2, 1.0, hi_shape).astype(np.float32) if hi_shape else None  # some hi < lo
+    g = rng.standard_normal((6, 5)).astype(np.float32)
+    w = [wgpar.tensor(v, requires_grad=True) if v is not None else None for v in (a, lo, hi)]
+    t = [torch.tensor(v, requires_grad=True) if v is not None else None for v in (a, lo, hi)]
+    (wgpar.clamp(w[0], w[1], w[2]) * wgpar.tensor(g)).sum().backward()
+    (torch.clamp(t[0], t[1], t[2]) * torch.tensor(g)).sum().backward()
+    for wi, ti, what in zip(w, t, ("input", "min", "max")):
+        if wi is not None:
+            assert_close(wi.grad.numpy(), ti.grad.numpy(), what=what)
 
 
 def test_in_place_on_leaf_requiring_grad_is_refused():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import struct
+
 import numpy as np
 import pytest
 import safetensors.numpy as stn
@@ -150,3 +153,135 @@ def test_load_onto_a_device(tmp_path, devs2):
     wgpar.save({"w": wgpar.arange(5, device=devs2[0])}, path)
     back = wgpar.load(path, device=devs2[1])
     assert back["w"].device is devs2[1] and back["w"].tolist() == [0, 1, 2, 3, 4]
+
+
+# -- foreign files, reserved names, corrupt trees --------------------------------------------------------
+def _write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
+    """A safetensors file written by hand: {name: (dtype string, shape, raw little-endian bytes)}."""
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_a_key_named_metadata_round_trips_and_other_readers_read_the_file(tmp_path, rng, dev):
+    path = tmp_path / "m.safetensors"
+    a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    wgpar.save({"__metadata__": wgpar.tensor(a), "w": wgpar.tensor(b), "sub": {"__metadata__": wgpar.tensor(b)}},
+               path)
+    back = wgpar.load(path)
+    assert set(back) == {"__metadata__", "w", "sub"}
+    _same(back["__metadata__"].numpy(), a)
+    _same(back["w"].numpy(), b)
+    _same(back["sub"]["__metadata__"].numpy(), b)
+    flat = stn.load_file(str(path))  # the tensor is stored under an escaped name
+    assert set(flat) == {"__metadata__#1", "w", "sub.__metadata__"}
+    _same(flat["__metadata__#1"], a)
+    torch = pytest.importorskip("torch")
+    import safetensors.torch as stt
+
+    _same(stt.load_file(str(path))["__metadata__#1"].numpy(), a)
+    del torch
+
+
+def test_foreign_low_precision_floats_convert_exactly(tmp_path, dev):
+    torch = pytest.importorskip("torch")
+    every = np.arange(256, dtype=np.uint8)
+    bf16 = np.random.default_rng(7).integers(0, 2**16, 4097).astype(np.uint16)
+    bf16[:4] = [0x7F80, 0xFF80, 0x7FC0, 0x8000]  # inf, -inf, NaN, -0.0
+    path = tmp_path / "lowp.safetensors"
+    _write_safetensors(path, {"bf": ("BF16", (17, 241), bf16.tobytes()), "e4": ("F8_E4M3", (256,), every.tobytes()),
+                              "e5": ("F8_E5M2", (16, 16), every.tobytes())})
+    back = wgpar.load(path)
+    ref = {"bf": torch.from_numpy(bf16.view(np.int16)).view(torch.bfloat16).float().reshape(17, 241),
+           "e4": torch.from_numpy(every).view(torch.float8_e4m3fn).float(),
+           "e5": torch.from_numpy(every).view(torch.float8_e5m2).float().reshape(16, 16)}
+    for name, want in ref.items():
+        got = back[name]
+        assert got.dtype is wgpar.float32 and got.shape == tuple(want.shape)
+        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=name)  # NaN where NaN, -0.0 kept
+        assert (np.signbit(got.numpy()) == np.signbit(want.numpy())).all()
+
+
+def test_foreign_wide_types_are_range_checked_before_narrowing(tmp_path, dev):
+    ok = {"f64": ("F64", np.array([1e-40, -2.5, 3.4e38, np.inf, np.nan]), wgpar.float32),
+          "i64": ("I64", np.array([-(2**31), 2**31 - 1, 0], np.int64), wgpar.int32),
+          "u64": ("U64", np.array([0, 2**31 - 1], np.uint64), wgpar.int32),
+          "u32": ("U32", np.array([7, 2**31 - 1], np.uint32), wgpar.int32),
+          "i16": ("I16", np.array([-32768, 32767], np.int16), wgpar.int32),
+          "u16": ("U16", np.array([0, 65535], np.uint16), wgpar.int32),
+          "i8": ("I8", np.array([-128, 127], np.int8), wgpar.int32),
+          "u8": ("U8", np.array([0, 255], np.uint8), wgpar.int32),
+          "b": ("BOOL", np.array([True, False, True]), wgpar.bool_)}
+    path = tmp_path / "wide.safetensors"
+    _write_safetensors(path, {k: (dt, v.shape, v.tobytes()) for k, (dt, v, _) in ok.items()})
+    back = wgpar.load(path)
+    for k, (_, v, want_dtype) in ok.items():
+        assert back[k].dtype is want_dtype, k
+        want = v.astype(np.float32) if want_dtype is wgpar.float32 else v
+        np.testing.assert_array_equal(back[k].numpy(), want, err_msg=k)
+    bad = {"I64": np.array([0, 2**31], np.int64), "U64": np.array([2**63], np.uint64),
+           "U32": np.array([2**31], np.uint32), "F64": np.array([1.0, -1e39])}
+    for dt, v in bad.items():
+        path = tmp_path / f"bad_{dt}.safetensors"
+        _write_safetensors(path, {"fine": ("F32", (1,), b"\0" * 4), "layer.w": (dt, v.shape, v.tobytes())})
+        with pytest.raises(ValueError) as info:
+            wgpar.load(path)
+        msg = str(info.value)
+        assert path.name in msg and "'layer.w'" in msg and dt in msg, msg
+
+
+@pytest.mark.parametrize("dtype", ["C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"])
+def test_foreign_dtypes_wgpar_cannot_hold_raise_naming_key_and_dtype(tmp_path, dev, dtype):
+    path = tmp_path / "c.safetensors"
+    _write_safetensors(path, {"z": (dtype, (2,), b"\0" * (16 if dtype == "C64" else 2))})
+    with pytest.raises(TypeError) as info:
+        wgpar.load(path)
+    msg = str(info.value)
+    assert path.name in msg and "'z'" in msg and dtype in msg, msg
+
+
+@pytest.mark.parametrize("tree", [
+    "[" * 100_000 + "]" * 100_000,  # json itself gives up
+    '{"list": ' * 5000 + "1" + "}" * 5000,  # parses, nests far too deep
+    '{"dict": [[1]]}', '{"dict": "ab"}', '{"dict": [["a", 1, 2]]}', '{"dict": [[true, 1]]}', '{"dict": [[["k"], 1]]}',
+    '{"tensor": ["w"]}', '{"tensor": "missing"}', '{"list": 5}', '{"tuple": {"a": 1}}', '{"set": [1]}',
+    '{"dict": [], "list": []}', '[1, 2]', "not json",
+])
+def test_corrupt_metadata_tree_raises_a_clear_error_naming_the_path(tmp_path, dev, tree):
+    path = tmp_path / "corrupt.safetensors"
+    stn.save_file({"w": np.ones(2, np.float32)}, str(path), metadata={"wgpar.format": "1", "wgpar.tree": tree})
+    with pytest.raises(ValueError, match="corrupt.safetensors: corrupt checkpoint"):
+        wgpar.load(path)
+
+
+def test_save_refuses_containers_inside_themselves_and_deep_nesting(tmp_path, dev):
+    path = tmp_path / "x.safetensors"
+    loop: list = [wgpar.ones(1)]
+    loop.append(loop)
+    d: dict = {}
+    d["me"] = {"again": d}
+    for obj, what in ((loop, "contains itself"), (d, "contains itself")):
+        with pytest.raises(ValueError, match=what):
+            wgpar.save(obj, path)
+    deep = wgpar.ones(2)
+    for _ in range(100):
+        deep = [deep]
+    wgpar.save(deep, path)  # 100 levels: the limit, round trip
+    back = wgpar.load(path)
+    for _ in range(100):
+        back = back[0]
+    assert back.tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="deeper than 100"):
+        wgpar.save([deep], tmp_path / "y.safetensors")
+    shared = wgpar.ones(1)
+    same = [shared, shared, {"a": shared}]  # one object in several places is not a cycle
+    wgpar.save(same, path)
+    assert [t.tolist() for t in wgpar.load(path)[:2]] == [[1.0], [1.0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]  # nothing half-written

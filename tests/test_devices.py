@@ -142,7 +142,7 @@ def test_logical_devices_are_independent(devs2):
 def test_device_spellings(devs2, rng):
     _, b = devs2
     data = rng.standard_normal(5).astype(np.float32)
-    for spelling in (b, 1, "wgpu:1", "1"):
+    for spelling in (b, 1, np.int64(1), "wgpu:1"):
         t = wgpar.tensor(data, device=spelling)
         assert t.device is b
         assert_close(t.numpy(), data)
@@ -153,7 +153,7 @@ def test_bad_device_arguments():
         wgpar.device(-1)
     with pytest.raises(ValueError):
         wgpar.devices(0)
-    with pytest.raises(ValueError, match="wgpu:0"):
+    with pytest.raises(ValueError, match="wgpu:N"):
         wgpar.zeros(3, device="cuda")
 
 

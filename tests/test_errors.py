@@ -78,6 +78,113 @@ def test_moving_explicitly_works(devs2, rng):
     assert_close((y + wgpar.tensor(a, device=d1)).numpy(), 2 * a.astype(np.float64))
 
 
+# -- device arguments ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spelling", ["cuda", "cuda:0", "cuda:1", "cpu", "mps", "xpu:0", "bogus", "bogus:0", "wgpu:",
+                                      "wgpu:x", "wgpu:-1", "wgpu:1:2", "1", "wgpu:\u00b2", " wgpu:0"])
+def test_foreign_device_strings_are_refused(dev, tmp_path, spelling):
+    x = wgpar.ones(3)
+    lin = wgpar.nn.Linear(2, 2)
+    wgpar.save({"x": x}, tmp_path / "x.safetensors")
+    calls = [lambda: wgpar.zeros(2, device=spelling), lambda: wgpar.tensor([1.0], device=spelling),
+             lambda: x.to(spelling), lambda: x.to(device=spelling), lambda: wgpar.device(spelling),
+             lambda: wgpar.empty_cache(device=spelling), lambda: wgpar.memory_stats(spelling),
+             lambda: wgpar.synchronize(spelling), lambda: wgpar.load(tmp_path / "x.safetensors", device=spelling),
+             lambda: lin.to(spelling)]
+    gc.collect()
+    before = wgpar.memory_stats(dev)["num_allocs"]
+    for call in calls:
+        with pytest.raises(ValueError) as info:
+            call()
+        msg = str(info.value)
+        assert repr(spelling) in msg and "'wgpu:N'" in msg, msg
+        if spelling == "cpu":
+            assert ".numpy()" in msg
+    assert wgpar.memory_stats(dev)["num_allocs"] == before  # refused before anything was made
+    assert lin.weight.device is dev
+
+
+def test_devices_count_must_be_an_int():
+    for bad in (True, 0, -2, 1.0, "2"):
+        with pytest.raises(ValueError, match="devices"):
+            wgpar.devices(bad)
+    assert len(wgpar.devices(np.int64(2))) == 2
+
+
+def test_wgpar_device_spellings(dev):
+    for spelling in ("wgpu", "wgpu:0", 0, np.int64(0), np.uint8(0), dev, None):
+        assert wgpar.zeros(2, device=spelling).device is dev
+        assert wgpar.ones(2).to(spelling).device is dev
+    assert wgpar.ones(2).to("float16" if dev.has_f16 else "int64").device is dev
+    assert isinstance(wgpar.empty_cache(device="wgpu:0"), int)
+    for bad in (-1, 1.0, True, [0]):
+        with pytest.raises(ValueError):
+            wgpar.zeros(2, device=bad)
+
+
+# -- expand --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,target", [((1, 3), (-2, 3)), ((1, 3), (2, -2)), ((3,), (-1, 3)), ((3,), (-5, 3)),
+                                          ((2, 1), (2, -3)), ((2, 3), (2, -7)), ((1,), (-2,))])
+def test_expand_refuses_negative_sizes_at_once(dev, shape, target):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError):
+        torch.ones(shape).expand(target)
+    x = wgpar.ones(*shape)
+    bad = next(n for n in target if n < -1) if any(n < -1 for n in target) else -1
+    with pytest.raises(ValueError, match=f"size {bad}"):
+        x.expand(target)
+    with pytest.raises(ValueError, match=f"size {bad}"):
+        x.expand(*target)
+
+
+def test_expand_sizes_must_be_ints(dev):
+    x = wgpar.ones(1, 3)
+    for target in ((2.0, 3), (2, "3"), (True, 3)):
+        with pytest.raises(TypeError, match="int"):
+            x.expand(target)
+    np.testing.assert_array_equal(x.expand(np.int64(2), -1).numpy(), np.ones((2, 3)))
+    np.testing.assert_array_equal(x.expand(4, 0, 3).numpy(), np.ones((4, 0, 3)))
+
+
+# -- requires_grad -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [
+    lambda: wgpar.zeros(3, dtype="int32", requires_grad=True),
+    lambda: wgpar.ones(2, 2, dtype=wgpar.bool_, requires_grad=True),
+    lambda: wgpar.full((2,), 1, requires_grad=True),
+    lambda: wgpar.full((2,), True, requires_grad=True),
+    lambda: wgpar.full((2,), 1.5, dtype=wgpar.int32, requires_grad=True),
+    lambda: wgpar.tensor([1, 2], requires_grad=True),
+    lambda: wgpar.tensor(np.array([1.5]), dtype=wgpar.int32, requires_grad=True),
+    lambda: wgpar.rand(3, dtype=wgpar.int32, requires_grad=True),
+    lambda: wgpar.randn(3, dtype=wgpar.bool_, requires_grad=True),
+    lambda: wgpar.arange(3).requires_grad_(),
+])
+def test_integer_tensors_cannot_require_grad(dev, make):
+    gc.collect()
+    before = wgpar.memory_stats(dev)["allocated_bytes"]
+    with pytest.raises(TypeError, match="only floating point tensors can require gradients"):
+        make()
+    gc.collect()
+    assert wgpar.memory_stats(dev)["allocated_bytes"] == before
+
+
+def test_float_factories_still_require_grad_and_modules_refuse_int_parameters(dev):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.zeros(3, dtype=torch.int32, requires_grad=True)
+    for t in (wgpar.zeros(3, requires_grad=True), wgpar.full((2,), 1.5, requires_grad=True),
+              wgpar.ones(2, dtype=wgpar.float16 if dev.has_f16 else wgpar.float32, requires_grad=True),
+              wgpar.full((2,), 1, dtype=wgpar.float32, requires_grad=True)):
+        assert t.requires_grad and t.is_leaf
+        (t * 2).sum().backward()
+        np.testing.assert_array_equal(t.grad.numpy(), np.full(t.shape, 2.0))
+    assert not wgpar.zeros(3, dtype="int32", requires_grad=False).requires_grad
+    m = wgpar.nn.Module()
+    m.steps = wgpar.nn.Parameter(wgpar.zeros(2, dtype=wgpar.int32), requires_grad=False)
+    with pytest.raises(TypeError, match="floating point"):
+        m.requires_grad_(True)
+    assert not m.steps.requires_grad
+
+
 # -- dtypes --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("data", [np.array([1 + 2j]), np.array(["a", "b"]), np.array([object()]),
                                   np.array([1, 2], dtype="datetime64[s]")])

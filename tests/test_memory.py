@@ -285,6 +285,115 @@ def test_other_creation_errors_are_not_oom(mdev, monkeypatch):
         wgpar.empty(99991, device=mdev)
 
 
+# -- out of memory in host transfers ------------------------------------------------------------------
+def _failing_buffers(monkeypatch, d, label: str, fails: int, seen: list, error: str = "Not enough memory left"):
+    """Make ``d``'s wgpu buffers labelled ``wgpar:<i>:<label>`` fail to create ``fails`` times; ``seen``
+    gets (size, cached bytes of the allocator) per try."""
+    real = d._dev.create_buffer
+
+    def create(**kw):
+        if kw["label"] == f"wgpar:{d.index}:{label}":
+            seen.append((kw["size"], d.allocator.cached_bytes))
+            if len(seen) <= fails:
+                raise wgpu.GPUValidationError(error)
+        return real(**kw)
+
+    monkeypatch.setattr(d._dev, "create_buffer", create)
+
+
+def _fill_cache(d):
+    trash = [wgpar.zeros(n, device=d) for n in (1000, 3000)]
+    del trash
+    gc.collect()
+    assert wgpar.memory_stats(d)["cached_bytes"] > 0
+
+
+def test_readback_staging_oom_releases_cache_and_retries(mdev, monkeypatch, rng):
+    a = rng.standard_normal(5003).astype(np.float32)
+    t = wgpar.tensor(a, device=mdev)
+    mdev.empty_cache()  # no staging buffer of this size is cached
+    _fill_cache(mdev)
+    seen: list = []
+    _failing_buffers(monkeypatch, mdev, "staging", 1, seen)
+    np.testing.assert_array_equal(t.numpy(), a)
+    assert len(seen) == 2 and seen[1][1] == 0  # the retry came after the cache went back to wgpu
+    assert wgpar.memory_stats(mdev)["cached_bytes"] == 0
+
+
+def test_readback_staging_oom_twice_raises_out_of_memory_and_device_survives(mdev, monkeypatch, rng):
+    a = rng.standard_normal(7001).astype(np.float32)
+    t = wgpar.tensor(a, device=mdev)
+    mdev.empty_cache()
+    seen: list = []
+    _failing_buffers(monkeypatch, mdev, "staging", 2, seen)
+    with pytest.raises(wgpar.OutOfMemoryError) as info:
+        t.numpy()
+    assert isinstance(info.value, MemoryError)
+    msg = str(info.value)
+    assert str(mdev) in msg and str(seen[0][0]) in msg and "staging" in msg, msg
+    monkeypatch.undo()
+    np.testing.assert_array_equal(t.numpy(), a)  # nothing was left recorded or mapped
+    np.testing.assert_array_equal((t * 2).numpy(), a * 2)
+
+
+@pytest.mark.parametrize("fails", [1, 2])
+def test_upload_buffer_oom_releases_cache_and_retries(mdev, monkeypatch, rng, fails):
+    a = rng.standard_normal(300_007).astype(np.float32)  # 1.2 MB: through the upload ring
+    mdev.empty_cache()  # no upload ring yet
+    _fill_cache(mdev)
+    before = stats(mdev)["allocated_bytes"]
+    seen: list = []
+    _failing_buffers(monkeypatch, mdev, "upload", fails, seen)
+    if fails == 1:
+        t = wgpar.tensor(a, device=mdev)
+        assert len(seen) == 2 and seen[1][1] == 0
+        monkeypatch.undo()
+        np.testing.assert_array_equal(t.numpy(), a)
+        return
+    with pytest.raises(wgpar.OutOfMemoryError) as info:
+        wgpar.tensor(a, device=mdev)
+    msg = str(info.value)
+    assert str(mdev) in msg and str(seen[0][0]) in msg and "upload" in msg, msg
+    del info  # its traceback holds the frame that held the tensor
+    assert stats(mdev)["allocated_bytes"] == before  # the tensor that could not be filled is gone
+    monkeypatch.undo()
+    np.testing.assert_array_equal(wgpar.tensor(a, device=mdev).numpy(), a)
+
+
+def test_transfer_buffers_share_the_retry(mdev, monkeypatch, rng):
+    from wgpar.runtime.transfer import StagingBuffer, UploadBuffer
+
+    a = rng.standard_normal(999).astype(np.float32)
+    t = wgpar.tensor(a, device=mdev)
+    for cls, label in ((StagingBuffer, "collective-read"), (UploadBuffer, "collective-write")):
+        _fill_cache(mdev)
+        seen: list = []
+        _failing_buffers(monkeypatch, mdev, label, 1, seen)
+        buf = cls(mdev, a.nbytes, label)
+        assert len(seen) == 2 and seen[1][1] == 0
+        monkeypatch.undo()
+        if cls is StagingBuffer:
+            buf.start(t._storage.buffer, 0, a.nbytes)
+            np.testing.assert_array_equal(np.frombuffer(buf.wait(10.0), np.float32), a)
+        else:
+            out = wgpar.empty(999, device=mdev)
+            np.frombuffer(buf.view(10.0), np.float32)[:999] = a[::-1]
+            buf.commit(out._storage.buffer, 0, a.nbytes)
+            np.testing.assert_array_equal(out.numpy(), a[::-1])
+
+
+def test_other_staging_errors_are_not_oom(mdev, monkeypatch, rng):
+    t = wgpar.tensor(rng.standard_normal(6007).astype(np.float32), device=mdev)
+    mdev.empty_cache()
+    _fill_cache(mdev)
+    cached = wgpar.memory_stats(mdev)["cached_bytes"]
+    seen: list = []
+    _failing_buffers(monkeypatch, mdev, "staging", 10, seen, error="Buffer usage is invalid")
+    with pytest.raises(wgpu.GPUValidationError, match="usage"):
+        t.numpy()
+    assert len(seen) == 1 and wgpar.memory_stats(mdev)["cached_bytes"] == cached  # no retry, cache kept
+
+
 # -- binding limit ---------------------------------------------------------------------------------
 def test_tensor_over_binding_limit_raises_without_allocating(mdev):
     limit = mdev.max_binding

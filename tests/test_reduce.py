@@ -95,6 +95,32 @@ def test_integer_and_bool_reductions(dev, rng):
     np.testing.assert_array_equal(s.numpy(), b.sum(1))
 
 
+@pytest.mark.parametrize("shape,axis", [((1000,), None), ((3, 5000), 1), ((128, 7), 0), ((4096, 3), 0),
+                                        ((33, 7, 5), (0, 2)), ((2, 70000), None)])
+def test_int32_mean_accumulates_in_float32(dev, rng, shape, axis):
+    # Large ints whose int32 sum would wrap: every split of the work (row chunks, column slices) must
+    # accumulate in float32 (the column path once summed its slices in int32).
+    a = rng.integers(2**30, 2**31, size=shape).astype(np.int32)
+    got = wgpar.tensor(a).mean(axis=axis)
+    assert got.dtype is wgpar.float32
+    assert_close(got.numpy(), a.astype(np.float64).mean(axis=axis), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,axis", [((1000,), None), ((3, 5000), 1), ((128, 7), 0), ((33, 7, 5), (0, 2)),
+                                        ((2, 70000), None)])
+def test_int32_sum_wraps_modulo_2_32(dev, rng, shape, axis):
+    # Documented (README "Types", Tensor.sum): wgpar has no int64, so an int32 sum wraps around, exactly
+    # modulo 2**32 whatever the kernel's split into partial sums; x.float().sum() is the wide sum.
+    a = rng.integers(2**30, 2**31, size=shape).astype(np.int32)
+    a.flat[::3] *= -1
+    exact = a.astype(np.int64).sum(axis=axis)
+    assert np.any(np.abs(exact) >= 2**31), "the case must overflow"
+    got = wgpar.tensor(a).sum(axis=axis)
+    assert got.dtype is wgpar.int32
+    np.testing.assert_array_equal(got.numpy(), (exact + 2**31) % 2**32 - 2**31)
+    assert_close(wgpar.tensor(a).float().sum(axis=axis).numpy(), exact, rtol=1e-5)
+
+
 def test_reductions_of_non_contiguous_views(dev, rng):
     a = f32(rng, (33, 40))
     x = wgpar.tensor(a)

@@ -133,12 +133,16 @@ def test_integer_indexing_along_any_axis(dev, rng):
 def test_index_select(dev, rng, shape, dim):
     a = arr(rng, shape)
     n = shape[dim]
-    idx = rng.integers(-n, n, size=11)
+    idx = rng.integers(0, n, size=11)  # index_select takes [0, n), as in PyTorch
     x = wgpar.tensor(a)
     want = np.take(a, idx, axis=dim)
     same(x.index_select(dim, idx), want)
     same(wgpar.index_select(x, dim, wgpar.tensor(idx)), want)
     same(x.index_select(dim, list(idx)), want)
+    neg = rng.integers(-n, n, size=11)  # advanced indexing also counts from the end
+    key = (slice(None),) * (dim % len(shape)) + (neg,)
+    same(x[key], a[key])
+    same(x[(slice(None),) * (dim % len(shape)) + (wgpar.tensor(neg),)], a[key])
 
 
 def test_embedding_lookup_with_2d_index(dev, rng):

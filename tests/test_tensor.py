@@ -211,3 +211,9 @@ def test_setitem_with_host_values(rng):
     np.testing.assert_array_equal(t.numpy(), a)
     with pytest.raises(ValueError, match=r"\(2, 3\)"):
         t[0:2, 0:2] = block
+
+
+def test_arange_step_zero_is_a_clear_error(dev):
+    for args in ((0, 10, 0), (1.0, 2.0, 0.0), (5, 0, 0)):
+        with pytest.raises(ValueError, match="step must be nonzero"):
+            wgpar.arange(*args)

@@ -25,6 +25,11 @@ def generator() -> np.random.Generator:
     return _rng
 
 
+def _check_requires_grad(requires_grad: bool, dtype: _dt.DType) -> None:
+    if requires_grad and not dtype.is_float:
+        raise TypeError(f"only floating point tensors can require gradients, got {dtype.name}")
+
+
 def tensor(data, device=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """Make a tensor from a list, a NumPy array, a number, or another tensor (copied)."""
     if isinstance(data, Tensor):
@@ -34,11 +39,10 @@ def tensor(data, device=None, dtype=None, requires_grad: bool = False) -> Tensor
         raise TypeError("tensor(): data must be numbers or nested lists of numbers of equal length")
     if dtype is None and arr.dtype.kind == "f":
         dtype = _dt.float16 if arr.dtype == np.float16 else _dt.float32
+    if requires_grad:  # before the upload: nothing is made for a call that fails
+        _check_requires_grad(True, _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy_dtype(arr.dtype))
     t = Tensor.from_numpy(arr, device=device, dtype=dtype)
-    if requires_grad:
-        if not t.dtype.is_float:
-            raise TypeError(f"only float tensors can require gradients, got {t.dtype.name}")
-        t.requires_grad = True
+    t.requires_grad = bool(requires_grad)
     return t
 
 
@@ -47,8 +51,10 @@ def from_numpy(arr: np.ndarray, device=None) -> Tensor:
 
 
 def _factory(shape, value, dtype, device, requires_grad) -> Tensor:
-    t = fill(_norm_shape(shape), value, _dt.as_dtype(dtype), device)
-    t.requires_grad = requires_grad
+    dtype = _dt.as_dtype(dtype)
+    _check_requires_grad(requires_grad, dtype)
+    t = fill(_norm_shape(shape), value, dtype, device)
+    t.requires_grad = bool(requires_grad)
     return t
 
 
@@ -83,8 +89,17 @@ def empty(*shape, dtype=_dt.float32, device=None) -> Tensor:
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+    """Values from start (default 0) up to stop, step apart: int32 when all three are integers.
+
+    Arguments:
+        start, stop, step: as in NumPy and PyTorch; step must be nonzero, integer values must fit int32.
+        dtype: the result's dtype (default int32 or float32, as above).
+        device: where the tensor goes.
+    """
     if stop is None:
         start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
     if dtype is None:
         dtype = _dt.int32 if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) else _dt.float32
     return Tensor.from_numpy(np.arange(start, stop, step), device=device, dtype=dtype)
@@ -105,8 +120,19 @@ def randn(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -
 
 
 def randint(low, high=None, size=(), device=None) -> Tensor:
+    """Integers drawn uniformly from [low, high) (``randint(high, size=...)`` starts at 0), as int32.
+
+    Arguments:
+        low, high: the range; both bounds must fit int32 (high may be 2**31), checked before drawing.
+        size: the shape.
+        device: where the tensor goes.
+    """
     if high is None:
         low, high = 0, low
+    if not -(2**31) <= low < high <= 2**31:
+        raise ValueError(f"randint: the range [{low}, {high}) must be non-empty and lie within int32 "
+                         f"[{-(2**31)}, {2**31})")
     with _rng_lock:
-        data = _rng.integers(low, high, size=size)
-    return Tensor.from_numpy(data.astype(np.int32), device=device)
+        data = _rng.integers(low, high, size=_norm_shape(size if isinstance(size, (tuple, list)) else (size,)),
+                             dtype=np.int64)
+    return Tensor.from_numpy(data, device=device)

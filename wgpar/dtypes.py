@@ -52,6 +52,15 @@ def as_dtype(x) -> DType:
     return from_numpy_dtype(nd)
 
 
+def is_dtype_name(name: str) -> bool:
+    """Whether a string names a dtype (``"float16"``, ``"int64"``) rather than, say, a device."""
+    try:
+        as_dtype(name)
+    except TypeError:
+        return False
+    return True
+
+
 def from_numpy_dtype(nd: np.dtype) -> DType:
     """Map a NumPy dtype: floats of 32/64 bits -> float32, float16 -> float16, any integer -> int32."""
     if nd == np.float16:
@@ -79,11 +88,16 @@ def promote(a: DType, b: DType) -> DType:
 
 
 def promote_scalar(t: DType, scalar) -> DType:
-    """A Python scalar joins a tensor's type unless it is a float joining an integer tensor."""
-    if isinstance(scalar, bool):
+    """Result type of a tensor op with a Python or NumPy scalar (PyTorch's rules for Python numbers).
+
+    A scalar keeps the tensor's type within its kind (float16 stays float16 next to 0.5): a float
+    joining an integer or bool tensor gives float32, an integer joining a bool tensor gives int32.
+    NumPy scalars (np.float32(0.5), np.int64(2), np.bool_(True)) count as the Python number they hold.
+    """
+    if isinstance(scalar, (bool, np.bool_)):
         return t
-    if isinstance(scalar, float) and not t.is_float:
-        return float32
-    if t == bool_ and isinstance(scalar, int):
+    if isinstance(scalar, (float, np.floating)):
+        return t if t.is_float else float32
+    if t == bool_:
         return int32
     return t

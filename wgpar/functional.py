@@ -80,6 +80,8 @@ def _reduction(name: str):
 
     f.__name__ = name
     f.__doc__ = f"{name} over an axis, a tuple of axes, or all elements."
+    if name == "sum":
+        f.__doc__ += " An int32 sum wraps around on overflow (modulo 2**32): see Tensor.sum."
     return f
 
 

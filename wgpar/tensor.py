@@ -195,7 +195,7 @@ class Tensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if requires_grad and not self.dtype.is_float:
-            raise TypeError(f"only float tensors can require gradients, got {self.dtype.name}")
+            raise TypeError(f"only floating point tensors can require gradients, got {self.dtype.name}")
         if not requires_grad and self._node is not None:
             raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
         self.requires_grad = requires_grad
@@ -295,7 +295,7 @@ class Tensor:
 
     def to(self, device=None, dtype=None) -> Tensor:
         """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``)."""
-        if isinstance(device, (DType, type)) or (isinstance(device, str) and not device.replace("wgpu:", "").isdigit()):
+        if isinstance(device, (DType, type, np.dtype)) or (isinstance(device, str) and _dt.is_dtype_name(device)):
             device, dtype = None, device
         out = self
         if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
@@ -557,6 +557,11 @@ class Tensor:
 
     # -- reductions -----------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        """Sum over an axis, a tuple of axes, or all elements.
+
+        An int32 (or bool) tensor sums to int32, which wraps around on overflow, exactly modulo 2**32
+        (wgpar has no int64, unlike PyTorch's int sums); sum ``x.float()`` where totals may pass 2**31.
+        """
         return ops.reduce("sum", self, _axis(axis, dim), _keep(keepdims, keepdim))
 
     def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):

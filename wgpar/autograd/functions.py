@@ -10,7 +10,7 @@ import math
 
 from .. import dtypes as _dt
 from .. import ops as raw
-from ..ops.index import _as_index, index_add_rows
+from ..ops.index import _as_index, index_add_rows, index_what
 from ..ops.shape import stack_dim
 from ..tensor import Tensor, _wrap_dim
 from .engine import record
@@ -137,18 +137,28 @@ def where(cond: Tensor, a, b) -> Tensor:
 
 def clamp(a: Tensor, min=None, max=None) -> Tensor:
     out = raw.clamp(a, min, max)
-    if not (is_grad_enabled() and _needs(a)):
+    if not (is_grad_enabled() and (_needs(a) or _needs(min) or _needs(max))):
         return out
 
-    def bw(g):
-        r = g
-        if min is not None:
-            r = raw.where(raw.binary("lt", a, min), 0.0, r)
-        if max is not None:
-            r = raw.where(raw.binary("gt", a, max), 0.0, r)
-        return (r, None, None)
+    def bw(g):  # PyTorch's rule: a gets g where min <= a <= max, a bound where it was taken
+        below = raw.binary("lt", a, min) if min is not None else None
+        above = raw.binary("gt", a, max) if max is not None else None
+        ga = gmin = gmax = None
+        if _needs(a):
+            ga = g
+            for hit in (below, above):
+                if hit is not None:
+                    ga = raw.where(hit, 0.0, ga)
+        if _needs(min):  # with min > max the result is max: min gets nothing
+            took = below if max is None else raw.binary("mul", below, raw.binary("lt", min, max))
+            gmin = unbroadcast(raw.where(took, g, 0.0), min.shape)
+        if _needs(max):
+            took = above if min is None else raw.binary("add", above, raw.binary("lt", max, min))
+            gmax = unbroadcast(raw.where(took, g, 0.0), max.shape)
+        return ga, gmin, gmax
 
-    return record("clamp", out, [a, min, max], bw, [a])
+    # Tensor bounds are saved too: changing one in place before backward would move the gradient.
+    return record("clamp", out, [a, min, max], bw, [x for x in (a, min, max) if isinstance(x, Tensor)])
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
@@ -282,15 +292,18 @@ def _advanced_getitem(a: Tensor, key) -> Tensor:
             basic.append(k)
             if k is None or isinstance(k, slice):
                 d_out += 1
-    return index_select(getitem(a, tuple(basic)), pos, index)
+    return index_select(getitem(a, tuple(basic)), pos, index, negative=True, op="indexing")
 
 
-def index_select(a: Tensor, dim: int, index) -> Tensor:
-    idx = _as_index(index, a.device)
-    out = raw.index_select(a, dim, idx)
+def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | None = None) -> Tensor:
+    """``raw.index_select`` (``negative`` and ``op`` as there) with its backward, a scatter-add of rows."""
     d = _wrap_dim(dim, a.ndim)
     n = a.shape[d]
-    return record("index_select", out, [a], lambda g: (index_add_rows(g, d, idx, n),))
+    if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
+        index = _as_index(index, a.device, n, index_what(a, d, op), negative)
+    out = raw.index_select(a, d, index, negative, op)
+    # The index is saved: changing it in place before backward would send the gradient to other rows.
+    return record(op or "index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),), [index])
 
 
 def cat(tensors, dim: int = 0) -> Tensor:

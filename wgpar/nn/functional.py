@@ -11,7 +11,7 @@ from ..autograd import functions as F
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled
 from ..ops.elementwise import contiguous as _raw_contiguous
-from ..ops.index import _as_index, _check_range
+from ..ops.index import _as_index
 from ..runtime.kernels import F32, WORKGROUP, grid, pack, spec
 from ..tensor import Tensor, check_same_device
 
@@ -81,7 +81,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
 def embedding(indices, weight: Tensor) -> Tensor:
     """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape."""
-    return F.index_select(weight, 0, indices)
+    return F.index_select(weight, 0, indices, op="embedding")
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -134,6 +134,27 @@ def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
     return out
 
 
+def _targets(target, scores: Tensor, op: str) -> Tensor:
+    """Class targets [N] for scores [N, C] as int32, each checked to lie in [0, C) before narrowing.
+
+    Negative targets are errors (PyTorch's ignore_index is not supported).
+    """
+    if isinstance(target, Tensor):
+        if target.dtype.is_float:
+            raise TypeError(f"{op}: targets must be integer class indices, got {target.dtype.name}")
+        check_same_device(scores, target, op=op)
+        shape = target.shape
+    else:
+        target = np.asarray(target)
+        shape = target.shape
+    n, c = scores.shape
+    if shape != (n,):
+        raise ValueError(f"{op}: targets of shape {shape} for scores of shape {scores.shape}")
+    if n and c == 0:
+        raise ValueError(f"{op}: scores of shape {scores.shape} have no classes")
+    return _as_index(target, scores.device, c, f"{op} with {c} classes", noun="target")
+
+
 def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
     """Softmax cross entropy of logits [N, C] against int class targets [N] (one fused kernel).
 
@@ -145,21 +166,8 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         raise ValueError(f"cross_entropy: expected logits of shape [N, C], got {input.shape}")
     if not input.dtype.is_float:
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
-    if isinstance(target, Tensor) and target.dtype.is_float:
-        raise TypeError(f"cross_entropy: targets must be integer class indices, got {target.dtype.name}")
-    tgt = _as_index(target if isinstance(target, Tensor) else np.asarray(target), input.device)
-    check_same_device(input, tgt, op="cross_entropy")
-    n, c = input.shape
-    if tgt.shape != (n,):
-        raise ValueError(f"cross_entropy: targets of shape {tgt.shape} for logits of shape {input.shape}")
-    if n and c == 0:
-        raise ValueError(f"cross_entropy: logits of shape {input.shape} have no classes")
-    rng = getattr(tgt, "_host_range", None)
-    if rng is None:
-        _check_range(tgt, c, "cross_entropy targets")
-    elif rng[0] < 0 or rng[1] >= c:
-        bad = rng[1] if rng[1] >= c else rng[0]
-        raise IndexError(f"cross_entropy: target {bad} is out of range for {c} classes")
+    tgt = _targets(target, input, "cross_entropy")
+    n = input.shape[0]
     logits = _raw_contiguous(input)
     tgt = _raw_contiguous(tgt)
     per_row = _ce_kernel(logits, tgt, None)
@@ -171,7 +179,7 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         def bw_none(g):  # the kernel's gradient carries 1/n; rescale each row by n * g[row]
             return (raw.binary("mul", _ce_kernel(logits, tgt, ones), raw.binary("mul", raw.unsqueeze(g, 1), float(n))),)
 
-        return record("cross_entropy", per_row, [input], bw_none, [input])
+        return record("cross_entropy", per_row, [input], bw_none, [input, tgt])
     if reduction not in ("mean", "sum"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     loss = raw.reduce(reduction, per_row)
@@ -184,7 +192,7 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         grad = _ce_kernel(logits, tgt, g)  # (softmax - onehot) * g / n
         return (grad if reduction == "mean" else raw.binary("mul", grad, float(n)),)
 
-    return record("cross_entropy", loss, [input], bw, [input])
+    return record("cross_entropy", loss, [input], bw, [input, tgt])  # the kernel reads the targets again
 
 
 def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
@@ -192,10 +200,7 @@ def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
     if log_probs.ndim != 2:
         raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
     n, c = log_probs.shape
-    tgt = _as_index(target if isinstance(target, Tensor) else np.asarray(target), log_probs.device)
-    if tgt.shape != (n,):
-        raise ValueError(f"nll_loss: targets of shape {tgt.shape} for log-probabilities of shape {log_probs.shape}")
-    _check_range(tgt, c, "nll_loss targets")
+    tgt = _targets(target, log_probs, "nll_loss")
     # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
     rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)
     flat_index = raw.binary("add", rows, tgt)

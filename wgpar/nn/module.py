@@ -132,7 +132,7 @@ class Module:
 
     def requires_grad_(self, requires_grad: bool = True) -> Module:
         for p in self.parameters():
-            p.requires_grad = requires_grad
+            p.requires_grad_(requires_grad)  # refuses integer parameters, as in PyTorch
         return self
 
     # -- devices --------------------------------------------------------------------------

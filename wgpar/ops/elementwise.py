@@ -68,7 +68,7 @@ Operand = Tensor | int | float | bool
 
 
 def _is_scalar(x) -> bool:
-    return isinstance(x, (int, float, bool, np.integer, np.floating))
+    return isinstance(x, (int, float, bool, np.integer, np.floating, np.bool_))
 
 
 def _check_operand(x, op: str) -> None:
@@ -89,7 +89,7 @@ def _types(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[D
         if isinstance(x, Tensor):
             common = x.dtype if common is None else _dt.promote(common, x.dtype)
     if common is None:  # all scalars (where(cond, 1.0, 0.0))
-        common = _dt.float32 if any(isinstance(v, float) for v in vals) else _dt.int32
+        common = _dt.float32 if any(isinstance(v, (float, np.floating)) for v in vals) else _dt.int32
     for x in vals:
         if not isinstance(x, Tensor):
             common = _dt.promote_scalar(common, x)
@@ -111,7 +111,8 @@ def broadcast_shape(*shapes: tuple[int, ...], op: str = "broadcast") -> tuple[in
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
-        raise ValueError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together") from None
+        names = " and ".join(str(tuple(s)) for s in shapes)
+        raise ValueError(f"{op}: shapes {names} cannot be broadcast together") from None
 
 
 def broadcast_strides(t: Tensor, shape: tuple[int, ...]) -> list[int]:

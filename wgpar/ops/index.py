@@ -69,7 +69,7 @@ def getitem(t: Tensor, key) -> Tensor:
     view = _view(t, shape, strides, offset)
     if advanced is None:
         return view
-    return index_select(view, advanced[0], advanced[1])
+    return index_select(view, advanced[0], advanced[1], negative=True, op="indexing")
 
 
 def setitem(t: Tensor, key, value) -> None:
@@ -82,38 +82,61 @@ def setitem(t: Tensor, key, value) -> None:
     copy_(target, value)
 
 
-def _as_index(index, dev) -> Tensor:
+def _as_index(index, dev, n: int, what: str, negative: bool = False, noun: str = "index") -> Tensor:
+    """``index`` as an int32 tensor on ``dev``, its values checked against a dimension of size ``n``.
+
+    Values must lie in [0, n), or with ``negative`` in [-n, n) (negatives count from the end, as in
+    advanced indexing; the gather kernel wraps them). Host values are checked before they are narrowed
+    to int32, so 2**32 + 1 never becomes 1; a tensor's values are checked through the range known from
+    its upload, else one readback.
+    """
     if isinstance(index, Tensor):
         if index.dtype.storage != "i32" or index.dtype is _dt.bool_:
             raise TypeError(f"index tensors must be int32, got {index.dtype.name}")
+        _check_range(index, n, what, negative, noun)
         return index
     arr = np.asarray(index)
     if arr.dtype == np.bool_:
         raise TypeError("boolean mask indexing is not supported; use where() or an integer index")
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"index arrays must hold integers, got {arr.dtype}")
+    if arr.size:
+        _raise_if_out_of_range(int(arr.min()), int(arr.max()), n, what, negative, noun)
     return Tensor.from_numpy(arr.astype(np.int32), device=dev)
 
 
-def _check_range(index: Tensor, n: int, what: str) -> None:
+def _raise_if_out_of_range(lo: int, hi: int, n: int, what: str, negative: bool, noun: str) -> None:
+    low = -n if negative else 0
+    if lo < low or hi >= n:
+        bad = hi if hi >= n else lo
+        allowed = f"[{-n}, {n})" if negative else f"[0, {n})"
+        raise IndexError(f"{what}: {noun} {bad} is out of range for a dimension of size {n} (allowed {allowed})")
+
+
+def _check_range(index: Tensor, n: int, what: str, negative: bool = False, noun: str = "index") -> None:
     if index.numel() == 0:
         return
-    rng = getattr(index, "_host_range", None)
-    if rng is None:  # not made from host data: one readback to validate
+    rng = index._host_range
+    if rng is None:  # not made from host data: one readback to validate, remembered until a write
         vals = index.numpy()
-        rng = (int(vals.min()), int(vals.max()))
-    lo, hi = rng
-    if lo < -n or hi >= n:
-        bad = hi if hi >= n else lo
-        raise IndexError(f"{what}: index {bad} is out of range for a dimension of size {n}")
+        rng = index._host_range = (int(vals.min()), int(vals.max()))
+    _raise_if_out_of_range(rng[0], rng[1], n, what, negative, noun)
 
 
-def index_select(t: Tensor, dim: int, index) -> Tensor:
-    """Pick entries along ``dim`` by an integer index of any shape (its shape replaces that dim)."""
+def index_what(t: Tensor, d: int, op: str | None) -> str:
+    return f"{op or 'index_select'} on dim {d} of shape {t.shape}"
+
+
+def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | None = None) -> Tensor:
+    """Pick entries along ``dim`` by an integer index of any shape (its shape replaces that dim).
+
+    Indices must lie in [0, n) as in ``torch.index_select``; ``negative`` also allows [-n, 0), counted
+    from the end (advanced indexing ``t[[-1]]``). ``op`` names the caller in errors.
+    """
     d = _wrap_dim(dim, t.ndim)
-    idx = _as_index(index, t.device)
-    check_same_device(t, idx, op="index_select")
-    _check_range(idx, t.shape[d], f"index_select on dim {d} of shape {t.shape}")
+    if isinstance(index, Tensor):
+        check_same_device(t, index, op="index_select")
+    idx = _as_index(index, t.device, t.shape[d], index_what(t, d, op), negative)
     out_shape = t.shape[:d] + idx.shape + t.shape[d + 1:]
     out = Tensor.empty(out_shape, t.dtype, t.device)
     total = out.numel()

@@ -94,8 +94,11 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     return reshape(result, out_shape)
 
 
-def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) -> Tensor:
-    ctype = "f32" if op == "mean" else x.dtype.compute
+def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType,
+                  ctype: str | None = None) -> Tensor:
+    """Reduce x viewed as [outer, n, inner] over n; ``ctype`` is the accumulator type (default: x's
+    compute type, f32 for mean, so an integer mean never wraps)."""
+    ctype = ctype or ("f32" if op == "mean" else x.dtype.compute)
     text = _kernel_text(op, ctype)
     f16 = "enable f16;" if (x.dtype is _dt.float16 or out_dt is _dt.float16) else ""
     scale = F32(1.0 / n)
@@ -109,7 +112,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
             g *= 2
         if g > 1:
             first = _reduce_block("sum" if op == "mean" else op, x, outer * g, n // g, inner,
-                                  _dt.float32 if ctype == "f32" else _dt.int32)
+                                  _dt.float32 if ctype == "f32" else _dt.int32, ctype)
             second = _reduce_block(op, first, outer, g, inner, out_dt)
             if op == "mean":  # the second pass averaged over g, not over n
                 from .elementwise import binary

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..tensor import Tensor, _norm_shape, _wrap_dim, check_same_device
 from .elementwise import contiguous, copy_
 
@@ -90,15 +92,21 @@ def transpose(t: Tensor, d0: int, d1: int) -> Tensor:
 
 
 def expand(t: Tensor, shape) -> Tensor:
+    """A broadcast view of ``t`` with ``shape``: sizes >= 0, -1 keeps an existing dim's size."""
     shape = tuple(shape)
+    for n in shape:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"expand: sizes must be ints, got {shape!r}")
     if len(shape) < t.ndim:
         raise ValueError(f"expand: target {shape} has fewer dims than tensor shape {t.shape}")
     lead = len(shape) - t.ndim
     out_shape, out_strides = [], []
     for i, n in enumerate(shape):
+        n = int(n)
         if i < lead:
             if n < 0:
-                raise ValueError(f"expand: -1 not allowed in new leading dim of {shape}")
+                raise ValueError(f"expand: size {n} for new leading dim {i} of {shape}: a new dim needs a size "
+                                 ">= 0 (-1 keeps the size of an existing dim only)")
             out_shape.append(n)
             out_strides.append(0)
             continue
@@ -106,6 +114,9 @@ def expand(t: Tensor, shape) -> Tensor:
         if n == -1 or n == have:
             out_shape.append(have)
             out_strides.append(stride)
+        elif n < 0:
+            raise ValueError(f"expand: size {n} for dim {i} of {shape} (tensor shape {t.shape}): sizes must be "
+                             ">= 0, or -1 to keep the tensor's size")
         elif have == 1:
             out_shape.append(n)
             out_strides.append(0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import wgpu
 
 from ..errors import AdapterNotFoundError
@@ -99,8 +100,11 @@ def device(index: int = 0) -> Device:
     """The device in slot ``index``; slots past the physical adapters are logical devices."""
     if isinstance(index, Device):
         return index
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+    if isinstance(index, str):
+        return resolve(index)
+    if not isinstance(index, (int, np.integer)) or isinstance(index, (bool, np.bool_)) or index < 0:
         raise ValueError(f"device index must be a non-negative int, got {index!r}")
+    index = int(index)
     with _lock:
         dev = _slots.get(index)
         if dev is None:
@@ -114,22 +118,30 @@ def devices(n: int | None = None) -> list[Device]:
     """One Device per physical adapter, or ``n`` devices (logical ones on shared adapters if needed)."""
     if n is None:
         n = len(_physical())
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"devices(n) needs n >= 1, got {n!r}")
-    return [device(i) for i in range(n)]
+    if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)) or n < 1:
+        raise ValueError(f"devices(n) needs an int n >= 1, got {n!r}")
+    return [device(i) for i in range(int(n))]
 
 
 def resolve(dev: Device | int | str | None) -> Device:
-    """Accept a Device, an index, ``"wgpu:1"``/``"1"``, or None (device 0)."""
+    """Accept a Device, an index, ``"wgpu"`` (device 0) or ``"wgpu:N"``, or None (device 0).
+
+    Other frameworks' device strings ("cuda:1", "cpu", "mps") raise ValueError: wgpar never maps
+    them onto its own devices.
+    """
     if dev is None:
         return device(0)
     if isinstance(dev, Device):
         return dev
     if isinstance(dev, str):
-        tail = dev.split(":")[-1]
-        if not tail.isdigit():
-            raise ValueError(f"device string {dev!r} should look like 'wgpu:0'")
-        return device(int(tail))
+        kind, sep, tail = dev.partition(":")
+        if kind == "wgpu" and not sep:
+            return device(0)
+        if kind == "wgpu" and tail.isascii() and tail.isdigit():
+            return device(int(tail))
+        hint = "; for a copy in host memory use tensor.numpy()" if kind == "cpu" else ""
+        raise ValueError(f"device {dev!r} is not a wgpar device: wgpar runs on WebGPU adapters and accepts a "
+                         f"Device, an index, 'wgpu' or 'wgpu:N' (see wgpar.devices()){hint}")
     return device(dev)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import wgpu
 
@@ -112,23 +113,13 @@ class CachingAllocator:
 
     def _create_with_retry(self, size: int, nbytes: int) -> wgpu.GPUBuffer:
         try:
-            return self._create(size)
-        except Exception as first:  # wgpu reports OOM as GPUValidationError or MemoryError
-            if not _looks_like_oom(first):
-                raise
-        # Give the cache back to wgpu (once the queue is idle) and try exactly once more.
-        self.reclaim()
-        try:
-            return self._create(size)
-        except Exception as second:
-            if not _looks_like_oom(second):
-                raise
+            return create_with_retry(lambda: self._create(size), self.reclaim)
+        except OutOfMemoryError as exc:
             self.num_ooms += 1
             raise OutOfMemoryError(
-                f"{self._name}: out of memory allocating {nbytes} bytes "
-                f"(block {size} bytes); {self.allocated_bytes} bytes allocated by tensors, "
-                f"{self.reserved_bytes} bytes reserved"
-            ) from None
+                f"{self._name}: out of memory allocating {nbytes} bytes (block {size} bytes) after releasing "
+                f"the cache; {self.allocated_bytes} bytes allocated by tensors, {self.reserved_bytes} bytes "
+                f"reserved ({exc})") from None
 
     def free(self, block: Block) -> None:
         buf, block.buffer = block.buffer, None
@@ -168,6 +159,31 @@ class CachingAllocator:
 
 _STAT_NAMES = ("allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "cached_bytes", "num_allocs",
                "num_frees", "num_buffer_creates", "num_cache_hits", "num_ooms")
+
+
+T = TypeVar("T")
+
+
+def create_with_retry(create: Callable[[], T], reclaim: Callable[[], object]) -> T:
+    """``create()``; on an out-of-memory error, ``reclaim()`` (give cached buffers back to wgpu once the
+    queue is idle) and try exactly once more. Every buffer wgpar makes goes through here: tensor blocks
+    and the staging and upload buffers of host transfers.
+
+    Raises OutOfMemoryError (holding wgpu's message) when the second try fails for lack of memory too;
+    the caller rewords it with the bytes and the device. Other errors pass through unchanged.
+    """
+    try:
+        return create()
+    except Exception as first:  # wgpu reports OOM as GPUValidationError or MemoryError
+        if not _looks_like_oom(first):
+            raise
+    reclaim()
+    try:
+        return create()
+    except Exception as second:
+        if not _looks_like_oom(second):
+            raise
+        raise OutOfMemoryError(str(second)) from None
 
 
 def _looks_like_oom(exc: BaseException) -> bool:

@@ -16,8 +16,8 @@ from typing import Any
 
 import wgpu
 
-from ..errors import BindingLimitError, WgparError
-from .allocator import STORAGE_USAGE, Block, CachingAllocator
+from ..errors import BindingLimitError, OutOfMemoryError, WgparError
+from .allocator import STORAGE_USAGE, Block, CachingAllocator, create_with_retry
 from .config import CONFIG
 from .kernels import PARAM_SLOT, KernelSpec
 
@@ -99,6 +99,31 @@ class Device:
     # -- memory ---------------------------------------------------------------------------
     def _create_storage(self, size: int) -> wgpu.GPUBuffer:
         return self._dev.create_buffer(label=f"wgpar:{self.index}:tensor", size=size, usage=STORAGE_USAGE)
+
+    def create_buffer(self, label: str, size: int, usage, mapped_at_creation: bool = False) -> wgpu.GPUBuffer:
+        """A buffer outside the allocator (readback staging, upload), made through the allocator's
+        release-and-retry path: on out-of-memory the cache goes back to wgpu and creation is tried once
+        more before OutOfMemoryError names the bytes and this device.
+
+        Arguments:
+            label: what the buffer is for; its wgpu label is ``wgpar:<index>:<label>``.
+            size: bytes.
+            usage: wgpu.BufferUsage flags.
+            mapped_at_creation: whether it starts mapped (upload buffers).
+        """
+        full = f"wgpar:{self.index}:{label}"
+
+        def create() -> wgpu.GPUBuffer:
+            return self._dev.create_buffer(label=full, size=size, usage=usage, mapped_at_creation=mapped_at_creation)
+
+        try:
+            return create_with_retry(create, self.allocator.reclaim)
+        except OutOfMemoryError as exc:
+            stats = self.allocator.stats()
+            raise OutOfMemoryError(
+                f"{self}: out of memory creating the {size}-byte {label} buffer ({full}) for a host transfer, "
+                f"after releasing the cache; {stats['allocated_bytes']} bytes allocated by tensors, "
+                f"{stats['reserved_bytes']} bytes reserved ({exc})") from None
 
     def malloc(self, nbytes: int) -> Block:
         if nbytes > self.max_binding:
@@ -260,7 +285,9 @@ class Device:
 
         ring = self._upload_ring
         if ring is None or ring.capacity < nbytes:
-            ring = self._upload_ring = UploadBuffer(self, max(nbytes, 2 * ring.capacity if ring else 0), "upload")
+            capacity = max(nbytes, 2 * ring.capacity if ring else 0)
+            self._upload_ring = ring = None  # drop the old ring: a retry after out-of-memory may need its memory
+            ring = self._upload_ring = UploadBuffer(self, capacity, "upload")
         target = ring.view(_UPLOAD_TIMEOUT, "upload")
         host_copy(target, data)
         del target
@@ -272,8 +299,7 @@ class Device:
             bucket = -(-size // 256) * 256
         buf = self._staging.get(bucket)
         if buf is None:
-            buf = self._dev.create_buffer(label=f"wgpar:{self.index}:staging", size=bucket,
-                                          usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            buf = self.create_buffer("staging", bucket, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
             self._staging[bucket] = buf
         return buf
 

@@ -129,15 +129,15 @@ class StagingBuffer:
     def __init__(self, device: Device, capacity: int, label: str = "staging") -> None:
         self.device = device
         self.capacity = _round4(capacity)
-        self._label = f"wgpar:{device.index}:{label}"
+        self._label = label
         self.buffer = self._create()
         self._promise = None
         self._nbytes = 0
         self._mapped = False
 
     def _create(self) -> wgpu.GPUBuffer:
-        return self.device._dev.create_buffer(label=self._label, size=self.capacity,
-                                              usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        return self.device.create_buffer(self._label, self.capacity,
+                                         wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def record(self, src: wgpu.GPUBuffer, src_offset: int, nbytes: int) -> None:
         """Record the GPU copy into this buffer, in stream order, without submitting or mapping."""
@@ -217,9 +217,9 @@ class UploadBuffer:
     def __init__(self, device: Device, capacity: int, label: str = "upload") -> None:
         self.device = device
         self.capacity = _round4(capacity)
-        self.buffer = device._dev.create_buffer(
-            label=f"wgpar:{device.index}:{label}", size=self.capacity, mapped_at_creation=True,
-            usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
+        self.buffer = device.create_buffer(label, self.capacity,
+                                           wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,
+                                           mapped_at_creation=True)
         self._promise = None
 
     def view(self, timeout: float, what: str = "upload") -> memoryview:
