@@ -21,3 +21,7 @@ class BindingLimitError(ValueError):
 
 class AdapterNotFoundError(RuntimeError):
     """No WebGPU adapter matches the request (or none exists at all)."""
+
+
+class ZeroDivisionRuntimeError(WgparError, ZeroDivisionError):
+    """Integer division or remainder by zero: a RuntimeError as in PyTorch, and a ZeroDivisionError."""
