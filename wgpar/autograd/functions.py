@@ -77,12 +77,16 @@ def binary(op: str, a, b) -> Tensor:
         saved = [x for x in (a, b, y) if isinstance(x, Tensor)]
     elif op in ("maximum", "minimum"):
         def bw(g):
-            # Ties split the gradient evenly, as in PyTorch.
-            win = raw.binary("gt" if op == "maximum" else "lt", a, b)
-            tie = raw.binary("eq", a, b)
-            wa = raw.binary("add", raw.cast(win, g.dtype), raw.binary("mul", raw.cast(tie, g.dtype), 0.5))
+            # PyTorch's rule: each side gets g, halved on ties, zeroed where it lost. A NaN pair is
+            # neither a tie nor a loss for either side, so both get g (the NaN came from somewhere).
+            def mask(cmp):
+                return raw.cast(raw.binary(cmp, a, b), g.dtype)
+
+            half = raw.binary("mul", mask("eq"), 0.5)
+            wa = raw.binary("sub", raw.binary("sub", 1.0, mask("lt" if op == "maximum" else "gt")), half)
+            wb = raw.binary("sub", raw.binary("sub", 1.0, mask("gt" if op == "maximum" else "lt")), half)
             return (unbroadcast(raw.binary("mul", g, wa), sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, raw.binary("sub", 1.0, wa)), sb) if _needs(b) else None)
+                    unbroadcast(raw.binary("mul", g, wb), sb) if _needs(b) else None)
         saved = [x for x in (a, b) if isinstance(x, Tensor)]
     elif op == "mod":  # a - floor(a / b) * b
         def bw(g):
@@ -141,11 +145,12 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
         return out
 
     def bw(g):
+        # g where min <= a <= max, else 0 (so 0 at a NaN), as in PyTorch
         r = g
         if min is not None:
-            r = raw.where(raw.binary("lt", a, min), 0.0, r)
+            r = raw.where(raw.binary("ge", a, min), r, 0.0)
         if max is not None:
-            r = raw.where(raw.binary("gt", a, max), 0.0, r)
+            r = raw.where(raw.binary("le", a, max), r, 0.0)
         return (r, None, None)
 
     return record("clamp", out, [a, min, max], bw, [a])
@@ -349,8 +354,8 @@ def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
     y = out.detach()
 
-    def bw(g):  # max / min: the gradient goes to the extreme entries, split over ties
-        hit = raw.cast(raw.binary("eq", a, raw.reshape(y, kshape)), g.dtype)
+    def bw(g):  # max / min: the gradient goes to the extreme entries (the NaNs if any), split over ties
+        hit = raw.cast(raw.binary("same", a, raw.reshape(y, kshape)), g.dtype)
         count = raw.reduce("sum", hit, axes, keepdims=True)
         return (raw.binary("mul", hit, raw.binary("div", raw.reshape(g, kshape), count)),)
 

@@ -11,7 +11,7 @@ from .. import ops
 from ..autograd.grad_mode import no_grad
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, load_source, pack, spec
 from ..tensor import Tensor
 
 _CHUNK = 16 * WORKGROUP  # elements per workgroup in the first pass (at least)
@@ -21,9 +21,10 @@ _MAX_GROUPS = 1024  # per gradient; longer gradients get longer chunks
 def _ord_text(norm_type: float) -> tuple[str, str, str]:
     """(TERM, JOIN, ROOT) WGSL expressions for the norm's order."""
     if math.isinf(norm_type):
-        return "a", "max(x, y)", "raw"
-    term = {1.0: "a", 2.0: "a * a"}.get(norm_type, "select(pow(a, p.ord), 0.0, a == 0.0)")
+        return "a", "max_nan(x, y)", "raw"  # a NaN gradient gives a NaN norm, as in PyTorch
+    term = {1.0: "a", 2.0: "a * a"}.get(norm_type, "select(select(pow(a, p.ord), 0.0, a == 0.0), a, isnan_(a))")
     root = {1.0: "raw", 2.0: "sqrt(raw)"}.get(norm_type, "pow(raw, p.inv_ord)")
+    root = f"select({root}, raw, isnan_(raw))"  # pow / sqrt of a NaN are up to the driver
     return term, "x + y", root
 
 
@@ -31,8 +32,9 @@ def _ord_text(norm_type: float) -> tuple[str, str, str]:
 def _kernels(gt: str, norm_type: float) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
     term, join, root = _ord_text(norm_type)
     f16 = "enable f16;" if gt == "f16" else ""
-    return (spec("optim_norm", ("w", "r"), F16=f16, G=gt, TERM=term, JOIN=join),
-            spec("optim_norm_final", ("w", "r"), JOIN=join, ROOT=root),
+    fns = load_source("float_fns")
+    return (spec("optim_norm", ("w", "r"), F16=f16, G=gt, TERM=term, JOIN=join, FNS=fns),
+            spec("optim_norm_final", ("w", "r"), JOIN=join, ROOT=root, FNS=fns),
             spec("optim_scale", ("w", "r"), F16=f16, G=gt))
 
 
