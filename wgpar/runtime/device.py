@@ -212,12 +212,26 @@ class Device:
     def _flush_locked(self) -> None:
         if self._encoder is None and self._pass is None:
             return
-        encoder = self._end_pass()
-        if self._arena_used:
-            self.queue.write_buffer(self._arena, 0, memoryview(self._arena_host)[: self._arena_used * self._slot])
-        self.queue.submit([encoder.finish()])
+        try:
+            encoder = self._end_pass()
+            if self._arena_used:
+                self.queue.write_buffer(self._arena, 0, memoryview(self._arena_host)[: self._arena_used * self._slot])
+            self.queue.submit([encoder.finish()])
+        except Exception as exc:
+            # A finished (or broken) encoder accepts nothing more: keeping it would fail every later
+            # op on this device. Its commands are lost; start a fresh stream and say so.
+            lost = self._pending
+            self._reset_stream()
+            raise WgparError(f"{self}: submitting the {lost} operations recorded since the last submit failed, "
+                             f"so they were discarded (tensors they were writing hold undefined values); "
+                             f"the device stays usable. Cause: {exc}") from exc
         self.num_submits += 1
+        self._reset_stream()
+
+    def _reset_stream(self) -> None:
         self._encoder = None
+        self._pass = None
+        self._pass_pipeline = None
         self._pending = 0
         self._arena_used = 0
 

@@ -215,8 +215,10 @@ class UploadBuffer:
         if nbytes > self.capacity:
             raise ValueError(f"upload of {nbytes} bytes exceeds the buffer's {self.capacity} bytes")
         self.buffer.unmap()
-        if nbytes:
-            self.device.copy(self.buffer, 0, dst, dst_offset, nbytes)
-            self.device.flush()
-        with self.device._lock:
-            self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)
+        try:
+            if nbytes:
+                self.device.copy(self.buffer, 0, dst, dst_offset, nbytes)
+                self.device.flush()
+        finally:  # also after a failed flush: the next view() waits for this map
+            with self.device._lock:
+                self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)
