@@ -58,7 +58,7 @@ def _dropout_kernel(x: Tensor, p: float, seed: int) -> Tensor:
         k = spec("dropout", ("w", "r"), F16="enable f16;" if x.dtype is _dt.float16 else "", T=x.dtype.storage)
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
                           pack(n, src._offset, seed, threshold, F32(1.0 / (1.0 - p)), 0, 0, 0),
-                          grid(-(-n // WORKGROUP)))
+                          grid(-(-n // WORKGROUP), x.device.max_workgroups))
     return out
 
 
@@ -131,7 +131,8 @@ def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
              FNS=load_source("float_fns"))
     logits.device.dispatch(
         k, [out._storage.buffer, logits._storage.buffer, target._storage.buffer, g._storage.buffer],
-        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0), grid(rows))
+        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0),
+        grid(rows, logits.device.max_workgroups))
     return out
 
 

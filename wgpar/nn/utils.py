@@ -53,7 +53,7 @@ def _fold(dev: Device, grads: list[Tensor], norm_type: float) -> Tensor:
         k = _kernels(g.dtype.storage, norm_type)[0]
         dev.dispatch(k, [partial._storage.buffer, g._storage.buffer],
                      pack(g.numel(), g._offset, base, chunk, F32(norm_type if math.isfinite(norm_type) else 1.0),
-                          0, 0, 0), grid(groups))
+                          0, 0, 0), grid(groups, dev.max_workgroups))
     return partial
 
 
@@ -123,7 +123,8 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     for g, f in zip(grads, flats):
         k = _kernels(f.dtype.storage, norm_type)[2]
         f.device.dispatch(k, [f._storage.buffer, coefs[f.device]._storage.buffer],
-                          pack(f.numel(), f._offset, 1, 0), grid(-(-f.numel() // WORKGROUP)))
+                          pack(f.numel(), f._offset, 1, 0),
+                          grid(-(-f.numel() // WORKGROUP), f.device.max_workgroups))
         if f is not g:
             ops.copy_(g, f)
         g._storage.version += 1

@@ -391,8 +391,9 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     how = tuple(0 if m is None else 1 if m[0] in ("full", "mod") else 2 for m in modes)
     heads = (words1[:4], words4[:4] if words4 else None)
     mids = (words1[8:16], words4[8:16] if words4 else None)
+    lim = dev.max_workgroups
     return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), how, kernel, kernels, heads, mids,
-            grid(-(-numel // WORKGROUP)), grid(-(-numel // (4 * WORKGROUP))), dev)
+            grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim), dev)
 
 
 def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
@@ -519,7 +520,7 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         kspec = _block_kernel(op, tuple(sig), tuple(m and m[0] for m in modes), width, tuple(cts),
                               out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None, f16)
         dev.dispatch(kspec, buffers, pack(_block_words(numel, width, out._offset, operands, modes, cts)),
-                     grid(-(-numel // (width * WORKGROUP))))
+                     grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
         return out
     kspec = _map_kernel(op, tuple(sig), tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
                         dtype.compute, out_dtype is None, f16)
@@ -530,7 +531,7 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
     strides += [dims([])] * (3 - len(operands))
     params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
                   dims(shape, 1), dims(out.strides), *strides)
-    dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP)))
+    dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
     return out
 
 

@@ -125,7 +125,8 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
         out = Tensor.empty((outer * inner,), out_dt, dev)
         k = spec("reduce_cols", ("w", "r"), F16=f16, O=out_dt.storage, T=x.dtype.storage, C=ctype, **text)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, inner, x._offset, scale, 0, 0, 0), grid(-(-(outer * inner) // WORKGROUP)))
+                     pack(outer, n, inner, x._offset, scale, 0, 0, 0),
+                     grid(-(-(outer * inner) // WORKGROUP), dev.max_workgroups))
         return out
     # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
     # than MAX_LOOP times); partials reduced again.
@@ -144,7 +145,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
              **_kernel_text(first_op, ctype))
     dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups))
+                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups, dev.max_workgroups))
     if groups == 1:
         return out
     second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
@@ -183,7 +184,8 @@ def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: in
         k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
                  **_kernel_text(first_op, ctype))
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0), grid(outer * groups))
+                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0),
+                     grid(outer * groups, dev.max_workgroups))
         parts.append(reshape(out, (outer, groups)))
     values, indices = parts
     best = reshape(_reduce_block(op, values, outer, groups, 1, _dt.int32), (outer, 1))
@@ -225,7 +227,7 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
                  HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
                  BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          pack(rows, cols, src._offset, 0), grid(rows))
+                          pack(rows, cols, src._offset, 0), grid(rows, x.device.max_workgroups))
     if d != last:
         inv = [0] * x.ndim
         order = [i for i in range(x.ndim) if i != d] + [d]

@@ -60,6 +60,8 @@ class Device:
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffer = int(self.limits["max-buffer-size"])
         self.has_f16 = "shader-f16" in self.features
+        # Workgroups per grid dimension (65535 on lavapipe and NVIDIA): ops split larger grids.
+        self.max_workgroups = int(self.limits.get("max-compute-workgroups-per-dimension", 65535))
         self.queue = self._dev.queue
         self._lock = threading.RLock()
         self._threshold = CONFIG.submit_threshold
@@ -184,6 +186,10 @@ class Device:
     def dispatch(self, kspec: KernelSpec, buffers: Sequence[wgpu.GPUBuffer], params: bytes,
                  groups: tuple[int, int] | tuple[int, int, int]) -> None:
         """Record one dispatch of ``kspec`` over ``buffers`` (in binding order)."""
+        lim = self.max_workgroups  # checked here: at submit it would fail the whole batch (~60 ns a call)
+        if groups[0] > lim or groups[1] > lim or groups[-1] > lim:
+            raise WgparError(f"{self}: kernel {kspec.label} asks for {tuple(groups)} workgroups; this device "
+                             f"allows {self.max_workgroups} per dimension (max-compute-workgroups-per-dimension)")
         with self._lock:
             pipeline, layout = self._pipeline(kspec)
             bg = self._bind_group(kspec, layout, tuple(buffers))
