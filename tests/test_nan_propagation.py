@@ -31,6 +31,13 @@ def test_activations_keep_nan():
     np.testing.assert_array_equal(wgpar.autograd.functions.unary("sign", x).numpy(), [0, -1, 1, 0])  # torch: 0
 
 
+def test_dropout_keeps_nan_even_where_it_drops():
+    x = wgpar.tensor(np.full(1000, NAN, np.float32))
+    assert np.isnan(F.dropout(x, p=0.5).numpy()).all()  # x * mask * scale: NaN * 0 is NaN (PyTorch)
+    y = F.dropout(wgpar.ones(1000), p=0.5).numpy()
+    assert 300 < (y == 0).sum() < 700 and set(np.unique(y)) == {0.0, 2.0}
+
+
 def test_max_min_argmax_argmin_take_the_nan():
     x = wgpar.tensor(np.array([[1.0, NAN, 3.0, NAN], [4.0, 2.0, -1.0, 0.0]], np.float32))
     np.testing.assert_array_equal(x.max(1).numpy(), [NAN, 4])
