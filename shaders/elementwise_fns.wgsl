@@ -53,23 +53,6 @@ fn f2i_(x: f32) -> i32 {
   return select(select(t, 2147483647, x >= 2147483648.0), 0, isnan_(x));
 }
 
-// -- true division: IEEE results for zero, infinite and huge divisors. Vulkan guarantees a
-// division's accuracy only for |b| in [2^-126, 2^126], and drivers divide as a * (1 / b), where
-// 1 / b of a huge b flushes to zero (max / max gave 0).
-fn div_(a: f32, b: f32) -> f32 {
-  if (isnan_(a) || isnan_(b)) { return nan_like(a + b); }
-  if (isinf_(b)) {
-    if (isinf_(a)) { return nan_like(a); }
-    return select(0.0, -0.0, signbit_(a) != signbit_(b));
-  }
-  if (b == 0.0) {
-    if (a == 0.0) { return nan_like(a); }
-    return select(inf_like(a), -inf_like(a), signbit_(b));
-  }
-  if (abs(b) > 8.5070592e+37) { return (a * 0.25) / (b * 0.25); }  // 2^126
-  return a / b;
-}
-
 // -- transcendental: NaN in, NaN out; domain edges as in C / PyTorch ----------------------------
 fn exp_(x: f32) -> f32 { return select(exp(x), x, isnan_(x)); }
 fn log_(x: f32) -> f32 {

@@ -27,7 +27,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     let raw = red[0];
     let norm = {{ROOT}};
     out[0] = norm;
-    out[1] = min_nan(p.max_norm / (norm + 1e-6), 1.0);  // a NaN norm makes the gradients NaN, as in PyTorch
+    out[1] = min_nan(div_(p.max_norm, norm + 1e-6), 1.0);  // a NaN norm makes the gradients NaN, as in PyTorch
     out[2] = raw;
   }
 }
