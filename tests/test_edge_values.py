@@ -180,7 +180,7 @@ def _binary_want(name: str, a: np.ndarray, b: np.ndarray, dtype: str):
         return ref(x, y).astype(out)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_binary_ops_on_every_pair_of_edge_values(need, dtype):
     need(dtype)
     v = VALUES[dtype]
@@ -188,6 +188,8 @@ def test_binary_ops_on_every_pair_of_edge_values(need, dtype):
     ta, tb = _tensor(a, dtype), _tensor(b, dtype)
     ta_strided = _tensor(np.ascontiguousarray(np.broadcast_to(a, (len(v), len(v))).T), dtype).T
     for name, (_, rtol) in _BINARY.items():
+        if dtype == "bool" and name not in _CMP:  # bool arithmetic yields int32 in wgpar: not an edge case
+            continue
         if dtype == "int32" and name in ("floordiv", "mod"):
             nz = np.nonzero(v)[0]
             got = _binary(name, ta, _tensor(v[nz][None, :], dtype)).numpy()
