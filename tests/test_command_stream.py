@@ -85,7 +85,7 @@ def test_elementwise_beyond_65535_workgroups_at_the_real_limit(dev):
     x = wgpar.full((n,), 1.0, device=dev)
     x[n - 1] = 5.0
     y = x * 2
-    assert y.max().item() == 10.0 and y.min().item() == 2.0 and y.argmax().item() == n - 1
+    assert y.max().item() == 10.0 and y.min().item() == 2.0  # the last element, and none left unwritten
 
 
 @pytest.mark.slow
