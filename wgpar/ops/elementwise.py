@@ -150,9 +150,9 @@ def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, co
     elif out_is_bool:
         expr = f"select(0i, 1i, nz_{cts[0] if kind == 'copy' else compute}({expr}))"
     elif store == "i32" and (cts[0] if kind == "copy" else compute) == "f32":
-        expr = f"f2i_({expr})"  # saturating, NaN -> 0: i32() of those is up to the driver
+        expr = f"f2i_({expr})"  # saturating, NaN -> 0 (WGSL leaves i32(NaN) indeterminate)
     elif store == "f16" and cts[0] == "i32":
-        expr = f"f32({expr})"  # through f32, whose conversion to f16 WGSL defines for large values
+        expr = f"f32({expr})"  # through f32: the one f32 -> f16 rounding every float16 store uses
     return store, expr
 
 
