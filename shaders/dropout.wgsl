@@ -19,5 +19,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
   let i = gid.x + gid.y * nwg.x * 256u;
   if (i >= p.numel) { return; }
   let keep = pcg(i ^ pcg(p.seed)) >= p.threshold;
-  y[i] = {{T}}(select(0.0, f32(x[p.off_x + i]) * p.scale, keep));
+  // a multiply, not a select: a dropped NaN (or inf) still gives NaN, as in PyTorch (x * mask * scale)
+  y[i] = {{T}}(f32(x[p.off_x + i]) * select(0.0, p.scale, keep));
 }

@@ -1,14 +1,94 @@
-// Scalar helper functions shared by the elementwise kernels (elementwise.wgsl, elementwise_block.wgsl).
+// Scalar helper functions shared by the elementwise kernels (elementwise.wgsl, elementwise_block.wgsl),
+// pasted after float_fns.wgsl. The host writes `name_C(...)` in an op's expression and C becomes
+// the compute type, so `relu_C(x0)` calls relu_f32 or relu_i32.
+//
+// Edge values follow PyTorch and never the driver: NaN propagates through maximum / minimum /
+// clamp / relu / tanh (float_fns.wgsl says why it is tested by its bits), comparisons with a NaN
+// are false (but !=), and signed integer / and % never run on negative operands (below).
 
-// NumPy's power: negative bases with integral exponents are defined.
+// -- comparisons: IEEE results for NaN operands, whatever the compiler assumes -----------------
+fn unordered_(a: f32, b: f32) -> bool { return isnan_(a) || isnan_(b); }
+fn eq_f32(a: f32, b: f32) -> bool { return a == b && !unordered_(a, b); }
+fn ne_f32(a: f32, b: f32) -> bool { return !eq_f32(a, b); }
+fn lt_f32(a: f32, b: f32) -> bool { return a < b && !unordered_(a, b); }
+fn le_f32(a: f32, b: f32) -> bool { return a <= b && !unordered_(a, b); }
+fn gt_f32(a: f32, b: f32) -> bool { return a > b && !unordered_(a, b); }
+fn ge_f32(a: f32, b: f32) -> bool { return a >= b && !unordered_(a, b); }
+// Equal, or both NaN: the entries a max / min reduction picked (its backward).
+fn same_f32(a: f32, b: f32) -> bool { return eq_f32(a, b) || (isnan_(a) && isnan_(b)); }
+fn nz_f32(a: f32) -> bool { return !(a == 0.0) || isnan_(a); }  // truthiness: NaN is true
+fn eq_i32(a: i32, b: i32) -> bool { return a == b; }
+fn ne_i32(a: i32, b: i32) -> bool { return a != b; }
+fn lt_i32(a: i32, b: i32) -> bool { return a < b; }
+fn le_i32(a: i32, b: i32) -> bool { return a <= b; }
+fn gt_i32(a: i32, b: i32) -> bool { return a > b; }
+fn ge_i32(a: i32, b: i32) -> bool { return a >= b; }
+fn same_i32(a: i32, b: i32) -> bool { return a == b; }
+fn nz_i32(a: i32) -> bool { return a != 0; }
+
+// -- max, min, clamp, relu, sign, neg, abs -----------------------------------------------------
+fn maximum_f32(a: f32, b: f32) -> f32 { return max_nan(a, b); }
+fn minimum_f32(a: f32, b: f32) -> f32 { return min_nan(a, b); }
+fn maximum_i32(a: i32, b: i32) -> i32 { return max(a, b); }
+fn minimum_i32(a: i32, b: i32) -> i32 { return min(a, b); }
+fn relu_f32(x: f32) -> f32 { return select(max(x, 0.0), x, isnan_(x)); }
+fn relu_i32(x: i32) -> i32 { return max(x, 0); }
+// PyTorch's relu backward zeroes the gradient where x <= 0, so a NaN input passes it through.
+fn relu_bwd_f32(x: f32, g: f32) -> f32 { return select(0.0, g, x > 0.0 || isnan_(x)); }
+fn relu_bwd_i32(x: i32, g: i32) -> i32 { return select(0, g, x > 0); }
+// torch.sign(nan) is 0 (NumPy says nan; wgpar follows PyTorch).
+fn sign_f32(x: f32) -> f32 { return select(0.0, sign(x), !(x == 0.0) && !isnan_(x)); }
+fn sign_i32(x: i32) -> i32 { return select(0, select(-1, 1, x > 0), x != 0); }
+fn neg_f32(x: f32) -> f32 { return -x; }
+fn abs_f32(x: f32) -> f32 { return abs(x); }
+// On the bits in u32, so the most negative int32 wraps to itself (as in NumPy and PyTorch)
+// rather than meeting a driver's signed negate or abs.
+fn neg_i32(x: i32) -> i32 { return bitcast<i32>(0u - bitcast<u32>(x)); }
+fn abs_i32(x: i32) -> i32 { return select(x, neg_i32(x), x < 0); }
+
+// -- float -> int32 cast: saturating, NaN -> 0 (what CUDA does; NumPy and PyTorch on the CPU
+// leave it undefined). The clamp keeps i32() in range; its upper end is the largest f32 below 2^31.
+fn f2i_(x: f32) -> i32 {
+  let t = i32(clamp(x, -2147483648.0, 2147483520.0));
+  return select(select(t, 2147483647, x >= 2147483648.0), 0, isnan_(x));
+}
+
+// -- transcendental: NaN in, NaN out; domain edges as in C / PyTorch ----------------------------
+fn exp_(x: f32) -> f32 { return select(exp(x), x, isnan_(x)); }
+fn log_(x: f32) -> f32 {
+  if (isnan_(x) || x < 0.0) { return nan_like(x); }
+  if (x == 0.0) { return -abs(inf_like(x)); }
+  return log(x);
+}
+fn sqrt_(x: f32) -> f32 { return select(sqrt(x), nan_like(x), isnan_(x) || x < 0.0); }
+fn rsqrt_(x: f32) -> f32 {
+  if (isnan_(x) || x < 0.0) { return nan_like(x); }
+  if (x == 0.0) { return inf_like(x); }  // 1 / sqrt(-0) = -inf
+  return inverseSqrt(x);
+}
+
+// C99's pow (PyTorch's): every case that WGSL's pow (exp2(b * log2(a))) leaves undefined or
+// gets wrong (a <= 0, infinities, NaN) is decided here; integral exponents of negative bases work.
 fn fpow(a: f32, b: f32) -> f32 {
-  if (b == 0.0) { return 1.0; }
-  if (b == 2.0) { return a * a; }
-  if (b == floor(b)) {
-    let r = pow(abs(a), b);
-    let odd = (abs(b) % 2.0) == 1.0;
-    return select(r, -r, odd && a < 0.0);
+  if ((b == 0.0 && !isnan_(b)) || (a == 1.0 && !isnan_(a))) { return 1.0; }
+  if (isnan_(a) || isnan_(b)) { return nan_like(a + b); }
+  let odd = b == trunc(b) && abs(b) < 16777216.0 && abs(b) % 2.0 == 1.0;  // f32 integers >= 2^24 are even
+  let neg = odd && signbit_(a);
+  if (a == 0.0 || isinf_(a)) {
+    let mag = select(0.0, abs(inf_like(a)), (a == 0.0) == (b < 0.0));  // 0^-y and inf^y are infinite
+    return select(mag, -mag, neg);
   }
+  if (isinf_(b)) {
+    if (abs(a) == 1.0) { return 1.0; }
+    return select(0.0, abs(inf_like(b)), (abs(a) > 1.0) == (b > 0.0));
+  }
+  if (b == 1.0) { return a; }  // pow(max, 1) is exp2(128) = inf through exp2 / log2
+  if (b == 2.0) { return a * a; }
+  if (b == trunc(b)) {
+    let r = pow(abs(a), b);
+    return select(r, -r, neg);
+  }
+  if (a < 0.0) { return nan_like(a); }
   return pow(a, b);
 }
 
@@ -22,24 +102,67 @@ fn erf_(x: f32) -> f32 {
   return select(r - 1.0, 1.0 - r, x >= 0.0);
 }
 
-fn gelu_(x: f32) -> f32 { return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)); }
+fn gelu_(x: f32) -> f32 { return select(0.5 * x * (1.0 + erf_(x * 0.7071067811865476)), x, isnan_(x)); }
 // GELU's derivative, for its backward.
 fn gelu_grad_(x: f32) -> f32 {
   return 0.5 * (1.0 + erf_(x * 0.7071067811865476)) + x * 0.3989422804014327 * exp(-0.5 * x * x);
 }
-fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
-// Some drivers compute tanh as a ratio of exponentials that overflows to NaN.
-fn tanh_(x: f32) -> f32 { return tanh(clamp(x, -20.0, 20.0)); }
+fn sigmoid_(x: f32) -> f32 { return select(1.0 / (1.0 + exp(-x)), x, isnan_(x)); }
+// Some drivers compute tanh as a ratio of exponentials that overflows to NaN, hence the clamp
+// (tanh(20) is 1 in f32); a NaN must not be clamped away.
+fn tanh_(x: f32) -> f32 { return select(tanh(clamp(x, -20.0, 20.0)), x, isnan_(x)); }
 
-// Python's floor division and modulo: the quotient rounds toward -inf, the remainder takes the
-// divisor's sign. (WGSL's integer / and % truncate toward zero.)
-fn floordiv_f32(a: f32, b: f32) -> f32 { return floor(a / b); }
-fn mod_f32(a: f32, b: f32) -> f32 { return a - floor(a / b) * b; }
+// -- Python's floor division and modulo: the quotient rounds toward -inf, the remainder takes the
+// divisor's sign. Integers run on magnitudes in u32 with the signs fixed by selects: WGSL's
+// signed / and % (OpSDiv / OpSRem behind Naga's guards for zero and INT_MIN / -1) gave wrong
+// results on a real GPU. The host raises on a zero divisor before launching; mapping it to 1
+// here only keeps the kernel defined. INT_MIN // -1 wraps to INT_MIN, as in PyTorch.
+fn mag_(x: i32) -> u32 { let u = bitcast<u32>(x); return select(u, 0u - u, x < 0); }
 fn floordiv_i32(a: i32, b: i32) -> i32 {
-  let q = a / b;
-  return select(q, q - 1, (a % b != 0) && ((a < 0) != (b < 0)));
+  let ua = mag_(a);
+  let ub = max(mag_(b), 1u);
+  let q = ua / ub;
+  let r = ua - q * ub;
+  let up = q + select(0u, 1u, r != 0u);  // |floor| when the signs differ
+  return bitcast<i32>(select(q, 0u - up, (a < 0) != (b < 0)));
 }
 fn mod_i32(a: i32, b: i32) -> i32 {
-  let r = a % b;
-  return select(r, r + b, (r != 0) && ((r < 0) != (b < 0)));
+  let ub = max(mag_(b), 1u);
+  let r = mag_(a) % ub;
+  let m = select(r, ub - r, r != 0u && ((a < 0) != (b < 0)));
+  return bitcast<i32>(select(m, 0u - m, b < 0));
+}
+// Floats: NumPy's and PyTorch's divmod (the quotient from fmod: a // b * b + a % b == a).
+// fmod by long division: subtract the largest b * 2^k that fits, bit by bit of the quotient.
+// Every step is exact (d >= r / 2, Sterbenz), so the remainder is exact for any magnitudes;
+// at most ~280 steps (max % tiny), a few for usual operands.
+fn fmod_(a: f32, b: f32) -> f32 {
+  if (isnan_(a) || isnan_(b) || isinf_(a) || b == 0.0) { return nan_like(a + b); }
+  if (isinf_(b)) { return a; }
+  let ab = abs(b);
+  let eb = frexp(ab).exp;
+  var r = abs(a);
+  for (var i = 0; i < 300 && r >= ab; i = i + 1) {
+    var d = ldexp(ab, frexp(r).exp - eb);  // ab moved into r's binade: r / 2 < d < 2 r
+    if (d > r) { d = d * 0.5; }
+    r = r - d;
+  }
+  return select(r, -r, signbit_(a));
+}
+fn mod_f32(a: f32, b: f32) -> f32 {
+  let m = fmod_(a, b);
+  if (isnan_(m) || isnan_(b)) { return nan_like(m); }
+  if (m == 0.0) { return select(0.0, -0.0, signbit_(b)); }  // a zero remainder takes b's sign too
+  return select(m, m + b, (b < 0.0) != (m < 0.0));
+}
+fn floordiv_f32(a: f32, b: f32) -> f32 {
+  if (isnan_(a) || isnan_(b)) { return nan_like(a + b); }
+  if (b == 0.0) { return div_(a, b); }
+  let m = fmod_(a, b);
+  if (isnan_(m)) { return m; }
+  var d = div_(a - m, b);
+  if (!(m == 0.0) && ((b < 0.0) != (m < 0.0))) { d = d - 1.0; }
+  if (d == 0.0) { return select(0.0, -0.0, signbit_(a) != signbit_(b)); }
+  let f = floor(d);
+  return select(f, f + 1.0, d - f > 0.5);
 }

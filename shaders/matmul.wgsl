@@ -8,8 +8,8 @@
 @group(0) @binding(2) var<storage, read> b: array<{{TB}}>;
 struct Params {
   M: u32, N: u32, K: u32, z0: u32,
-  off_a: u32, off_b: u32, off_c: u32, _p0: u32,
-  sa_b: i32, sa_m: i32, sa_k: i32, _p1: i32,
+  off_a: u32, off_b: u32, off_c: u32, m0: u32,  // m0, n0: the first tile of a split grid
+  sa_b: i32, sa_m: i32, sa_k: i32, n0: u32,
   sb_b: i32, sb_k: i32, sb_n: i32, _p2: i32,
 }
 @group(0) @binding({{PARAMS}}) var<uniform> p: Params;
@@ -20,8 +20,8 @@ var<workgroup> Bs: array<array<f32, 64>, 16>;
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let z = wid.z + p.z0;
-  let row0 = wid.y * 64u;
-  let col0 = wid.x * 64u;
+  let row0 = p.m0 + wid.y * 64u;
+  let col0 = p.n0 + wid.x * 64u;
   let tid = lid.y * 16u + lid.x;
   let base_a = i32(p.off_a) + i32(z) * p.sa_b;
   let base_b = i32(p.off_b) + i32(z) * p.sb_b;

@@ -19,9 +19,9 @@
 // Offsets, batch strides and leading dimensions in vec4 units.
 struct Params {
   M: u32, N: u32, K: u32, z0: u32,
-  off_a: u32, off_b: u32, off_c: u32, _p0: u32,
+  off_a: u32, off_b: u32, off_c: u32, m0: u32,  // m0, n0 (elements): the first tile of a split grid
   sa_b: u32, lda: u32, sb_b: u32, ldb: u32,
-  sc_b: u32, ldc: u32, _p1: u32, _p2: u32,
+  sc_b: u32, ldc: u32, n0: u32, _p2: u32,
 }
 @group(0) @binding({{PARAMS}}) var<uniform> p: Params;
 
@@ -36,8 +36,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
   let ty = lid.y;
   let t = ty * {{WN}}u + tx;
   let z = wid.z + p.z0;
-  let row0 = wid.y * {{BM}}u;
-  let col0 = wid.x * {{BN}}u;
+  let row0 = p.m0 + wid.y * {{BM}}u;
+  let col0 = p.n0 + wid.x * {{BN}}u;
   let base_a = p.off_a + z * p.sa_b;
   let base_b = p.off_b + z * p.sb_b;
 {{DECL}}

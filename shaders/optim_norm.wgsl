@@ -10,6 +10,8 @@ struct Params { numel: u32, off_g: u32, base: u32, chunk: u32, ord: f32, _p0: u3
 
 var<workgroup> red: array<f32, 256>;
 
+{{FNS}}
+
 fn join(x: f32, y: f32) -> f32 { return {{JOIN}}; }
 
 @compute @workgroup_size(256)

@@ -9,6 +9,8 @@ struct Params { n: u32, _p0: u32, max_norm: f32, inv_ord: f32 }
 
 var<workgroup> red: array<f32, 256>;
 
+{{FNS}}
+
 fn join(x: f32, y: f32) -> f32 { return {{JOIN}}; }
 
 @compute @workgroup_size(256)
@@ -25,7 +27,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     let raw = red[0];
     let norm = {{ROOT}};
     out[0] = norm;
-    out[1] = min(p.max_norm / (norm + 1e-6), 1.0);
+    out[1] = min_nan(div_(p.max_norm, norm + 1e-6), 1.0);  // a NaN norm makes the gradients NaN, as in PyTorch
     out[2] = raw;
   }
 }

@@ -12,6 +12,8 @@ struct Params { rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: 
 var<workgroup> sv: array<{{C}}, 256>;
 var<workgroup> si: array<i32, 256>;
 
+{{FNS}}
+
 fn fold(acc: ptr<function, {{C}}>, ai: ptr<function, i32>, v: {{C}}, c: i32) {
   {{COMBINE}}
 }

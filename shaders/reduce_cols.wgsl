@@ -7,6 +7,8 @@
 struct Params { outer: u32, n: u32, inner: u32, off: u32, scale: f32, _p0: u32, _p1: u32, _p2: u32 }
 @group(0) @binding(2) var<uniform> p: Params;
 
+{{FNS}}
+
 fn fold(acc: ptr<function, {{C}}>, ai: ptr<function, i32>, v: {{C}}, c: i32) {
   {{COMBINE}}
 }

@@ -42,3 +42,49 @@ def test_mod_gradient(rng):
     frac = (a / b) - np.floor(a / b)
     a = np.where((frac < 0.05) | (frac > 0.95), a + 0.3 * b, a)
     check(lambda x, y: x % y, lambda x, y: np.mod(x, y), [a, b], rng)
+
+
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
+def _wrap(q: int) -> int:
+    return (q - INT_MIN) % 2**32 + INT_MIN
+
+
+def test_int_floordiv_and_mod_at_the_int32_extremes():
+    # Every sign combination, the extremes, and INT_MIN // -1 (wraps to INT_MIN, as in PyTorch).
+    nums = [INT_MIN, INT_MIN + 1, -7, -1, 0, 1, 7, INT_MAX]
+    dens = [INT_MIN, -7, -2, -1, 1, 2, 7, INT_MAX]
+    a = np.array([[n] * len(dens) for n in nums], dtype=np.int32)
+    b = np.array([dens] * len(nums), dtype=np.int32)
+    q = np.array([[_wrap(n // d) for d in dens] for n in nums])
+    r = np.array([[n % d for d in dens] for n in nums])
+    ta, tb = wgpar.tensor(a), wgpar.tensor(b)
+    np.testing.assert_array_equal((ta // tb).numpy(), q)
+    np.testing.assert_array_equal((ta % tb).numpy(), r)
+    # broadcast (block kernel, "div" / "mod" modes) and transposed (strided kernel) operands
+    np.testing.assert_array_equal((wgpar.tensor(a[:, :1]) // wgpar.tensor(b[:1])).numpy(), q)
+    np.testing.assert_array_equal((wgpar.tensor(np.ascontiguousarray(a.T)).T % tb).numpy(), r)
+    for d in (-1, 3, -3, INT_MIN):
+        np.testing.assert_array_equal((ta // d).numpy(), [[_wrap(n // d)] * len(dens) for n in nums])
+        np.testing.assert_array_equal((d % tb).numpy(), [[d % x for x in dens]] * len(nums))
+
+
+def test_integer_division_by_zero_raises_like_pytorch(dev):
+    a = wgpar.tensor(np.array([5, -3, 7], dtype=np.int32))
+    for bad in (lambda: a // 0, lambda: a % 0, lambda: 7 % wgpar.tensor(np.array([1, 0], dtype=np.int32)),
+                lambda: a.remainder(wgpar.tensor(np.array([2, 0, 1], dtype=np.int32))),
+                lambda: a // wgpar.tensor(np.array([True, False, True])),
+                lambda: a // (a * 0)):  # a divisor computed on the device: no host range to go by
+        with pytest.raises(RuntimeError, match="by zero") as info:
+            bad()
+        assert isinstance(info.value, ZeroDivisionError)
+    # nonzero divisors pass, whether their range is known on the host or not
+    np.testing.assert_array_equal((a // (a * 0 + 2)).numpy(), [2, -2, 3])
+    np.testing.assert_array_equal((a % wgpar.tensor(np.array([-2, 2, -5], dtype=np.int32))).numpy(), [-1, 1, -3])
+    # floats divide by zero as IEEE says (no error), as in PyTorch
+    f = wgpar.tensor(np.array([1.0, -1.0, 0.0], dtype=np.float32))
+    np.testing.assert_array_equal((f // 0.0).numpy(), [np.inf, -np.inf, np.nan])
+    assert np.isnan((f % 0.0).numpy()).all()
+    np.testing.assert_array_equal((a / 0).numpy(), [np.inf, -np.inf, np.inf])
+    wgpar.synchronize(dev)  # the device is fine afterwards

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 
 import numpy as np
 import pytest
@@ -409,8 +410,9 @@ def test_tensor_over_binding_limit_raises_without_allocating(mdev):
         wgpar.from_numpy(np.broadcast_to(np.float32(1), (limit // 4 + 7,)), device=mdev)
     with pytest.raises(wgpar.BindingLimitError):  # a result too large: expand is a view, contiguous copies
         wgpar.ones(1, device=mdev).expand(limit // 4 + 1).contiguous()
+    side = math.isqrt(limit // 4) + 1  # an [side, side] float32 result is over the limit, its operands tiny
     with pytest.raises(wgpar.BindingLimitError):
-        wgpar.ones(8193, 1, device=mdev) @ wgpar.ones(1, 8193, device=mdev)
+        wgpar.ones(side, 1, device=mdev) @ wgpar.ones(1, side, device=mdev)
     after = stats(mdev)
     assert after["num_allocs"] - after["num_frees"] == before["num_allocs"] - before["num_frees"]
     assert after["allocated_bytes"] == before["allocated_bytes"]

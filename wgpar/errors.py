@@ -25,3 +25,7 @@ class AdapterNotFoundError(RuntimeError):
 
 class StorageFreedError(RuntimeError):
     """A tensor was used while its storage was freed (``Storage.free``; FSDP's resharded parameters)."""
+
+
+class ZeroDivisionRuntimeError(WgparError, ZeroDivisionError):
+    """Integer division or remainder by zero: a RuntimeError as in PyTorch, and a ZeroDivisionError."""

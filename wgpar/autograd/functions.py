@@ -77,12 +77,16 @@ def binary(op: str, a, b) -> Tensor:
         saved = [x for x in (a, b, y) if isinstance(x, Tensor)]
     elif op in ("maximum", "minimum"):
         def bw(g):
-            # Ties split the gradient evenly, as in PyTorch.
-            win = raw.binary("gt" if op == "maximum" else "lt", a, b)
-            tie = raw.binary("eq", a, b)
-            wa = raw.binary("add", raw.cast(win, g.dtype), raw.binary("mul", raw.cast(tie, g.dtype), 0.5))
+            # PyTorch's rule: each side gets g, halved on ties, zeroed where it lost. A NaN pair is
+            # neither a tie nor a loss for either side, so both get g (the NaN came from somewhere).
+            def mask(cmp):
+                return raw.cast(raw.binary(cmp, a, b), g.dtype)
+
+            half = raw.binary("mul", mask("eq"), 0.5)
+            wa = raw.binary("sub", raw.binary("sub", 1.0, mask("lt" if op == "maximum" else "gt")), half)
+            wb = raw.binary("sub", raw.binary("sub", 1.0, mask("gt" if op == "maximum" else "lt")), half)
             return (unbroadcast(raw.binary("mul", g, wa), sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, raw.binary("sub", 1.0, wa)), sb) if _needs(b) else None)
+                    unbroadcast(raw.binary("mul", g, wb), sb) if _needs(b) else None)
         saved = [x for x in (a, b) if isinstance(x, Tensor)]
     elif op == "mod":  # a - floor(a / b) * b
         def bw(g):
@@ -140,15 +144,16 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
     if not (is_grad_enabled() and (_needs(a) or _needs(min) or _needs(max))):
         return out
 
-    def bw(g):  # PyTorch's rule: a gets g where min <= a <= max, a bound where it was taken
+    def bw(g):  # PyTorch's rule: a gets g where min <= a <= max (so 0 at a NaN), a bound where it was taken
         below = raw.binary("lt", a, min) if min is not None else None
         above = raw.binary("gt", a, max) if max is not None else None
         ga = gmin = gmax = None
         if _needs(a):
             ga = g
-            for hit in (below, above):
-                if hit is not None:
-                    ga = raw.where(hit, 0.0, ga)
+            if min is not None:
+                ga = raw.where(raw.binary("ge", a, min), ga, 0.0)
+            if max is not None:
+                ga = raw.where(raw.binary("le", a, max), ga, 0.0)
         if _needs(min):  # with min > max the result is max: min gets nothing
             took = below if max is None else raw.binary("mul", below, raw.binary("lt", min, max))
             gmin = unbroadcast(raw.where(took, g, 0.0), min.shape)
@@ -362,8 +367,8 @@ def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
     y = out.detach()
 
-    def bw(g):  # max / min: the gradient goes to the extreme entries, split over ties
-        hit = raw.cast(raw.binary("eq", a, raw.reshape(y, kshape)), g.dtype)
+    def bw(g):  # max / min: the gradient goes to the extreme entries (the NaNs if any), split over ties
+        hit = raw.cast(raw.binary("same", a, raw.reshape(y, kshape)), g.dtype)
         count = raw.reduce("sum", hit, axes, keepdims=True)
         return (raw.binary("mul", hit, raw.binary("div", raw.reshape(g, kshape), count)),)
 

@@ -12,7 +12,7 @@ from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _as_index
-from ..runtime.kernels import F32, WORKGROUP, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, grid, load_source, pack, spec
 from ..tensor import Tensor, check_same_device
 
 
@@ -58,7 +58,7 @@ def _dropout_kernel(x: Tensor, p: float, seed: int) -> Tensor:
         k = spec("dropout", ("w", "r"), F16="enable f16;" if x.dtype is _dt.float16 else "", T=x.dtype.storage)
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
                           pack(n, src._offset, seed, threshold, F32(1.0 / (1.0 - p)), 0, 0, 0),
-                          grid(-(-n // WORKGROUP)))
+                          grid(-(-n // WORKGROUP), x.device.max_workgroups))
     return out
 
 
@@ -127,10 +127,12 @@ def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
     g = gout if backward else target  # an unused binding still needs a buffer
     f16 = _dt.float16 in (logits.dtype, out_dt, g.dtype)
     k = spec("cross_entropy", ("w", "r", "r", "r"), F16="enable f16;" if f16 else "", O=out_dt.storage,
-             T=logits.dtype.storage, G=g.dtype.storage, BACKWARD="true" if backward else "false")
+             T=logits.dtype.storage, G=g.dtype.storage, BACKWARD="true" if backward else "false",
+             FNS=load_source("float_fns"))
     logits.device.dispatch(
         k, [out._storage.buffer, logits._storage.buffer, target._storage.buffer, g._storage.buffer],
-        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0), grid(rows))
+        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0),
+        grid(rows, logits.device.max_workgroups))
     return out
 
 

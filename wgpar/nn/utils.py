@@ -11,7 +11,7 @@ from .. import ops
 from ..autograd.grad_mode import no_grad
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
+from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, load_source, pack, spec
 from ..tensor import Tensor
 
 _CHUNK = 16 * WORKGROUP  # elements per workgroup in the first pass (at least)
@@ -21,9 +21,10 @@ _MAX_GROUPS = 1024  # per gradient; longer gradients get longer chunks
 def _ord_text(norm_type: float) -> tuple[str, str, str]:
     """(TERM, JOIN, ROOT) WGSL expressions for the norm's order."""
     if math.isinf(norm_type):
-        return "a", "max(x, y)", "raw"
-    term = {1.0: "a", 2.0: "a * a"}.get(norm_type, "select(pow(a, p.ord), 0.0, a == 0.0)")
+        return "a", "max_nan(x, y)", "raw"  # a NaN gradient gives a NaN norm, as in PyTorch
+    term = {1.0: "a", 2.0: "a * a"}.get(norm_type, "select(select(pow(a, p.ord), 0.0, a == 0.0), a, isnan_(a))")
     root = {1.0: "raw", 2.0: "sqrt(raw)"}.get(norm_type, "pow(raw, p.inv_ord)")
+    root = f"select({root}, raw, isnan_(raw))"  # pow / sqrt of a NaN are up to the driver
     return term, "x + y", root
 
 
@@ -31,8 +32,9 @@ def _ord_text(norm_type: float) -> tuple[str, str, str]:
 def _kernels(gt: str, norm_type: float) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
     term, join, root = _ord_text(norm_type)
     f16 = "enable f16;" if gt == "f16" else ""
-    return (spec("optim_norm", ("w", "r"), F16=f16, G=gt, TERM=term, JOIN=join),
-            spec("optim_norm_final", ("w", "r"), JOIN=join, ROOT=root),
+    fns = load_source("float_fns")
+    return (spec("optim_norm", ("w", "r"), F16=f16, G=gt, TERM=term, JOIN=join, FNS=fns),
+            spec("optim_norm_final", ("w", "r"), JOIN=join, ROOT=root, FNS=fns),
             spec("optim_scale", ("w", "r"), F16=f16, G=gt))
 
 
@@ -51,7 +53,7 @@ def _fold(dev: Device, grads: list[Tensor], norm_type: float) -> Tensor:
         k = _kernels(g.dtype.storage, norm_type)[0]
         dev.dispatch(k, [partial._storage.buffer, g._storage.buffer],
                      pack(g.numel(), g._offset, base, chunk, F32(norm_type if math.isfinite(norm_type) else 1.0),
-                          0, 0, 0), grid(groups))
+                          0, 0, 0), grid(groups, dev.max_workgroups))
     return partial
 
 
@@ -121,7 +123,8 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     for g, f in zip(grads, flats):
         k = _kernels(f.dtype.storage, norm_type)[2]
         f.device.dispatch(k, [f._storage.buffer, coefs[f.device]._storage.buffer],
-                          pack(f.numel(), f._offset, 1, 0), grid(-(-f.numel() // WORKGROUP)))
+                          pack(f.numel(), f._offset, 1, 0),
+                          grid(-(-f.numel() // WORKGROUP), f.device.max_workgroups))
         if f is not g:
             ops.copy_(g, f)
         g._storage.version += 1

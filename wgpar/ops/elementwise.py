@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
+from ..errors import ZeroDivisionRuntimeError
 from ..runtime.kernels import F32, WORKGROUP, KernelSpec, dims, grid, load_source, pack, spec
 from ..storage import Storage
 from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
@@ -29,40 +30,44 @@ OPS: dict[str, tuple[str, str]] = {
     "add": ("arith", "x0 + x1"),
     "sub": ("arith", "x0 - x1"),
     "mul": ("arith", "x0 * x1"),
-    "div": ("true", "x0 / x1"),
+    "div": ("true", "div_(x0, x1)"),
     "pow": ("true", "fpow(x0, x1)"),
     "floordiv": ("arith", "floordiv_C(x0, x1)"),  # C( becomes the compute type: floordiv_f32(
     "mod": ("arith", "mod_C(x0, x1)"),
-    "maximum": ("arith", "max(x0, x1)"),
-    "minimum": ("arith", "min(x0, x1)"),
-    "eq": ("cmp", "x0 == x1"),
-    "ne": ("cmp", "x0 != x1"),
-    "lt": ("cmp", "x0 < x1"),
-    "le": ("cmp", "x0 <= x1"),
-    "gt": ("cmp", "x0 > x1"),
-    "ge": ("cmp", "x0 >= x1"),
-    "neg": ("arith", "-x0"),
-    "abs": ("arith", "abs(x0)"),
-    "relu": ("arith", "max(x0, C(0))"),
-    "exp": ("float", "exp(x0)"),
-    "log": ("float", "log(x0)"),
-    "sqrt": ("float", "sqrt(x0)"),
-    "rsqrt": ("float", "inverseSqrt(x0)"),
+    "maximum": ("arith", "maximum_C(x0, x1)"),
+    "minimum": ("arith", "minimum_C(x0, x1)"),
+    "eq": ("cmp", "eq_C(x0, x1)"),
+    "ne": ("cmp", "ne_C(x0, x1)"),
+    "lt": ("cmp", "lt_C(x0, x1)"),
+    "le": ("cmp", "le_C(x0, x1)"),
+    "gt": ("cmp", "gt_C(x0, x1)"),
+    "ge": ("cmp", "ge_C(x0, x1)"),
+    "same": ("cmp", "same_C(x0, x1)"),  # equal or both NaN (max / min backward)
+    "neg": ("arith", "neg_C(x0)"),
+    "abs": ("arith", "abs_C(x0)"),
+    "relu": ("arith", "relu_C(x0)"),
+    "exp": ("float", "exp_(x0)"),
+    "log": ("float", "log_(x0)"),
+    "sqrt": ("float", "sqrt_(x0)"),
+    "rsqrt": ("float", "rsqrt_(x0)"),
     "tanh": ("float", "tanh_(x0)"),
     "sigmoid": ("float", "sigmoid_(x0)"),
     "gelu": ("float", "gelu_(x0)"),
-    "where": ("where", "select(x2, x1, x0 != X0(0))"),
-    "clamp": ("arith", "min(max(x0, x1), x2)"),
-    "clamp_min": ("arith", "max(x0, x1)"),
-    "clamp_max": ("arith", "min(x0, x1)"),
+    "where": ("where", "select(x2, x1, nz_C(x0))"),  # C: the condition's compute type
+    "clamp": ("arith", "minimum_C(maximum_C(x0, x1), x2)"),
+    "clamp_min": ("arith", "maximum_C(x0, x1)"),
+    "clamp_max": ("arith", "minimum_C(x0, x1)"),
     "copy": ("copy", "x0"),
-    "sign": ("arith", "sign(x0)"),
+    "sign": ("arith", "sign_C(x0)"),
     # fused backward kernels: x0 = forward input (or output), x1 = incoming gradient
-    "relu_bwd": ("arith", "select(C(0), x1, x0 > C(0))"),
+    "relu_bwd": ("arith", "relu_bwd_C(x0, x1)"),
     "gelu_bwd": ("float", "x1 * gelu_grad_(x0)"),
     "tanh_bwd": ("float", "x1 * (1.0 - x0 * x0)"),
     "sigmoid_bwd": ("float", "x1 * x0 * (1.0 - x0)"),
 }
+# WGSL helpers the expressions call: shaders/float_fns.wgsl, then shaders/elementwise_fns.wgsl.
+_FNS = "float_fns", "elementwise_fns"
+
 
 Operand = Tensor | int | float | bool
 
@@ -136,7 +141,7 @@ def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, co
           cmp_as_i32: bool) -> tuple[str, str]:
     """(type stored, WGSL expression over x0..x2) for ``OPS[op]``."""
     kind, expr = OPS[op]
-    expr = expr.replace("C(", f"{cts[0]}(").replace("X0(", f"{cts[0]}(")
+    expr = expr.replace("C(", f"{cts[0]}(")
     store = out_storage
     if kind == "cmp" and cmp_as_i32:
         expr = f"select(0i, 1i, {expr})"
@@ -144,7 +149,11 @@ def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, co
     elif kind == "cmp":
         expr = f"select({store}(0), {store}(1), {expr})"
     elif out_is_bool:
-        expr = f"select(0i, 1i, {expr} != {cts[0] if kind == 'copy' else compute}(0))"
+        expr = f"select(0i, 1i, nz_{cts[0] if kind == 'copy' else compute}({expr}))"
+    elif store == "i32" and (cts[0] if kind == "copy" else compute) == "f32":
+        expr = f"f2i_({expr})"  # saturating, NaN -> 0 (WGSL leaves i32(NaN) indeterminate)
+    elif store == "f16" and cts[0] == "i32":
+        expr = f"f32({expr})"  # through f32: the one f32 -> f16 rounding every float16 store uses
     return store, expr
 
 
@@ -158,6 +167,11 @@ def _declare(sig: tuple, out_storage: str, width: int) -> tuple[int, list[str]]:
             seen.add(s[0])
             decl.append(f"@group(0) @binding({s[0]}) var<storage, read> b{s[0]}: array<{vec(s[1])}>;")
     return 1 + max((s[0] for s in sig if s is not None), default=0), decl
+
+
+@functools.cache
+def _fns() -> str:
+    return "\n".join(load_source(f) for f in _FNS)
 
 
 def _name(s) -> str:
@@ -192,7 +206,7 @@ def _map_kernel(op: str, sig: tuple, cts: tuple[str, ...], out_storage: str, out
             loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
     return spec("elementwise", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines), FNS=load_source("elementwise_fns"),
+                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines), FNS=_fns(),
                 LOADS="\n".join(loads), STORE=store, EXPR=expr)
 
 
@@ -232,7 +246,7 @@ def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str,
             body.append(f"  {{ {' '.join(loads + scalars)} r.{c} = {store}({expr}); }}")
         body.append("  bo[(p.off_o >> 2u) + i] = r;")
     return spec("elementwise_block", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, FNS=load_source("elementwise_fns"), BODY="\n".join(body))
+                BINDINGS="\n".join(decl), PARAMS=n_buf, FNS=_fns(), BODY="\n".join(body))
 
 
 def _block_mode(t: Tensor, shape: tuple[int, ...], numel: int) -> tuple[str, int, int] | None:
@@ -361,6 +375,8 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     if modes is None:
         return None
     dtype, cts = _types(op, operands, None)
+    if op in _INT_DIVISION and cts[1] == "i32":
+        return None  # the divisor is checked for zeros first (run_map)
     _check_dtype_supported(dtype, dev)
     f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
     kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=tuple(cts),
@@ -376,8 +392,9 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     how = tuple(0 if m is None else 1 if m[0] in ("full", "mod") else 2 for m in modes)
     heads = (words1[:4], words4[:4] if words4 else None)
     mids = (words1[8:16], words4[8:16] if words4 else None)
+    lim = dev.max_workgroups
     return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), how, kernel, kernels, heads, mids,
-            grid(-(-numel // WORKGROUP)), grid(-(-numel // (4 * WORKGROUP))), dev)
+            grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim), dev)
 
 
 def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
@@ -419,6 +436,35 @@ def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
     return out
 
 
+_INT_DIVISION = ("floordiv", "mod")
+
+
+def _check_divisor(op: str, divisor: Operand) -> None:
+    """Raise, as PyTorch does, if an integer ``//`` or ``%`` has a zero divisor.
+
+    A scalar is checked here. A tensor is checked on the host when its values' range is known
+    there (``_host_range``: tensors made from host data), else with one 4-byte readback of a
+    device-side "any zero" reduction. A flag written by the kernel and read at the next sync
+    would spare that readback but raise later, at an unrelated op and maybe in another thread;
+    integer division by a tensor is rare in training code, so the error stays at its op.
+    """
+    sym = "//" if op == "floordiv" else "%"
+    if not isinstance(divisor, Tensor):
+        if int(divisor) == 0:
+            raise ZeroDivisionRuntimeError(f"integer {sym} by zero (the divisor is the scalar {divisor!r})")
+        return
+    if divisor.numel() == 0:
+        return
+    rng = divisor._host_range
+    if rng is not None and (rng[0] > 0 or rng[1] < 0):
+        return
+    from .reduce import reduce
+
+    if reduce("max", run_map("eq", [divisor, 0])).item():
+        raise ZeroDivisionRuntimeError(f"integer {sym} by zero: the divisor tensor of shape {divisor.shape} "
+                                       f"on {divisor.device} holds a zero")
+
+
 def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
     """Evaluate ``OPS[op]`` elementwise; writes into ``out`` (any strides) when given."""
     if out is None and out_dtype is None:
@@ -439,6 +485,8 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
     else:
         shape = broadcast_shape(*(t.shape for t in tensors), op=op)
     dtype, cts = _types(op, operands, out_dtype)
+    if op in _INT_DIVISION and cts[1] == "i32":
+        _check_divisor(op, operands[1])
     if out is None:
         dev = tensors[0].device if tensors else None
         out = Tensor.empty(shape, dtype, dev)
@@ -473,7 +521,7 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         kspec = _block_kernel(op, tuple(sig), tuple(m and m[0] for m in modes), width, tuple(cts),
                               out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None, f16)
         dev.dispatch(kspec, buffers, pack(_block_words(numel, width, out._offset, operands, modes, cts)),
-                     grid(-(-numel // (width * WORKGROUP))))
+                     grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
         return out
     kspec = _map_kernel(op, tuple(sig), tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
                         dtype.compute, out_dtype is None, f16)
@@ -484,7 +532,7 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
     strides += [dims([])] * (3 - len(operands))
     params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
                   dims(shape, 1), dims(out.strides), *strides)
-    dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP)))
+    dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
     return out
 
 

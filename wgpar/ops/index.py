@@ -149,7 +149,7 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     k = spec("gather", ("w", "r", "r"), F16=f16, T=t.dtype.storage)
     t.device.dispatch(k, [out._storage.buffer, src._storage.buffer, idx._storage.buffer],
                       pack(outer, t.shape[d], inner, idx.numel(), src._offset, idx._offset, 0, 0),
-                      grid(-(-total // WORKGROUP)))
+                      grid(-(-total // WORKGROUP), t.device.max_workgroups))
     return out
 
 
@@ -170,5 +170,6 @@ def index_add_rows(grad: Tensor, dim: int, index: Tensor, n: int) -> Tensor:
     f16 = "enable f16;" if grad.dtype is _dt.float16 else ""
     k = spec("index_add", ("w", "r", "r"), F16=f16, T=grad.dtype.storage)
     grad.device.dispatch(k, [out._storage.buffer, g._storage.buffer, csr._storage.buffer],
-                         pack(outer, n, inner, idx.size, g._offset, 0, 0, 0), grid(-(-out.numel() // WORKGROUP)))
+                         pack(outer, n, inner, idx.size, g._offset, 0, 0, 0),
+                         grid(-(-out.numel() // WORKGROUP), grad.device.max_workgroups))
     return out

@@ -24,7 +24,6 @@ from .elementwise import broadcast_shape, fill, inplace
 from .shape import _narrow, expand, reshape, squeeze
 
 _TILE = 64  # the general kernel's output tile
-_MAX_Z = 65535
 # Each BK-deep step of K costs about BK + 2 loop iterations (inner loops of constant length are
 # unrolled): a longer K is split into parts whose products are summed.
 _MAX_K = MAX_LOOP
@@ -227,29 +226,34 @@ def _run(p: Plan, out: Tensor) -> None:
         _run_fast(p, TILINGS[p.variant], out)
 
 
+def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int, tuple[int, int, int]]]:
+    """(z0, m0, n0, grid) of each dispatch covering nb x M x N in tm x tn tiles, at most ``lim``
+    workgroups per grid dimension (Device.max_workgroups)."""
+    gy, gx = -(-p.M // tm), -(-p.N // tn)
+    for z0 in range(0, p.nb, lim):
+        for y0 in range(0, gy, lim):
+            for x0 in range(0, gx, lim):
+                yield z0, y0 * tm, x0 * tn, (min(lim, gx - x0), min(lim, gy - y0), min(lim, p.nb - z0))
+
+
 def _run_general(p: Plan, out: Tensor) -> None:
     a, b = p.a.t, p.b.t
     f16 = "enable f16;" if _dt.float16 in (a.dtype, b.dtype, out.dtype) else ""
     k = spec("matmul", ("w", "r", "r"), F16=f16, TC=out.dtype.storage, TA=a.dtype.storage,
              TB=b.dtype.storage, PARAMS=3)
-    M, N = p.M, p.N
-    for z0 in range(0, p.nb, _MAX_Z):
-        nz = min(_MAX_Z, p.nb - z0)
-        params = pack(M, N, p.K, z0, p.a.offset, p.b.offset, out._offset, 0,
-                      p.a.sz, p.a.si, p.a.sj, 0, p.b.sz, p.b.si, p.b.sj, 0)
-        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params,
-                            (-(-N // _TILE), -(-M // _TILE), nz))
+    for z0, m0, n0, groups in _tiles(p, _TILE, _TILE, out.device.max_workgroups):
+        params = pack(p.M, p.N, p.K, z0, p.a.offset, p.b.offset, out._offset, m0,
+                      p.a.sz, p.a.si, p.a.sj, n0, p.b.sz, p.b.si, p.b.sj, 0)
+        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups)
 
 
 def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
     a, b = p.a.t, p.b.t
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage)
-    for z0 in range(0, p.nb, _MAX_Z):
-        nz = min(_MAX_Z, p.nb - z0)
-        params = pack(p.M, p.N, p.K, z0, p.a.offset // 4, p.b.offset // 4, out._offset // 4, 0,
-                      p.a.sz // 4, p.lda // 4, p.b.sz // 4, p.ldb // 4, p.M * p.N // 4, p.N // 4, 0, 0)
-        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params,
-                            (p.N // t.bn, p.M // t.bm, nz))
+    for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
+        params = pack(p.M, p.N, p.K, z0, p.a.offset // 4, p.b.offset // 4, out._offset // 4, m0,
+                      p.a.sz // 4, p.lda // 4, p.b.sz // 4, p.ldb // 4, p.M * p.N // 4, p.N // 4, n0, 0)
+        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups)
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}

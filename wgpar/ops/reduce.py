@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import dtypes as _dt
-from ..runtime.kernels import F32, MAX_LOOP, WORKGROUP, grid, pack, spec
+from ..runtime.kernels import F32, MAX_LOOP, WORKGROUP, grid, load_source, pack, spec
 from ..tensor import Tensor, _wrap_dim
 from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
@@ -16,20 +16,26 @@ _ARG = {"argmax": ">", "argmin": "<"}
 
 
 def _kernel_text(op: str, ctype: str) -> dict[str, str]:
+    """The fills of reduce.wgsl / reduce_cols.wgsl for ``op``: INIT, COMBINE, FINAL (and FNS)."""
+    fns = {"FNS": load_source("float_fns")}
     if op in ("sum", "mean"):
         return {"INIT": f"{ctype}(0)", "COMBINE": "*acc = *acc + v;",
-                "FINAL": "acc0 * p.scale" if op == "mean" else "acc0"}
-    if op in ("max", "min"):
-        lo = _NEG_INF if ctype == "f32" else "(-2147483647 - 1)"
-        hi = _POS_INF if ctype == "f32" else "2147483647"
-        return {"INIT": lo if op == "max" else hi, "COMBINE": f"*acc = {op}(*acc, v);", "FINAL": "acc0"}
+                "FINAL": "acc0 * p.scale" if op == "mean" else "acc0"} | fns
     lo = _NEG_INF if ctype == "f32" else "(-2147483647 - 1)"
     hi = _POS_INF if ctype == "f32" else "2147483647"
+    if op in ("max", "min"):
+        fold = f"{op}_nan" if ctype == "f32" else op  # a NaN wins, as in PyTorch and NumPy
+        return {"INIT": lo if op == "max" else hi, "COMBINE": f"*acc = {fold}(*acc, v);", "FINAL": "acc0"} | fns
     cmp = _ARG[op]
-    # NaN-free tie rule: the first index wins, as in NumPy.
-    return {"INIT": lo if op == "argmax" else hi,
-            "COMBINE": f"if (v {cmp} *acc || (v == *acc && c < *ai)) {{ *acc = v; *ai = c; }}",
-            "FINAL": "ai0"}
+    # Ties go to the first index, as in NumPy; for floats a NaN beats every number (the first NaN's
+    # index wins, as in PyTorch), tested on its bits (float_fns.wgsl says why).
+    if ctype == "f32":
+        combine = ("let vn = isnan_(v); let an = isnan_(*acc); "
+                   f"if ((vn && !an) || (!vn && !an && (v {cmp} *acc || (v == *acc && c < *ai))) "
+                   "|| (vn && an && c < *ai)) { *acc = v; *ai = c; }")
+    else:
+        combine = f"if (v {cmp} *acc || (v == *acc && c < *ai)) {{ *acc = v; *ai = c; }}"
+    return {"INIT": lo if op == "argmax" else hi, "COMBINE": combine, "FINAL": "ai0"} | fns
 
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:
@@ -122,7 +128,8 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
         out = Tensor.empty((outer * inner,), out_dt, dev)
         k = spec("reduce_cols", ("w", "r"), F16=f16, O=out_dt.storage, T=x.dtype.storage, C=ctype, **text)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, inner, x._offset, scale, 0, 0, 0), grid(-(-(outer * inner) // WORKGROUP)))
+                     pack(outer, n, inner, x._offset, scale, 0, 0, 0),
+                     grid(-(-(outer * inner) // WORKGROUP), dev.max_workgroups))
         return out
     # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
     # than MAX_LOOP times); partials reduced again.
@@ -141,7 +148,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
              **_kernel_text(first_op, ctype))
     dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups))
+                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups, dev.max_workgroups))
     if groups == 1:
         return out
     second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
@@ -180,7 +187,8 @@ def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: in
         k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
                  **_kernel_text(first_op, ctype))
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0), grid(outer * groups))
+                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0),
+                     grid(outer * groups, dev.max_workgroups))
         parts.append(reshape(out, (outer, groups)))
     values, indices = parts
     best = reshape(_reduce_block(op, values, outer, groups, 1, _dt.int32), (outer, 1))
@@ -219,9 +227,10 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
         k = spec("softmax", ("w", "r"), F16=f16, LOG="true" if log else "false", W=4 if vec else 1,
                  X=f"vec4<{t}>" if vec else t, F="vec4<f32>" if vec else "f32",
                  HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
-                 HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)")
+                 HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
+                 BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          pack(rows, cols, src._offset, 0), grid(rows))
+                          pack(rows, cols, src._offset, 0), grid(rows, x.device.max_workgroups))
     if d != last:
         inv = [0] * x.ndim
         order = [i for i in range(x.ndim) if i != d] + [d]

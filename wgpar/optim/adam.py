@@ -93,7 +93,7 @@ class Adam(Optimizer):
             t._storage.version += 1
         k = _kernel(p.dtype.storage, grad.dtype.storage, amsgrad)
         p.device.dispatch(k, [p._storage.buffer, grad._storage.buffer, *(t._storage.buffer for t in moments)],
-                          params, grid(-(-p.numel() // WORKGROUP)))
+                          params, grid(-(-p.numel() // WORKGROUP), p.device.max_workgroups))
 
 
 class AdamW(Adam):

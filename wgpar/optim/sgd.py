@@ -73,7 +73,7 @@ class SGD(Optimizer):
         params = pack(n, p._offset, grad._offset, first, F32(-float(group["lr"])), F32(momentum),
                       F32(1.0 - float(group["dampening"])), F32(float(group["weight_decay"])),
                       int(bool(group["maximize"])), 0, 0, 0)
-        p.device.dispatch(k, buffers, params, grid(-(-n // WORKGROUP)))
+        p.device.dispatch(k, buffers, params, grid(-(-n // WORKGROUP), p.device.max_workgroups))
 
 
 __all__ = ["SGD"]

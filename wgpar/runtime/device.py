@@ -60,6 +60,8 @@ class Device:
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffer = int(self.limits["max-buffer-size"])
         self.has_f16 = "shader-f16" in self.features
+        # Workgroups per grid dimension (65535 on lavapipe and NVIDIA): ops split larger grids.
+        self.max_workgroups = int(self.limits.get("max-compute-workgroups-per-dimension", 65535))
         self.queue = self._dev.queue
         self._lock = threading.RLock()
         self._threshold = CONFIG.submit_threshold
@@ -209,6 +211,10 @@ class Device:
     def dispatch(self, kspec: KernelSpec, buffers: Sequence[wgpu.GPUBuffer], params: bytes,
                  groups: tuple[int, int] | tuple[int, int, int]) -> None:
         """Record one dispatch of ``kspec`` over ``buffers`` (in binding order)."""
+        lim = self.max_workgroups  # checked here: at submit it would fail the whole batch (~60 ns a call)
+        if groups[0] > lim or groups[1] > lim or groups[-1] > lim:
+            raise WgparError(f"{self}: kernel {kspec.label} asks for {tuple(groups)} workgroups; this device "
+                             f"allows {self.max_workgroups} per dimension (max-compute-workgroups-per-dimension)")
         with self._lock:
             pipeline, layout = self._pipeline(kspec)
             bg = self._bind_group(kspec, layout, tuple(buffers))
@@ -237,12 +243,26 @@ class Device:
     def _flush_locked(self) -> None:
         if self._encoder is None and self._pass is None:
             return
-        encoder = self._end_pass()
-        if self._arena_used:
-            self.queue.write_buffer(self._arena, 0, memoryview(self._arena_host)[: self._arena_used * self._slot])
-        self.queue.submit([encoder.finish()])
+        try:
+            encoder = self._end_pass()
+            if self._arena_used:
+                self.queue.write_buffer(self._arena, 0, memoryview(self._arena_host)[: self._arena_used * self._slot])
+            self.queue.submit([encoder.finish()])
+        except Exception as exc:
+            # A finished (or broken) encoder accepts nothing more: keeping it would fail every later
+            # op on this device. Its commands are lost; start a fresh stream and say so.
+            lost = self._pending
+            self._reset_stream()
+            raise WgparError(f"{self}: submitting the {lost} operations recorded since the last submit failed, "
+                             f"so they were discarded (tensors they were writing hold undefined values); "
+                             f"the device stays usable. Cause: {exc}") from exc
         self.num_submits += 1
+        self._reset_stream()
+
+    def _reset_stream(self) -> None:
         self._encoder = None
+        self._pass = None
+        self._pass_pipeline = None
         self._pending = 0
         self._arena_used = 0
 

@@ -129,8 +129,11 @@ def dims(values, fill: int = 0) -> list[int]:
     return values + [fill] * (MAX_DIMS - len(values))
 
 
-def grid(n_groups: int, max_per_dim: int = 65535) -> tuple[int, int]:
-    """Split a 1-D workgroup count into (x, y) within the per-dimension limit."""
+def grid(n_groups: int, max_per_dim: int) -> tuple[int, int]:
+    """Split a 1-D workgroup count into (x, y) within the per-dimension limit (``Device.max_workgroups``).
+
+    Kernels recover the flat index as ``wid.x + wid.y * nwg.x`` and skip the overshoot of x * y.
+    """
     if n_groups <= max_per_dim:
         return max(n_groups, 1), 1
     y = -(-n_groups // max_per_dim)

@@ -240,13 +240,15 @@ class UploadBuffer:
             if off + nbytes > self.capacity:
                 raise ValueError(f"upload of {nbytes} bytes at offset {off} exceeds the buffer's {self.capacity} bytes")
         self.buffer.unmap()
-        if any(nbytes for *_, nbytes in copies):
+        try:
             for off, dst, dst_offset, nbytes in copies:
                 if nbytes:
                     self.device.copy(self.buffer, off, dst, dst_offset, nbytes)
-            self.device.flush()
-        with self.device._lock:
-            self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)
+            if any(nbytes for *_, nbytes in copies):
+                self.device.flush()
+        finally:  # also after a failed flush: the next view() waits for this map
+            with self.device._lock:
+                self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)
 
     def settle(self, timeout: float) -> bool:
         """Wait for a pending re-map (after a failure); False when it did not finish in time."""

@@ -1,0 +1,130 @@
+"""The command stream: grids within max-compute-workgroups-per-dimension, recovery from a failed submit."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.nn import functional as F
+from wgpar.ops import elementwise
+
+from .helpers import assert_close
+
+mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the function)
+
+
+@pytest.fixture
+def small_limit(dev, monkeypatch):
+    """Pretend ``dev`` allows 16 workgroups per grid dimension, so small shapes need split grids."""
+    monkeypatch.setattr(dev, "max_workgroups", 16)
+    monkeypatch.setattr(elementwise, "_QUICK", {})  # its entries hold grids made for the real limit
+    yield dev
+    elementwise._QUICK.clear()
+
+
+def test_ops_split_their_grids_within_the_device_limit(small_limit, rng):
+    d = small_limit
+    x = rng.standard_normal(5001).astype(np.float32)  # 20 workgroups: a 10 x 2 grid
+    t = wgpar.tensor(x, device=d)
+    assert_close((t * 2 + 1).numpy(), x * 2 + 1)
+    v = rng.standard_normal(4 * 4097).astype(np.float32)  # the vec4 kernel: 17 workgroups
+    assert_close((wgpar.tensor(v, device=d) - 1).numpy(), v - 1)
+    m = rng.standard_normal((90, 70)).astype(np.float32)
+    tm = wgpar.tensor(m, device=d)
+    assert_close((tm.T + 1).numpy(), m.T + 1)  # strided kernel into a fresh output
+    assert_close((tm.T * tm.T).numpy(), m.T * m.T)
+    # reductions: rows, columns, two-pass long rows, argmax's two passes
+    r = rng.standard_normal((250, 9)).astype(np.float32)
+    tr = wgpar.tensor(r, device=d)
+    assert_close(tr.sum(1).numpy(), r.sum(1), rtol=1e-5, atol=1e-5)
+    assert_close(tr.max(0).numpy(), r.max(0))
+    long = rng.standard_normal((2, 20000)).astype(np.float32)
+    tl = wgpar.tensor(long, device=d)
+    assert_close(tl.sum(1).numpy(), long.sum(1), rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(tl.argmax(1).numpy(), long.argmax(1))
+    assert_close(tr.softmax(-1).numpy(), np.exp(r) / np.exp(r).sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    tgt = rng.integers(0, 9, 250)
+    lsm = r - r.max(1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(1, keepdims=True))
+    assert_close(F.cross_entropy(tr, tgt).item(), -lsm[np.arange(250), tgt].mean(), rtol=1e-5)
+    idx = rng.integers(0, 90, 300)
+    assert_close(tm.index_select(0, idx).numpy(), m[idx])
+
+
+@pytest.mark.parametrize("variant,a_shape,b_shape", [
+    ("general", (1100, 3), (3, 5)),            # 18 row tiles
+    ("general", (3, 2), (2, 1100)),            # 18 column tiles
+    ("general", (20, 3, 4), (20, 4, 5)),       # a batch of 20
+    ("tile64x64x16r8x8u", (64 * 17, 16), (16, 64)),
+    ("tile64x128x16r8x8u", (64, 16), (16, 128 * 17)),
+    ("tile64x64x16r8x8u", (18, 64, 16), (18, 16, 64)),
+])
+def test_matmul_splits_its_grid(small_limit, rng, variant, a_shape, b_shape):
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    with mm.force_variant(variant):
+        got = (wgpar.tensor(a, device=small_limit) @ wgpar.tensor(b, device=small_limit)).numpy()
+    assert_close(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_grid_beyond_the_limit_raises_before_recording(small_limit):
+    d = small_limit
+    pending = d._pending
+    with pytest.raises(wgpar.WgparError, match="max-compute-workgroups-per-dimension") as info:
+        wgpar.ones(16 * 16 * 256 + 1, device=d) + 1  # 257 workgroups: no 16 x 16 grid holds them
+    assert str(d) in str(info.value)
+    assert d._pending == pending  # nothing recorded: the batch around it still submits
+    np.testing.assert_array_equal((wgpar.ones(3, device=d) * 4).numpy(), [4, 4, 4])
+
+
+def test_elementwise_beyond_65535_workgroups_at_the_real_limit(dev):
+    n = dev.max_workgroups * 256 + 1001  # more workgroups than one grid dimension holds
+    x = wgpar.full((n,), 1.0, device=dev)
+    x[n - 1] = 5.0
+    y = x * 2
+    assert y.max().item() == 10.0 and y.min().item() == 2.0  # the last element, and none left unwritten
+
+
+@pytest.mark.slow
+def test_matmul_beyond_65535_row_tiles_at_the_real_limit(dev, rng):
+    if dev.adapter_type.lower() == "cpu":
+        pytest.skip("65537 matmul workgroups take ~30 s on lavapipe; test_matmul_splits_its_grid covers the split")
+    m = dev.max_workgroups * 64 + 65  # [M, 1] @ [1, 1]: the general kernel's grid needs M / 64 rows of tiles
+    a = rng.standard_normal((m, 1)).astype(np.float32)
+    out = (wgpar.tensor(a) @ wgpar.tensor(np.array([[3.0]], np.float32))).numpy()
+    np.testing.assert_array_equal(out, a * np.float32(3.0))
+
+
+# -- a failed submit ---------------------------------------------------------------------------
+def _record_invalid_copy(d):
+    """Record a copy that reads past a buffer's end: wgpu rejects it only at encoder.finish()."""
+    src = wgpar.ones(4, device=d)
+    dst = wgpar.zeros(4, device=d)
+    d.copy(src._storage.buffer, src._storage.buffer.size, dst._storage.buffer, 0, 4)
+
+
+def test_a_failed_submit_leaves_the_device_usable(rng):
+    d = wgpar.device(8)  # its own device: the failure discards whatever else was recorded on it
+    x = rng.standard_normal((33, 7)).astype(np.float32)
+    t = wgpar.tensor(x, device=d)
+    lost = t * 2  # recorded, not yet submitted: goes down with the failed batch
+    _record_invalid_copy(d)
+    with pytest.raises(wgpar.WgparError) as info:
+        (t + 1).numpy()
+    msg = str(info.value)
+    assert str(d) in msg and "discarded" in msg and "stays usable" in msg
+    del lost
+    # the device goes on: ops, small and large uploads (the upload ring), readbacks, synchronize
+    assert_close((t * 3 - 1).numpy(), x * 3 - 1)
+    big = rng.standard_normal(400_000).astype(np.float32)  # 1.6 MB: through the upload ring
+    assert_close(wgpar.tensor(big, device=d).sum().item(), big.sum(dtype=np.float64), rtol=1e-4, atol=1e-2)
+    d.synchronize()
+    # a failure in the middle of a large upload leaves the ring usable too
+    _record_invalid_copy(d)
+    with pytest.raises(wgpar.WgparError):
+        wgpar.tensor(big, device=d)
+    assert_close(wgpar.tensor(big * 2, device=d).numpy(), big * 2)
+    assert d._pending == 0 or d._encoder is not None
