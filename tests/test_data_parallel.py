@@ -270,3 +270,19 @@ def test_float16_gradient_compression_halves_the_bytes_within_float16_rounding(r
         assert all(2 * c <= f + 8 * len(dp.sync.bucket_sizes()) for c, f in zip(traffic["float16"], traffic[None]))
     with pytest.raises(ValueError, match="compress must be None or 'float16'"):
         AllReduceSync(ctx.comm(0), [], compress="int8")
+
+
+def test_a_nan_input_row_gives_a_nan_loss_and_gradients(rng):
+    """A NaN in one rank's share of the batch must reach the loss every rank returns and every replica's
+    gradients (the host reduction propagates it); nothing may turn it into a normal-looking number."""
+    X = rng.standard_normal((9, 6)).astype(np.float32)
+    X[7, 2] = np.nan  # on rank 1
+    Y = rng.integers(0, 4, 9).astype(np.int32)
+    with MultiAdapterContext(2, timeout=60) as ctx:
+        dp = DataParallel(_model(6), ctx)
+        opts = dp.optimizers(OPTS["sgd"])
+        loss = dp.train_step(X, Y, F.cross_entropy, opts)
+        assert np.isnan(loss.item())
+        for r, replica in enumerate(dp.replicas):
+            assert np.isnan(replica[0].weight.grad.numpy()).any(), f"rank {r}: the NaN did not reach the gradient"
+            assert np.isnan(replica[0].weight.numpy()).any(), f"rank {r}: the step dropped the NaN"
