@@ -27,15 +27,14 @@ from collections.abc import Iterable
 from .. import ops
 from ..autograd.engine import queue_callback
 from ..autograd.grad_mode import no_grad
-from ..dtypes import float16, float32
 from ..tensor import Tensor
 from .group import ProcessGroup, Work
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "flat", "wire", "ready", "work")
+    __slots__ = ("index", "params", "offsets", "flat", "ready", "work")
 
-    def __init__(self, index: int, params: list[Tensor], flat: Tensor, wire: Tensor | None) -> None:
+    def __init__(self, index: int, params: list[Tensor], flat: Tensor) -> None:
         self.index = index
         self.params = params
         self.offsets = []
@@ -44,7 +43,6 @@ class _Bucket:
             self.offsets.append(off)
             off += p.numel()
         self.flat = flat
-        self.wire = wire  # the compressed copy that travels (None: the bucket itself travels)
         self.ready = 0
         self.work: Work | None = None
 
@@ -68,21 +66,12 @@ class AllReduceSync:
         params: the replica's parameters (those that require grad are synchronised).
         bucket_cap_mb: largest bucket, in MiB (a parameter larger than that gets a bucket of its own).
         op: "mean" (default) or "sum" (DataParallel seeds each rank's backward with its batch share and sums).
-        compress: None, or "float16": float32 gradients travel as float16 (half the bytes through the
-            host). Each rank's gradient is rounded to float16 (relative error up to 2**-11, magnitudes
-            below 6e-8 flush towards 0, above 65504 become inf, which then propagates); the host sums
-            in float32 and the result is rounded to float16 once more before it is widened back.
     """
 
     def __init__(self, group: ProcessGroup, params: Iterable[Tensor], bucket_cap_mb: float = 25,
-                 op: str = "mean", compress: str | None = None) -> None:
+                 op: str = "mean") -> None:
         if op not in ("mean", "sum"):
             raise ValueError(f"AllReduceSync: op must be 'mean' or 'sum', got {op!r}")
-        if compress not in (None, "float16"):
-            raise ValueError(f"AllReduceSync: compress must be None or 'float16', got {compress!r}")
-        if compress and not group.device.has_f16:
-            raise TypeError(f"AllReduceSync: compress='float16' needs shader-f16, which {group.device} lacks")
-        self.compress = compress
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         self.group = group
@@ -115,11 +104,7 @@ class AllReduceSync:
             dt = members[0].dtype
             numel = sum(p.numel() for p in members)
             numel += -(numel * dt.itemsize) % 4 // dt.itemsize  # whole 4-byte words: no padding copy
-            wire = None
-            if compress and dt is float32:
-                numel += numel % 2  # whole 4-byte words of float16 too
-                wire = Tensor.empty((numel,), float16, group.device)
-            b = _Bucket(i, members, Tensor.empty((numel,), dt, group.device), wire)
+            b = _Bucket(i, members, Tensor.empty((numel,), dt, group.device))
             self._buckets.append(b)
             for j, p in enumerate(members):
                 self._where[id(p)] = (b, j)
@@ -174,10 +159,7 @@ class AllReduceSync:
                     view.zero_()
                 else:
                     ops.copy_(view, p.grad)
-            if b.wire is not None:
-                ops.copy_(b.wire, b.flat)
-        travel = b.flat if b.wire is None else b.wire
-        b.work = self.group.all_reduce(travel, self.op, async_op=True, label=f"bucket{b.index}")
+        b.work = self.group.all_reduce(b.flat, self.op, async_op=True, label=f"bucket{b.index}")
 
     def finish(self) -> None:
         """After backward: wait for every bucket's all-reduce and point each ``param.grad`` into it.
@@ -199,8 +181,6 @@ class AllReduceSync:
                 b.work = None
         with no_grad():
             for b in self._buckets:
-                if b.wire is not None:
-                    ops.copy_(b.flat, b.wire)
                 for i, p in enumerate(b.params):
                     view = b.view(i)
                     earlier = self._set_aside.pop(id(p), None)
@@ -211,4 +191,4 @@ class AllReduceSync:
     def __repr__(self) -> str:
         sizes = self.bucket_sizes()
         return (f"AllReduceSync(rank={self.group.rank}, world_size={self.group.world_size}, op={self.op!r}, "
-                f"buckets={len(sizes)}, bytes={sum(sizes)}, cap={self.cap_bytes}, compress={self.compress!r})")
+                f"buckets={len(sizes)}, bytes={sum(sizes)}, cap={self.cap_bytes})")

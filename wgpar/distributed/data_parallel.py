@@ -66,11 +66,10 @@ class DistributedDataParallel(Module):
         bucket_cap_mb: AllReduceSync's bucket size.
         op: "mean" or "sum".
         broadcast: copy rank 0's parameters and buffers to every rank first (default True).
-        compress: None, or "float16" to send float32 gradients as float16 (see AllReduceSync).
     """
 
     def __init__(self, module: Module, group: ProcessGroup, bucket_cap_mb: float = 25, op: str = "mean",
-                 broadcast: bool = True, compress: str | None = None) -> None:
+                 broadcast: bool = True) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a wgpar.nn.Module, got {type(module).__name__}")
         super().__init__()
@@ -80,7 +79,7 @@ class DistributedDataParallel(Module):
         object.__setattr__(self, "group", group)
         if broadcast:
             broadcast_module(module, group)
-        object.__setattr__(self, "sync", AllReduceSync(group, module.parameters(), bucket_cap_mb, op, compress))
+        object.__setattr__(self, "sync", AllReduceSync(group, module.parameters(), bucket_cap_mb, op))
 
     def forward(self, *args, **kwargs):
         self.sync.prepare()
@@ -108,11 +107,9 @@ class DataParallel:
         module: the model; it becomes rank 0's replica (moved to rank 0's device if needed).
         context: a MultiAdapterContext.
         bucket_cap_mb: AllReduceSync's bucket size.
-        compress: None, or "float16" to send float32 gradients as float16 (see AllReduceSync).
     """
 
-    def __init__(self, module: Module, context: MultiAdapterContext, bucket_cap_mb: float = 25,
-                 compress: str | None = None) -> None:
+    def __init__(self, module: Module, context: MultiAdapterContext, bucket_cap_mb: float = 25) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"DataParallel wraps a wgpar.nn.Module, got {type(module).__name__}")
         self.context = context
@@ -121,7 +118,7 @@ class DataParallel:
             module.to(dev0)
         replicas = [module] + [replicate(module, d) for d in context.devices[1:]]
         self.ranks: list[DistributedDataParallel] = context.run(
-            lambda r: DistributedDataParallel(replicas[r], context.comm(r), bucket_cap_mb, op="sum", compress=compress))
+            lambda r: DistributedDataParallel(replicas[r], context.comm(r), bucket_cap_mb, op="sum"))
         self._sizes: list[int] | None = None
 
     @property
@@ -235,12 +232,15 @@ class DataParallel:
             xr, yr = self._to_rank(xr, rank), self._to_rank(yr, rank)
             opt.zero_grad()
             loss = loss_fn(self.ranks[rank](xr), yr)
-            self._backward_rank(rank, loss)
-            opt.step()
-            # The batch's mean loss: each rank's mean weighted by its share, summed over ranks.
+            # The batch's mean loss (each rank's mean weighted by its share, summed over ranks) goes out
+            # now: its readback waits only for the forward, so the step ends without draining the GPU
+            # and the next step's uploads and recording overlap this one's tail.
             with no_grad():
                 share = ops.binary("mul", loss.detach().reshape(()), sizes[rank] / total)
-            return self.context.comm(rank).all_reduce(share, "sum", label="loss")
+            mean_loss = self.context.comm(rank).all_reduce(share, "sum", async_op=True, label="loss")
+            self._backward_rank(rank, loss)
+            opt.step()
+            return mean_loss.wait()
 
         return self.context.run(work, xs, ys, optimizers)[0]
 
