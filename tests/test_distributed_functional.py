@@ -21,10 +21,17 @@ pytestmark = pytest.mark.multidevice
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2dev", "3dev"])
-def ctx(request):
+def _ctx(request):
     c = MultiAdapterContext(request.param, timeout=60)
     yield c
     c.close()
+
+
+@pytest.fixture
+def ctx(_ctx):
+    yield _ctx
+    if _ctx.group.broken:  # a failed test must not fail the next ones
+        _ctx.reset()
 
 
 def _arr(seed: int, rank: int, shape) -> np.ndarray:
