@@ -5,8 +5,9 @@ its Work handles; ``backends/`` implement it (``threads``: ranks are threads of
 one process); ``launch.py`` runs a per-rank program on every rank
 (``run_spmd``); ``context.py`` is the single-controller MultiAdapterContext
 over the threaded backend. Everything above (AllReduceSync, DataParallel,
-the differentiable collectives in ``functional``) uses the ProcessGroup
-interface only, so it runs unchanged on any backend.
+the differentiable collectives in ``functional``, tensor parallelism in
+``tensor_parallel/``) uses the ProcessGroup interface only, so it runs
+unchanged on any backend.
 """
 
 from . import functional
@@ -17,10 +18,26 @@ from .data_parallel import DataParallel, DistributedDataParallel, broadcast_modu
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
 from .launch import RankWorkers, run_spmd
+from .tensor_parallel import (
+    MLP,
+    CausalSelfAttention,
+    ColumnParallelLinear,
+    ColwiseParallel,
+    GridGroups,
+    ParallelCausalSelfAttention,
+    ParallelMLP,
+    ParallelStyle,
+    RowParallelLinear,
+    RowwiseParallel,
+    parallelize_module,
+    tensor_data_grid,
+)
 
 DDP = DistributedDataParallel
 
 __all__ = ["ProcessGroup", "Work", "wait_all", "REDUCE_OPS", "run_spmd", "MultiAdapterContext", "ThreadGroup",
            "ThreadRank", "AllReduceSync", "DataParallel", "DistributedDataParallel", "DDP", "broadcast_module",
            "replicate", "split_sizes", "functional", "CollectiveError", "CollectiveTimeoutError", "RankError",
-           "RankWorkers"]
+           "RankWorkers", "ColumnParallelLinear", "RowParallelLinear", "ParallelStyle", "ColwiseParallel",
+           "RowwiseParallel", "parallelize_module", "MLP", "ParallelMLP", "CausalSelfAttention",
+           "ParallelCausalSelfAttention", "GridGroups", "tensor_data_grid"]

@@ -20,6 +20,8 @@ order, with agreeing shapes (checked).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .. import ops
 from ..autograd.function import Function
 from ..tensor import Tensor
@@ -50,12 +52,13 @@ def _dim(x: Tensor, dim: int) -> int:
 class _AllReduce(Function):
     @staticmethod
     def forward(ctx, x, group, op):
-        ctx.group = group
+        ctx.group, ctx.op = group, op
         return _reduced(x, group, op)
 
     @staticmethod
     def backward(ctx, g):
-        return _reduced(g, ctx.group), None, None
+        # d(sum_q L_q)/dx_r = sum_q g_q for a sum, and the mean of the g_q for a mean.
+        return _reduced(g, ctx.group, ctx.op), None, None
 
 
 class _AllGather(Function):
@@ -86,7 +89,7 @@ class _CopyToParallel(Function):  # Megatron's f
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return ops.clone(x)
+        return x.detach()  # a view: identity costs no copy of the activation
 
     @staticmethod
     def backward(ctx, g):
@@ -117,14 +120,13 @@ class _GatherFromParallel(Function):
 
 class _ScatterToParallel(Function):
     @staticmethod
-    def forward(ctx, x, group, dim):
+    def forward(ctx, x, group, dim, sizes):
         ctx.group, ctx.dim = group, dim
-        ctx.sizes = split_sizes(x.shape[dim], group.world_size)
-        return _own_part(x, group, dim, ctx.sizes)
+        return _own_part(x, group, dim, sizes)
 
     @staticmethod
     def backward(ctx, g):
-        return _gathered(g, ctx.group, ctx.dim)[0], None, None
+        return _gathered(g, ctx.group, ctx.dim)[0], None, None, None
 
 
 def all_reduce(x: Tensor, group: ProcessGroup, op: str = "sum") -> Tensor:
@@ -163,9 +165,27 @@ def gather_from_parallel_region(x: Tensor, group: ProcessGroup, dim: int = -1) -
     return _GatherFromParallel.apply(x, group, _dim(x, dim))
 
 
-def scatter_to_parallel_region(x: Tensor, group: ProcessGroup, dim: int = -1) -> Tensor:
-    """This rank's part of ``x`` along ``dim`` (split as evenly as possible); backward gathers."""
-    return _ScatterToParallel.apply(x, group, _dim(x, dim))
+def scatter_to_parallel_region(x: Tensor, group: ProcessGroup, dim: int = -1,
+                               sizes: Sequence[int] | None = None) -> Tensor:
+    """This rank's part of ``x`` along ``dim``; backward gathers.
+
+    Arguments:
+        x: the same tensor on every rank.
+        group: this rank's ProcessGroup.
+        dim: the dimension to split.
+        sizes: each rank's part (summing to ``x.shape[dim]``); default: as evenly as possible, the
+            first ranks one more (``split_sizes``).
+    """
+    d = _dim(x, dim)
+    n = x.shape[d]
+    if sizes is None:
+        sizes = split_sizes(n, group.world_size)
+    else:
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != group.world_size or min(sizes) < 0 or sum(sizes) != n:
+            raise ValueError(f"scatter_to_parallel_region on rank {group.rank}: sizes {sizes} do not split dim {d} "
+                             f"of shape {x.shape} ({n}) over {group.world_size} ranks")
+    return _ScatterToParallel.apply(x, group, d, sizes)
 
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "copy_to_parallel_region", "reduce_from_parallel_region",
