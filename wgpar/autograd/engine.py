@@ -4,6 +4,12 @@ Hooks, in the order one backward pass runs them: a node's pre-hooks (before its 
 version check and its backward function), a leaf's tensor hooks (before its gradient lands in
 ``.grad``), its post-accumulate-grad hooks (after), and last the callbacks that hooks queued with
 ``queue_callback`` (after every node and leaf of the pass).
+
+``backward_input`` splits one backward in two (zero-bubble pipelines): the gradients of chosen
+inputs now, every other leaf's (the weights') later, from a ``DeferredGrad``. Nodes recorded with
+``partial=True`` take a mask of the inputs to differentiate, so the later half does not redo the
+first half's work (matmul); other nodes compute every input's gradient and the engine keeps the
+ones asked for.
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ from .graph import Node, current_tape
 _retained: weakref.WeakKeyDictionary[Node, weakref.ref] = weakref.WeakKeyDictionary()
 
 
-def record(name: str, out: Tensor, inputs: Sequence, backward_fn, saved: Sequence[Tensor] = ()) -> Tensor:
-    """Attach a graph node to ``out`` if grad mode is on and any tensor input requires grad."""
+def record(name: str, out: Tensor, inputs: Sequence, backward_fn, saved: Sequence[Tensor] = (),
+           partial: bool = False) -> Tensor:
+    """Attach a graph node to ``out`` if grad mode is on and any tensor input requires grad.
+
+    ``partial``: ``backward_fn(g, mask)`` computes only the gradients of the inputs whose ``mask``
+    entry is True (None for the others); otherwise ``backward_fn(g)`` computes them all.
+    """
     if not is_grad_enabled():
         return out
     tins = [x if isinstance(x, Tensor) and x.requires_grad else None for x in inputs]
     if not any(t is not None for t in tins):
         return out
-    node = Node(name, tins, backward_fn, saved)
+    node = Node(name, tins, backward_fn, saved, partial)
     out._node = node
     out.requires_grad = True
     tape = current_tape()
@@ -146,15 +157,19 @@ def _check_root(t: Tensor, g: Tensor | None) -> Tensor:
     return g
 
 
-def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] | Tensor | None = None,
-             retain_graph: bool = False) -> None:
-    """Accumulate d(sum of tensors * grads)/d(leaf) into every leaf's ``.grad``."""
+def _as_lists(tensors, grads) -> tuple[list[Tensor], list[Tensor | None]]:
     if isinstance(tensors, Tensor):
         tensors = [tensors]
         grads = [grads] if not isinstance(grads, (list, tuple)) else grads
+    tensors = list(tensors)
     grads = list(grads) if grads is not None else [None] * len(tensors)
     if len(grads) != len(tensors):
         raise ValueError(f"backward: {len(tensors)} tensors but {len(grads)} gradients")
+    return tensors, grads
+
+
+def _in_pass(fn: Callable[[], object]) -> object:
+    """Run ``fn`` as one backward pass: under no_grad, then the callbacks its hooks queued."""
     stack = getattr(_passes, "stack", None)
     if stack is None:
         stack = _passes.stack = []
@@ -162,16 +177,30 @@ def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] 
     stack.append(callbacks)
     try:
         with no_grad():
-            _run_backward(tensors, grads, retain_graph)
+            result = fn()
             i = 0
             while i < len(callbacks):  # not a for loop: a callback may queue another
                 callbacks[i]()
                 i += 1
+        return result
     finally:
         stack.pop()
 
 
-def _run_backward(tensors: Sequence[Tensor], grads: list[Tensor | None], retain_graph: bool) -> None:
+def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] | Tensor | None = None,
+             retain_graph: bool = False) -> None:
+    """Accumulate d(sum of tensors * grads)/d(leaf) into every leaf's ``.grad``."""
+    tensors, grads = _as_lists(tensors, grads)
+
+    def run():
+        pending, roots = _seed(tensors, grads)
+        _walk(_topo(roots), pending, retain_graph)
+
+    _in_pass(run)
+
+
+def _seed(tensors: Sequence[Tensor], grads: list[Tensor | None]) -> tuple[dict[int, Tensor], list[Node]]:
+    """The roots' gradients by node id (a root that is a leaf gets its gradient at once)."""
     pending: dict[int, Tensor] = {}
     roots: list[Node] = []
     for t, g in zip(tensors, grads):
@@ -182,33 +211,49 @@ def _run_backward(tensors: Sequence[Tensor], grads: list[Tensor | None], retain_
         node = t._node
         pending[node.id] = g if node.id not in pending else ops.binary("add", pending[node.id], g)
         roots.append(node)
-    order = _topo(roots)
+    return pending, roots
+
+
+def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
+          masks: dict[int, tuple[bool, ...]] | None = None, later: list | None = None,
+          resumed: frozenset[int] = frozenset()) -> None:
+    """Run every node of ``order`` that has a pending gradient, outputs first.
+
+    ``masks`` (node id -> one bool per input) limits which inputs' gradients a node computes. With a
+    ``later`` list (the first half of a split backward), a node that leaves out inputs needing a
+    gradient goes there as (node, gradient, the other inputs' mask, whether it ran) and keeps its
+    saved tensors. ``resumed`` nodes already ran their pre-hooks in an earlier pass.
+    """
+    masks = masks or {}
     # A leaf's gradient is final once every use of it has been processed; only then does it
     # land in .grad and fire its hooks (DataParallel starts a bucket's all-reduce there).
     leaf_uses: dict[int, int] = {}
     for node in order:
-        for t in node.inputs:
-            if t is not None and t._node is None:
+        mask = masks.get(node.id)
+        for i, t in enumerate(node.inputs):
+            if t is not None and t._node is None and (mask is None or mask[i]):
                 leaf_uses[id(t)] = leaf_uses.get(id(t), 0) + 1
     leaf_pending: dict[int, Tensor] = {}
     for node in order:
         g = pending.pop(node.id, None)
         if g is None:
             continue
+        mask = masks.get(node.id)
+        if later is not None and not any(mask):  # nothing to do now: all of it waits
+            later.append((node, g, tuple(t is not None for t in node.inputs), False))
+            continue
         if node.freed:
             raise RuntimeError(
                 f"autograd: backward through {node.name} a second time, but its saved tensors were freed "
                 "after the first backward; pass retain_graph=True to the first backward")
-        if node.prehooks:
+        if node.prehooks and node.id not in resumed:
             # Before the version check: a hook may restore what the node saved (FSDP re-gathers here).
             g = _run_hooks(node.prehooks, g, f"the output of {node.name} (shape {g.shape})")
         ref = _retained.get(node)
-        if ref is not None and ref() is not None:
+        if ref is not None and ref() is not None and node.id not in resumed:
             ref().grad = g
         node.check_versions()
-        in_grads = node.backward_fn(g)
-        if not isinstance(in_grads, (tuple, list)):
-            in_grads = (in_grads,)
+        in_grads = _call(node, g, mask)
         for t, ig in zip(node.inputs, in_grads):
             if t is None or ig is None:
                 continue
@@ -221,13 +266,106 @@ def _run_backward(tensors: Sequence[Tensor], grads: list[Tensor | None], retain_
             else:
                 k = t._node.id
                 pending[k] = ig if k not in pending else ops.binary("add", pending[k], ig)
-        if not retain_graph:
+        rest = None if later is None else tuple(t is not None and not m for t, m in zip(node.inputs, mask))
+        if rest is not None and any(rest):
+            later.append((node, g, rest, True))
+        elif not retain_graph:
             node.release()
     # Leaves on branches that produced no gradient still get what did arrive.
     for node in order:
         for t in node.inputs:
             if t is not None and id(t) in leaf_pending:
                 _accumulate_leaf(t, leaf_pending.pop(id(t)))
+
+
+def _call(node: Node, g: Tensor, mask: tuple[bool, ...] | None) -> tuple:
+    if mask is None:
+        grads = node.backward_fn(g)
+    elif node.partial:
+        grads = node.backward_fn(g, mask)
+    else:  # computes every input's gradient: keep the ones asked for
+        grads = node.backward_fn(g)
+    if not isinstance(grads, (tuple, list)):
+        grads = (grads,)
+    if mask is not None:
+        grads = tuple(ig if m else None for ig, m in zip(grads, mask))
+    return grads
+
+
+class DeferredGrad:
+    """The weight-gradient half of a ``backward_input``: ``run()`` accumulates every remaining leaf's
+    gradient into its ``.grad`` (once); ``release()`` drops the work and frees what it kept."""
+
+    def __init__(self, later: list) -> None:
+        self._later = later
+
+    @property
+    def pending(self) -> int:
+        """How many graph nodes still hold work."""
+        return len(self._later)
+
+    def run(self) -> None:
+        later, self._later = self._later, []
+        if not later:
+            return
+
+        def go():
+            order = _topo([n for n, *_ in later])
+            pending = {n.id: g for n, g, _, _ in later}
+            masks = {n.id: rest for n, _, rest, _ in later}
+            _walk(order, pending, False, masks=masks, resumed=frozenset(n.id for n, _, _, ran in later if ran))
+
+        _in_pass(go)
+
+    def release(self) -> None:
+        for n, *_ in self._later:
+            n.release()
+        self._later = []
+
+
+def backward_input(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] | Tensor | None,
+                   inputs: Sequence[Tensor]) -> DeferredGrad:
+    """The first half of a split backward: the gradients of ``inputs`` now, the rest deferred.
+
+    Accumulates d(sum of tensors * grads)/d(input) into each input's ``.grad`` and returns a
+    ``DeferredGrad`` whose ``run()`` later accumulates every other leaf's gradient (the weights'),
+    so that the two together equal one ``backward`` (zero-bubble pipelines run the second half in
+    what would be idle time). Nodes that lead only to weights do not run now; nodes recorded with
+    ``partial=True`` (matmul) compute each gradient in exactly one of the halves. Pre-hooks run once,
+    when a node is first reached.
+
+    Arguments:
+        tensors: the outputs (one tensor or a sequence).
+        grads: their gradients (None for a scalar output).
+        inputs: leaves that require grad, whose gradients are wanted now.
+    """
+    tensors, grads = _as_lists(tensors, grads)
+    wanted: set[int] = set()
+    for t in inputs:
+        if not isinstance(t, Tensor) or t._node is not None or not t.requires_grad:
+            raise ValueError("backward_input: inputs must be leaf tensors that require grad, got "
+                             + (f"a tensor of shape {t.shape}" if isinstance(t, Tensor) else type(t).__name__))
+        wanted.add(id(t))
+    later: list = []
+
+    def run():
+        pending, roots = _seed(tensors, grads)
+        order = _topo(roots)
+        reaches: dict[int, bool] = {}  # whether a node leads to a wanted input
+        for node in reversed(order):  # inputs before outputs
+            reaches[node.id] = any(_leads(t, wanted, reaches) for t in node.inputs)
+        masks = {node.id: tuple(reaches[node.id] and _leads(t, wanted, reaches) for t in node.inputs)
+                 for node in order}
+        _walk(order, pending, False, masks=masks, later=later)
+
+    _in_pass(run)
+    return DeferredGrad(later)
+
+
+def _leads(t: Tensor | None, wanted: set[int], reaches: dict[int, bool]) -> bool:
+    if t is None:
+        return False
+    return id(t) in wanted if t._node is None else reaches[t._node.id]
 
 
 def backward_with_grad(output: Tensor, grad_output: Tensor, retain_graph: bool = False) -> None:

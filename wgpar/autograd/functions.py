@@ -411,9 +411,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return out
     out = raw.matmul(a, b)
 
-    def bw(g):
-        ga = unbroadcast(raw.matmul(g, raw.transpose(b, -2, -1)), a.shape) if _needs(a) else None
-        gb = unbroadcast(raw.matmul(raw.transpose(a, -2, -1), g), b.shape) if _needs(b) else None
+    def bw(g, mask=(True, True)):  # partial: a split backward computes each side in its own half
+        ga = unbroadcast(raw.matmul(g, raw.transpose(b, -2, -1)), a.shape) if mask[0] and _needs(a) else None
+        gb = unbroadcast(raw.matmul(raw.transpose(a, -2, -1), g), b.shape) if mask[1] and _needs(b) else None
         return ga, gb
 
-    return record("matmul", out, [a, b], bw, [a, b])
+    return record("matmul", out, [a, b], bw, [a, b], partial=True)

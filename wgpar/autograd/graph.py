@@ -27,13 +27,15 @@ _local = threading.local()
 
 
 class Node:
-    __slots__ = ("id", "name", "inputs", "backward_fn", "saved", "freed", "prehooks", "__weakref__")
+    __slots__ = ("id", "name", "inputs", "backward_fn", "partial", "saved", "freed", "prehooks", "__weakref__")
 
-    def __init__(self, name: str, inputs: Sequence, backward_fn: Callable, saved: Sequence) -> None:
+    def __init__(self, name: str, inputs: Sequence, backward_fn: Callable, saved: Sequence,
+                 partial: bool = False) -> None:
         self.id = next(_ids)
         self.name = name
         self.inputs = tuple(inputs)  # Tensor or None per differentiable input position
         self.backward_fn = backward_fn
+        self.partial = partial  # backward_fn(g, mask) computes only the masked inputs' gradients
         self.saved = tuple((t, t._storage.version) for t in saved)
         self.freed = False
         self.prehooks: OrderedDict | None = None  # made on first registration: most nodes have none
