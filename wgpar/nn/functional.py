@@ -12,8 +12,12 @@ from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _as_index
-from ..runtime.kernels import F32, WORKGROUP, grid, load_source, pack, spec
+from ..runtime.kernels import WORKGROUP, Kernel, grid, load_source
 from ..tensor import Tensor, check_same_device
+
+_DROPOUT = Kernel("dropout", "y: w, x: r", "numel: u32, off_x: u32, seed: u32, threshold: u32, scale: f32")
+_CROSS_ENTROPY = Kernel("cross_entropy", "out: w, x: r, labels: r, gout: r",
+                        "rows: u32, cols: u32, off_x: u32, off_t: u32, off_g: u32")
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -55,9 +59,10 @@ def _dropout_kernel(x: Tensor, p: float, seed: int) -> Tensor:
     n = x.numel()
     if n:
         threshold = min(int(p * 2**32), 2**32 - 1)
-        k = spec("dropout", ("w", "r"), F16="enable f16;" if x.dtype is _dt.float16 else "", T=x.dtype.storage)
+        k = _DROPOUT.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage)
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          pack(n, src._offset, seed, threshold, F32(1.0 / (1.0 - p)), 0, 0, 0),
+                          _DROPOUT.pack(numel=n, off_x=src._offset, seed=seed, threshold=threshold,
+                                        scale=1.0 / (1.0 - p)),
                           grid(-(-n // WORKGROUP), x.device.max_workgroups))
     return out
 
@@ -125,13 +130,11 @@ def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
     out_dt = logits.dtype if backward else _dt.float32
     out = Tensor.empty((rows, cols) if backward else (rows,), out_dt, logits.device)
     g = gout if backward else target  # an unused binding still needs a buffer
-    f16 = _dt.float16 in (logits.dtype, out_dt, g.dtype)
-    k = spec("cross_entropy", ("w", "r", "r", "r"), F16="enable f16;" if f16 else "", O=out_dt.storage,
-             T=logits.dtype.storage, G=g.dtype.storage, BACKWARD="true" if backward else "false",
-             FNS=load_source("float_fns"))
+    k = _CROSS_ENTROPY.spec((out_dt.storage, logits.dtype.storage, "i32", g.dtype.storage), O=out_dt.storage,
+                            BACKWARD="true" if backward else "false", FNS=load_source("float_fns"))
     logits.device.dispatch(
         k, [out._storage.buffer, logits._storage.buffer, target._storage.buffer, g._storage.buffer],
-        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0),
+        _CROSS_ENTROPY.pack(rows=rows, cols=cols, off_x=logits._offset, off_t=target._offset, off_g=g._offset),
         grid(rows, logits.device.max_workgroups))
     return out
 

@@ -11,11 +11,14 @@ from .. import ops
 from ..autograd.grad_mode import no_grad
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, load_source, pack, spec
+from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 
 _CHUNK = 16 * WORKGROUP  # elements per workgroup in the first pass (at least)
 _MAX_GROUPS = 1024  # per gradient; longer gradients get longer chunks
+_NORM = Kernel("optim_norm", "partial: w, grad: r", "numel: u32, off_g: u32, base: u32, chunk: u32, ord: f32")
+_NORM_FINAL = Kernel("optim_norm_final", "out: w, partial: r", "n: u32, max_norm: f32, inv_ord: f32")
+_SCALE = Kernel("optim_scale", "grad: w, coef: r", "numel: u32, off_g: u32, off_c: u32")
 
 
 def _ord_text(norm_type: float) -> tuple[str, str, str]:
@@ -31,11 +34,10 @@ def _ord_text(norm_type: float) -> tuple[str, str, str]:
 @functools.lru_cache(maxsize=64)
 def _kernels(gt: str, norm_type: float) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
     term, join, root = _ord_text(norm_type)
-    f16 = "enable f16;" if gt == "f16" else ""
     fns = load_source("float_fns")
-    return (spec("optim_norm", ("w", "r"), F16=f16, G=gt, TERM=term, JOIN=join, FNS=fns),
-            spec("optim_norm_final", ("w", "r"), JOIN=join, ROOT=root, FNS=fns),
-            spec("optim_scale", ("w", "r"), F16=f16, G=gt))
+    return (_NORM.spec(("f32", gt), TERM=term, JOIN=join, FNS=fns),
+            _NORM_FINAL.spec(("f32", "f32"), JOIN=join, ROOT=root, FNS=fns),
+            _SCALE.spec((gt, "f32"), G=gt))
 
 
 def _fold(dev: Device, grads: list[Tensor], norm_type: float) -> Tensor:
@@ -52,8 +54,9 @@ def _fold(dev: Device, grads: list[Tensor], norm_type: float) -> Tensor:
     for g, chunk, groups, base in plan:
         k = _kernels(g.dtype.storage, norm_type)[0]
         dev.dispatch(k, [partial._storage.buffer, g._storage.buffer],
-                     pack(g.numel(), g._offset, base, chunk, F32(norm_type if math.isfinite(norm_type) else 1.0),
-                          0, 0, 0), grid(groups, dev.max_workgroups))
+                     _NORM.pack(numel=g.numel(), off_g=g._offset, base=base, chunk=chunk,
+                                ord=norm_type if math.isfinite(norm_type) else 1.0),
+                     grid(groups, dev.max_workgroups))
     return partial
 
 
@@ -64,7 +67,7 @@ def _finish(partial: Tensor, max_norm: float, norm_type: float) -> Tensor:
     k = _kernels("f32", norm_type)[1]
     inv = 1.0 / norm_type if math.isfinite(norm_type) else 1.0
     dev.dispatch(k, [out._storage.buffer, partial._storage.buffer],
-                 pack(partial.numel(), 0, F32(max_norm), F32(inv)), (1, 1))
+                 _NORM_FINAL.pack(n=partial.numel(), max_norm=max_norm, inv_ord=inv), (1, 1))
     return out
 
 
@@ -123,7 +126,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     for g, f in zip(grads, flats):
         k = _kernels(f.dtype.storage, norm_type)[2]
         f.device.dispatch(k, [f._storage.buffer, coefs[f.device]._storage.buffer],
-                          pack(f.numel(), f._offset, 1, 0),
+                          _SCALE.pack(numel=f.numel(), off_g=f._offset, off_c=1),
                           grid(-(-f.numel() // WORKGROUP), f.device.max_workgroups))
         if f is not g:
             ops.copy_(g, f)

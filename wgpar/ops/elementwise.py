@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import ZeroDivisionRuntimeError
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, dims, grid, load_source, pack, spec
+from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, grid, load_source
 from ..storage import Storage
 from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
 
@@ -157,16 +156,24 @@ def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, co
     return store, expr
 
 
-def _declare(sig: tuple, out_storage: str, width: int) -> tuple[int, list[str]]:
-    """(number of storage bindings, their declarations); binding 0 is the output."""
+def _buffers(sig: tuple, out_storage: str, width: int) -> tuple[tuple[str, str, str], ...]:
+    """The storage bindings (name, access, element type): binding 0 is the output ``bo``."""
     vec = (lambda t: f"vec4<{t}>") if width == 4 else (lambda t: t)
-    decl = [f"@group(0) @binding(0) var<storage, read_write> bo: array<{vec(out_storage)}>;"]
+    bufs = [("bo", "w", vec(out_storage))]
     seen = {0}
-    for s in sig:
-        if s is not None and s[0] not in seen:
+    for s in sorted((s for s in sig if s is not None), key=lambda s: s[0]):
+        if s[0] not in seen:
             seen.add(s[0])
-            decl.append(f"@group(0) @binding({s[0]}) var<storage, read> b{s[0]}: array<{vec(s[1])}>;")
-    return 1 + max((s[0] for s in sig if s is not None), default=0), decl
+            bufs.append((f"b{s[0]}", "r", vec(s[1])))
+    return tuple(bufs)
+
+
+# The parameter blocks of the two kernel families (their WGSL structs are generated from these).
+_MAP = Params("numel: u32, ndim: u32, off_o: u32, off0: u32, off1: u32, off2: u32, sc: vec4<u32>, "
+              "shape: array<vec4<u32>, 2>, str_o: array<vec4<i32>, 2>, str0: array<vec4<i32>, 2>, "
+              "str1: array<vec4<i32>, 2>, str2: array<vec4<i32>, 2>")
+_BLOCK = Params("n: u32, off_o: u32, off: vec4<u32>, dv: vec4<u32>, md: vec4<u32>, sc: vec4<u32>")
+_CONSTANTS = (("WG", WORKGROUP),)
 
 
 @functools.cache
@@ -180,13 +187,12 @@ def _name(s) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _map_kernel(op: str, sig: tuple, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
-                compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
+                compute: str, cmp_as_i32: bool) -> KernelSpec:
     """Generate (once per signature) the strided kernel for ``run_map``.
 
     ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
     binding 0 being the output buffer (an input that aliases it is read through it).
     """
-    n_buf, decl = _declare(sig, out_storage, 1)
     names = [None if s is None else _name(s) for s in sig]
     acc = [f"i{k}" for k, s in enumerate(sig) if s is not None]
     lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
@@ -205,21 +211,19 @@ def _map_kernel(op: str, sig: tuple, cts: tuple[str, ...], out_storage: str, out
         else:
             loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
-    return spec("elementwise", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines), FNS=_fns(),
-                LOADS="\n".join(loads), STORE=store, EXPR=expr)
+    fills = dict(INDEX="\n".join(lines), FNS=_fns(), LOADS="\n".join(loads), STORE=store, EXPR=expr)
+    return KernelSpec("elementwise", _buffers(sig, out_storage, 1), _MAP, tuple(sorted(fills.items())), _CONSTANTS)
 
 
 @functools.lru_cache(maxsize=4096)
 def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str, ...], out_storage: str,
-                  out_is_bool: bool, compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
+                  out_is_bool: bool, compute: str, cmp_as_i32: bool) -> KernelSpec:
     """Generate (once per signature) the kernel of shaders/elementwise_block.wgsl.
 
     ``sig`` as for ``_map_kernel``; ``modes`` names each tensor operand's indexing (see
     ``_block_mode``); ``width`` 4 moves a vec4 per thread (operands' arrays are vec4 arrays, and a
     "div" or "one" operand reads its one element out of one and splats it).
     """
-    n_buf, decl = _declare(sig, out_storage, width)
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
     unit = "" if width == 1 else " >> 2u"  # offsets come in elements
     index = {"full": f"(p.off[{{k}}]{unit}) + i", "mod": f"(p.off[{{k}}]{unit}) + i % p.md[{{k}}]",
@@ -245,8 +249,8 @@ def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str,
                      for k, (s, m) in enumerate(zip(sig, modes)) if s is not None]
             body.append(f"  {{ {' '.join(loads + scalars)} r.{c} = {store}({expr}); }}")
         body.append("  bo[(p.off_o >> 2u) + i] = r;")
-    return spec("elementwise_block", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, FNS=_fns(), BODY="\n".join(body))
+    return KernelSpec("elementwise_block", _buffers(sig, out_storage, width), _BLOCK,
+                      (("BODY", "\n".join(body)), ("FNS", _fns())), _CONSTANTS)
 
 
 def _block_mode(t: Tensor, shape: tuple[int, ...], numel: int) -> tuple[str, int, int] | None:
@@ -282,14 +286,15 @@ def _vec_static(numel: int, modes: tuple) -> bool:
 
 
 def _block_words(numel: int, width: int, out_offset: int, operands: list, modes: tuple, cts) -> list[int]:
-    words = [numel // width, out_offset, 0, 0] + [0] * 16
+    """The words of _BLOCK: n, off_o, then per operand off, dv, md, sc (4 each)."""
+    words = [numel // width, out_offset] + [0] * 16
     for k, (x, m) in enumerate(zip(operands, modes)):
         if m is None:
-            words[16 + k] = _scalar_bits(x, cts[k])
+            words[14 + k] = _scalar_bits(x, cts[k])
             continue
-        words[4 + k] = x._offset
-        words[8 + k] = m[1] // width if m[0] == "div" else 1
-        words[12 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
+        words[2 + k] = x._offset
+        words[6 + k] = m[1] // width if m[0] == "div" else 1
+        words[10 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
     return words
 
 
@@ -339,7 +344,7 @@ def _unalias(x: Tensor, out: Tensor) -> Tensor:
 # make the key of this cache. Offsets (and so the vec4 choice) are looked at per call.
 _QUICK: dict[tuple, tuple | None] = {}
 _QUICK_MAX = 4096
-_BLOCK_PARAMS = struct.Struct("<20I")
+_BLOCK_PACK = _BLOCK.struct.pack
 
 
 def _binding(buffers: list, buf) -> int:
@@ -378,10 +383,9 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     if op in _INT_DIVISION and cts[1] == "i32":
         return None  # the divisor is checked for zeros first (run_map)
     _check_dtype_supported(dtype, dev)
-    f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
     kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=tuple(cts),
                                out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
-                               cmp_as_i32=True, f16=f16)
+                               cmp_as_i32=True)
     kernels: dict[tuple, KernelSpec] = {}  # by (binding signature, width)
     # The parameter words that do not change between calls (n, dv, md), for width 1 and 4 (where possible).
     zeros = [0 if m is None else x for x, m in zip(operands, modes)]  # scalars' values do not matter here
@@ -390,8 +394,8 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     # Per operand: 0 a scalar, 1 a tensor read at unit offsets (its offset must be 4-aligned for vec4),
     # 2 a tensor read element by element (its buffer must hold whole vec4s).
     how = tuple(0 if m is None else 1 if m[0] in ("full", "mod") else 2 for m in modes)
-    heads = (words1[:4], words4[:4] if words4 else None)
-    mids = (words1[8:16], words4[8:16] if words4 else None)
+    heads = (words1[:2], words4[:2] if words4 else None)
+    mids = (words1[6:14], words4[6:14] if words4 else None)
     lim = dev.max_workgroups
     return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), how, kernel, kernels, heads, mids,
             grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim), dev)
@@ -432,7 +436,7 @@ def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
     kspec = kernels.get(sig)
     if kspec is None:
         kspec = kernels[sig] = kernel(sig[0], width=4 if vec else 1)
-    dev.dispatch(kspec, buffers, _BLOCK_PARAMS.pack(*heads[vec], *offs, *mids[vec], *scal), groups4 if vec else groups1)
+    dev.dispatch(kspec, buffers, _BLOCK_PACK(*heads[vec], *offs, *mids[vec], *scal), groups4 if vec else groups1)
     return out
 
 
@@ -505,7 +509,6 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
     if numel == 0:
         return out
     dev = out.device
-    f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
 
     # Bindings: output first (read_write); an input on the output's buffer is read through it.
     buffers = [out._storage.buffer]
@@ -519,19 +522,20 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
     if modes is not None:
         width = 4 if _vec_static(numel, modes) and _vec_ok(out._offset, operands, modes) else 1
         kspec = _block_kernel(op, tuple(sig), tuple(m and m[0] for m in modes), width, tuple(cts),
-                              out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None, f16)
-        dev.dispatch(kspec, buffers, pack(_block_words(numel, width, out._offset, operands, modes, cts)),
+                              out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None)
+        dev.dispatch(kspec, buffers, _BLOCK.pack_flat(_block_words(numel, width, out._offset, operands, modes, cts)),
                      grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
         return out
     kspec = _map_kernel(op, tuple(sig), tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
-                        dtype.compute, out_dtype is None, f16)
+                        dtype.compute, out_dtype is None)
     offs = [x._offset if isinstance(x, Tensor) else 0 for x in operands] + [0] * (3 - len(operands))
     scal = [_scalar_bits(x, ct) if not isinstance(x, Tensor) else 0 for x, ct in zip(operands, cts)]
     scal += [0] * (4 - len(scal))
     strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
     strides += [dims([])] * (3 - len(operands))
-    params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
-                  dims(shape, 1), dims(out.strides), *strides)
+    params = _MAP.pack(numel=numel, ndim=len(shape), off_o=out._offset, off0=offs[0], off1=offs[1], off2=offs[2],
+                       sc=scal, shape=dims(shape, 1), str_o=dims(out.strides), str0=strides[0], str1=strides[1],
+                       str2=strides[2])
     dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
     return out
 
@@ -614,4 +618,4 @@ def fill(shape, value, dtype: DType, device) -> Tensor:
 
 
 __all__ = ["binary", "unary", "where", "clamp", "cast", "copy_", "fill_", "inplace", "contiguous",
-           "clone", "fill", "run_map", "broadcast_shape", "contiguous_strides", "F32"]
+           "clone", "fill", "run_map", "broadcast_shape", "contiguous_strides"]

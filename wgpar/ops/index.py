@@ -7,10 +7,13 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..runtime.kernels import WORKGROUP, grid, pack, spec
+from ..runtime.kernels import WORKGROUP, Kernel, grid
 from ..tensor import Tensor, _wrap_dim, check_same_device
 from .elementwise import contiguous, copy_
 from .shape import _view
+
+_GATHER = Kernel("gather", "out: w, x: r, idx: r", "outer: u32, n: u32, inner: u32, count: u32, off_x: u32, off_i: u32")
+_INDEX_ADD = Kernel("index_add", "out: w, g: r, csr: r", "outer: u32, n: u32, inner: u32, count: u32, off_g: u32")
 
 
 def _expand_key(key, ndim: int) -> list:
@@ -145,10 +148,10 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     src = contiguous(t)
     idx = contiguous(idx)
     outer, inner = math.prod(t.shape[:d]), math.prod(t.shape[d + 1:])
-    f16 = "enable f16;" if t.dtype is _dt.float16 else ""
-    k = spec("gather", ("w", "r", "r"), F16=f16, T=t.dtype.storage)
+    k = _GATHER.spec((t.dtype.storage, t.dtype.storage, "i32"))
     t.device.dispatch(k, [out._storage.buffer, src._storage.buffer, idx._storage.buffer],
-                      pack(outer, t.shape[d], inner, idx.numel(), src._offset, idx._offset, 0, 0),
+                      _GATHER.pack(outer=outer, n=t.shape[d], inner=inner, count=idx.numel(), off_x=src._offset,
+                                   off_i=idx._offset),
                       grid(-(-total // WORKGROUP), t.device.max_workgroups))
     return out
 
@@ -167,9 +170,8 @@ def index_add_rows(grad: Tensor, dim: int, index: Tensor, n: int) -> Tensor:
     starts = np.concatenate([[0], np.cumsum(np.bincount(idx, minlength=n))])
     csr = Tensor.from_numpy(np.concatenate([starts, order]).astype(np.int32), device=grad.device)
     g = contiguous(grad)
-    f16 = "enable f16;" if grad.dtype is _dt.float16 else ""
-    k = spec("index_add", ("w", "r", "r"), F16=f16, T=grad.dtype.storage)
+    k = _INDEX_ADD.spec((grad.dtype.storage, grad.dtype.storage, "i32"), T=grad.dtype.storage)
     grad.device.dispatch(k, [out._storage.buffer, g._storage.buffer, csr._storage.buffer],
-                         pack(outer, n, inner, idx.size, g._offset, 0, 0, 0),
+                         _INDEX_ADD.pack(outer=outer, n=n, inner=inner, count=idx.size, off_g=g._offset),
                          grid(-(-out.numel() // WORKGROUP), grad.device.max_workgroups))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import dtypes as _dt
-from ..runtime.kernels import F32, MAX_LOOP, WORKGROUP, grid, load_source, pack, spec
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, grid, load_source
 from ..tensor import Tensor, _wrap_dim
 from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
@@ -13,6 +13,11 @@ from .shape import permute, reshape
 _NEG_INF = "bitcast<f32>(0xff800000u)"
 _POS_INF = "bitcast<f32>(0x7f800000u)"
 _ARG = {"argmax": ">", "argmin": "<"}
+
+_ROWS = Kernel("reduce", "out: w, x: r", "rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32")
+_COLS = Kernel("reduce_cols", "out: w, x: r", "outer: u32, n: u32, inner: u32, off: u32, scale: f32")
+_SOFTMAX = Kernel("softmax", "y: w, x: r", "rows: u32, cols: u32, off_x: u32, off_y: u32",
+                  constants=(("WG", WORKGROUP), ("W", 1)))
 
 
 def _kernel_text(op: str, ctype: str) -> dict[str, str]:
@@ -106,8 +111,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     compute type, f32 for mean, so an integer mean never wraps)."""
     ctype = ctype or ("f32" if op == "mean" else x.dtype.compute)
     text = _kernel_text(op, ctype)
-    f16 = "enable f16;" if (x.dtype is _dt.float16 or out_dt is _dt.float16) else ""
-    scale = F32(1.0 / n)
+    scale = 1.0 / n
     dev = x.device
     if inner > 1:
         # Few outputs over a long axis (a bias gradient: [4096, 4096] summed over rows gives 4096 threads)
@@ -126,9 +130,9 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
                 second = binary("mul", second, float(g) / n)
             return second
         out = Tensor.empty((outer * inner,), out_dt, dev)
-        k = spec("reduce_cols", ("w", "r"), F16=f16, O=out_dt.storage, T=x.dtype.storage, C=ctype, **text)
+        k = _COLS.spec((out_dt.storage, x.dtype.storage), O=out_dt.storage, C=ctype, **text)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, inner, x._offset, scale, 0, 0, 0),
+                     _COLS.pack(outer=outer, n=n, inner=inner, off=x._offset, scale=scale),
                      grid(-(-(outer * inner) // WORKGROUP), dev.max_workgroups))
         return out
     # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
@@ -145,10 +149,10 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     partial_dt = out_dt if groups == 1 else (_dt.float32 if ctype == "f32" else _dt.int32)
     first_op = "sum" if op == "mean" and groups > 1 else op
     out = Tensor.empty((outer * groups,), partial_dt, dev)
-    k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
-             **_kernel_text(first_op, ctype))
+    k = _row_kernel(partial_dt.storage, x.dtype.storage, ctype, vec, first_op)
     dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups, dev.max_workgroups))
+                 _ROWS.pack(rows=outer, cols=n, off=x._offset, chunk=chunk, groups=groups, scale=scale),
+                 grid(outer * groups, dev.max_workgroups))
     if groups == 1:
         return out
     second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
@@ -159,16 +163,18 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     return second
 
 
-def _row_loop(t: str, ctype: str, vec: bool) -> dict[str, str]:
-    """reduce.wgsl's X (element array type) and LOOP: scalar loads, or vec4 loads of 4 columns."""
+def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str):
+    """reduce.wgsl for ``op``; x is read one element per step, or (``vec``) one vec4 of 4 columns."""
     if not vec:
-        return {"X": t, "LOOP": ("    let base = p.off + row * p.cols;\n"
-                                 "    for (var c = start + lid; c < end; c = c + 256u) {\n"
-                                 f"      fold(&acc, &ai, {ctype}(x[base + c]), i32(c));\n    }}")}
-    folds = "\n".join(f"      fold(&acc, &ai, {ctype}(v.{e}), i32(4u * c + {j}u));" for j, e in enumerate("xyzw"))
-    return {"X": f"vec4<{t}>", "LOOP": ("    let base = (p.off + row * p.cols) >> 2u;\n"
-                                        "    for (var c = (start >> 2u) + lid; c < (end >> 2u); c = c + 256u) {\n"
-                                        f"      let v = x[base + c];\n{folds}\n    }}")}
+        loop = ("    let base = p.off + row * p.cols;\n"
+                "    for (var c = start + lid; c < end; c = c + WG) {\n"
+                f"      fold(&acc, &ai, {ctype}(x[base + c]), i32(c));\n    }}")
+    else:
+        folds = "\n".join(f"      fold(&acc, &ai, {ctype}(v.{e}), i32(4u * c + {j}u));" for j, e in enumerate("xyzw"))
+        loop = ("    let base = (p.off + row * p.cols) >> 2u;\n"
+                "    for (var c = (start >> 2u) + lid; c < (end >> 2u); c = c + WG) {\n"
+                f"      let v = x[base + c];\n{folds}\n    }}")
+    return _ROWS.spec((out_t, f"vec4<{t}>" if vec else t), O=out_t, C=ctype, LOOP=loop, **_kernel_text(op, ctype))
 
 
 def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int, vec: bool) -> Tensor:
@@ -179,15 +185,13 @@ def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: in
 
     dev = x.device
     ctype = x.dtype.compute
-    f16 = "enable f16;" if x.dtype is _dt.float16 else ""
     part_dt = _dt.float32 if ctype == "f32" else _dt.int32
     parts = []
     for first_op, dt in (("max" if op == "argmax" else "min", part_dt), (op, _dt.int32)):
         out = Tensor.empty((outer * groups,), dt, dev)
-        k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
-                 **_kernel_text(first_op, ctype))
+        k = _row_kernel(dt.storage, x.dtype.storage, ctype, vec, first_op)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0),
+                     _ROWS.pack(rows=outer, cols=n, off=x._offset, chunk=chunk, groups=groups, scale=1.0),
                      grid(outer * groups, dev.max_workgroups))
         parts.append(reshape(out, (outer, groups)))
     values, indices = parts
@@ -221,16 +225,16 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
     cols = src.shape[-1] if src.ndim else 1
     rows = src.numel() // cols if cols else 0
     if rows and cols:
-        f16 = "enable f16;" if x.dtype is _dt.float16 else ""
         t = x.dtype.storage
         vec = cols % 4 == 0 and src._offset % 4 == 0  # vec4 loads and stores (the output is fresh)
-        k = spec("softmax", ("w", "r"), F16=f16, LOG="true" if log else "false", W=4 if vec else 1,
-                 X=f"vec4<{t}>" if vec else t, F="vec4<f32>" if vec else "f32",
-                 HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
-                 HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
-                 BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
+        xt = f"vec4<{t}>" if vec else t
+        k = _SOFTMAX.spec((xt, xt), constants={"W": 4 if vec else 1}, LOG="true" if log else "false", X=xt,
+                          F="vec4<f32>" if vec else "f32", HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
+                          HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
+                          BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          pack(rows, cols, src._offset, 0), grid(rows, x.device.max_workgroups))
+                          _SOFTMAX.pack(rows=rows, cols=cols, off_x=src._offset, off_y=0),
+                          grid(rows, x.device.max_workgroups))
     if d != last:
         inv = [0] * x.ndim
         order = [i for i in range(x.ndim) if i != d] + [d]

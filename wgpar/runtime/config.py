@@ -14,6 +14,8 @@ class Config:
     """WGPAR_BACKEND: restrict to one backend (``vulkan``, ``metal``, ``d3d12``, ``opengl``)."""
     submit_threshold: int
     """WGPAR_SUBMIT_THRESHOLD: dispatches recorded before a device submits on its own."""
+    dump_wgsl: str | None = None
+    """WGPAR_DUMP_WGSL: a directory; every shader wgpar builds is written there (one file per kernel)."""
 
 
 def _int(name: str, default: int) -> int:
@@ -31,6 +33,7 @@ def load() -> Config:
         adapter=os.environ.get("WGPAR_ADAPTER") or None,
         backend=(os.environ.get("WGPAR_BACKEND") or "").lower() or None,
         submit_threshold=max(1, _int("WGPAR_SUBMIT_THRESHOLD", 512)),
+        dump_wgsl=os.environ.get("WGPAR_DUMP_WGSL") or None,
     )
 
 
