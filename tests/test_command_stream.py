@@ -20,9 +20,9 @@ mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the func
 def small_limit(dev, monkeypatch):
     """Pretend ``dev`` allows 16 workgroups per grid dimension, so small shapes need split grids."""
     monkeypatch.setattr(dev, "max_workgroups", 16)
-    monkeypatch.setattr(elementwise, "_QUICK", {})  # its entries hold grids made for the real limit
+    monkeypatch.setattr(elementwise, "_PLANS", {})  # its plans hold grids made for the real limit
     yield dev
-    elementwise._QUICK.clear()
+    elementwise._PLANS.clear()
 
 
 def test_ops_split_their_grids_within_the_device_limit(small_limit, rng):

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import ZeroDivisionRuntimeError
-from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, grid, load_source
+from ..runtime.device import Device
+from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, f32_bits, grid, load_source
 from ..storage import Storage
 from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
 
@@ -129,7 +132,7 @@ def broadcast_strides(t: Tensor, shape: tuple[int, ...]) -> list[int]:
 
 def _scalar_bits(x, ctype: str) -> int:
     if ctype == "f32":
-        return int(np.array(float(x), dtype=np.float32).view(np.uint32))
+        return f32_bits(float(x))
     v = int(x)
     if not -(2**31) <= v < 2**31:
         raise OverflowError(f"scalar {v} does not fit int32")
@@ -168,12 +171,16 @@ def _buffers(sig: tuple, out_storage: str, width: int) -> tuple[tuple[str, str, 
     return tuple(bufs)
 
 
-# The parameter blocks of the two kernel families (their WGSL structs are generated from these).
-_MAP = Params("numel: u32, ndim: u32, off_o: u32, off0: u32, off1: u32, off2: u32, sc: vec4<u32>, "
-              "shape: array<vec4<u32>, 2>, str_o: array<vec4<i32>, 2>, str0: array<vec4<i32>, 2>, "
-              "str1: array<vec4<i32>, 2>, str2: array<vec4<i32>, 2>")
+# The parameter blocks of the two kernel families (their WGSL structs are generated from these):
+# per operand k (up to 4) an offset and, for a scalar, its bits; the strided kernel also takes the
+# shape and every operand's strides (st[2k], st[2k + 1] for operand k).
+_MAP = Params("numel: u32, ndim: u32, off_o: u32, off: vec4<u32>, sc: vec4<u32>, shape: array<vec4<u32>, 2>, "
+              "str_o: array<vec4<i32>, 2>, st: array<vec4<i32>, 8>")
 _BLOCK = Params("n: u32, off_o: u32, off: vec4<u32>, dv: vec4<u32>, md: vec4<u32>, sc: vec4<u32>")
 _CONSTANTS = (("WG", WORKGROUP),)
+_MAP_PACK = _MAP.struct.pack
+_BLOCK_PACK = _BLOCK.struct.pack
+MAX_OPERANDS = 4
 
 
 @functools.cache
@@ -186,37 +193,36 @@ def _name(s) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _map_kernel(op: str, sig: tuple, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
+def _map_kernel(op: str, sig: tuple, *, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
                 compute: str, cmp_as_i32: bool) -> KernelSpec:
-    """Generate (once per signature) the strided kernel for ``run_map``.
+    """Generate (once per signature) the strided kernel, shaders/elementwise.wgsl.
 
     ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
     binding 0 being the output buffer (an input that aliases it is read through it).
     """
-    names = [None if s is None else _name(s) for s in sig]
-    acc = [f"i{k}" for k, s in enumerate(sig) if s is not None]
+    tensors = [k for k, s in enumerate(sig) if s is not None]
     lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
-    lines += [f"  var {n}_ = i32(p.off{n[1:]});" for n in acc]
+    lines += [f"  var i{k}_ = i32(p.off[{k}]);" for k in tensors]
     lines += ["  for (var d = i32(p.ndim) - 1; d >= 0; d = d - 1) {",
               "    let s = p.shape[d / 4][d % 4];",
               "    let c = i32(rem % s);",
               "    rem = rem / s;",
               "    io_ = io_ + c * p.str_o[d / 4][d % 4];"]
-    lines += [f"    {n}_ = {n}_ + c * p.str{n[1:]}[d / 4][d % 4];" for n in acc]
-    lines += ["  }", "  let io = u32(io_);"] + [f"  let {n} = u32({n}_);" for n in acc]
+    lines += [f"    i{k}_ = i{k}_ + c * p.st[{2 * k} + d / 4][d % 4];" for k in tensors]
+    lines += ["  }", "  let io = u32(io_);"] + [f"  let i{k} = u32(i{k}_);" for k in tensors]
     loads = []
-    for k, (name, ct) in enumerate(zip(names, cts)):
-        if name is None:
+    for k, (s, ct) in enumerate(zip(sig, cts)):
+        if s is None:
             loads.append(f"  let x{k} = bitcast<{ct}>(p.sc[{k}]);")
         else:
-            loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
+            loads.append(f"  let x{k} = {ct}({_name(s)}[i{k}]);")
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
     fills = dict(INDEX="\n".join(lines), FNS=_fns(), LOADS="\n".join(loads), STORE=store, EXPR=expr)
     return KernelSpec("elementwise", _buffers(sig, out_storage, 1), _MAP, tuple(sorted(fills.items())), _CONSTANTS)
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str, ...], out_storage: str,
+def _block_kernel(op: str, sig: tuple, width: int = 1, *, modes: tuple, cts: tuple[str, ...], out_storage: str,
                   out_is_bool: bool, compute: str, cmp_as_i32: bool) -> KernelSpec:
     """Generate (once per signature) the kernel of shaders/elementwise_block.wgsl.
 
@@ -275,6 +281,14 @@ def _block_mode(t: Tensor, shape: tuple[int, ...], numel: int) -> tuple[str, int
     return ("div", dv, md)
 
 
+def _block_modes(operands: list, shape: tuple[int, ...], numel: int) -> tuple | None:
+    """Each operand's block mode (None for a scalar); None when some tensor is no block of memory."""
+    modes = tuple(_block_mode(x, shape, numel) if isinstance(x, Tensor) else None for x in operands)
+    if any(m is None for x, m in zip(operands, modes) if isinstance(x, Tensor)):
+        return None
+    return modes
+
+
 def _vec_static(numel: int, modes: tuple) -> bool:
     """Whether every unit of 4 output elements maps to 4 consecutive elements (or one splat element)."""
     if numel % 4:
@@ -298,19 +312,20 @@ def _block_words(numel: int, width: int, out_offset: int, operands: list, modes:
     return words
 
 
-def _vec_ok(out_offset: int, operands: list, modes: tuple) -> bool:
-    """The per-call half of the vec4 test: 4-aligned offsets of what is read as vec4s.
-
-    Those reads then never pass the tensor's end, so the last whole vec4 of its buffer; an element
-    read out of a vec4 array ("div", "one") may lie in a buffer's partial last vec4, so those
-    buffers must hold whole vec4s (the allocator's always do, but for the largest tensors).
-    """
-    if out_offset & 3:
-        return False
-    for x, m in zip(operands, modes):
-        if m is not None and (x._offset & 3 if m[0] in ("full", "mod") else x._storage.buffer.size & 15):
-            return False
-    return True
+def _map_words(numel: int, shape, out: Tensor | None, operands: list, cts) -> list[int]:
+    """The words of _MAP (a fresh contiguous output when ``out`` is None)."""
+    offs, scal, st = [0] * 4, [0] * 4, []
+    for k, x in enumerate(operands):
+        if isinstance(x, Tensor):
+            offs[k] = x._offset
+            st += dims(broadcast_strides(x, shape))
+        else:
+            scal[k] = _scalar_bits(x, cts[k])
+            st += dims([])
+    st += dims([]) * (MAX_OPERANDS - len(operands))
+    out_strides = contiguous_strides(shape) if out is None else out.strides
+    return [numel, len(shape), 0 if out is None else out._offset, *offs, *scal, *dims(shape, 1),
+            *dims(out_strides), *st]
 
 
 def _extent(t: Tensor) -> tuple[int, int]:
@@ -338,15 +353,6 @@ def _unalias(x: Tensor, out: Tensor) -> Tensor:
     return run_map("copy", [x], out_dtype=x.dtype)
 
 
-# The common case (a new output; tensor operands on one device whose broadcast reads are blocks of
-# memory, see _block_mode) skips the general checks after its first call: what they decide depends
-# only on the op, the operands' dtypes, shapes, strides and devices, and the scalars' types, which
-# make the key of this cache. Offsets (and so the vec4 choice) are looked at per call.
-_QUICK: dict[tuple, tuple | None] = {}
-_QUICK_MAX = 4096
-_BLOCK_PACK = _BLOCK.struct.pack
-
-
 def _binding(buffers: list, buf) -> int:
     """The binding of ``buf`` (appended if new): operands on one buffer share a binding."""
     for k, b in enumerate(buffers):
@@ -356,14 +362,68 @@ def _binding(buffers: list, buf) -> int:
     return len(buffers) - 1
 
 
-def _block_modes(operands: list, shape: tuple[int, ...], numel: int) -> tuple | None:
-    modes = tuple(_block_mode(x, shape, numel) if isinstance(x, Tensor) else None for x in operands)
-    if any(m is None for x, m in zip(operands, modes) if isinstance(x, Tensor)):
-        return None
-    return modes
+def _signature(out: Tensor, operands: list) -> tuple[tuple, list]:
+    """(per operand None or (binding, storage type), the buffers in binding order; 0 is ``out``)."""
+    buffers = [out._storage.buffer]
+    sig = tuple(None if not isinstance(x, Tensor) else (_binding(buffers, x._storage.buffer), x.dtype.storage)
+                for x in operands)
+    return sig, buffers
 
 
-def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
+# -- plan and launch ------------------------------------------------------------------------------
+# How an operand enters a cached plan's kernel (MapPlan.reads).
+SCALAR = 0  # a number: its bits travel in the parameters
+UNITS = 1  # a block read at whole units ("full", "mod"): vec4 loads need a 4-aligned offset
+ELEMENT = 2  # a block read element by element ("div", "one"): from a vec4 array its buffer holds whole vec4s
+STRIDED = 3  # read through strides (the strided kernel)
+
+
+@dataclass(slots=True, eq=False)
+class MapPlan:
+    """How an elementwise op runs into a fresh output, for one signature of its operands.
+
+    Everything here follows from the op, the requested dtype, and per operand its dtype, shape,
+    strides and device (or a scalar's type): the plan's cache key. What remains per call is the
+    operands' buffers, offsets and scalar values, and (for the block kernel) whether the offsets
+    allow vec4 accesses.
+    """
+
+    device: Device
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    numel: int
+    reads: tuple[int, ...]  # SCALAR / UNITS / ELEMENT / STRIDED per operand
+    ctypes: tuple[str, ...]  # the compute type each operand is converted to
+    kernel: Callable[..., KernelSpec]  # (binding signature[, width 4]) -> kernel
+    kernels: dict  # (binding signature, vec4) -> kernel, filled as calls meet them
+    block: bool  # the block kernel (else the strided one)
+    vec4: bool  # sizes allow vec4 (block kernel); the offsets are checked per call
+    words: tuple  # the parameter words that do not change between calls, per width (1, 4)
+    groups: tuple  # the grid, per width (1, 4)
+
+
+_PLANS: dict[tuple, MapPlan | None] = {}
+_PLANS_MAX = 4096
+
+
+def plan(op: str, operands: list, out_dtype: DType | None = None) -> MapPlan | None:
+    """The cached plan for ``op`` over ``operands`` into a fresh output; None when the general path
+    must run (a zero-size result, operands it has to check or reject)."""
+    key: list = [op, out_dtype]
+    for x in operands:
+        key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
+    key = tuple(key)
+    try:
+        return _PLANS[key]
+    except KeyError:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        p = _PLANS[key] = _make_plan(op, operands, out_dtype)
+        return p
+
+
+def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | None:
     tensors = [x for x in operands if isinstance(x, Tensor)]
     if not tensors or any(not isinstance(x, Tensor) and not _is_scalar(x) for x in operands):
         return None
@@ -376,67 +436,64 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     numel = math.prod(shape)
     if numel == 0:
         return None
-    modes = _block_modes(operands, shape, numel)
-    if modes is None:
-        return None
-    dtype, cts = _types(op, operands, None)
+    dtype, cts = _types(op, operands, out_dtype)
     if op in _INT_DIVISION and cts[1] == "i32":
         return None  # the divisor is checked for zeros first (run_map)
     _check_dtype_supported(dtype, dev)
-    kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=tuple(cts),
-                               out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
-                               cmp_as_i32=True)
-    kernels: dict[tuple, KernelSpec] = {}  # by (binding signature, width)
-    # The parameter words that do not change between calls (n, dv, md), for width 1 and 4 (where possible).
-    zeros = [0 if m is None else x for x, m in zip(operands, modes)]  # scalars' values do not matter here
-    words1 = _block_words(numel, 1, 0, zeros, modes, cts)
-    words4 = _block_words(numel, 4, 0, zeros, modes, cts) if _vec_static(numel, modes) else None
-    # Per operand: 0 a scalar, 1 a tensor read at unit offsets (its offset must be 4-aligned for vec4),
-    # 2 a tensor read element by element (its buffer must hold whole vec4s).
-    how = tuple(0 if m is None else 1 if m[0] in ("full", "mod") else 2 for m in modes)
-    heads = (words1[:2], words4[:2] if words4 else None)
-    mids = (words1[6:14], words4[6:14] if words4 else None)
+    cts = tuple(cts)
     lim = dev.max_workgroups
-    return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), how, kernel, kernels, heads, mids,
-            grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim), dev)
+    groups = (grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim))
+    common = dict(out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
+                  cmp_as_i32=out_dtype is None)
+    modes = _block_modes(operands, shape, numel)
+    zeros = [x if isinstance(x, Tensor) else 0 for x in operands]  # scalars' values are per call
+    if modes is None:
+        tail = _map_words(numel, shape, None, zeros, cts)[11:]  # shape and strides
+        reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
+        kernel = functools.partial(_map_kernel, op, cts=cts, **common)
+        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, False, False,
+                       (tuple(tail), None), groups)
+    words1 = _block_words(numel, 1, 0, zeros, modes, cts)
+    vec4 = _vec_static(numel, modes)
+    words4 = _block_words(numel, 4, 0, zeros, modes, cts) if vec4 else None
+    # n, then dv and md: what _BLOCK takes besides the per-call offsets and scalar bits
+    static = (words1[:1] + words1[6:14], words4[:1] + words4[6:14] if vec4 else None)
+    reads = tuple(SCALAR if m is None else UNITS if m[0] in ("full", "mod") else ELEMENT for m in modes)
+    kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=cts, **common)
+    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, True, vec4,
+                   static, groups)
 
 
-def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
-    key: list = [op]
-    for x in operands:
-        key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
-    key = tuple(key)
-    try:
-        entry = _QUICK[key]
-    except KeyError:
-        if len(_QUICK) >= _QUICK_MAX:
-            _QUICK.clear()
-        entry = _QUICK[key] = _quick_entry(op, operands)
-    if entry is None:
-        return None
-    dtype, shape, strides, numel, cts, how, kernel, kernels, heads, mids, groups1, groups4, dev = entry
-    out = Tensor(Storage(dev, dtype, numel), shape, strides)
+def launch(p: MapPlan, operands: list) -> Tensor:
+    """Run a plan: a fresh output, the operands' bindings, offsets and scalars, one dispatch."""
+    out = Tensor(Storage(p.device, p.dtype, p.numel), p.shape, p.strides)
     buffers = [out._storage.buffer]
-    vec = heads[1] is not None
+    vec = p.vec4
+    reads = p.reads
     sig = []
     offs = [0, 0, 0, 0]
     scal = [0, 0, 0, 0]
     for k, x in enumerate(operands):
-        h = how[k]
-        if h:
+        r = reads[k]
+        if r:
             b = x._storage.buffer
             sig.append((_binding(buffers, b), x._storage.dtype.storage))
             off = offs[k] = x._offset
-            if vec and (off & 3 if h == 1 else b.size & 15):
+            if vec and (off & 3 if r == UNITS else b.size & 15):
                 vec = False
         else:
             sig.append(None)
-            scal[k] = _scalar_bits(x, cts[k])
-    sig = (tuple(sig), vec)
-    kspec = kernels.get(sig)
+            scal[k] = _scalar_bits(x, p.ctypes[k])
+    key = (tuple(sig), vec)
+    kspec = p.kernels.get(key)
     if kspec is None:
-        kspec = kernels[sig] = kernel(sig[0], width=4 if vec else 1)
-    dev.dispatch(kspec, buffers, _BLOCK_PACK(*heads[vec], *offs, *mids[vec], *scal), groups4 if vec else groups1)
+        kspec = p.kernels[key] = p.kernel(key[0], 4) if vec else p.kernel(key[0])
+    if p.block:
+        n, *mids = p.words[vec]
+        params = _BLOCK_PACK(n, 0, *offs, *mids, *scal)
+    else:
+        params = _MAP_PACK(p.numel, len(p.shape), 0, *offs, *scal, *p.words[0])
+    p.device.dispatch(kspec, buffers, params, p.groups[vec])
     return out
 
 
@@ -470,11 +527,17 @@ def _check_divisor(op: str, divisor: Operand) -> None:
 
 
 def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
-    """Evaluate ``OPS[op]`` elementwise; writes into ``out`` (any strides) when given."""
-    if out is None and out_dtype is None:
-        quick = _run_quick(op, operands)
-        if quick is not None:
-            return quick
+    """Evaluate ``OPS[op]`` elementwise into a new tensor (of ``out_dtype`` when given), or into ``out``
+    (any strides, converted to its dtype)."""
+    if out is None:
+        p = plan(op, operands, out_dtype)
+        if p is not None:
+            return launch(p, operands)
+    return _run_general(op, operands, out, out_dtype)
+
+
+def _run_general(op: str, operands: list, out: Tensor | None, out_dtype: DType | None) -> Tensor:
+    """Everything a plan does not cover: checks that raise, an ``out`` to write, zero sizes."""
     for x in operands:
         _check_operand(x, op)
     tensors = [x for x in operands if isinstance(x, Tensor)]
@@ -482,62 +545,60 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         check_same_device(out, *tensors, op=op)
     elif tensors:
         check_same_device(*tensors, op=op)
-    if not tensors:
-        shape = ()
-    elif all(t.shape == tensors[0].shape for t in tensors):
-        shape = tensors[0].shape
-    else:
-        shape = broadcast_shape(*(t.shape for t in tensors), op=op)
+    shape = broadcast_shape(*(t.shape for t in tensors), op=op) if tensors else ()
     dtype, cts = _types(op, operands, out_dtype)
     if op in _INT_DIVISION and cts[1] == "i32":
         _check_divisor(op, operands[1])
     if out is None:
-        dev = tensors[0].device if tensors else None
-        out = Tensor.empty(shape, dtype, dev)
+        out = Tensor.empty(shape, dtype, tensors[0].device if tensors else None)
     else:
-        if out.shape != shape and broadcast_shape(out.shape, shape, op=op) != out.shape:
-            raise ValueError(f"{op}: result of shape {shape} cannot be written into a tensor of shape {out.shape}")
-        shape = out.shape
-        if out_dtype is None and dtype is not out.dtype:
-            dtype = out.dtype
-        if any(n > 1 and s == 0 for n, s in zip(out.shape, out.strides)):
-            raise ValueError(f"{op}: cannot write into a broadcast (expanded) view of shape {out.shape}: "
-                             "several of its elements are one memory location; clone() it first")
-        operands = [_unalias(x, out) if isinstance(x, Tensor) else x for x in operands]
-        tensors = [x for x in operands if isinstance(x, Tensor)]
+        shape, dtype, operands = _into(op, out, shape, dtype, out_dtype, operands)
     numel = math.prod(shape)
     if numel == 0:
         return out
+    sig, buffers = _signature(out, operands)
+    kernel_args = dict(cts=tuple(cts), out_storage=out.dtype.storage, out_is_bool=out.dtype is _dt.bool_,
+                       compute=dtype.compute, cmp_as_i32=out_dtype is None)
     dev = out.device
-
-    # Bindings: output first (read_write); an input on the output's buffer is read through it.
-    buffers = [out._storage.buffer]
-    sig: list[tuple[int, str] | None] = []
-    for x in operands:
-        if not isinstance(x, Tensor):
-            sig.append(None)
-            continue
-        sig.append((_binding(buffers, x._storage.buffer), x.dtype.storage))
     modes = _block_modes(operands, shape, numel) if out.is_contiguous() else None
     if modes is not None:
-        width = 4 if _vec_static(numel, modes) and _vec_ok(out._offset, operands, modes) else 1
-        kspec = _block_kernel(op, tuple(sig), tuple(m and m[0] for m in modes), width, tuple(cts),
-                              out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None)
-        dev.dispatch(kspec, buffers, _BLOCK.pack_flat(_block_words(numel, width, out._offset, operands, modes, cts)),
-                     grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
-        return out
-    kspec = _map_kernel(op, tuple(sig), tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
-                        dtype.compute, out_dtype is None)
-    offs = [x._offset if isinstance(x, Tensor) else 0 for x in operands] + [0] * (3 - len(operands))
-    scal = [_scalar_bits(x, ct) if not isinstance(x, Tensor) else 0 for x, ct in zip(operands, cts)]
-    scal += [0] * (4 - len(scal))
-    strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
-    strides += [dims([])] * (3 - len(operands))
-    params = _MAP.pack(numel=numel, ndim=len(shape), off_o=out._offset, off0=offs[0], off1=offs[1], off2=offs[2],
-                       sc=scal, shape=dims(shape, 1), str_o=dims(out.strides), str0=strides[0], str1=strides[1],
-                       str2=strides[2])
-    dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
+        vec = _vec_static(numel, modes) and _vec_ok(out._offset, operands, modes)
+        width = 4 if vec else 1
+        kspec = _block_kernel(op, sig, width, modes=tuple(m and m[0] for m in modes), **kernel_args)
+        params = _BLOCK.pack_flat(_block_words(numel, width, out._offset, operands, modes, cts))
+        dev.dispatch(kspec, buffers, params, grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
+    else:
+        kspec = _map_kernel(op, sig, **kernel_args)
+        params = _MAP.pack_flat(_map_words(numel, shape, out, operands, cts))
+        dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
     return out
+
+
+def _vec_ok(out_offset: int, operands: list, modes: tuple) -> bool:
+    """The per-call half of the vec4 test: 4-aligned offsets of what is read as vec4s.
+
+    Those reads then never pass the tensor's end, so the last whole vec4 of its buffer; an element
+    read out of a vec4 array ("div", "one") may lie in a buffer's partial last vec4, so those
+    buffers must hold whole vec4s (the allocator's always do, but for the largest tensors).
+    """
+    if out_offset & 3:
+        return False
+    for x, m in zip(operands, modes):
+        if m is not None and (x._offset & 3 if m[0] in ("full", "mod") else x._storage.buffer.size & 15):
+            return False
+    return True
+
+
+def _into(op: str, out: Tensor, shape, dtype: DType, out_dtype: DType | None, operands: list):
+    """Check that the result fits ``out``; (out's shape, the dtype computed in, operands unaliased)."""
+    if out.shape != shape and broadcast_shape(out.shape, shape, op=op) != out.shape:
+        raise ValueError(f"{op}: result of shape {shape} cannot be written into a tensor of shape {out.shape}")
+    if out_dtype is None and dtype is not out.dtype:
+        dtype = out.dtype
+    if any(n > 1 and s == 0 for n, s in zip(out.shape, out.strides)):
+        raise ValueError(f"{op}: cannot write into a broadcast (expanded) view of shape {out.shape}: "
+                         "several of its elements are one memory location; clone() it first")
+    return out.shape, dtype, [_unalias(x, out) if isinstance(x, Tensor) else x for x in operands]
 
 
 # -- public entry points --------------------------------------------------------------------

@@ -154,7 +154,7 @@ class Params:
             bits, k = [], 0
             for _, n, code in self._words:
                 for v in words[k:k + n]:
-                    bits.append(_f32_bits(float(v)) if code == "f" else int(v) & 0xFFFFFFFF)
+                    bits.append(f32_bits(float(v)) if code == "f" else int(v) & 0xFFFFFFFF)
                 k += n
             return self._bits.pack(*bits)
 
@@ -172,7 +172,8 @@ _F32 = struct.Struct("<f")
 _U32 = struct.Struct("<I")
 
 
-def _f32_bits(x: float) -> int:
+def f32_bits(x: float) -> int:
+    """The bits of ``x`` rounded to float32 (as NumPy's cast rounds: beyond the range, an infinity)."""
     try:
         return _U32.unpack(_F32.pack(x))[0]
     except OverflowError:  # beyond float32's range: round to inf as a cast would
