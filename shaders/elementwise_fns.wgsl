@@ -1,6 +1,6 @@
 // Scalar helper functions shared by the elementwise kernels (elementwise.wgsl, elementwise_block.wgsl),
-// pasted after float_fns.wgsl. The host writes `name_C(...)` in an op's expression and C becomes
-// the compute type, so `relu_C(x0)` calls relu_f32 or relu_i32.
+// pasted after float_fns.wgsl. An op's expression (wgpar/ops/registry.py) writes `name_{T}(...)`
+// and {T} becomes the compute type, so `relu_{T}(x0)` calls relu_f32 or relu_i32.
 //
 // Edge values follow PyTorch and never the driver: NaN propagates through maximum / minimum /
 // clamp / relu / tanh (float_fns.wgsl says why it is tested by its bits), comparisons with a NaN

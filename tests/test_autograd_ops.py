@@ -1,8 +1,8 @@
-"""Every differentiable op's gradient against finite differences (float64 NumPy) and PyTorch."""
+"""Gradients of the ops outside the registry's generated tests (tests/test_registry.py covers every
+registry op): scalar operands, where / clamp, reductions, softmax, matmul, shapes, indexing, nn,
+against finite differences (float64 NumPy) and PyTorch."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -12,64 +12,10 @@ from wgpar.nn import functional as F
 
 from .gradcheck import check
 
-_erf = np.vectorize(math.erf)
-
 
 def _softmax(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
-
-
-UNARY = {
-    "neg": (lambda t: -t, lambda x: -x, None),
-    "abs": (lambda t: t.abs(), np.abs, None),
-    "exp": (lambda t: t.exp(), np.exp, None),
-    "log": (lambda t: t.log(), np.log, "pos"),
-    "sqrt": (lambda t: t.sqrt(), np.sqrt, "pos"),
-    "rsqrt": (lambda t: t.rsqrt(), lambda x: 1 / np.sqrt(x), "pos"),
-    "tanh": (lambda t: t.tanh(), np.tanh, None),
-    "sigmoid": (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x)), None),
-    "relu": (lambda t: t.relu(), lambda x: np.maximum(x, 0), None),
-    "gelu": (lambda t: t.gelu(), lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), None),
-}
-
-
-def _away_from_kinks(x):
-    # abs/relu are not differentiable at 0: keep finite differences off it
-    return np.where(np.abs(x) < 0.05, 0.3, x)
-
-
-@pytest.mark.parametrize("name", sorted(UNARY))
-def test_unary_grad(name, rng):
-    f_w, f_np, domain = UNARY[name]
-    x = _away_from_kinks(rng.standard_normal((3, 7)))
-    if domain == "pos":
-        x = np.abs(x) + 0.5
-    check(f_w, f_np, [x], rng)
-
-
-BINARY = {
-    "add": (lambda a, b: a + b, lambda a, b: a + b),
-    "sub": (lambda a, b: a - b, lambda a, b: a - b),
-    "mul": (lambda a, b: a * b, lambda a, b: a * b),
-    "div": (lambda a, b: a / b, lambda a, b: a / b),
-    "pow": (lambda a, b: a ** b, lambda a, b: a ** b),
-    "maximum": (wgpar.maximum, np.maximum),
-    "minimum": (wgpar.minimum, np.minimum),
-}
-
-
-@pytest.mark.parametrize("name", sorted(BINARY))
-@pytest.mark.parametrize("shapes", [((4, 3), (4, 3)), ((2, 4, 3), (3,)), ((4, 1), (1, 5)), ((1,), (3, 2))])
-def test_binary_grad_broadcast(name, shapes, rng):
-    f_w, f_np = BINARY[name]
-    a = rng.standard_normal(shapes[0])
-    b = rng.standard_normal(shapes[1])
-    if name in ("div", "pow"):
-        a, b = np.abs(a) + 0.5, (np.abs(b) + 0.5 if name == "div" else b)
-    if name in ("maximum", "minimum"):
-        b = b + 0.1  # no ties: the derivative is defined
-    check(f_w, f_np, [a, b], rng)
 
 
 @pytest.mark.parametrize("scalar", [2.5, -1.5])

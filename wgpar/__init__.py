@@ -11,15 +11,13 @@ from .creation import (arange, empty, from_numpy, full, manual_seed, ones, ones_
 from .dtypes import DType, bool_, float16, float32, int32
 from .errors import (AdapterNotFoundError, BindingLimitError, DeviceMismatchError, OutOfMemoryError,
                      StorageFreedError, WgparError)
-from .functional import (abs, argmax, argmin, cat, clamp, concatenate, exp, gelu, index_select, log,
-                         log_softmax, matmul, max, maximum, mean, min, minimum, neg, permute, relu, reshape,
-                         rsqrt, sigmoid, softmax, sqrt, stack, sum, tanh, transpose, where)
+from .functional import *  # noqa: F403  (with the functions generated from the op registry)
 from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved, memory_stats,
                      reset_peak_memory_stats, synchronize)
 from .runtime import Device, adapter_names, device, devices
 from .storage import Storage
 from .tensor import Tensor
-from . import autograd, distributed, nn, optim  # noqa: E402  (after Tensor: they build on it)
+from . import autograd, distributed, functional, nn, optim  # noqa: E402  (after Tensor: they build on it)
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
 
@@ -35,9 +33,7 @@ __all__ = [
     "zeros_like", "ones_like", "manual_seed",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
-    "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
-    "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
+    *functional.__all__,
     "autograd", "nn", "optim", "distributed", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     "backward_with_grad",
     "save", "load",

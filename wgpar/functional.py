@@ -1,8 +1,14 @@
-"""Top-level functions mirroring PyTorch/NumPy names (``wgpar.exp(x)``, ``wgpar.cat([...])``)."""
+"""Top-level functions mirroring PyTorch/NumPy names (``wgpar.exp(x)``, ``wgpar.cat([...])``).
+
+Every public elementwise op of the registry (ops/registry.py) has its function here, generated;
+the others are written out below.
+"""
 
 from __future__ import annotations
 
 from .autograd import functions as ops
+from .autograd.methods import function
+from .ops.registry import OPS
 from .tensor import Tensor, _axis
 
 
@@ -33,14 +39,6 @@ def log_softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
     return ops.softmax(x, _axis(axis, dim), log=True)
 
 
-def maximum(a, b) -> Tensor:
-    return ops.binary("maximum", a, b)
-
-
-def minimum(a, b) -> Tensor:
-    return ops.binary("minimum", a, b)
-
-
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
     return ops.clamp(x, min, max)
 
@@ -61,19 +59,6 @@ def permute(x: Tensor, dims) -> Tensor:
     return ops.permute(x, dims)
 
 
-def _unary(name: str):
-    def f(x: Tensor) -> Tensor:
-        return ops.unary(name, x)
-
-    f.__name__ = name
-    f.__doc__ = f"Elementwise {name}."
-    return f
-
-
-neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu = (
-    _unary(n) for n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu"))
-
-
 def _reduction(name: str):
     def f(x: Tensor, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
         return ops.reduce(name, x, _axis(axis, dim), bool(keepdims if keepdim is None else keepdim))
@@ -86,3 +71,9 @@ def _reduction(name: str):
 
 
 sum, mean, max, min, argmax, argmin = (_reduction(n) for n in ("sum", "mean", "max", "min", "argmax", "argmin"))
+
+GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)
+globals().update({op.api: function(op) for op in OPS.values() if op.api and op.function})
+
+__all__ = ["matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
+           "reshape", "transpose", "permute", "sum", "mean", "max", "min", "argmax", "argmin", *GENERATED]

@@ -371,63 +371,9 @@ class Tensor:
     def index_select(self, dim: int, index) -> Tensor:
         return ops.index_select(self, dim, index)
 
-    # -- arithmetic -----------------------------------------------------------------------
-    def __add__(self, o):
-        return ops.binary("add", self, o)
-
-    def __radd__(self, o):
-        return ops.binary("add", o, self)
-
-    def __sub__(self, o):
-        return ops.binary("sub", self, o)
-
-    def __rsub__(self, o):
-        return ops.binary("sub", o, self)
-
-    def __mul__(self, o):
-        return ops.binary("mul", self, o)
-
-    def __rmul__(self, o):
-        return ops.binary("mul", o, self)
-
-    def __truediv__(self, o):
-        return ops.binary("div", self, o)
-
-    def __rtruediv__(self, o):
-        return ops.binary("div", o, self)
-
-    def __floordiv__(self, o):
-        return ops.binary("floordiv", self, o)
-
-    def __rfloordiv__(self, o):
-        return ops.binary("floordiv", o, self)
-
-    def __mod__(self, o):
-        return ops.binary("mod", self, o)
-
-    def __rmod__(self, o):
-        return ops.binary("mod", o, self)
-
-    def floor_divide(self, o):
-        return ops.binary("floordiv", self, o)
-
-    def remainder(self, o):
-        return ops.binary("mod", self, o)
-
-    def __pow__(self, o):
-        return ops.binary("pow", self, o)
-
-    def __rpow__(self, o):
-        return ops.binary("pow", o, self)
-
-    def __neg__(self):
-        return ops.unary("neg", self)
-
+    # -- arithmetic: the registry's ops (add, exp, __add__, add_, ...) are installed by autograd.methods --
     def __pos__(self):
         return self
-
-    def __abs__(self):
-        return ops.unary("abs", self)
 
     def __matmul__(self, o):
         return ops.matmul(self, o)
@@ -435,58 +381,7 @@ class Tensor:
     def __rmatmul__(self, o):
         return ops.matmul(o, self)
 
-    def __eq__(self, o):  # type: ignore[override]
-        return ops.binary("eq", self, o)
-
-    def __ne__(self, o):  # type: ignore[override]
-        return ops.binary("ne", self, o)
-
-    def __lt__(self, o):
-        return ops.binary("lt", self, o)
-
-    def __le__(self, o):
-        return ops.binary("le", self, o)
-
-    def __gt__(self, o):
-        return ops.binary("gt", self, o)
-
-    def __ge__(self, o):
-        return ops.binary("ge", self, o)
-
-    __hash__ = object.__hash__
-
-    def __iadd__(self, o):
-        return ops.inplace("add", self, o)
-
-    def __isub__(self, o):
-        return ops.inplace("sub", self, o)
-
-    def __imul__(self, o):
-        return ops.inplace("mul", self, o)
-
-    def __itruediv__(self, o):
-        return ops.inplace("div", self, o)
-
-    def add(self, o, alpha=1):
-        return ops.binary("add", self, o if alpha == 1 else o * alpha)
-
-    def sub(self, o, alpha=1):
-        return ops.binary("sub", self, o if alpha == 1 else o * alpha)
-
-    def mul(self, o):
-        return ops.binary("mul", self, o)
-
-    def div(self, o):
-        return ops.binary("div", self, o)
-
-    def pow(self, o):
-        return ops.binary("pow", self, o)
-
-    def maximum(self, o):
-        return ops.binary("maximum", self, o)
-
-    def minimum(self, o):
-        return ops.binary("minimum", self, o)
+    __hash__ = object.__hash__  # __eq__ (installed) is elementwise; identity hashing stays
 
     def matmul(self, o):
         return ops.matmul(self, o)
@@ -497,21 +392,6 @@ class Tensor:
     clip = clamp
 
     # in place, for optimizers and initialisation
-    def add_(self, o, alpha=1):
-        return ops.inplace("add", self, o if alpha == 1 else o * alpha)
-
-    def sub_(self, o, alpha=1):
-        return ops.inplace("sub", self, o if alpha == 1 else o * alpha)
-
-    def mul_(self, o):
-        return ops.inplace("mul", self, o)
-
-    def div_(self, o):
-        return ops.inplace("div", self, o)
-
-    def pow_(self, o):
-        return ops.inplace("pow", self, o)
-
     def clamp_(self, min=None, max=None):
         return ops.copy_(self, ops.clamp(self, min, max))
 
@@ -523,37 +403,6 @@ class Tensor:
 
     def zero_(self):
         return ops.fill_(self, 0)
-
-    # -- unary ----------------------------------------------------------------------------
-    def neg(self):
-        return ops.unary("neg", self)
-
-    def abs(self):
-        return ops.unary("abs", self)
-
-    def exp(self):
-        return ops.unary("exp", self)
-
-    def log(self):
-        return ops.unary("log", self)
-
-    def sqrt(self):
-        return ops.unary("sqrt", self)
-
-    def rsqrt(self):
-        return ops.unary("rsqrt", self)
-
-    def tanh(self):
-        return ops.unary("tanh", self)
-
-    def sigmoid(self):
-        return ops.unary("sigmoid", self)
-
-    def relu(self):
-        return ops.unary("relu", self)
-
-    def gelu(self):
-        return ops.unary("gelu", self)
 
     # -- reductions -----------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):

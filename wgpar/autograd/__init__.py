@@ -11,7 +11,10 @@ from .engine import DeferredGrad, backward, backward_input, backward_with_grad, 
 from .function import Context, Function
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .graph import Node, Tape, current_tape, install_tape, take_tape
+from .methods import install as _install_methods
 from .versions import preserve_version
+
+_install_methods()
 
 __all__ = [
     "backward", "backward_with_grad", "Function", "Context", "no_grad", "enable_grad", "is_grad_enabled",

@@ -11,6 +11,7 @@ import math
 from .. import dtypes as _dt
 from .. import ops as raw
 from ..ops.index import _as_index, index_add_rows, index_what
+from ..ops.registry import GRADS, SAVES
 from ..ops.shape import stack_dim
 from ..tensor import Tensor, _wrap_dim
 from .engine import record
@@ -32,138 +33,56 @@ def unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     return raw.reshape(g, shape)
 
 
-# -- elementwise ------------------------------------------------------------------------------
-def binary(op: str, a, b) -> Tensor:
-    out = raw.binary(op, a, b)
-    if not (is_grad_enabled() and (_needs(a) or _needs(b))) or not out.dtype.is_float:
-        return out
-    y = out.detach()  # saved without its node: out -> node -> closure -> out would be a reference cycle
-    sa = a.shape if isinstance(a, Tensor) else ()
-    sb = b.shape if isinstance(b, Tensor) else ()
-
-    def ga(g):
-        return unbroadcast(g, sa) if _needs(a) else None
-
-    def gb(g):
-        return unbroadcast(g, sb) if _needs(b) else None
-
-    if op == "add":
-        bw = lambda g: (ga(g), gb(g))  # noqa: E731
-        saved = ()
-    elif op == "sub":
-        bw = lambda g: (ga(g), unbroadcast(raw.unary("neg", g), sb) if _needs(b) else None)  # noqa: E731
-        saved = ()
-    elif op == "mul":
-        def bw(g):
-            return (unbroadcast(raw.binary("mul", g, b), sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, a), sb) if _needs(b) else None)
-        saved = [x for x in (a, b) if isinstance(x, Tensor)]
-    elif op == "div":
-        def bw(g):
-            gq = raw.binary("div", g, b)
-            return (unbroadcast(gq, sa) if _needs(a) else None,
-                    unbroadcast(raw.unary("neg", raw.binary("mul", gq, y)), sb) if _needs(b) else None)
-        saved = [x for x in (b, y) if isinstance(x, Tensor)]
-    elif op == "pow":
-        def bw(g):
-            ra = rb = None
-            if _needs(a):  # b * a ** (b - 1)
-                bm1 = b - 1.0 if not isinstance(b, Tensor) else raw.binary("sub", b, 1.0)
-                ra = unbroadcast(raw.binary("mul", g, raw.binary("mul", b, raw.binary("pow", a, bm1))), sa)
-            if _needs(b):  # a ** b * log(a)
-                log_a = math.log(a) if not isinstance(a, Tensor) else raw.unary("log", a)
-                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", y, log_a)), sb)
-            return ra, rb
-        saved = [x for x in (a, b, y) if isinstance(x, Tensor)]
-    elif op in ("maximum", "minimum"):
-        def bw(g):
-            # PyTorch's rule: each side gets g, halved on ties, zeroed where it lost. A NaN pair is
-            # neither a tie nor a loss for either side, so both get g (the NaN came from somewhere).
-            def mask(cmp):
-                return raw.cast(raw.binary(cmp, a, b), g.dtype)
-
-            half = raw.binary("mul", mask("eq"), 0.5)
-            wa = raw.binary("sub", raw.binary("sub", 1.0, mask("lt" if op == "maximum" else "gt")), half)
-            wb = raw.binary("sub", raw.binary("sub", 1.0, mask("gt" if op == "maximum" else "lt")), half)
-            return (unbroadcast(raw.binary("mul", g, wa), sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, wb), sb) if _needs(b) else None)
-        saved = [x for x in (a, b) if isinstance(x, Tensor)]
-    elif op == "mod":  # a - floor(a / b) * b
-        def bw(g):
-            return (unbroadcast(g, sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, raw.unary("neg", raw.binary("floordiv", a, b))), sb)
-                    if _needs(b) else None)
-        saved = [x for x in (a, b) if isinstance(x, Tensor)]
-    else:
-        return out  # comparisons, floordiv: the gradient is zero (almost everywhere)
-    return record(op, out, [a, b], bw, saved)
-
-
-_UNARY_BW = {
-    "neg": lambda x, y, g: raw.unary("neg", g),
-    "abs": lambda x, y, g: raw.binary("mul", g, raw.unary("sign", x)),
-    "exp": lambda x, y, g: raw.binary("mul", g, y),
-    "log": lambda x, y, g: raw.binary("div", g, x),
-    "sqrt": lambda x, y, g: raw.binary("div", raw.binary("mul", g, 0.5), y),
-    "rsqrt": lambda x, y, g: raw.binary("mul", g, raw.binary("mul", raw.binary("pow", y, 3.0), -0.5)),
-    "tanh": lambda x, y, g: raw.binary("tanh_bwd", y, g),
-    "sigmoid": lambda x, y, g: raw.binary("sigmoid_bwd", y, g),
-    "relu": lambda x, y, g: raw.binary("relu_bwd", x, g),
-    "gelu": lambda x, y, g: raw.binary("gelu_bwd", x, g),
-}
-_SAVES_INPUT = {"abs", "log", "relu", "gelu"}
-
-
+# -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
 def unary(op: str, a: Tensor) -> Tensor:
-    out = raw.unary(op, a)
-    if op not in _UNARY_BW or not (is_grad_enabled() and _needs(a)) or not out.dtype.is_float:
-        return out
-    fn = _UNARY_BW[op]
-    y = out.detach()  # no reference cycle through the node
-    saved = [a] if op in _SAVES_INPUT else ([y] if op not in ("neg",) else [])
-    return record(op, out, [a], lambda g: (fn(a, y, g),), saved)
+    return _elementwise(op, raw.unary(op, a), (a,))
+
+
+def binary(op: str, a, b) -> Tensor:
+    return _elementwise(op, raw.binary(op, a, b), (a, b))
 
 
 def where(cond: Tensor, a, b) -> Tensor:
-    out = raw.where(cond, a, b)
-    if not (is_grad_enabled() and (_needs(a) or _needs(b))):
-        return out
-    sa = a.shape if isinstance(a, Tensor) else ()
-    sb = b.shape if isinstance(b, Tensor) else ()
-
-    def bw(g):
-        return (None,
-                unbroadcast(raw.where(cond, g, 0.0), sa) if _needs(a) else None,
-                unbroadcast(raw.where(cond, 0.0, g), sb) if _needs(b) else None)
-
-    return record("where", out, [cond, a, b], bw, [cond])
+    return _elementwise("where", raw.where(cond, a, b), (cond, a, b))
 
 
 def clamp(a: Tensor, min=None, max=None) -> Tensor:
     out = raw.clamp(a, min, max)
-    if not (is_grad_enabled() and (_needs(a) or _needs(min) or _needs(max))):
+    if min is None:
+        return _elementwise("clamp_max", out, (a, max), "clamp")
+    if max is None:
+        return _elementwise("clamp_min", out, (a, min), "clamp")
+    return _elementwise("clamp", out, (a, min, max))
+
+
+def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None) -> Tensor:
+    """Record ``out = op(*operands)``: each operand that needs a gradient gets one fused kernel of its
+    gradient expression (registry.GRADS), summed down to its shape; the tensors those expressions
+    read are saved, so an in-place change to one before backward raises."""
+    grads = GRADS.get(op)
+    if grads is None or not out.dtype.is_float or not is_grad_enabled():
         return out
+    if not any(isinstance(x, Tensor) and x.requires_grad for x in operands):
+        return out
+    y = out.detach()  # saved without its node: out -> node -> closure -> out would be a reference cycle
 
-    def bw(g):  # PyTorch's rule: a gets g where min <= a <= max (so 0 at a NaN), a bound where it was taken
-        below = raw.binary("lt", a, min) if min is not None else None
-        above = raw.binary("gt", a, max) if max is not None else None
-        ga = gmin = gmax = None
-        if _needs(a):
-            ga = g
-            if min is not None:
-                ga = raw.where(raw.binary("ge", a, min), ga, 0.0)
-            if max is not None:
-                ga = raw.where(raw.binary("le", a, max), ga, 0.0)
-        if _needs(min):  # with min > max the result is max: min gets nothing
-            took = below if max is None else raw.binary("mul", below, raw.binary("lt", min, max))
-            gmin = unbroadcast(raw.where(took, g, 0.0), min.shape)
-        if _needs(max):
-            took = above if min is None else raw.binary("add", above, raw.binary("lt", max, min))
-            gmax = unbroadcast(raw.where(took, g, 0.0), max.shape)
-        return ga, gmin, gmax
+    def value(name: str, g: Tensor):
+        return g if name == "g" else y if name == "y" else operands[int(name[1])]
 
-    # Tensor bounds are saved too: changing one in place before backward would move the gradient.
-    return record("clamp", out, [a, min, max], bw, [x for x in (a, min, max) if isinstance(x, Tensor)])
+    def bw(g, mask=None):  # mask: a split backward computes each operand's gradient in its own half
+        result = []
+        for k, x in enumerate(operands):
+            kernel = grads[k]
+            if kernel is None or not _needs(x) or (mask is not None and not mask[k]):
+                result.append(None)
+            elif kernel == "g":
+                result.append(unbroadcast(g, x.shape))
+            else:
+                result.append(unbroadcast(raw.run_map(kernel.op, [value(v, g) for v in kernel.operands]), x.shape))
+        return tuple(result)
+
+    saved = [t for t in (value(v, None) for v in SAVES[op]) if isinstance(t, Tensor)]
+    return record(name or op, out, operands, bw, saved, partial=True)
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:

@@ -25,48 +25,8 @@ from ..runtime.device import Device
 from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, f32_bits, grid, load_source
 from ..storage import Storage
 from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
+from .registry import BOOL, CAST, COMMON, FLOAT, OPS, WHERE
 
-# kind decides the types: arith (common type), true (float result), float (float unary),
-# cmp (bool result), where (condition + common type), copy (explicit output type)
-OPS: dict[str, tuple[str, str]] = {
-    "add": ("arith", "x0 + x1"),
-    "sub": ("arith", "x0 - x1"),
-    "mul": ("arith", "x0 * x1"),
-    "div": ("true", "div_(x0, x1)"),
-    "pow": ("true", "fpow(x0, x1)"),
-    "floordiv": ("arith", "floordiv_C(x0, x1)"),  # C( becomes the compute type: floordiv_f32(
-    "mod": ("arith", "mod_C(x0, x1)"),
-    "maximum": ("arith", "maximum_C(x0, x1)"),
-    "minimum": ("arith", "minimum_C(x0, x1)"),
-    "eq": ("cmp", "eq_C(x0, x1)"),
-    "ne": ("cmp", "ne_C(x0, x1)"),
-    "lt": ("cmp", "lt_C(x0, x1)"),
-    "le": ("cmp", "le_C(x0, x1)"),
-    "gt": ("cmp", "gt_C(x0, x1)"),
-    "ge": ("cmp", "ge_C(x0, x1)"),
-    "same": ("cmp", "same_C(x0, x1)"),  # equal or both NaN (max / min backward)
-    "neg": ("arith", "neg_C(x0)"),
-    "abs": ("arith", "abs_C(x0)"),
-    "relu": ("arith", "relu_C(x0)"),
-    "exp": ("float", "exp_(x0)"),
-    "log": ("float", "log_(x0)"),
-    "sqrt": ("float", "sqrt_(x0)"),
-    "rsqrt": ("float", "rsqrt_(x0)"),
-    "tanh": ("float", "tanh_(x0)"),
-    "sigmoid": ("float", "sigmoid_(x0)"),
-    "gelu": ("float", "gelu_(x0)"),
-    "where": ("where", "select(x2, x1, nz_C(x0))"),  # C: the condition's compute type
-    "clamp": ("arith", "minimum_C(maximum_C(x0, x1), x2)"),
-    "clamp_min": ("arith", "maximum_C(x0, x1)"),
-    "clamp_max": ("arith", "minimum_C(x0, x1)"),
-    "copy": ("copy", "x0"),
-    "sign": ("arith", "sign_C(x0)"),
-    # fused backward kernels: x0 = forward input (or output), x1 = incoming gradient
-    "relu_bwd": ("arith", "relu_bwd_C(x0, x1)"),
-    "gelu_bwd": ("float", "x1 * gelu_grad_(x0)"),
-    "tanh_bwd": ("float", "x1 * (1.0 - x0 * x0)"),
-    "sigmoid_bwd": ("float", "x1 * x0 * (1.0 - x0)"),
-}
 # WGSL helpers the expressions call: shaders/float_fns.wgsl, then shaders/elementwise_fns.wgsl.
 _FNS = "float_fns", "elementwise_fns"
 
@@ -85,12 +45,12 @@ def _check_operand(x, op: str) -> None:
 
 
 def _types(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[DType, list[str]]:
-    """(result dtype, compute type each operand is converted to)."""
-    kind = OPS[op][0]
-    tensors = [x for x in operands if isinstance(x, Tensor)]
-    if kind == "copy":
-        return out_dtype, [operands[0].dtype.compute if isinstance(operands[0], Tensor) else out_dtype.compute]
-    vals = operands[1:] if kind == "where" else operands
+    """(result dtype, compute type each operand is converted to), by the op's type rule (registry.py)."""
+    rule = OPS[op].types
+    if rule == CAST:
+        x = operands[0]
+        return out_dtype, [x.dtype.compute if isinstance(x, Tensor) else out_dtype.compute]
+    vals = operands[1:] if rule == WHERE else operands
     common: DType | None = None
     for x in vals:
         if isinstance(x, Tensor):
@@ -100,15 +60,13 @@ def _types(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[D
     for x in vals:
         if not isinstance(x, Tensor):
             common = _dt.promote_scalar(common, x)
-    if kind in ("true", "float") and not common.is_float:
+    if rule == FLOAT and not common.is_float:
         common = _dt.float32
-    if kind == "arith" and common is _dt.bool_:
+    if rule == COMMON and common is _dt.bool_:
         common = _dt.int32
-    if kind == "float" and not all(isinstance(x, Tensor) for x in operands) and not tensors:
-        common = _dt.float32
-    result = _dt.bool_ if kind == "cmp" else common
+    result = _dt.bool_ if rule == BOOL else common
     cts = [common.compute] * len(operands)
-    if kind == "where":
+    if rule == WHERE:
         c = operands[0]
         cts[0] = c.dtype.compute if isinstance(c, Tensor) else "i32"
     return (out_dtype or result), cts
@@ -141,18 +99,19 @@ def _scalar_bits(x, ctype: str) -> int:
 
 def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, compute: str,
           cmp_as_i32: bool) -> tuple[str, str]:
-    """(type stored, WGSL expression over x0..x2) for ``OPS[op]``."""
-    kind, expr = OPS[op]
-    expr = expr.replace("C(", f"{cts[0]}(")
+    """(type stored, WGSL expression over x0..x3) for ``OPS[op]``: its expression with ``{T}`` the first
+    operand's compute type, then converted for the output."""
+    rule = OPS[op].types
+    expr = OPS[op].expr.replace("{T}", cts[0])
     store = out_storage
-    if kind == "cmp" and cmp_as_i32:
+    if rule == BOOL and cmp_as_i32:
         expr = f"select(0i, 1i, {expr})"
         store = "i32"
-    elif kind == "cmp":
+    elif rule == BOOL:
         expr = f"select({store}(0), {store}(1), {expr})"
     elif out_is_bool:
-        expr = f"select(0i, 1i, nz_{cts[0] if kind == 'copy' else compute}({expr}))"
-    elif store == "i32" and (cts[0] if kind == "copy" else compute) == "f32":
+        expr = f"select(0i, 1i, nz_{cts[0] if rule == CAST else compute}({expr}))"
+    elif store == "i32" and (cts[0] if rule == CAST else compute) == "f32":
         expr = f"f2i_({expr})"  # saturating, NaN -> 0 (WGSL leaves i32(NaN) indeterminate)
     elif store == "f16" and cts[0] == "i32":
         expr = f"f32({expr})"  # through f32: the one f32 -> f16 rounding every float16 store uses
@@ -630,8 +589,6 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
 
 
 def cast(a: Tensor, dtype: DType) -> Tensor:
-    from ..tensor import _check_dtype_supported
-
     _check_dtype_supported(dtype, a.device)
     return run_map("copy", [a], out_dtype=dtype)
 
