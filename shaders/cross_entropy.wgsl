@@ -3,7 +3,7 @@
 // writes each row's loss (logsumexp - x[target]); BACKWARD=true writes the
 // gradient (softmax - onehot) * g / rows, g read from a device buffer so the
 // backward needs no readback. Bindings (out: O, x, labels, gout) and Params are declared
-// with the kernel in Python (wgpar/nn/functional.py).
+// in wgpar/ops/loss.py.
 
 const BACKWARD: bool = {{BACKWARD}};
 var<workgroup> red: array<f32, WG>;

@@ -1,7 +1,7 @@
 // Inverted dropout on a contiguous tensor: keep each element with probability
 // 1 - p and scale it by 1 / (1 - p). The mask is a hash of (element index,
 // seed), so the backward pass regenerates it instead of storing it. Bindings (y, x: arrays
-// of T) and Params are declared with the kernel in Python (wgpar/nn/functional.py).
+// of T) and Params are declared in wgpar/ops/dropout.py.
 
 // PCG-style integer hash (Jarzynski & Olano, "Hash Functions for GPU Rendering").
 fn pcg(v: u32) -> u32 {

@@ -2,7 +2,7 @@
 // into a partial (sum of |g|^ord, or max |g| for the inf-norm) at partial[base + w].
 // The host fills TERM (|g| -> its contribution, from a) and
 // JOIN (how two contributions combine, x and y). Bindings (partial, grad) and Params are
-// declared with the kernel in Python (wgpar/nn/utils.py).
+// declared with the kernel in Python (wgpar/ops/norm.py).
 
 var<workgroup> red: array<f32, WG>;
 

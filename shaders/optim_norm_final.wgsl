@@ -2,7 +2,7 @@
 // out = [total norm, clip coefficient, folded partials], so the gradients are
 // scaled on the device without a readback. coef = min(max_norm / (norm + 1e-6), 1)
 // as in PyTorch. The host fills JOIN (as in optim_norm.wgsl) and ROOT (raw -> norm).
-// Bindings (out, partial) and Params are declared with the kernel in Python (wgpar/nn/utils.py).
+// Bindings (out, partial) and Params are declared with the kernel in Python (wgpar/ops/norm.py).
 
 var<workgroup> red: array<f32, WG>;
 

@@ -126,6 +126,31 @@ def test_dropout_grad_matches_its_mask(rng):
     assert F.dropout(x, 0.3, training=False) is x
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_kernels_and_their_function(rng, reduction):
+    """ops.loss's kernels against NumPy; nn.functional.cross_entropy is their autograd.Function."""
+    from wgpar.autograd.nn_ops import CrossEntropy
+    from wgpar.ops.loss import cross_entropy_grad, cross_entropy_rows
+
+    x = rng.standard_normal((9, 6))
+    t = rng.integers(0, 6, 9)
+    lsm = x - x.max(1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(1, keepdims=True))
+    logits, target = wgpar.tensor(x.astype(np.float32)), wgpar.tensor(t.astype(np.int32))
+    np.testing.assert_allclose(cross_entropy_rows(logits, target).numpy(), -lsm[np.arange(9), t], rtol=1e-5)
+    onehot = np.eye(6)[t]
+    np.testing.assert_allclose(cross_entropy_grad(logits, target, wgpar.full((1,), 2.0)).numpy(),
+                               (np.exp(lsm) - onehot) * 2.0 / 9, rtol=1e-5, atol=1e-7)
+    xs = wgpar.tensor(x.astype(np.float32), requires_grad=True)
+    loss = F.cross_entropy(xs, t, reduction=reduction)
+    assert loss.grad_fn.name == CrossEntropy.name == "cross_entropy"
+    per_row = -lsm[np.arange(9), t]
+    np.testing.assert_allclose(loss.numpy(), {"mean": per_row.mean(), "sum": per_row.sum(), "none": per_row}[reduction],
+                               rtol=1e-5)
+    up = rng.standard_normal(9) if reduction == "none" else np.float64(1.5)
+    loss.backward(wgpar.tensor(np.asarray(up, np.float32)))
+    scale = up[:, None] if reduction == "none" else up / 9 if reduction == "mean" else up
+    np.testing.assert_allclose(xs.grad.numpy(), (np.exp(lsm) - onehot) * scale, rtol=1e-5, atol=1e-6)
 
 
 def test_against_torch_mlp_block(rng):

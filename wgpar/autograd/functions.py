@@ -10,7 +10,7 @@ import math
 
 from .. import dtypes as _dt
 from .. import ops as raw
-from ..ops.index import _as_index, index_add_rows, index_what
+from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.registry import GRADS, SAVES
 from ..ops.shape import stack_dim
 from ..tensor import Tensor, _wrap_dim
@@ -224,7 +224,7 @@ def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | N
     d = _wrap_dim(dim, a.ndim)
     n = a.shape[d]
     if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
-        index = _as_index(index, a.device, n, index_what(a, d, op), negative)
+        index = as_index(index, a.device, n, index_what(a, d, op), negative)
     out = raw.index_select(a, d, index, negative, op)
     # The index is saved: changing it in place before backward would send the gradient to other rows.
     return record(op or "index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),), [index])

@@ -5,19 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import creation
-from .. import dtypes as _dt
 from .. import ops as raw
 from ..autograd import functions as F
-from ..autograd.engine import record
-from ..autograd.grad_mode import is_grad_enabled
-from ..ops.elementwise import contiguous as _raw_contiguous
-from ..ops.index import _as_index
-from ..runtime.kernels import WORKGROUP, Kernel, grid, load_source
-from ..tensor import Tensor, check_same_device
-
-_DROPOUT = Kernel("dropout", "y: w, x: r", "numel: u32, off_x: u32, seed: u32, threshold: u32, scale: f32")
-_CROSS_ENTROPY = Kernel("cross_entropy", "out: w, x: r, labels: r, gout: r",
-                        "rows: u32, cols: u32, off_x: u32, off_t: u32, off_g: u32")
+from ..autograd.nn_ops import CrossEntropy, Dropout
+from ..ops.loss import class_targets
+from ..tensor import Tensor
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -53,20 +45,6 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return F.softmax(x, dim, log=True)
 
 
-def _dropout_kernel(x: Tensor, p: float, seed: int) -> Tensor:
-    src = _raw_contiguous(x)
-    out = Tensor.empty(x.shape, x.dtype, x.device)
-    n = x.numel()
-    if n:
-        threshold = min(int(p * 2**32), 2**32 - 1)
-        k = _DROPOUT.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage)
-        x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          _DROPOUT.pack(numel=n, off_x=src._offset, seed=seed, threshold=threshold,
-                                        scale=1.0 / (1.0 - p)),
-                          grid(-(-n // WORKGROUP), x.device.max_workgroups))
-    return out
-
-
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero each element with probability p (a fresh mask per call, seeded by wgpar.manual_seed)."""
     if not 0.0 <= p <= 1.0:
@@ -77,11 +55,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         return F.binary("mul", x, 0.0)
     if not x.dtype.is_float:
         raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
-    seed = int(creation.generator().integers(0, 2**32))
-    out = _dropout_kernel(x, p, seed)
-    if not (is_grad_enabled() and x.requires_grad):
-        return out
-    return record("dropout", out, [x], lambda g: (_dropout_kernel(g, p, seed),))
+    return Dropout.apply(x, p, int(creation.generator().integers(0, 2**32)))
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
@@ -124,42 +98,6 @@ def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
     raise ValueError(f"{what}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
-    rows, cols = logits.shape
-    backward = gout is not None
-    out_dt = logits.dtype if backward else _dt.float32
-    out = Tensor.empty((rows, cols) if backward else (rows,), out_dt, logits.device)
-    g = gout if backward else target  # an unused binding still needs a buffer
-    k = _CROSS_ENTROPY.spec((out_dt.storage, logits.dtype.storage, "i32", g.dtype.storage), O=out_dt.storage,
-                            BACKWARD="true" if backward else "false", FNS=load_source("float_fns"))
-    logits.device.dispatch(
-        k, [out._storage.buffer, logits._storage.buffer, target._storage.buffer, g._storage.buffer],
-        _CROSS_ENTROPY.pack(rows=rows, cols=cols, off_x=logits._offset, off_t=target._offset, off_g=g._offset),
-        grid(rows, logits.device.max_workgroups))
-    return out
-
-
-def _targets(target, scores: Tensor, op: str) -> Tensor:
-    """Class targets [N] for scores [N, C] as int32, each checked to lie in [0, C) before narrowing.
-
-    Negative targets are errors (PyTorch's ignore_index is not supported).
-    """
-    if isinstance(target, Tensor):
-        if target.dtype.is_float:
-            raise TypeError(f"{op}: targets must be integer class indices, got {target.dtype.name}")
-        check_same_device(scores, target, op=op)
-        shape = target.shape
-    else:
-        target = np.asarray(target)
-        shape = target.shape
-    n, c = scores.shape
-    if shape != (n,):
-        raise ValueError(f"{op}: targets of shape {shape} for scores of shape {scores.shape}")
-    if n and c == 0:
-        raise ValueError(f"{op}: scores of shape {scores.shape} have no classes")
-    return _as_index(target, scores.device, c, f"{op} with {c} classes", noun="target")
-
-
 def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
     """Softmax cross entropy of logits [N, C] against int class targets [N] (one fused kernel).
 
@@ -171,33 +109,9 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         raise ValueError(f"cross_entropy: expected logits of shape [N, C], got {input.shape}")
     if not input.dtype.is_float:
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
-    tgt = _targets(target, input, "cross_entropy")
-    n = input.shape[0]
-    logits = _raw_contiguous(input)
-    tgt = _raw_contiguous(tgt)
-    per_row = _ce_kernel(logits, tgt, None)
-    if reduction == "none":
-        if not (is_grad_enabled() and input.requires_grad):
-            return per_row
-        ones = creation.ones(1, device=input.device)
-
-        def bw_none(g):  # the kernel's gradient carries 1/n; rescale each row by n * g[row]
-            return (raw.binary("mul", _ce_kernel(logits, tgt, ones), raw.binary("mul", raw.unsqueeze(g, 1), float(n))),)
-
-        return record("cross_entropy", per_row, [input], bw_none, [input, tgt])
-    if reduction not in ("mean", "sum"):
+    if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    loss = raw.reduce(reduction, per_row)
-    if loss.dtype is not input.dtype:
-        loss = raw.cast(loss, input.dtype)
-    if not (is_grad_enabled() and input.requires_grad):
-        return loss
-
-    def bw(g):
-        grad = _ce_kernel(logits, tgt, g)  # (softmax - onehot) * g / n
-        return (grad if reduction == "mean" else raw.binary("mul", grad, float(n)),)
-
-    return record("cross_entropy", loss, [input], bw, [input, tgt])  # the kernel reads the targets again
+    return CrossEntropy.apply(input, class_targets(target, input, "cross_entropy"), reduction)
 
 
 def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
@@ -205,7 +119,7 @@ def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
     if log_probs.ndim != 2:
         raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
     n, c = log_probs.shape
-    tgt = _targets(target, log_probs, "nll_loss")
+    tgt = class_targets(target, log_probs, "nll_loss")
     # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
     rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)
     flat_index = raw.binary("add", rows, tgt)

@@ -85,7 +85,7 @@ def setitem(t: Tensor, key, value) -> None:
     copy_(target, value)
 
 
-def _as_index(index, dev, n: int, what: str, negative: bool = False, noun: str = "index") -> Tensor:
+def as_index(index, dev, n: int, what: str, negative: bool = False, noun: str = "index") -> Tensor:
     """``index`` as an int32 tensor on ``dev``, its values checked against a dimension of size ``n``.
 
     Values must lie in [0, n), or with ``negative`` in [-n, n) (negatives count from the end, as in
@@ -139,7 +139,7 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     d = _wrap_dim(dim, t.ndim)
     if isinstance(index, Tensor):
         check_same_device(t, index, op="index_select")
-    idx = _as_index(index, t.device, t.shape[d], index_what(t, d, op), negative)
+    idx = as_index(index, t.device, t.shape[d], index_what(t, d, op), negative)
     out_shape = t.shape[:d] + idx.shape + t.shape[d + 1:]
     out = Tensor.empty(out_shape, t.dtype, t.device)
     total = out.numel()
