@@ -88,7 +88,6 @@ def test_elementwise_beyond_65535_workgroups_at_the_real_limit(dev):
     assert y.max().item() == 10.0 and y.min().item() == 2.0  # the last element, and none left unwritten
 
 
-@pytest.mark.slow
 def test_matmul_beyond_65535_row_tiles_at_the_real_limit(dev, rng):
     if dev.adapter_type.lower() == "cpu":
         pytest.skip("65537 matmul workgroups take ~30 s on lavapipe; test_matmul_splits_its_grid covers the split")

@@ -6,20 +6,46 @@ README for the two commands, adapter selection and examples.
 
 from __future__ import annotations
 
-from .creation import (arange, empty, from_numpy, full, manual_seed, ones, ones_like, rand, randint, randn,
-                       tensor, zeros, zeros_like)
+from . import autograd, distributed, functional, nn, optim
+from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .checkpoint import load, save
+from .creation import (
+    arange,
+    empty,
+    from_numpy,
+    full,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randint,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from .dtypes import DType, bool_, float16, float32, int32
-from .errors import (AdapterNotFoundError, BindingLimitError, DeviceMismatchError, OutOfMemoryError,
-                     StorageFreedError, WgparError)
+from .errors import (
+    AdapterNotFoundError,
+    BindingLimitError,
+    DeviceMismatchError,
+    OutOfMemoryError,
+    StorageFreedError,
+    WgparError,
+)
 from .functional import *  # noqa: F403  (with the functions generated from the op registry)
-from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved, memory_stats,
-                     reset_peak_memory_stats, synchronize)
+from .memory import (
+    empty_cache,
+    max_memory_allocated,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_peak_memory_stats,
+    synchronize,
+)
 from .runtime import Device, adapter_names, device, devices
 from .storage import Storage
 from .tensor import Tensor
-from . import autograd, distributed, functional, nn, optim  # noqa: E402  (after Tensor: they build on it)
-from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
-from .checkpoint import load, save  # noqa: E402
 
 bool = bool_  # noqa: A001  (torch.bool)
 float = float32  # noqa: A001

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .autograd import functions as ops
 from .autograd.methods import function
 from .ops.registry import OPS
-from .tensor import Tensor, _axis
+from .tensor import Tensor, dim_arg
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -32,11 +32,11 @@ def stack(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
 
 
 def softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
-    return ops.softmax(x, _axis(axis, dim), log=False)
+    return ops.softmax(x, dim_arg(axis, dim), log=False)
 
 
 def log_softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
-    return ops.softmax(x, _axis(axis, dim), log=True)
+    return ops.softmax(x, dim_arg(axis, dim), log=True)
 
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
@@ -61,7 +61,7 @@ def permute(x: Tensor, dims) -> Tensor:
 
 def _reduction(name: str):
     def f(x: Tensor, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
-        return ops.reduce(name, x, _axis(axis, dim), bool(keepdims if keepdim is None else keepdim))
+        return ops.reduce(name, x, dim_arg(axis, dim), bool(keepdims if keepdim is None else keepdim))
 
     f.__name__ = name
     f.__doc__ = f"{name} over an axis, a tuple of axes, or all elements."

@@ -1,7 +1,6 @@
 """Reverse-mode autograd: thread-local graphs, explicit tapes, custom Functions.
 
-See ../shared/DESIGN.md "Autograd for the parallel pieces": every thread
-records its own graph; ``install_tape`` / ``take_tape`` hand one thread's
+See docs/design.md "Autograd": every thread records its own graph; ``install_tape`` / ``take_tape`` hand one thread's
 recorded nodes to whoever runs their backward (``backward_with_grad``);
 ``backward_input`` splits a backward into input gradients now and weight
 gradients later (``DeferredGrad.run``), for zero-bubble pipeline schedules.

@@ -1,7 +1,8 @@
 """Differentiable versions of the kernel ops: each runs the raw op and records its backward.
 
-Tensor methods and wgpar's top-level functions call these; backward closures
-call the raw ops in wgpar.ops, so they record nothing themselves.
+Tensor methods (through wgpar.tensor's hook, with ``backward`` and ``retain_grad``) and wgpar's
+top-level functions call these; backward closures call the raw ops in wgpar.ops, so they record
+nothing themselves.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from .. import ops as raw
 from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.registry import GRADS, SAVES
 from ..ops.shape import stack_dim
-from ..tensor import Tensor, _wrap_dim
-from .engine import record
+from ..tensor import Tensor, wrap_dim
+from .engine import backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
 
@@ -152,7 +153,7 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def permute(a: Tensor, axes) -> Tensor:
     out = raw.permute(a, axes)
-    axes = [_wrap_dim(x, a.ndim) for x in axes]
+    axes = [wrap_dim(x, a.ndim) for x in axes]
     inv = [0] * len(axes)
     for i, x in enumerate(axes):
         inv[x] = i
@@ -202,9 +203,9 @@ def getitem(a: Tensor, key) -> Tensor:
 
 
 def _advanced_getitem(a: Tensor, key) -> Tensor:
-    from ..ops.index import _expand_key
+    from ..ops.index import expand_key
 
-    items = _expand_key(key, a.ndim)
+    items = expand_key(key, a.ndim)
     basic, pos, index = [], None, None
     d_out = 0
     for k in items:
@@ -221,7 +222,7 @@ def _advanced_getitem(a: Tensor, key) -> Tensor:
 
 def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | None = None) -> Tensor:
     """``raw.index_select`` (``negative`` and ``op`` as there) with its backward, a scatter-add of rows."""
-    d = _wrap_dim(dim, a.ndim)
+    d = wrap_dim(dim, a.ndim)
     n = a.shape[d]
     if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
         index = as_index(index, a.device, n, index_what(a, d, op), negative)
@@ -235,7 +236,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
     out = raw.cat(tensors, dim)
     if not (is_grad_enabled() and any(_needs(t) for t in tensors)):
         return out
-    d = _wrap_dim(dim, tensors[0].ndim)
+    d = wrap_dim(dim, tensors[0].ndim)
     sizes = [t.shape[d] for t in tensors]
 
     def bw(g):
@@ -260,8 +261,8 @@ def _reduced_axes(a: Tensor, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(a.ndim))
     if isinstance(axis, (tuple, list)):
-        return tuple(sorted(_wrap_dim(x, a.ndim) for x in axis))
-    return (_wrap_dim(axis, a.ndim),)
+        return tuple(sorted(wrap_dim(x, a.ndim) for x in axis))
+    return (wrap_dim(axis, a.ndim),)
 
 
 def _keep_shape(a: Tensor, axes) -> tuple[int, ...]:
@@ -298,7 +299,7 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
     out = raw.softmax(a, axis, log)
     if not (is_grad_enabled() and _needs(a)):
         return out
-    ax = _wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
+    ax = wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
     y = out.detach()
 
     def bw(g):
@@ -336,3 +337,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return ga, gb
 
     return record("matmul", out, [a, b], bw, [a, b], partial=True)
+
+
+__all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
+           "setitem", "reshape", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
+           "index_select", "cat", "stack", "reduce", "softmax", "matmul", "unbroadcast", "backward", "retain_grad"]

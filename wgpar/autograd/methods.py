@@ -1,4 +1,5 @@
-"""Tensor methods and operators of the registry's ops (ops/registry.py), generated and installed.
+"""Tensor methods and operators of the registry's ops (ops/registry.py), generated and installed, and
+Tensor's hook to the differentiable ops.
 
 Each public op gets its method (``x.exp()``, ``x.maximum(y)``), its operators (``__add__`` and the
 reflected ``__radd__``, ``__neg__``) and, where it has one, its in-place forms (``x.add_(y)``,
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ops.registry import OPS, Op
-from ..tensor import Tensor
+from ..tensor import Tensor, install_ops
 from . import functions as F
 
 _NOT_REFLECTED = {"eq", "ne", "lt", "le", "gt", "ge"}  # Python swaps a comparison's operands itself
@@ -66,7 +67,9 @@ def methods(op: Op) -> dict[str, Callable]:
 
 
 def install() -> None:
-    """Give Tensor the methods and operators of every public op of the registry."""
+    """Connect Tensor to this layer: its hook (``tensor.install_ops``) to the differentiable ops, and
+    the methods and operators of every public op of the registry."""
+    install_ops(F)
     for op in OPS.values():
         if op.api:
             for attr, fn in methods(op).items():

@@ -20,11 +20,10 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..errors import ZeroDivisionRuntimeError
 from ..runtime.device import Device
 from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, f32_bits, grid, load_source
 from ..storage import Storage
-from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
+from ..tensor import Tensor, check_dtype_supported, check_same_device, contiguous_strides
 from .registry import BOOL, CAST, COMMON, FLOAT, OPS, WHERE
 
 # WGSL helpers the expressions call: shaders/float_fns.wgsl, then shaders/elementwise_fns.wgsl.
@@ -34,17 +33,18 @@ _FNS = "float_fns", "elementwise_fns"
 Operand = Tensor | int | float | bool
 
 
-def _is_scalar(x) -> bool:
+def is_scalar(x) -> bool:
+    """Whether ``x`` is a number an elementwise op takes as a scalar operand (Python or NumPy)."""
     return isinstance(x, (int, float, bool, np.integer, np.floating, np.bool_))
 
 
 def _check_operand(x, op: str) -> None:
-    if isinstance(x, Tensor) or _is_scalar(x):
+    if isinstance(x, Tensor) or is_scalar(x):
         return
     raise TypeError(f"{op}: unsupported operand of type {type(x).__name__}; use a wgpar.Tensor or a Python number")
 
 
-def _types(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[DType, list[str]]:
+def result_type(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[DType, list[str]]:
     """(result dtype, compute type each operand is converted to), by the op's type rule (registry.py)."""
     rule = OPS[op].types
     if rule == CAST:
@@ -384,7 +384,7 @@ def plan(op: str, operands: list, out_dtype: DType | None = None) -> MapPlan | N
 
 def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | None:
     tensors = [x for x in operands if isinstance(x, Tensor)]
-    if not tensors or any(not isinstance(x, Tensor) and not _is_scalar(x) for x in operands):
+    if not tensors or any(not isinstance(x, Tensor) and not is_scalar(x) for x in operands):
         return None
     dev = tensors[0].device
     if any(t.device is not dev for t in tensors):
@@ -395,10 +395,8 @@ def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | No
     numel = math.prod(shape)
     if numel == 0:
         return None
-    dtype, cts = _types(op, operands, out_dtype)
-    if op in _INT_DIVISION and cts[1] == "i32":
-        return None  # the divisor is checked for zeros first (run_map)
-    _check_dtype_supported(dtype, dev)
+    dtype, cts = result_type(op, operands, out_dtype)
+    check_dtype_supported(dtype, dev)
     cts = tuple(cts)
     lim = dev.max_workgroups
     groups = (grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim))
@@ -456,38 +454,10 @@ def launch(p: MapPlan, operands: list) -> Tensor:
     return out
 
 
-_INT_DIVISION = ("floordiv", "mod")
-
-
-def _check_divisor(op: str, divisor: Operand) -> None:
-    """Raise, as PyTorch does, if an integer ``//`` or ``%`` has a zero divisor.
-
-    A scalar is checked here. A tensor is checked on the host when its values' range is known
-    there (``_host_range``: tensors made from host data), else with one 4-byte readback of a
-    device-side "any zero" reduction. A flag written by the kernel and read at the next sync
-    would spare that readback but raise later, at an unrelated op and maybe in another thread;
-    integer division by a tensor is rare in training code, so the error stays at its op.
-    """
-    sym = "//" if op == "floordiv" else "%"
-    if not isinstance(divisor, Tensor):
-        if int(divisor) == 0:
-            raise ZeroDivisionRuntimeError(f"integer {sym} by zero (the divisor is the scalar {divisor!r})")
-        return
-    if divisor.numel() == 0:
-        return
-    rng = divisor._host_range
-    if rng is not None and (rng[0] > 0 or rng[1] < 0):
-        return
-    from .reduce import reduce
-
-    if reduce("max", run_map("eq", [divisor, 0])).item():
-        raise ZeroDivisionRuntimeError(f"integer {sym} by zero: the divisor tensor of shape {divisor.shape} "
-                                       f"on {divisor.device} holds a zero")
-
-
 def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
     """Evaluate ``OPS[op]`` elementwise into a new tensor (of ``out_dtype`` when given), or into ``out``
-    (any strides, converted to its dtype)."""
+    (any strides, converted to its dtype). Integer divisors are not checked for zeros here (a zero
+    gives an undefined value): ``arith.binary`` and ``arith.inplace`` check them."""
     if out is None:
         p = plan(op, operands, out_dtype)
         if p is not None:
@@ -505,9 +475,7 @@ def _run_general(op: str, operands: list, out: Tensor | None, out_dtype: DType |
     elif tensors:
         check_same_device(*tensors, op=op)
     shape = broadcast_shape(*(t.shape for t in tensors), op=op) if tensors else ()
-    dtype, cts = _types(op, operands, out_dtype)
-    if op in _INT_DIVISION and cts[1] == "i32":
-        _check_divisor(op, operands[1])
+    dtype, cts = result_type(op, operands, out_dtype)
     if out is None:
         out = Tensor.empty(shape, dtype, tensors[0].device if tensors else None)
     else:
@@ -561,10 +529,6 @@ def _into(op: str, out: Tensor, shape, dtype: DType, out_dtype: DType | None, op
 
 
 # -- public entry points --------------------------------------------------------------------
-def binary(op: str, a: Operand, b: Operand) -> Tensor:
-    return run_map(op, [a, b])
-
-
 def unary(op: str, a: Tensor) -> Tensor:
     _check_operand(a, op)
     if not isinstance(a, Tensor):
@@ -589,7 +553,7 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
 
 
 def cast(a: Tensor, dtype: DType) -> Tensor:
-    _check_dtype_supported(dtype, a.device)
+    check_dtype_supported(dtype, a.device)
     return run_map("copy", [a], out_dtype=dtype)
 
 
@@ -603,19 +567,9 @@ def copy_(dst: Tensor, src: Operand) -> Tensor:
 
 
 def fill_(dst: Tensor, value) -> Tensor:
-    if not _is_scalar(value):
+    if not is_scalar(value):
         raise TypeError(f"fill_: value must be a number, got {type(value).__name__}")
     return copy_(dst, value)
-
-
-def inplace(op: str, a: Tensor, b: Operand) -> Tensor:
-    """``a op= b`` in place; the result must keep a's shape and dtype."""
-    dtype, _ = _types(op, [a, b], None)
-    if dtype is not a.dtype and not (a.dtype.is_float and dtype.is_float):
-        raise TypeError(f"{op}_: result type {dtype.name} cannot be stored in place in a {a.dtype.name} tensor")
-    run_map(op, [a, b], out=a, out_dtype=a.dtype)
-    a._storage.version += 1
-    return a
 
 
 def contiguous(a: Tensor) -> Tensor:
@@ -635,5 +589,5 @@ def fill(shape, value, dtype: DType, device) -> Tensor:
     return out
 
 
-__all__ = ["binary", "unary", "where", "clamp", "cast", "copy_", "fill_", "inplace", "contiguous",
-           "clone", "fill", "run_map", "broadcast_shape", "contiguous_strides"]
+__all__ = ["unary", "where", "clamp", "cast", "copy_", "fill_", "contiguous", "clone", "fill", "run_map",
+           "result_type", "broadcast_shape", "contiguous_strides"]

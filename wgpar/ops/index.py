@@ -8,15 +8,16 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..runtime.kernels import WORKGROUP, Kernel, grid
-from ..tensor import Tensor, _wrap_dim, check_same_device
+from ..tensor import Tensor, check_same_device, wrap_dim
 from .elementwise import contiguous, copy_
-from .shape import _view
+from .shape import view
 
 _GATHER = Kernel("gather", "out: w, x: r, idx: r", "outer: u32, n: u32, inner: u32, count: u32, off_x: u32, off_i: u32")
 _INDEX_ADD = Kernel("index_add", "out: w, g: r, csr: r", "outer: u32, n: u32, inner: u32, count: u32, off_g: u32")
 
 
-def _expand_key(key, ndim: int) -> list:
+def expand_key(key, ndim: int) -> list:
+    """An indexing key as one entry per dim (``...`` expanded, trailing dims as full slices; None kept)."""
     if not isinstance(key, tuple):
         key = (key,)
     consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
@@ -40,7 +41,7 @@ def _is_int(k) -> bool:
 
 
 def getitem(t: Tensor, key) -> Tensor:
-    items = _expand_key(key, t.ndim)
+    items = expand_key(key, t.ndim)
     shape, strides, offset = [], [], t._offset
     advanced: tuple[int, object] | None = None
     d = 0
@@ -69,10 +70,10 @@ def getitem(t: Tensor, key) -> Tensor:
         else:
             raise IndexError(f"unsupported index {k!r} of type {type(k).__name__}")
         d += 1
-    view = _view(t, shape, strides, offset)
+    basic = view(t, shape, strides, offset)
     if advanced is None:
-        return view
-    return index_select(view, advanced[0], advanced[1], negative=True, op="indexing")
+        return basic
+    return index_select(basic, advanced[0], advanced[1], negative=True, op="indexing")
 
 
 def setitem(t: Tensor, key, value) -> None:
@@ -136,7 +137,7 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     Indices must lie in [0, n) as in ``torch.index_select``; ``negative`` also allows [-n, 0), counted
     from the end (advanced indexing ``t[[-1]]``). ``op`` names the caller in errors.
     """
-    d = _wrap_dim(dim, t.ndim)
+    d = wrap_dim(dim, t.ndim)
     if isinstance(index, Tensor):
         check_same_device(t, index, op="index_select")
     idx = as_index(index, t.device, t.shape[d], index_what(t, d, op), negative)

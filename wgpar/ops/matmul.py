@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
-from .elementwise import broadcast_shape, fill, inplace
-from .shape import _narrow, expand, reshape, squeeze
+from .arith import inplace
+from .elementwise import broadcast_shape, fill
+from .shape import expand, narrow, reshape, squeeze
 
 _TILE = 64  # the general kernel's output tile
 _GENERAL = Kernel("matmul", "c: w, a: r, b: r",
@@ -176,7 +177,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         for k0 in range(0, K, _MAX_K):
             kk = min(_MAX_K, K - k0)
             part = Tensor.empty(batch + (M, N), out_dt, a.device)
-            _run(plan(_narrow(a3, 2, k0, kk), _narrow(b3, 1, k0, kk), out_dt), part)
+            _run(plan(narrow(a3, 2, k0, kk), narrow(b3, 1, k0, kk), out_dt), part)
             out = part if out is None else inplace("add", out, part)
     if a_vec:
         out = squeeze(out, -2)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, grid, load_source
-from ..tensor import Tensor, _wrap_dim
+from ..tensor import Tensor, wrap_dim
 from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
 
@@ -47,11 +49,11 @@ def _axes(axis, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     if isinstance(axis, (tuple, list)):
-        axes = tuple(_wrap_dim(a, ndim) for a in axis)
+        axes = tuple(wrap_dim(a, ndim) for a in axis)
         if len(set(axes)) != len(axes):
             raise ValueError(f"repeated axis in {tuple(axis)}")
         return tuple(sorted(axes))
-    return (_wrap_dim(axis, ndim),)
+    return (wrap_dim(axis, ndim),)
 
 
 def _out_dtype(op: str, dt: _dt.DType) -> _dt.DType:
@@ -125,9 +127,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
                                   _dt.float32 if ctype == "f32" else _dt.int32, ctype)
             second = _reduce_block(op, first, outer, g, inner, out_dt)
             if op == "mean":  # the second pass averaged over g, not over n
-                from .elementwise import binary
-
-                second = binary("mul", second, float(g) / n)
+                second = run_map("mul", [second, float(g) / n])
             return second
         out = Tensor.empty((outer * inner,), out_dt, dev)
         k = _COLS.spec((out_dt.storage, x.dtype.storage), O=out_dt.storage, C=ctype, **text)
@@ -157,9 +157,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
         return out
     second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
     if op == "mean":  # the second pass averaged the partial sums over `groups`, not over n
-        from .elementwise import binary
-
-        second = binary("mul", second, float(groups) / n)
+        second = run_map("mul", [second, float(groups) / n])
     return second
 
 
@@ -180,9 +178,6 @@ def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str):
 def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int, vec: bool) -> Tensor:
     """argmax/argmin of long rows: per chunk the extreme value and its (first) index, then the first
     chunk holding the row's extreme picks the index, so ties still resolve to the first index."""
-    from ..creation import arange
-    from .elementwise import binary, where
-
     dev = x.device
     ctype = x.dtype.compute
     part_dt = _dt.float32 if ctype == "f32" else _dt.int32
@@ -196,7 +191,8 @@ def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: in
         parts.append(reshape(out, (outer, groups)))
     values, indices = parts
     best = reshape(_reduce_block(op, values, outer, groups, 1, _dt.int32), (outer, 1))
-    picked = where(binary("eq", arange(groups, device=dev), best), indices, n)
+    columns = Tensor.from_numpy(np.arange(groups, dtype=np.int32), device=dev)
+    picked = run_map("where", [run_map("eq", [columns, best]), indices, n])
     return _reduce_block("min", picked, outer, groups, 1, _dt.int32)
 
 
@@ -210,14 +206,12 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
     if x.ndim == 0:
         x = reshape(x, (1,))
         return reshape(softmax(x, 0, log), ())
-    d = _wrap_dim(axis, x.ndim)
+    d = wrap_dim(axis, x.ndim)
     if 3 * -(-x.shape[d] // WORKGROUP) > MAX_LOOP:  # the row kernel (three passes) would loop too long
-        from .elementwise import binary, unary
-
-        z = binary("sub", x, reduce("max", x, d, keepdims=True))
-        lse = unary("log", reduce("sum", unary("exp", z), d, keepdims=True))
-        out = binary("sub", z, lse)
-        return out if log else unary("exp", out)
+        z = run_map("sub", [x, reduce("max", x, d, keepdims=True)])
+        lse = run_map("log", [reduce("sum", run_map("exp", [z]), d, keepdims=True)])
+        out = run_map("sub", [z, lse])
+        return out if log else run_map("exp", [out])
     last = x.ndim - 1
     moved = permute(x, [i for i in range(x.ndim) if i != d] + [d]) if d != last else x
     src = contiguous(moved)
