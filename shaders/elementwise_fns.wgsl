@@ -107,6 +107,16 @@ fn gelu_(x: f32) -> f32 { return select(0.5 * x * (1.0 + erf_(x * 0.707106781186
 fn gelu_grad_(x: f32) -> f32 {
   return 0.5 * (1.0 + erf_(x * 0.7071067811865476)) + x * 0.3989422804014327 * exp(-0.5 * x * x);
 }
+// log(1 + y), accurate for small y (Kahan: the rounding of 1 + y divides out); WGSL has no log1p.
+fn log1p_(y: f32) -> f32 {
+  let u = 1.0 + y;
+  if (u == 1.0) { return y; }
+  return log(u) * (y / (u - 1.0));
+}
+// log(1 + exp(x)) without overflow; above 20, x itself (PyTorch's threshold).
+fn softplus_(x: f32) -> f32 {
+  return select(max(x, 0.0) + log1p_(exp(-abs(x))), x, x > 20.0 || isnan_(x));
+}
 fn sigmoid_(x: f32) -> f32 { return select(1.0 / (1.0 + exp(-x)), x, isnan_(x)); }
 // Some drivers compute tanh as a ratio of exponentials that overflows to NaN, hence the clamp
 // (tanh(20) is 1 in f32); a NaN must not be clamped away.

@@ -170,6 +170,8 @@ for _op in (
     Op("tanh", FLOAT, "tanh_(x0)", ("g * (1.0 - y * y)",), check=Check(np.tanh, ("any",), rtol=1e-5)),
     Op("sigmoid", FLOAT, "sigmoid_(x0)", ("g * y * (1.0 - y)",),
        check=Check(lambda x: 1 / (1 + np.exp(-x)), ("any",), rtol=1e-5)),
+    Op("softplus", FLOAT, "softplus_(x0)", ("g * sigmoid_(x0)",),
+       check=Check(lambda x: np.logaddexp(0.0, x), ("any",), torch="nn.functional.softplus", rtol=1e-5)),
     Op("gelu", FLOAT, "gelu_(x0)", ("g * gelu_grad_(x0)",),
        check=Check(lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), ("any",), torch="nn.functional.gelu",
                    rtol=1e-5)),
