@@ -60,10 +60,13 @@ def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None)
     """Record ``out = op(*operands)``: each operand that needs a gradient gets one fused kernel of its
     gradient expression (registry.GRADS), summed down to its shape; the tensors those expressions
     read are saved, so an in-place change to one before backward raises."""
-    grads = GRADS.get(op)
-    if grads is None or not out.dtype.is_float or not is_grad_enabled():
+    for x in operands:  # the common case first, and cheaply: nothing to differentiate
+        if isinstance(x, Tensor) and x.requires_grad:
+            break
+    else:
         return out
-    if not any(isinstance(x, Tensor) and x.requires_grad for x in operands):
+    grads = GRADS.get(op)
+    if grads is None or not is_grad_enabled() or not out.dtype.is_float:
         return out
     y = out.detach()  # saved without its node: out -> node -> closure -> out would be a reference cycle
 

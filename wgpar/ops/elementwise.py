@@ -1,4 +1,5 @@
-"""Elementwise kernels: unary, binary, where, clamp, casts and strided copies.
+"""The elementwise engine: every op of ops/registry.py (by name) made into kernels and run, and the
+unary, where, clamp, cast and copy entry points (binary and in-place ops: arith.py).
 
 Two shader families serve them all: shaders/elementwise_block.wgsl when the
 output is contiguous and each operand is one contiguous block of memory
@@ -7,6 +8,11 @@ moving 4 elements per thread through vec4 loads and stores when sizes and
 offsets allow, and shaders/elementwise.wgsl (any strides) otherwise. The host
 picks the expression, the operand types and the indexing, then caches one
 pipeline per combination.
+
+``run_map`` into a fresh output is two steps: ``plan`` (cached by the op and the operands' dtypes,
+shapes, strides and devices: a ``MapPlan``) and ``launch`` (this call's buffers, offsets and scalars,
+one dispatch). Everything else (an ``out`` to write, zero sizes, operands to reject) takes the
+general path.
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from .. import dtypes as _dt
-from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, grid, load_source
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor, wrap_dim
 from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
@@ -22,8 +23,10 @@ _SOFTMAX = Kernel("softmax", "y: w, x: r", "rows: u32, cols: u32, off_x: u32, of
                   constants=(("WG", WORKGROUP), ("W", 1)))
 
 
+@functools.lru_cache(maxsize=64)
 def _kernel_text(op: str, ctype: str) -> dict[str, str]:
-    """The fills of reduce.wgsl / reduce_cols.wgsl for ``op``: INIT, COMBINE, FINAL (and FNS)."""
+    """The fills of reduce.wgsl / reduce_cols.wgsl for ``op``: INIT, COMBINE, FINAL (and FNS). Cached:
+    callers unpack it, never change it."""
     fns = {"FNS": load_source("float_fns")}
     if op in ("sum", "mean"):
         return {"INIT": f"{ctype}(0)", "COMBINE": "*acc = *acc + v;",
@@ -161,7 +164,8 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     return second
 
 
-def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str):
+@functools.lru_cache(maxsize=256)
+def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str) -> KernelSpec:
     """reduce.wgsl for ``op``; x is read one element per step, or (``vec``) one vec4 of 4 columns."""
     if not vec:
         loop = ("    let base = p.off + row * p.cols;\n"

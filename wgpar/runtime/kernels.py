@@ -183,6 +183,7 @@ def f32_bits(x: float) -> int:
 
 # -- kernels --------------------------------------------------------------------------------------
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_SPECS_MAX = 1024  # specialisations remembered per kernel
 _F16 = re.compile(r"\bf16\b")
 _COMMENT = re.compile(r"//[^\n]*")
 
@@ -271,11 +272,24 @@ class Kernel:
     def block(self) -> Params:
         return Params(self.params)
 
+    @functools.cached_property
+    def _specs(self) -> dict:
+        return {}
+
     def spec(self, types: Sequence[str], without: Sequence[str] = (), constants: Mapping[str, int] | None = None,
              **fills: str | int) -> KernelSpec:
         """Specialise: the element type of each buffer (in order, those in ``without`` left out, so
         their bindings do not exist), code for the file's placeholders, and constants that differ
-        from the declared ones."""
+        from the declared ones. Made once per distinct call (ops call this per dispatch)."""
+        key = (tuple(types), tuple(without), tuple(constants.items()) if constants else (), tuple(fills.items()))
+        hit = self._specs.get(key)
+        if hit is None:
+            if len(self._specs) >= _SPECS_MAX:
+                self._specs.clear()
+            hit = self._specs[key] = self._make(types, without, constants, fills)
+        return hit
+
+    def _make(self, types, without, constants, fills) -> KernelSpec:
         bufs = [b for b in self._buffers if b[0] not in without]
         if len(types) != len(bufs):
             raise ValueError(f"kernel {self.family}: {len(types)} element types for buffers {[b[0] for b in bufs]}")
