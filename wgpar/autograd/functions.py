@@ -58,8 +58,9 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
 
 def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None) -> Tensor:
     """Record ``out = op(*operands)``: each operand that needs a gradient gets one fused kernel of its
-    gradient expression (registry.GRADS), summed down to its shape; the tensors those expressions
-    read are saved, so an in-place change to one before backward raises."""
+    gradient expression (registry.GRADS), summed down to its shape. The node keeps only what those
+    expressions read (registry.SAVES; its tensors saved, so an in-place change to one before backward
+    raises): an operand or output they do not read is freed as soon as nothing else uses it."""
     for x in operands:  # the common case first, and cheaply: nothing to differentiate
         if isinstance(x, Tensor) and x.requires_grad:
             break
@@ -68,24 +69,24 @@ def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None)
     grads = GRADS.get(op)
     if grads is None or not is_grad_enabled() or not out.dtype.is_float:
         return out
-    y = out.detach()  # saved without its node: out -> node -> closure -> out would be a reference cycle
-
-    def value(name: str, g: Tensor):
-        return g if name == "g" else y if name == "y" else operands[int(name[1])]
+    # y without its node: out -> node -> closure -> out would be a reference cycle
+    kept = {v: out.detach() if v == "y" else operands[int(v[1])] for v in SAVES[op]}
+    needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in operands)
+    shapes = tuple(x.shape if isinstance(x, Tensor) else () for x in operands)
 
     def bw(g, mask=None):  # mask: a split backward computes each operand's gradient in its own half
         result = []
-        for k, x in enumerate(operands):
-            kernel = grads[k]
-            if kernel is None or not _needs(x) or (mask is not None and not mask[k]):
+        for k, kernel in enumerate(grads):
+            if kernel is None or not needs[k] or (mask is not None and not mask[k]):
                 result.append(None)
             elif kernel == "g":
-                result.append(unbroadcast(g, x.shape))
+                result.append(unbroadcast(g, shapes[k]))
             else:
-                result.append(unbroadcast(raw.run_map(kernel.op, [value(v, g) for v in kernel.operands]), x.shape))
+                args = [g if v == "g" else kept[v] for v in kernel.operands]
+                result.append(unbroadcast(raw.run_map(kernel.op, args), shapes[k]))
         return tuple(result)
 
-    saved = [t for t in (value(v, None) for v in SAVES[op]) if isinstance(t, Tensor)]
+    saved = [t for t in kept.values() if isinstance(t, Tensor)]
     return record(name or op, out, operands, bw, saved, partial=True)
 
 

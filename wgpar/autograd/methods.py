@@ -30,7 +30,11 @@ def function(op: Op) -> Callable:
         def f(a, b) -> Tensor:
             return F.binary(name, a, b)
     f.__name__ = f.__qualname__ = op.api
-    f.__doc__ = f"Elementwise {op.api} (PyTorch's ``torch.{op.api}``), differentiable: see wgpar.ops.registry."
+    args = "x: a tensor." if op.arity == 1 else "a, b: tensors (broadcast together) or Python / NumPy numbers."
+    if op.alpha:
+        args += "\n    alpha: b is scaled by it first."
+    f.__doc__ = (f"Elementwise {op.api}: ``{op.expr}`` in WGSL (its entry in wgpar/ops/registry.py).\n\n"
+                 f"Arguments:\n    {args}\n")
     return f
 
 
