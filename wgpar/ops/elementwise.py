@@ -138,10 +138,12 @@ def _buffers(sig: tuple, out_storage: str, width: int) -> tuple[tuple[str, str, 
 
 # The parameter blocks of the two kernel families (their WGSL structs are generated from these):
 # per operand k (up to 4) an offset and, for a scalar, its bits; the strided kernel also takes the
-# shape and every operand's strides (st[2k], st[2k + 1] for operand k).
-_MAP = Params("numel: u32, ndim: u32, off_o: u32, off: vec4<u32>, sc: vec4<u32>, shape: array<vec4<u32>, 2>, "
-              "str_o: array<vec4<i32>, 2>, st: array<vec4<i32>, 8>")
-_BLOCK = Params("n: u32, off_o: u32, off: vec4<u32>, dv: vec4<u32>, md: vec4<u32>, sc: vec4<u32>")
+# shape and every operand's strides (st[2k], st[2k + 1] for operand k). What a plan fixes comes
+# first, what each call brings (off, sc) last, so a launch packs the plan's words and then its own.
+_MAP = Params("numel: u32, ndim: u32, off_o: u32, shape: array<vec4<u32>, 2>, str_o: array<vec4<i32>, 2>, "
+              "st: array<vec4<i32>, 8>, off: vec4<u32>, sc: vec4<u32>")
+_BLOCK = Params("n: u32, off_o: u32, dv: vec4<u32>, md: vec4<u32>, off: vec4<u32>, sc: vec4<u32>")
+_MAP_FIXED, _BLOCK_FIXED = 51, 10  # words before off
 _CONSTANTS = (("WG", WORKGROUP),)
 _MAP_PACK = _MAP.struct.pack
 _BLOCK_PACK = _BLOCK.struct.pack
@@ -265,15 +267,15 @@ def _vec_static(numel: int, modes: tuple) -> bool:
 
 
 def _block_words(numel: int, width: int, out_offset: int, operands: list, modes: tuple, cts) -> list[int]:
-    """The words of _BLOCK: n, off_o, then per operand off, dv, md, sc (4 each)."""
+    """The words of _BLOCK: n, off_o, then per operand dv, md, off, sc (4 each)."""
     words = [numel // width, out_offset] + [0] * 16
     for k, (x, m) in enumerate(zip(operands, modes)):
         if m is None:
             words[14 + k] = _scalar_bits(x, cts[k])
             continue
-        words[2 + k] = x._offset
-        words[6 + k] = m[1] // width if m[0] == "div" else 1
-        words[10 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
+        words[2 + k] = m[1] // width if m[0] == "div" else 1
+        words[6 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
+        words[10 + k] = x._offset
     return words
 
 
@@ -289,8 +291,8 @@ def _map_words(numel: int, shape, out: Tensor | None, operands: list, cts) -> li
             st += dims([])
     st += dims([]) * (MAX_OPERANDS - len(operands))
     out_strides = contiguous_strides(shape) if out is None else out.strides
-    return [numel, len(shape), 0 if out is None else out._offset, *offs, *scal, *dims(shape, 1),
-            *dims(out_strides), *st]
+    return [numel, len(shape), 0 if out is None else out._offset, *dims(shape, 1), *dims(out_strides), *st,
+            *offs, *scal]
 
 
 def _extent(t: Tensor) -> tuple[int, int]:
@@ -362,10 +364,15 @@ class MapPlan:
     ctypes: tuple[str, ...]  # the compute type each operand is converted to
     kernel: Callable[..., KernelSpec]  # (binding signature[, width 4]) -> kernel
     kernels: dict  # (binding signature, vec4) -> kernel, filled as calls meet them
-    block: bool  # the block kernel (else the strided one)
+    pack: Callable[..., bytes]  # packs the block or the strided kernel's parameters: words, offsets, scalars
     vec4: bool  # sizes allow vec4 (block kernel); the offsets are checked per call
-    words: tuple  # the parameter words that do not change between calls, per width (1, 4)
+    words: tuple  # the parameter words before the offsets, which do not change between calls, per width (1, 4)
     groups: tuple  # the grid, per width (1, 4)
+
+    @property
+    def block(self) -> bool:
+        """Whether the block kernel runs (else the strided one)."""
+        return self.pack is _BLOCK_PACK
 
 
 _PLANS: dict[tuple, MapPlan | None] = {}
@@ -411,20 +418,19 @@ def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | No
     modes = _block_modes(operands, shape, numel)
     zeros = [x if isinstance(x, Tensor) else 0 for x in operands]  # scalars' values are per call
     if modes is None:
-        tail = _map_words(numel, shape, None, zeros, cts)[11:]  # shape and strides
+        fixed = _map_words(numel, shape, None, zeros, cts)[:_MAP_FIXED]
         reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
         kernel = functools.partial(_map_kernel, op, cts=cts, **common)
-        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, False, False,
-                       (tuple(tail), None), groups)
+        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, _MAP_PACK,
+                       False, (tuple(fixed), None), groups)
     words1 = _block_words(numel, 1, 0, zeros, modes, cts)
     vec4 = _vec_static(numel, modes)
     words4 = _block_words(numel, 4, 0, zeros, modes, cts) if vec4 else None
-    # n, then dv and md: what _BLOCK takes besides the per-call offsets and scalar bits
-    static = (words1[:1] + words1[6:14], words4[:1] + words4[6:14] if vec4 else None)
+    fixed = (tuple(words1[:_BLOCK_FIXED]), tuple(words4[:_BLOCK_FIXED]) if vec4 else None)
     reads = tuple(SCALAR if m is None else UNITS if m[0] in ("full", "mod") else ELEMENT for m in modes)
     kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=cts, **common)
-    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, True, vec4,
-                   static, groups)
+    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, _BLOCK_PACK, vec4,
+                   fixed, groups)
 
 
 def launch(p: MapPlan, operands: list) -> Tensor:
@@ -451,12 +457,7 @@ def launch(p: MapPlan, operands: list) -> Tensor:
     kspec = p.kernels.get(key)
     if kspec is None:
         kspec = p.kernels[key] = p.kernel(key[0], 4) if vec else p.kernel(key[0])
-    if p.block:
-        n, *mids = p.words[vec]
-        params = _BLOCK_PACK(n, 0, *offs, *mids, *scal)
-    else:
-        params = _MAP_PACK(p.numel, len(p.shape), 0, *offs, *scal, *p.words[0])
-    p.device.dispatch(kspec, buffers, params, p.groups[vec])
+    p.device.dispatch(kspec, buffers, p.pack(*p.words[vec], *offs, *scal), p.groups[vec])
     return out
 
 

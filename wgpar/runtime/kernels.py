@@ -269,7 +269,7 @@ class Kernel:
         return tuple((n, a) for n, a in _split_decl(self.buffers))
 
     @functools.cached_property
-    def block(self) -> Params:
+    def param_block(self) -> Params:
         return Params(self.params)
 
     @functools.cached_property
@@ -295,11 +295,11 @@ class Kernel:
             raise ValueError(f"kernel {self.family}: {len(types)} element types for buffers {[b[0] for b in bufs]}")
         consts = dict(self.constants)
         consts.update(constants or {})
-        return KernelSpec(self.family, tuple((n, a, t) for (n, a), t in zip(bufs, types)), self.block,
+        return KernelSpec(self.family, tuple((n, a, t) for (n, a), t in zip(bufs, types)), self.param_block,
                           tuple(sorted((k, str(v)) for k, v in fills.items())), tuple(sorted(consts.items())))
 
     def pack(self, **values) -> bytes:
-        return self.block.pack(**values)
+        return self.param_block.pack(**values)
 
 
 def dump_wgsl(directory: str, kspec: KernelSpec, source: str) -> Path:
