@@ -47,6 +47,9 @@ class RankWorkers:
             except BaseException as exc:  # handed to the caller of run()
                 box["error"] = exc
             done.set()
+            # Idle until the next call without the last one's result or error (whose traceback holds
+            # that call's frames, and with them its tensors).
+            del item, fn, box, done
 
     def run(self, fns: Sequence[Callable[[], Any]], timeout: float | None = None) -> list[Any]:
         """Run ``fns[r]`` on rank r's thread; return their results in rank order."""
