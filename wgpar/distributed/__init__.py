@@ -6,11 +6,11 @@ one process); ``launch.py`` runs a per-rank program on every rank
 (``run_spmd``); ``context.py`` is the single-controller MultiAdapterContext
 over the threaded backend. Everything above (AllReduceSync, DataParallel,
 the differentiable collectives in ``functional``, tensor parallelism in
-``tensor_parallel/``) uses the ProcessGroup interface only, so it runs
-unchanged on any backend.
+``tensor_parallel/``, the pipeline in ``pipeline/``) uses the ProcessGroup
+interface only, so it runs unchanged on any backend.
 """
 
-from . import functional
+from . import functional, pipeline
 from .allreduce import AllReduceSync
 from .backends.threads import ThreadGroup, ThreadRank
 from .context import MultiAdapterContext
@@ -18,6 +18,15 @@ from .data_parallel import DataParallel, DistributedDataParallel, broadcast_modu
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
 from .launch import RankWorkers, run_spmd
+from .pipeline import (
+    PipelineExecutor,
+    PipelineSchedule,
+    PipelineStage,
+    Schedule,
+    ScheduleError,
+    pipeline_mesh,
+    split_module,
+)
 from .tensor_parallel import (
     MLP,
     CausalSelfAttention,
@@ -40,4 +49,5 @@ __all__ = ["ProcessGroup", "Work", "wait_all", "REDUCE_OPS", "run_spmd", "MultiA
            "replicate", "split_sizes", "functional", "CollectiveError", "CollectiveTimeoutError", "RankError",
            "RankWorkers", "ColumnParallelLinear", "RowParallelLinear", "ParallelStyle", "ColwiseParallel",
            "RowwiseParallel", "parallelize_module", "MLP", "ParallelMLP", "CausalSelfAttention",
-           "ParallelCausalSelfAttention", "GridGroups", "tensor_data_grid"]
+           "ParallelCausalSelfAttention", "GridGroups", "tensor_data_grid", "pipeline", "PipelineSchedule",
+           "PipelineExecutor", "PipelineStage", "Schedule", "ScheduleError", "split_module", "pipeline_mesh"]
