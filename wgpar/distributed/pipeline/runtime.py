@@ -38,13 +38,14 @@ from .stage import PipelineStage
 @dataclass
 class TraceEntry:
     """One action as it ran: host times (seconds from the step's start; with ``profile`` the device
-    finished the action's work before ``end``), the micro-batches this rank then held, its device's
-    allocated bytes after the action."""
+    finished the action's work before ``end``); then: the micro-batches this rank held, its receives
+    posted ahead (each may already hold its tensor), its device's allocated bytes."""
 
     action: Action
     start: float
     end: float
     live: int
+    receives_posted: int
     allocated_bytes: int
 
 
@@ -115,95 +116,42 @@ class StageRunner:
             on_stage_done: Callable[[int], None] | None = None) -> tuple[Tensor | None, list[TraceEntry]]:
         """Run this rank's actions once. Returns the weighted sum of the last stage's micro-batch losses
         (the batch's mean loss; None on ranks without the last stage) and the trace."""
-        state: dict[tuple[int, int], _Micro] = {}
-        local: dict[tuple[str, int, int], Tensor] = {}
-        recvs: dict[int, Work] = {}
-        sends: list[Work] = []
-        trace: list[TraceEntry] = []
-        total: Tensor | None = None
-        posted = 0
+        step = _Step(self, inputs, targets, weights, loss_fn, rng_key, losses)
         remaining = {s: sum(1 for a in self.actions if a.stage == s and a.kind in "BW") for s in self.stages}
         saved_tape = current_tape()
         t0 = time.perf_counter()
-
-        def post_receives(nxt: int) -> None:
-            """Post the receives of the actions from ``nxt`` up to the first one that sends, inclusive."""
-            nonlocal posted
-            while posted <= self._horizon[nxt]:
-                src = self._source(self.actions[posted])
-                if src is not None:
-                    recvs[posted] = self.group.recv(None, src[0], src[1], async_op=True)
-                posted += 1
-
-        def received(i: int, a: Action) -> Tensor:
-            if i in recvs:
-                return recvs.pop(i).wait()
-            return local.pop(("act" if a.kind == "F" else "grad", a.stage, a.mb))
-
-        def send(t: Tensor, to_stage: int, mb: int, grad: bool) -> None:
-            peer = self._peer(to_stage)
-            if peer is None:
-                local[("grad" if grad else "act", to_stage, mb)] = t
-            else:
-                boundary = to_stage if grad else to_stage - 1
-                sends.append(self.group.send(t, peer, self._tag(boundary, mb, grad), async_op=True))
-
         current: Action | None = None
         try:
-            post_receives(0)
+            step.post_receives(0)
             for i, a in enumerate(self.actions):
                 current = a
-                stage = self.stages[a.stage]
-                if a.kind == "F":
-                    x = inputs[a.mb] if a.stage == 0 else received(i, a)
-                    start = time.perf_counter() - t0
-                    rec = self._forward(stage, a, x, targets, weights, loss_fn, rng_key, losses)
-                    state[(a.stage, a.mb)] = rec
-                    if a.stage == self.last:
-                        total = rec.out.detach() if total is None else ops.binary("add", total, rec.out.detach())
-                    else:
-                        send(rec.out.detach(), a.stage + 1, a.mb, grad=False)
-                elif a.kind in "BI":
-                    grad = None if a.stage == self.last else received(i, a)
-                    start = time.perf_counter() - t0
-                    rec = state[(a.stage, a.mb)]
-                    g_in = self._backward(stage, a, rec, grad)
-                    if a.stage > 0:
-                        send(g_in, a.stage - 1, a.mb, grad=True)
-                    if a.kind == "B":
-                        state.pop((a.stage, a.mb)).release()
-                else:  # W
-                    start = time.perf_counter() - t0
-                    rec = state.pop((a.stage, a.mb))
-                    if rec.deferred is not None:
-                        rec.deferred.run()
-                    rec.release()
+                # Each action in its own call: its temporaries die with it, so the memory a step holds
+                # between actions is the micro-batches in flight and nothing else.
+                start = step.run(i, a) - t0
                 if a.kind in "BW":
                     remaining[a.stage] -= 1
                     if remaining[a.stage] == 0 and on_stage_done is not None:
                         on_stage_done(a.stage)  # every gradient of this stage is final
                 if profile:
                     _memory.synchronize(self.group.device)
-                end = time.perf_counter() - t0
-                trace.append(TraceEntry(a, start, end, len(state),
-                                        _memory.memory_stats(self.group.device)["allocated_bytes"]))
-                post_receives(i + 1)
+                step.trace.append(TraceEntry(a, start, time.perf_counter() - t0, len(step.state), len(step.recvs),
+                                             _memory.memory_stats(self.group.device)["allocated_bytes"]))
+                step.post_receives(i + 1)
             current = None
-            for w in sends:
+            for w in step.sends:
                 w.wait()
+            total = None
+            for loss in step.totals:
+                total = loss if total is None else ops.binary("add", total, loss)
+            return total, step.trace
         except Exception as exc:
             raise self._fail(exc, current) from exc
         finally:
-            for rec in state.values():
-                rec.release()
-            state.clear()
-            recvs.clear()
-            local.clear()
+            step.close()
             if current_tape() is not saved_tape:
                 take_tape()
                 if saved_tape is not None:
                     install_tape(saved_tape)
-        return total, trace
 
     def _forward(self, stage: PipelineStage, a: Action, x, targets, weights, loss_fn, rng_key, losses) -> _Micro:
         if a.stage == 0:
@@ -281,6 +229,82 @@ class StageRunner:
         if isinstance(exc, PipelineShapeError):
             return PipelineShapeError(msg)
         return PipelineStageError(msg)
+
+
+class _Step:
+    """One step's state on one rank: micro-batches in flight, posted receives, sends in flight."""
+
+    def __init__(self, runner: StageRunner, inputs, targets, weights, loss_fn, rng_key, losses) -> None:
+        self.runner = runner
+        self.inputs, self.targets, self.weights = inputs, targets, weights
+        self.loss_fn, self.rng_key, self.losses = loss_fn, rng_key, losses
+        self.state: dict[tuple[int, int], _Micro] = {}
+        self.local: dict[tuple[str, int, int], Tensor] = {}  # hand-overs between stages of this rank
+        self.recvs: dict[int, Work] = {}
+        self.sends: list[Work] = []
+        self.totals: list[Tensor] = []
+        self.trace: list[TraceEntry] = []
+        self.posted = 0
+
+    def post_receives(self, nxt: int) -> None:
+        """Post the receives of the actions from ``nxt`` up to the first one that sends, inclusive."""
+        r = self.runner
+        while self.posted <= r._horizon[nxt]:
+            src = r._source(r.actions[self.posted])
+            if src is not None:
+                self.recvs[self.posted] = r.group.recv(None, src[0], src[1], async_op=True)
+            self.posted += 1
+
+    def _received(self, i: int, a: Action) -> Tensor:
+        if i in self.recvs:
+            return self.recvs.pop(i).wait()
+        return self.local.pop(("act" if a.kind == "F" else "grad", a.stage, a.mb))
+
+    def _send(self, t: Tensor, to_stage: int, mb: int, grad: bool) -> None:
+        r = self.runner
+        peer = r._peer(to_stage)
+        if peer is None:
+            self.local[("grad" if grad else "act", to_stage, mb)] = t
+        else:
+            boundary = to_stage if grad else to_stage - 1
+            self.sends.append(r.group.send(t, peer, r._tag(boundary, mb, grad), async_op=True))
+
+    def run(self, i: int, a: Action) -> float:
+        """Run action ``i``; returns when its work started (after its input arrived), perf_counter time."""
+        r = self.runner
+        stage = r.stages[a.stage]
+        key = (a.stage, a.mb)
+        if a.kind == "F":
+            x = self.inputs[a.mb] if a.stage == 0 else self._received(i, a)
+            start = time.perf_counter()
+            rec = self.state[key] = r._forward(stage, a, x, self.targets, self.weights, self.loss_fn, self.rng_key,
+                                               self.losses)
+            if a.stage == r.last:
+                self.totals.append(rec.out.detach())
+            else:
+                self._send(rec.out.detach(), a.stage + 1, a.mb, grad=False)
+        elif a.kind in "BI":
+            grad = None if a.stage == r.last else self._received(i, a)
+            start = time.perf_counter()
+            g_in = r._backward(stage, a, self.state[key], grad)
+            if a.stage > 0:
+                self._send(g_in, a.stage - 1, a.mb, grad=True)
+            if a.kind == "B":
+                self.state.pop(key).release()
+        else:  # W
+            start = time.perf_counter()
+            rec = self.state.pop(key)
+            if rec.deferred is not None:
+                rec.deferred.run()
+            rec.release()
+        return start
+
+    def close(self) -> None:
+        for rec in self.state.values():
+            rec.release()
+        self.state.clear()
+        self.recvs.clear()
+        self.local.clear()
 
 
 def _to_device(value: Any, device) -> Any:
