@@ -141,3 +141,21 @@ def test_timeline_shows_one_row_per_rank_and_idle_time():
     inter = interleaved_1f1b(2, 2, 2).timeline()
     assert "0F0" in inter and "3B1" in inter and len(inter.splitlines()) == 4
     assert "I=1, W=1" in zero_bubble(3, 3).timeline()
+
+
+def test_the_pipeline_uses_no_backend_internals():
+    """Written against the ProcessGroup interface only, so it runs on any backend (threads, MPI)."""
+    import ast
+    from pathlib import Path
+
+    import wgpar.distributed.pipeline as pkg
+
+    from .test_layers import imports
+
+    for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        mods = imports(path)
+        assert not [m for m in mods if m.startswith("wgpar.distributed.backends")], path.name
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not [n for n in names if n.split(".")[0] == "wgpu"], path.name
