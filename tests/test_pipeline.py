@@ -21,7 +21,7 @@ from wgpar.distributed import (
     run_spmd,
     split_module,
 )
-from wgpar.distributed.pipeline import PipelineShapeError, PipelineStageError
+from wgpar.distributed.pipeline import PipelineShapeError, PipelineStageError, Schedule
 from wgpar.nn import functional as F
 
 from .helpers import assert_close
@@ -103,6 +103,21 @@ def test_pipeline_trains_like_one_device(contexts, rng, schedule, ranks, batch, 
     assert len(got) == len(want_params)
     for i, (g, w) in enumerate(zip(got, want_params)):
         assert_close(g, w, rtol=1e-5, atol=1e-6, what=f"parameter {i}")
+
+
+def test_a_user_written_schedule_runs(contexts, rng):
+    """Stage 0 splits its backward (I now, W later, in its own order), stage 1 does not."""
+    seed = int(rng.integers(1 << 30))
+    X = rng.standard_normal((7, WIDTHS[0])).astype(np.float32)
+    Y = rng.integers(0, WIDTHS[-1], 7).astype(np.int32)
+    want_params, want_losses = _reference(seed, X, Y, OPTS["sgd"], 3)
+    plan = Schedule.from_actions([["0F0", "0F1", "0I0", "0F2", "0I1", "0W0", "0I2", "0W2", "0W1"],
+                                  ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2"]], 3)
+    pipe = PipelineExecutor(_blocks(seed), contexts(2), 3, plan, F.cross_entropy)
+    opts = pipe.optimizers(OPTS["sgd"])
+    assert_close([pipe.train_step(X, Y, opts).item() for _ in range(3)], want_losses, rtol=1e-5, atol=1e-7)
+    for i, (g, w) in enumerate(zip(pipe.parameters(), want_params)):
+        assert_close(g.numpy(), w, rtol=1e-5, atol=1e-6, what=f"parameter {i}")
 
 
 def test_dropout_uses_one_rng_stream_per_microbatch(contexts, rng):

@@ -44,7 +44,8 @@ class PipelineSchedule:
         seed: micro-batch i's forward on stage s in step t (counted from 0) draws its random numbers
             (dropout) from ``wgpar.rng_stream([seed, t, s, i])``; default: drawn from wgpar's generator.
         dp_group: with stages replicated (2-D), this rank's group of the replicas of its stages;
-            gradients are summed over it (weight each replica's share with ``step(scale=...)``).
+            gradients are summed over it (weight each replica's share with ``step(scale=...)``;
+            zero the gradients before each step, or already summed ones are summed again).
         profile: synchronise the device after every action, so that ``last_trace`` times include
             the GPU's work (for measuring the bubble; costs a wait per action).
     """
