@@ -1,0 +1,173 @@
+"""The MPI backend, one process per rank under mpiexec (tests/mpi_runner.py runs inside the processes):
+the conformance suite on 2 and 3 processes (one host, and two simulated hosts), DistributedDataParallel
+equal to thread ranks bit for bit and to one device within 1e-5, and failures that end the job."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.distributed import run_spmd
+from wgpar.nn import functional as F
+
+from . import conformance, mpi_runner
+
+pytestmark = pytest.mark.multidevice
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "tests" / "mpi_runner.py"
+
+
+def _mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"  # pip install mpich puts it in the venv
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def _why_no_mpi() -> str | None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'wgpar[mpi]'; make test installs it)"
+    if _mpiexec() is None:
+        return "no mpiexec (pip install mpich)"
+    return None
+
+
+if _why_no_mpi():
+    pytest.skip(_why_no_mpi(), allow_module_level=True)
+
+
+def _command(n: int, *args: str) -> list[str]:
+    cmd = [_mpiexec(), "-n", str(n)]
+    version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd + [sys.executable, "-m", "mpi4py", str(RUNNER), *args]
+
+
+def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+                    WGPAR_MPI_CHUNK_KB="64")  # small chunks: the conformance sizes span many of them
+    full_env.update(env or {})
+    # stdout and stderr apart: the ranks' lines interleave, but each print of a whole line stays whole.
+    return subprocess.Popen(_command(n, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, cwd=ROOT, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, limit: float) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr; a job still running after ``limit`` is killed and fails."""
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"mpiexec still running after {limit} s:\n{out[-2000:]}\n{err[-4000:]}")
+    return proc.returncode, out, err
+
+
+def _leftovers(token: str, wait: float = 10.0) -> list[str]:
+    """Processes whose command line carries ``token`` (given up to ``wait`` s to finish dying)."""
+    deadline = time.monotonic() + wait
+    while True:
+        ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+        alive = [line for line in ps.splitlines() if token in line and " Z" not in line]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _single_device(seed: int) -> dict[str, np.ndarray]:
+    X, Y = mpi_runner.ddp_data(seed)
+    model = mpi_runner.ddp_model(seed, wgpar.device(0))  # rank 0's initial weights (the broadcast's)
+    opt = mpi_runner.ddp_optimizer(model.parameters())
+    losses = []
+    for k in range(mpi_runner.DDP_STEPS):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(wgpar.tensor(X[k])), Y[k])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {f"param.{k}": v.numpy() for k, v in model.state_dict().items()}
+    out["losses"] = np.array(losses, np.float32)
+    return out
+
+
+@pytest.mark.parametrize("n,per_host", [(2, None), (3, None), (3, 2)],
+                         ids=["2proc-1host", "3proc-1host", "3proc-2hosts"])
+def test_conformance_and_data_parallel_under_mpiexec(n, per_host, rng, tmp_path):
+    seed = int(rng.integers(1 << 30))
+    out_path = tmp_path / "results.npz"
+    env = {"WGPAR_MPI_RANKS_PER_HOST": str(per_host)} if per_host else {}
+    proc = _start(n, "conformance", str(seed), str(out_path), env=env)
+    rc, out, err = _finish(proc, 240)
+    assert rc == 0, out[-2000:] + err[-6000:]
+    got = np.load(out_path)
+    names = [c.__name__ for c in conformance.ALL_CHECKS + mpi_runner.MPI_CHECKS]
+    for r in range(n):
+        ran = [c.split()[0] for c in got[f"{r}.checks"]]
+        assert ran == names, f"rank {r} ran {ran}"
+    hosts = {int(got[f"{r}.host"][1]) for r in range(n)}
+    assert hosts == {-(-n // per_host) if per_host else 1}
+
+    # DistributedDataParallel: every rank ends with the same parameters, bit for bit those of the same
+    # program on thread ranks (the host reduction sums in the same rank order), and within 1e-5 of
+    # one device training on the whole batch.
+    keys = [k[2:] for k in got.files if k.startswith("0.") and k[2:] not in ("checks", "host")]
+    threads = run_spmd(mpi_runner.train_ddp, n, backend="threads", args=(seed,), timeout=60)[0]
+    single = _single_device(seed)
+    for k in keys:
+        for r in range(1, n):
+            np.testing.assert_array_equal(got[f"{r}.{k}"], got[f"0.{k}"], err_msg=f"rank {r} {k}")
+        np.testing.assert_array_equal(got[f"0.{k}"], threads[k], err_msg=f"MPI vs threads: {k}")
+        np.testing.assert_allclose(got[f"0.{k}"], single[k], rtol=1e-5, atol=1e-5, err_msg=f"MPI vs one device: {k}")
+
+
+FAULTS = {  # rank 1's misbehaviour -> what ranks 0 and 2 must raise
+    "raise": "rank 1 failed: ValueError: injected failure on rank 1",
+    "sysexit": "rank 1 failed: SystemExit: 0",
+    "return": "rank 1 called gather_objects[run_spmd] as collective #1 while rank 0 called all_reduce",
+    "skip": "rank(s) [1] did not arrive within 3 s",
+}
+TIMEOUT, GRACE = 3, 3  # the jobs' collective timeout; the grace is min(10 s, timeout)
+
+
+def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
+    """Rank 1 raises / calls sys.exit / leaves its program early / never calls the collective, while
+    ranks 0 and 2 wait in an all-reduce: both raise an error naming rank 1, mpiexec returns non-zero
+    within timeout + grace of the ranks being up (a slack for a loaded machine), and no process of the
+    job is left. The four jobs run at once."""
+    token = f"tok{uuid.uuid4().hex[:12]}"
+    jobs = {mode: _start(3, "fault", mode, str(TIMEOUT), f"{token}{mode}") for mode in FAULTS}
+    ended: dict[str, tuple[int, str, str, float]] = {}
+
+    def wait(mode: str) -> None:
+        ended[mode] = (*_finish(jobs[mode], 120), time.time())
+
+    waiters = [threading.Thread(target=wait, args=(m,)) for m in jobs]
+    for t in waiters:
+        t.start()
+    for t in waiters:
+        t.join()
+    for mode, (rc, out, err, end) in ended.items():
+        assert rc != 0, f"{mode}: mpiexec returned 0\n{out}\n{err[-4000:]}"
+        for r in (0, 2):
+            lines = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
+            assert lines, f"{mode}: rank {r} did not raise\n{out}\n{err[-4000:]}"
+            assert FAULTS[mode] in lines[0], f"{mode}, rank {r}: {lines[0]}"
+        if mode != "skip":  # rank 1 reports its own failure too (in "skip" it sleeps until the abort)
+            assert "wgpar: rank 1 of 3 failed" in err, (mode, err[-4000:])
+        up = max(float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("UP "))
+        limit = TIMEOUT + GRACE + 10 if mode == "skip" else 10
+        assert end - up < limit, f"{mode}: the job took {end - up:.1f} s after every rank was up"
+    left = _leftovers(token)
+    assert not left, f"processes left behind: {left}"
