@@ -44,6 +44,7 @@ import pickle
 import struct
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -173,6 +174,7 @@ class MPIGroup(ProcessGroup):
         self._seq = 0
         self._broken: str | None = None
         self._children: list[MPIGroup] = []
+        self.inter_host_seconds = 0.0  # time this process spent in the leaders' MPI steps (benchmarks)
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -239,10 +241,11 @@ class MPIGroup(ProcessGroup):
         self._progress.submit(work, run)
         return work
 
-    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str]) -> None:
-        """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``."""
+    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002) -> None:
+        """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``.
+        ``spin``: seconds of polling without sleeping (see World.wait)."""
         try:
-            done = self.world.wait(requests, self._timeout, lambda: self._broken)
+            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin)
         except Interrupted as exc:
             raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
         if not done:
@@ -395,9 +398,13 @@ class MPIGroup(ProcessGroup):
 
     def _leaders_reduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
         MPI = self.MPI
+        t0 = time.perf_counter()
         req = self.leaders.Iallreduce(MPI.IN_PLACE, [arr, _mpi_type(MPI, arr.dtype)],
                                       _mpi_op(MPI, op, arr.dtype, is_bool))
-        self._wait([req], what, lambda: f"{what}: another host did not finish its part within {self._timeout:g} s")
+        # Spin: a collective's later rounds start only when this process calls into MPI.
+        self._wait([req], what, lambda: f"{what}: another host did not finish its part within {self._timeout:g} s",
+                   spin=self._timeout)
+        self.inter_host_seconds += time.perf_counter() - t0
 
     def _gather(self, what: str, pieces: list[tuple[int, int, int]], total: int, rb: ChunkedReadback | None,
                 up: ChunkedUpload | None) -> None:
@@ -432,6 +439,7 @@ class MPIGroup(ProcessGroup):
         """Between hosts: each leader sends the bytes its host's ranks wrote to every other leader."""
         me = self.hosts[self.rank]
         reqs = []
+        t0 = time.perf_counter()
         for r, off, nb in pieces:
             s, e = max(off, c0) - c0, min(off + nb, c1) - c0
             if s >= e:
@@ -441,7 +449,9 @@ class MPIGroup(ProcessGroup):
                 reqs += [self.leaders.Isend(buf[s:e], other, 0) for other in range(self.num_hosts) if other != me]
             else:
                 reqs.append(self.leaders.Irecv(buf[s:e], h, 0))
-        self._wait(reqs, what, lambda: f"{what}: another host did not send its part within {self._timeout:g} s")
+        self._wait(reqs, what, lambda: f"{what}: another host did not send its part within {self._timeout:g} s",
+                   spin=self._timeout)
+        self.inter_host_seconds += time.perf_counter() - t0
 
     # -- collectives ----------------------------------------------------------------------
     def _collective(self, kind: str, meta: dict, rb: ChunkedReadback | None, body: Callable[[], Any],

@@ -184,22 +184,33 @@ class World:
                 self._listener = None
 
     # -- waiting --------------------------------------------------------------------------
-    def wait(self, requests: Sequence, timeout: float, broken: Callable[[], str | None]) -> bool:
+    def wait(self, requests: Sequence, timeout: float, broken: Callable[[], str | None], spin: float = 0.002) -> bool:
         """Poll ``requests`` until all complete (True) or ``timeout`` seconds pass (False). Raises
-        Interrupted as soon as ``broken()`` or a failure notice says the job is failing."""
+        Interrupted as soon as ``broken()`` or a failure notice says the job is failing.
+
+        For the first ``spin`` seconds it polls without sleeping (yielding the GIL each time): MPI's
+        non-blocking operations advance only while some thread calls into MPI, and a partner is
+        usually microseconds away. Then it backs off to sleeps of up to 1 ms.
+        """
         reqs = list(requests)
-        deadline = time.monotonic() + timeout
-        spins = 0
+        now = time.monotonic()
+        deadline, spin_until, next_check = now + timeout, now + spin, now
+        pause = 2e-5
         Testall = self.MPI.Request.Testall
         while not Testall(reqs):
-            why = broken() or self.poll()
-            if why:
-                raise Interrupted(why)
-            if time.monotonic() > deadline:
-                return False
-            spins += 1
-            # Yield at once for the first polls (a partner is usually microseconds away), then back off.
-            time.sleep(0 if spins < 50 else min(0.001, 2e-5 * (spins - 49)))
+            now = time.monotonic()
+            if now >= next_check:
+                why = broken() or self.poll()
+                if why:
+                    raise Interrupted(why)
+                if now > deadline:
+                    return False
+                next_check = now + 0.001
+            if now < spin_until:
+                time.sleep(0)
+            else:
+                time.sleep(pause)
+                pause = min(pause * 1.5, 0.001)
         return True
 
 
