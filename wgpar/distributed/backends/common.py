@@ -69,18 +69,13 @@ class Progress:
             self._start()
         self._queue.put((work, fn))
 
-    def wake(self) -> None:
-        """Make sure the thread runs (so that ``idle`` is called) even when nothing is queued."""
-        with self._idle:
-            self._start()
-        self._queue.put(())
-
     def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
             self._thread.start()
 
     def _next(self):
+        """The next queued item; () when ``idle`` asked to be called again and nothing came meanwhile."""
         if self._idle_busy:
             try:
                 return self._queue.get(timeout=self._idle_interval)

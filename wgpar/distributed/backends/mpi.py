@@ -170,11 +170,11 @@ class MPIGroup(ProcessGroup):
         self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
         self._progress = Progress(f"wgpar-mpi-{name}", idle=self._poll_sends)
         self._sends: deque = deque()  # sends handed to MPI and not yet taken: (requests, readback)
-        self._sends_lock = threading.Lock()
         self._seq = 0
         self._broken: str | None = None
         self._children: list[MPIGroup] = []
         self.inter_host_seconds = 0.0  # time this process spent in the leaders' MPI steps (benchmarks)
+        w.register(self)
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -218,6 +218,14 @@ class MPIGroup(ProcessGroup):
         for child in self._children:
             child.close()
         self._progress.close()
+
+    def quiesce(self) -> None:
+        """At exit: stop the communication thread, then wait (with the timeout) until every send was taken
+        by its receiver; one that never is fails the job instead of leaving MPI_Finalize waiting."""
+        self._progress.close()
+        pending = [req for reqs, _ in self._sends for req in reqs]
+        if pending and not self.world.wait(pending, self._timeout, lambda: None):
+            self._fail(f"exiting with {len(self._sends)} send(s) that no rank received within {self._timeout:g} s")
 
     # -- plumbing -------------------------------------------------------------------------
     def _launch(self, kind: str) -> None:
@@ -631,14 +639,13 @@ class MPIGroup(ProcessGroup):
     def _poll_sends(self) -> bool:
         """Drive the sends handed to MPI (a large one moves only while this process calls MPI); give each
         one's staging buffers back once the receiver took it. True while any is outstanding."""
-        with self._sends_lock:
-            for _ in range(len(self._sends)):
-                reqs, rb = self._sends.popleft()
-                if self.MPI.Request.Testall(reqs):
-                    rb.release()
-                else:
-                    self._sends.append((reqs, rb))
-            return bool(self._sends)
+        for _ in range(len(self._sends)):  # only the communication thread touches _sends
+            reqs, rb = self._sends.popleft()
+            if self.MPI.Request.Testall(reqs):
+                rb.release()
+            else:
+                self._sends.append((reqs, rb))
+        return bool(self._sends)
 
     def _send(self, tensor: Tensor, dst: int, tag: int) -> Work:
         kind = f"send to rank {dst} (tag {tag})"
@@ -655,8 +662,7 @@ class MPIGroup(ProcessGroup):
                                                                    kind), kind)
                     reqs.append(self._p2p_data.Isend(mem, dst, tag))  # the mapped memory itself, no copy
             finally:
-                with self._sends_lock:
-                    self._sends.append((reqs, rb))
+                self._sends.append((reqs, rb))
             return None
 
         return self._submit(kind, complete)

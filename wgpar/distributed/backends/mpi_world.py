@@ -22,6 +22,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from ..errors import CollectiveError
@@ -96,9 +97,14 @@ class World:
         self._notified = False
         self._settled = False
         self._sends: list = []
+        self._groups: list = []  # weak references to every MPIGroup of this process
         self._prev_hook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
+
+    def register(self, group) -> None:
+        """Track a group, so that the exit handler can stop its communication thread before MPI_Finalize."""
+        self._groups.append(weakref.ref(group))
 
     # -- failure notices ------------------------------------------------------------------
     def poll(self) -> str | None:
@@ -173,7 +179,18 @@ class World:
         self.abort_job()
 
     def _at_exit(self) -> None:
+        if self.poll() is None:
+            # No thread may call MPI after MPI_Finalize, and a send still in flight would keep it waiting.
+            for ref in self._groups:
+                group = ref()
+                try:
+                    if group is not None:
+                        group.quiesce()
+                except CollectiveError:  # the job failed meanwhile: abort below
+                    break
         if self.poll() is not None:  # a failed job must not reach MPI_Finalize (it could hang there)
+            if not self._settled:
+                print(f"wgpar: rank {self.rank} of {self.size} exits after a failure: {self.failure}", file=sys.stderr)
             self.settle()
             self.abort_job()
             return
