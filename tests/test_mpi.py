@@ -75,12 +75,17 @@ def _finish(proc: subprocess.Popen, limit: float) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def _leftovers(token: str, wait: float = 10.0) -> list[str]:
-    """Processes whose command line carries ``token`` (given up to ``wait`` s to finish dying)."""
+def _leftovers(token: str, sessions: set[int], wait: float = 10.0) -> list[str]:
+    """Processes whose command line carries ``token`` or that belong to one of the launchers' sessions
+    (mpiexec's proxies and everything they started), given up to ``wait`` s to finish dying."""
     deadline = time.monotonic() + wait
     while True:
-        ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
-        alive = [line for line in ps.splitlines() if token in line and " Z" not in line]
+        ps = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True, text=True).stdout
+        alive = []
+        for line in ps.splitlines()[1:]:
+            pid, sid, stat, args = (line.split(None, 3) + [""])[:4]
+            if not stat.startswith("Z") and (token in args or int(sid) in sessions):
+                alive.append(line)
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
@@ -169,5 +174,5 @@ def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
         up = max(float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("UP "))
         limit = TIMEOUT + GRACE + 10 if mode == "skip" else 10
         assert end - up < limit, f"{mode}: the job took {end - up:.1f} s after every rank was up"
-    left = _leftovers(token)
+    left = _leftovers(token, {p.pid for p in jobs.values()})  # each launcher leads its own session
     assert not left, f"processes left behind: {left}"
