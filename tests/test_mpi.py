@@ -5,6 +5,7 @@ equal to thread ranks bit for bit and to one device within 1e-5, and failures th
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,10 +139,11 @@ def test_conformance_and_data_parallel_under_mpiexec(n, per_host, rng, tmp_path)
 
 
 FAULTS = {  # rank 1's misbehaviour -> what ranks 0 and 2 must raise
-    "raise": "rank 1 failed: ValueError: injected failure on rank 1",
-    "sysexit": "rank 1 failed: SystemExit: 0",
-    "return": "rank 1 called gather_objects[run_spmd] as collective #1 while rank 0 called all_reduce",
-    "skip": "rank(s) [1] did not arrive within 3 s",
+    "raise": re.escape("rank 1 failed: ValueError: injected failure on rank 1"),
+    "sysexit": re.escape("rank 1 failed: SystemExit: 0"),
+    "return": re.escape("rank 1 called gather_objects[run_spmd] as collective #1 while rank 0 called all_reduce"),
+    # (on a loaded machine a slow rank 2 may be missing too when the first timeout fires)
+    "skip": r"rank\(s\) \[1(, 2)?\] did not arrive within 3 s",
 }
 TIMEOUT, GRACE = 3, 3  # the jobs' collective timeout; the grace is min(10 s, timeout)
 
@@ -168,11 +170,11 @@ def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
         for r in (0, 2):
             lines = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
             assert lines, f"{mode}: rank {r} did not raise\n{out}\n{err[-4000:]}"
-            assert FAULTS[mode] in lines[0], f"{mode}, rank {r}: {lines[0]}"
+            assert re.search(FAULTS[mode], lines[0]), f"{mode}, rank {r}: {lines[0]}"
         if mode != "skip":  # rank 1 reports its own failure too (in "skip" it sleeps until the abort)
             assert "wgpar: rank 1 of 3 failed" in err, (mode, err[-4000:])
         up = max(float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("UP "))
-        limit = TIMEOUT + GRACE + 10 if mode == "skip" else 10
+        limit = (TIMEOUT + GRACE if mode == "skip" else 0) + 20  # + a margin for a loaded 2-core machine
         assert end - up < limit, f"{mode}: the job took {end - up:.1f} s after every rank was up"
     left = _leftovers(token, {p.pid for p in jobs.values()})  # each launcher leads its own session
     assert not left, f"processes left behind: {left}"
