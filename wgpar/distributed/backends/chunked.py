@@ -20,6 +20,7 @@ from ... import ops as raw
 from ...runtime.transfer import StagingBuffer, UploadBuffer
 from ...tensor import Tensor
 from .common import byte_offset, readable, round4
+from .hostreduce import BLOCK, copy_into
 from .staging import TransferPool
 
 Copies = list[tuple[int, object, int, int]]  # (offset in the upload buffer, target GPUBuffer, target offset, bytes)
@@ -144,14 +145,11 @@ class ChunkedUpload:
         size = self.item.itemsize
         return [(rel // size, piece.view(self.item)) for rel, piece in self.span(off, count * size)]
 
-    def write(self, off: int, values: np.ndarray, divide: float | None = None) -> None:
-        """Write ``values`` at byte ``off`` as items of ``item`` (cast), divided by ``divide`` if given."""
+    def write(self, off: int, values: np.ndarray, divide: float | None = None, block: int = BLOCK) -> None:
+        """Write ``values`` at byte ``off`` as items of ``item`` (cast), divided by ``divide`` if given,
+        ``block`` elements per task on the host pool."""
         for start, dst in self.targets(off, len(values)):
-            src = values[start:start + len(dst)]
-            if divide is None:
-                np.copyto(dst, src, casting="unsafe")
-            else:
-                np.divide(src, divide, out=dst, casting="unsafe")
+            copy_into(dst, values[start:start + len(dst)], divide, block)
 
     def advance(self, upto: int) -> None:
         """Commit every chunk that ends at or before byte ``upto`` (the writer has moved past it)."""

@@ -71,6 +71,9 @@ from .staging import TransferPool
 _HDR = 1024  # bytes of a collective's header (its kind and metadata)
 _HDR_TAG, _OBJ_TAG = 0, 1
 _RECV_AHEAD = 2  # chunks of a message received ahead of the one being committed
+# Elements per host-pool task: a chunk is split over the host's ranks, so smaller tasks than the
+# threaded backend's keep the pool busy within one chunk.
+_BLOCK = 1 << 18
 
 
 def _pack(obj: Any, what: str) -> bytearray:
@@ -364,7 +367,7 @@ class MPIGroup(ProcessGroup):
             s, e = max(a, lo), min(b, hi)
             if s < e:
                 out = arena.slot(half, L, acc, b - a)
-                up.write((s - lo) * isz, out[s - a:e - a], divide)
+                up.write((s - lo) * isz, out[s - a:e - a], divide, _BLOCK)
                 up.advance((e - lo) * isz)
 
         for i, a in enumerate(range(0, n, E)):
@@ -372,7 +375,7 @@ class MPIGroup(ProcessGroup):
             m = b - a
             mine = self._mapped(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
             ins = [arena.slot(half, k, hdt, m) for k in range(L)]
-            copy_into(ins[me], mine)
+            copy_into(ins[me], mine, block=_BLOCK)
             del mine
             self._host_barrier(what)
             if not shared and not multi:  # each rank reduces exactly the elements it keeps
@@ -380,7 +383,7 @@ class MPIGroup(ProcessGroup):
                 if s < e:
                     for first, dst in up.targets((s - lo) * isz, e - s):
                         x0 = s - a + first
-                        reduce_into([x[x0:x0 + len(dst)] for x in ins], [dst], op, is_bool)
+                        reduce_into([x[x0:x0 + len(dst)] for x in ins], [dst], op, is_bool, _BLOCK)
                     up.advance((e - lo) * isz)
                 continue
             bounds = np.cumsum([0, *split_sizes(m, L)])
@@ -391,10 +394,10 @@ class MPIGroup(ProcessGroup):
                 # barrier, and nobody writes that half again before passing chunk i + 2's.
                 if pending is not None:
                     deliver(*pending)
-                reduce_into([x[sl] for x in ins], [out[sl]], op, is_bool)
+                reduce_into([x[sl] for x in ins], [out[sl]], op, is_bool, _BLOCK)
                 pending = (half, a, b)
                 continue
-            reduce_into([x[sl] for x in ins], [out[sl]], part_op, is_bool)
+            reduce_into([x[sl] for x in ins], [out[sl]], part_op, is_bool, _BLOCK)
             self._host_barrier(what)
             if me == 0:
                 self._leaders_reduce(out, part_op, is_bool, what)
@@ -432,7 +435,7 @@ class MPIGroup(ProcessGroup):
                     for rel, src in self._mapped(lambda s=s, e=e, off=off: rb.span(s - off, e - s, self._timeout,
                                                                                    what), what):
                         dst = s - c0 + rel
-                        copy_into(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8))
+                        copy_into(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8), block=4 * _BLOCK)
             self._host_barrier(what)
             if self.num_hosts > 1:
                 if self.local_rank == 0:
@@ -440,7 +443,7 @@ class MPIGroup(ProcessGroup):
                 self._host_barrier(what)
             if up is not None:
                 for rel, dst in up.span(c0, c1 - c0):
-                    copy_into(dst, buf[rel:rel + len(dst)])
+                    copy_into(dst, buf[rel:rel + len(dst)], block=4 * _BLOCK)
                 up.advance(c1)
 
     def _leaders_share(self, buf: np.ndarray, c0: int, c1: int, pieces, what: str) -> None:
