@@ -2,8 +2,8 @@
 GPU copies the next (device -> host) or the previous one (host -> device).
 
 ``ChunkedReadback`` records the GPU copies of a whole tensor at once (so it reads the tensor in the
-device's stream order) into staging buffers of at most ``chunk`` bytes, and maps them one after
-another: the first chunk can be read while later ones are still being copied. ``ChunkedUpload``
+device's stream order) into staging buffers of at most ``chunk`` bytes, each submitted and mapped on
+its own: the first chunk can be read while later ones are still being copied. ``ChunkedUpload``
 covers a target of ``total`` bytes with upload buffers of ``chunk`` bytes, used in turn from a
 small ring: the host writes a chunk into mapped memory in place, the chunk is committed (a GPU copy)
 once the writer moves past it, and its buffer is reused only after that copy finished.
@@ -42,12 +42,10 @@ class ChunkedReadback:
                 down = pool.down(round4(min(chunk, self.nbytes - a)))
                 self._bufs.append(down)
                 self._views.append(None)
-                # Bytes read past the end, up to a multiple of 4, lie in the source's own buffer.
-                down.record(buf, off + a, round4(min(chunk, self.nbytes - a)))
-            if self._bufs:
-                src.device.flush()
-                for down in self._bufs:
-                    down.request_map()
+                # One submit per chunk: a map completes only once its whole submission has, so chunk 0
+                # can be read while the GPU still copies the rest. Bytes read past the end, up to a
+                # multiple of 4, lie in the source's own buffer.
+                down.start(buf, off + a, round4(min(chunk, self.nbytes - a)))
         except BaseException:
             self.abandon()
             raise
