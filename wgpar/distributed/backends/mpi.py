@@ -212,8 +212,8 @@ class MPIGroup(ProcessGroup):
         if why:
             raise CollectiveError(
                 f"reset on rank {self.rank}: the MPI backend cannot recover from a failure ({why}); MPI cannot "
-                "repair a communicator once a rank failed. End the job (run_spmd does; a script of its own "
-                "should run under `python -m mpi4py`) and start it again")
+                "repair a communicator once a rank failed. End the job (run_spmd does, and so does an exception "
+                "nobody catches) and start it again")
         self._progress.drain(self._timeout + 10)
 
     def close(self) -> None:
