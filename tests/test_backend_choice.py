@@ -27,6 +27,7 @@ def test_without_a_launcher_init_process_group_is_one_rank_on_one_device(monkeyp
     for v in mpi_world.LAUNCH_VARS:
         monkeypatch.delenv(v, raising=False)
     g = init_process_group(timeout=30)
+    assert init_process_group() is g
     assert isinstance(g, ProcessGroup) and g.backend == "threads"
     assert (g.rank, g.world_size, g.device) == (0, 1, wgpar.device(0))
     t = wgpar.tensor(np.array([1.5, -2.0], np.float32))

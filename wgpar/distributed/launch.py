@@ -118,8 +118,8 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
     Under mpiexec (``backend=None`` or "mpi") it is this process's rank of the job, on its own
     device (``wgpar.device(local_rank)``: docs/design.md); the first call sets MPI up and later
     calls return the same group. Without an MPI launcher (or with "threads") it is a group of
-    one rank on ``device`` (default device 0), so the same script also runs on one device;
-    several thread ranks come from ``run_spmd``.
+    one rank on ``device`` (default device 0; later calls return the same group), so the same
+    script also runs on one device; several thread ranks come from ``run_spmd``.
 
     Arguments:
         backend: None (from the launch), "mpi" or "threads".
@@ -131,8 +131,18 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
         from .backends import mpi
 
         return mpi.init_world_group(timeout, device)
-    group = ThreadGroup([_adapters.resolve(device)], timeout if timeout is not None else DEFAULT_TIMEOUT)
+    dev = _adapters.resolve(device)
+    with _single_lock:
+        group = _single.get(dev)
+        if group is None:
+            group = _single[dev] = ThreadGroup([dev], timeout if timeout is not None else DEFAULT_TIMEOUT)
+        elif timeout is not None:
+            group.timeout = timeout
     return group.rank(0)
+
+
+_single: dict = {}  # device -> the one-rank ThreadGroup init_process_group gave for it
+_single_lock = threading.Lock()
 
 
 def run_spmd(fn: Callable[..., Any], world_size: int | None = None, *, devices: Sequence | None = None,
