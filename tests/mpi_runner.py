@@ -6,7 +6,8 @@
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
 ``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip) while the others are in an
-all-reduce; each other rank prints ``RAISED`` and its error, and the job must end non-zero.
+all-reduce (or, MODE nosend, wait for a message from it); each other rank prints ``RAISED`` and its
+error, and the job must end non-zero.
 """
 
 from __future__ import annotations
@@ -152,11 +153,14 @@ def fault_program(group, mode: str, token: str) -> None:
             return None
         if mode == "sysexit":
             sys.exit(0)
-        if mode == "skip":
+        if mode in ("skip", "nosend"):
             time.sleep(600)
             return None
     try:
-        group.all_reduce(t)
+        if mode == "nosend":  # rank 0 waits for a message rank 1 never sends
+            group.recv(None, 1, tag=7)
+        else:
+            group.all_reduce(t)
     except CollectiveError as exc:
         _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
         raise
