@@ -131,6 +131,11 @@ def conformance_program(group, seed: int) -> dict:
         done.append(f"{check.__name__} {time.perf_counter() - t0:.2f}s")
         assert group.broken is None, group.broken
     out = train_ddp(group, seed)
+    pool = group._pool  # every leased staging and upload buffer came back (sends: once received)
+    deadline = time.monotonic() + 10
+    while pool.num_idle != pool.num_created and time.monotonic() < deadline:
+        group.barrier()
+    assert pool.num_idle == pool.num_created and pool.num_abandoned == 0, (pool.num_idle, pool.num_created)
     out["checks"] = np.array(done)
     out["host"] = np.array([group.hosts[group.rank], group.num_hosts])
     return out

@@ -76,10 +76,12 @@ class ChunkedReadback:
             return np.empty(0, dtype)
         return np.frombuffer(b"".join(bytes(p) for _, p in pieces), dtype=dtype, count=count)
 
-    def release(self) -> None:
-        """Unmap every chunk and give the buffers back (nobody reads them any more)."""
+    def release(self, timeout: float = 60.0) -> None:
+        """Unmap every chunk and give the buffers back (nobody reads them any more). A chunk never read
+        (the collective stopped early: ranks disagreed) first waits for its map to settle."""
         self._views = [None] * len(self._views)
         for down in self._bufs:
+            down.settle(timeout)
             self.pool.give_back(down)
         self._bufs = []
 
