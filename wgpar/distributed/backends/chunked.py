@@ -147,8 +147,7 @@ class ChunkedUpload:
 
     def write(self, off: int, values: np.ndarray, divide: float | None = None, block: int = BLOCK) -> None:
         """Write ``values`` at byte ``off`` as items of ``item`` (a same-kind cast, e.g. float32 sums into
-        float16), divided by ``divide`` if given,
-        ``block`` elements per task on the host pool."""
+        float16), divided by ``divide`` if given, ``block`` elements per task on the host pool."""
         for start, dst in self.targets(off, len(values)):
             copy_into(dst, values[start:start + len(dst)], divide, block)
 
