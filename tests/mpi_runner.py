@@ -25,7 +25,16 @@ import numpy as np  # noqa: E402
 import wgpar  # noqa: E402
 from tests import conformance  # noqa: E402
 from wgpar import nn, optim  # noqa: E402
-from wgpar.distributed import CollectiveError, DistributedDataParallel, run_spmd  # noqa: E402
+from wgpar.distributed import (  # noqa: E402
+    MLP,
+    CollectiveError,
+    DistributedDataParallel,
+    ParallelMLP,
+    PipelineSchedule,
+    PipelineStage,
+    run_spmd,
+    split_module,
+)
 from wgpar.nn import functional as F  # noqa: E402
 
 DDP_STEPS = 10
@@ -70,6 +79,44 @@ def train_ddp(group, seed: int) -> dict[str, np.ndarray]:
         losses.append(group.all_reduce(loss.detach().reshape(1), "mean", label="loss").numpy()[0])
     out = {f"param.{k}": v.numpy() for k, v in ddp.module.state_dict().items()}
     out["losses"] = np.array(losses, np.float32)
+    return out
+
+
+def train_strategies(group, seed: int) -> dict[str, np.ndarray]:
+    """Tensor parallelism (an MLP split over every rank, 3 SGD steps) and a pipeline (one stage per
+    rank, 1F1B, 3 micro-batches, 3 SGD steps), written against the ProcessGroup only: the test runs
+    this on thread ranks too and wants the same bits."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    with wgpar.rng_stream(seed):  # this thread's own generator (thread ranks build at once)
+        dense = MLP(7, 13, device=group.device)
+    tp = ParallelMLP.from_dense(dense, group)
+    opt = optim.SGD(tp.parameters(), lr=0.1)
+    X, W = rng.standard_normal((3, 5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    for k in range(3):
+        opt.zero_grad()
+        loss = (tp(wgpar.tensor(X[k], device=group.device)) * wgpar.tensor(W, device=group.device)).sum()
+        loss.backward()
+        opt.step()
+        out[f"tp.loss{k}"] = loss.numpy()
+    out.update({f"tp.{k}": v.numpy() for k, v in tp.state_dict().items()})
+
+    widths = (5, 16, 12, 9, 4)
+    with wgpar.rng_stream(seed + 1):
+        blocks = [m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b, device=group.device), nn.Tanh())]
+    part = split_module(blocks[:-1], group.world_size)[group.rank]
+    stage = PipelineStage(part, group.rank, group.world_size, group.device)
+    pipe = PipelineSchedule(stage, group, 3, "1f1b", F.cross_entropy)
+    opt = optim.SGD(list(stage.parameters()), lr=0.1)
+    X, Y = rng.standard_normal((10, 5)).astype(np.float32), rng.integers(0, 4, 10).astype(np.int32)
+    last = group.rank == group.world_size - 1
+    for k in range(3):
+        opt.zero_grad()
+        loss = pipe.step(X if group.rank == 0 else None, Y if last else None)
+        opt.step()
+        if last:
+            out[f"pipe.loss{k}"] = loss.numpy()
+    out.update({f"pipe.{i}": p.numpy() for i, p in enumerate(stage.parameters())})
     return out
 
 
@@ -131,6 +178,7 @@ def conformance_program(group, seed: int) -> dict:
         done.append(f"{check.__name__} {time.perf_counter() - t0:.2f}s")
         assert group.broken is None, group.broken
     out = train_ddp(group, seed)
+    out.update(train_strategies(group, seed))
     pool = group._pool  # every leased staging and upload buffer came back (sends: once received)
     deadline = time.monotonic() + 10
     while pool.num_idle != pool.num_created and time.monotonic() < deadline:

@@ -131,11 +131,21 @@ def test_conformance_and_data_parallel_under_mpiexec(n, per_host, rng, tmp_path)
     keys = [k[2:] for k in got.files if k.startswith("0.") and k[2:] not in ("checks", "host")]
     threads = run_spmd(mpi_runner.train_ddp, n, backend="threads", args=(seed,), timeout=60)[0]
     single = _single_device(seed)
-    for k in keys:
+    ddp_keys = [k for k in keys if k == "losses" or k.startswith("param.")]
+    assert ddp_keys and all(k in threads for k in ddp_keys)
+    for k in ddp_keys:
         for r in range(1, n):
             np.testing.assert_array_equal(got[f"{r}.{k}"], got[f"0.{k}"], err_msg=f"rank {r} {k}")
         np.testing.assert_array_equal(got[f"0.{k}"], threads[k], err_msg=f"MPI vs threads: {k}")
         np.testing.assert_allclose(got[f"0.{k}"], single[k], rtol=1e-5, atol=1e-5, err_msg=f"MPI vs one device: {k}")
+
+    # Tensor parallelism and the pipeline run on MPI ranks unchanged, bit for bit as on thread ranks.
+    strategies = run_spmd(mpi_runner.train_strategies, n, backend="threads", args=(seed,), timeout=60)
+    for r in range(n):
+        mine = {k[len(f"{r}."):] for k in got.files if k.startswith(f"{r}.tp.") or k.startswith(f"{r}.pipe.")}
+        assert mine == set(strategies[r]), (r, sorted(mine), sorted(strategies[r]))
+        for k in mine:
+            np.testing.assert_array_equal(got[f"{r}.{k}"], strategies[r][k], err_msg=f"rank {r} {k}: MPI vs threads")
 
 
 FAULTS = {  # rank 1's misbehaviour -> processes (fewer where a third adds nothing), what the others raise
