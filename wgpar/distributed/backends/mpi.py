@@ -64,7 +64,7 @@ from ..group import DEFAULT_TIMEOUT, ProcessGroup, Work, check_agreement, split_
 from .chunked import ChunkedReadback, ChunkedUpload
 from .common import Progress, byte_offset, check_timeout, kind_name, round4, writable
 from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
-from .mpi_world import ABORT_GRACE, Interrupted, World, world
+from .mpi_world import Interrupted, World, world
 from .shm import SharedArena, shm_slot_cap, slot_size
 from .staging import TransferPool
 
@@ -157,6 +157,7 @@ class MPIGroup(ProcessGroup):
         self._p2p = comm.Dup()  # send / recv headers (tag: the caller's tag)
         self._p2p_data = comm.Dup()  # send / recv payloads
         self.tag_ub = int(comm.Get_attr(MPI.TAG_UB))
+        self.world_ranks = tuple(comm.allgather(w.rank))  # each member's rank in the job
         per_host = CONFIG.mpi_ranks_per_host
         if per_host:  # pretend every ``per_host`` consecutive world ranks are a host (tests, benchmarks)
             self.node = comm.Split(w.rank // per_host, self.rank)
@@ -198,10 +199,12 @@ class MPIGroup(ProcessGroup):
         """Fail the job: every rank waiting in (or later entering) a collective raises, naming this rank."""
         self._fail(reason)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, late: Sequence[int] = ()) -> None:
+        """A local failure ends the job: break the group and notify every rank. ``late``: members that
+        did not arrive (the failure protocol does not wait for their acknowledgement)."""
         if self._broken is None:
             self._broken = reason
-        self.world.notify(reason)
+        self.world.notify(reason, [self.world_ranks[r] for r in late])
 
     def reset(self) -> None:
         """Raises on a broken group: MPI cannot repair a communicator once a rank failed.
@@ -252,16 +255,17 @@ class MPIGroup(ProcessGroup):
         self._progress.submit(work, run)
         return work
 
-    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002) -> None:
-        """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``.
-        ``spin``: seconds of polling without sleeping (see World.wait)."""
+    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002,
+              late: Callable[[], Sequence[int]] = tuple) -> None:
+        """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
+        naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait)."""
         try:
             done = self.world.wait(requests, self._timeout, lambda: self._broken, spin)
         except Interrupted as exc:
             raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
         if not done:
             reason = on_timeout()
-            self._fail(reason)
+            self._fail(reason, late())
             raise CollectiveTimeoutError(reason)
 
     def _host_barrier(self, what: str) -> None:
@@ -288,11 +292,11 @@ class MPIGroup(ProcessGroup):
         recvs = {r: self._hdr.Irecv(bufs[r], r, _HDR_TAG) for r in others}
         sends = [self._hdr.Isend(hdr, r, _HDR_TAG) for r in others]
 
-        def missing() -> str:
-            late = [r for r, q in recvs.items() if not q.Test()]
-            return f"{what}: rank(s) {late} did not arrive within {self._timeout:g} s"
+        def late() -> list[int]:
+            return [r for r, q in recvs.items() if not q.Test()]
 
-        self._wait([*recvs.values(), *sends], what, missing)
+        self._wait([*recvs.values(), *sends], what,
+                   lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
         entries = {r: _unpack(bufs[r]) for r in others}
         entries[self.rank] = mine
         kinds = [entries[r][0] for r in range(self.world_size)]
@@ -679,7 +683,7 @@ class MPIGroup(ProcessGroup):
             hdr = bytearray(_HDR)
             self._wait([self._p2p.Irecv(hdr, src, tag)], kind,
                        lambda: f"recv on rank {self.rank}: no message from rank {src} (tag {tag}) within "
-                               f"{self._timeout:g} s")
+                               f"{self._timeout:g} s", late=lambda: [src])
             shape, dtype_name, nbytes, chunk = _unpack(hdr)
             dtype = _dt.as_dtype(dtype_name)
             if tensor is not None and (tensor.shape != shape or tensor.dtype is not dtype):
@@ -760,7 +764,6 @@ def init_world_group(timeout: float | None = None, device: Device | int | str | 
             return _root
         t = check_timeout(timeout if timeout is not None else DEFAULT_TIMEOUT)
         w = world()
-        w.grace = min(ABORT_GRACE, t)
         # Every process must be here before the blocking set-up calls: a missing one times out, not hangs.
         if not w.wait([w.comm.Ibarrier()], t, lambda: None):
             reason = f"init_process_group: not every one of the {w.size} processes arrived within {t:g} s"

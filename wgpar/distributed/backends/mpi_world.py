@@ -9,8 +9,9 @@ it within a poll and raise ``CollectiveError("... rank 2 failed: ...")``.
 Each failing rank prints its error, acknowledges the notices it saw, and the
 ranks that sent notices wait (at most a grace period) for every other rank's
 acknowledgement before calling ``MPI_Abort``, which ends every process and
-makes mpiexec return non-zero. A rank that never polls (stuck in compute, or
-never calling the collective) is ended by that abort after the grace period.
+makes mpiexec return non-zero. Ranks a notice names as unresponsive (they did
+not arrive within the timeout) are not waited for; any other rank that never
+polls (stuck in compute) is ended by that abort after the grace period.
 """
 
 from __future__ import annotations
@@ -65,12 +66,12 @@ class Interrupted(CollectiveError):
     """A wait stopped because the job is failing (a notice from another rank, or this group broke)."""
 
 
-def _encode(rank: int, reason: str) -> bytes:
-    body = pickle.dumps((rank, reason[:_NOTICE_BYTES // 2]))
+def _encode(rank: int, reason: str, unresponsive: list[int]) -> bytes:
+    body = pickle.dumps((rank, reason[:_NOTICE_BYTES // 2], unresponsive[:64]))
     return struct.pack("<I", len(body)) + body
 
 
-def _decode(buf: bytearray) -> tuple[int, str]:
+def _decode(buf: bytearray) -> tuple[int, str, list[int]]:
     (n,) = struct.unpack_from("<I", buf)
     return pickle.loads(bytes(buf[4:4 + n]))
 
@@ -93,6 +94,7 @@ class World:
         self._buf = bytearray(_NOTICE_BYTES)
         self._listener = self._ctl.Irecv(self._buf, MPI.ANY_SOURCE, _NOTICE)
         self._noticed: list[int] = []
+        self._unresponsive: set[int] = set()  # world ranks the notices name as not arriving: no ack expected
         self._acked: set[int] = set()
         self._notified = False
         self._settled = False
@@ -111,28 +113,31 @@ class World:
         """Read the failure notices that arrived; returns why the job is failing, or None."""
         with self._lock:
             while self._listener is not None and self._listener.Test():
-                rank, reason = _decode(self._buf)
+                rank, reason, unresponsive = _decode(self._buf)
                 self._noticed.append(rank)
+                self._unresponsive.update(unresponsive)
                 if self.failure is None:
                     self.failure, self.culprit = f"rank {rank} failed: {reason}", rank
                 self._listener = self._ctl.Irecv(self._buf, self.MPI.ANY_SOURCE, _NOTICE)
             return self.failure
 
-    def notify(self, reason: str) -> None:
-        """This rank failed: tell every other rank (once), without waiting for them."""
+    def notify(self, reason: str, unresponsive: Sequence[int] = ()) -> None:
+        """This rank failed: tell every other rank (once), without waiting for them. ``unresponsive``:
+        world ranks that did not arrive within the timeout (nobody waits for their acknowledgement)."""
         with self._lock:
             if self.failure is None:
                 self.failure, self.culprit = f"rank {self.rank} failed: {reason}", self.rank
+            self._unresponsive.update(unresponsive)
             if self._notified:
                 return
             self._notified = True
-            msg = _encode(self.rank, reason)
+            msg = _encode(self.rank, reason, sorted(self._unresponsive))
             self._sends += [self._ctl.Isend(msg, r, _NOTICE) for r in range(self.size) if r != self.rank]
 
     def settle(self) -> None:
         """After this rank reported its failure: acknowledge the notices seen, and if this rank sent
-        notices itself, wait (at most ``grace`` seconds) for every other rank's acknowledgement, so
-        that each can print its error before the job is aborted."""
+        notices itself, wait (at most ``grace`` seconds) for every other responsive rank's
+        acknowledgement, so that each can print its error before the job is aborted."""
         if self._settled:
             return
         self._settled = True
@@ -140,8 +145,12 @@ class World:
         status = MPI.Status()
         ack_buf = bytearray(4)
         acks: set[int] = set()
-        want = self.size - 1
-        ack_req = self._ctl.Irecv(ack_buf, MPI.ANY_SOURCE, _ACK) if self._notified and want else None
+
+        def waiting() -> bool:
+            self.poll()
+            return any(r not in acks and r not in self._unresponsive for r in range(self.size) if r != self.rank)
+
+        ack_req = self._ctl.Irecv(ack_buf, MPI.ANY_SOURCE, _ACK) if self._notified and waiting() else None
         deadline = time.monotonic() + self.grace
         while True:
             self.poll()
@@ -152,7 +161,7 @@ class World:
                         self._sends.append(self._ctl.Isend(b"ack!", r, _ACK))
             while ack_req is not None and ack_req.Test(status):
                 acks.add(status.Get_source())
-                ack_req = self._ctl.Irecv(ack_buf, MPI.ANY_SOURCE, _ACK) if len(acks) < want else None
+                ack_req = self._ctl.Irecv(ack_buf, MPI.ANY_SOURCE, _ACK) if waiting() else None
             if ack_req is None and self._notified:
                 return
             if time.monotonic() > deadline:
