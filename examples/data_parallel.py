@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 
 import numpy as np
@@ -39,8 +38,6 @@ from wgpar.distributed import (  # noqa: E402
 )
 from wgpar.nn import functional as F  # noqa: E402
 
-_init_lock = threading.Lock()  # wgpar's generator is one per process: thread ranks seed and draw in turn
-
 
 def _progress(total: int, show: bool):
     try:
@@ -57,8 +54,7 @@ def _report(bar, msg: str) -> None:
 def train_rank(group, args) -> dict:
     """One rank's program: its replica, its share of every batch. Rank 0 reports."""
     lead = group.rank == 0
-    with _init_lock:
-        wgpar.manual_seed(args.seed)
+    with wgpar.rng_stream(args.seed):  # this rank's own generator: thread ranks build at once
         model = make_model(group.device)
     ddp = DistributedDataParallel(model, group, op="sum")  # each rank's loss is weighted by its share
     opt = wgpar.optim.Adam(ddp.parameters(), lr=args.lr)
