@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -57,23 +58,34 @@ def _command(n: int, *args: str) -> list[str]:
 
 
 def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Launch mpiexec in a session of its own; stdout and stderr go to files (jobs that run at once
+    must not block on a full pipe) and stay apart: the ranks' lines interleave, but each print of a
+    whole line stays whole."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
                     WGPAR_MPI_CHUNK_KB="64")  # small chunks: the conformance sizes span many of them
     full_env.update(env or {})
-    # stdout and stderr apart: the ranks' lines interleave, but each print of a whole line stays whole.
-    return subprocess.Popen(_command(n, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, cwd=ROOT, start_new_session=True)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(_command(n, *args), stdout=out, stderr=err, text=True, env=full_env, cwd=ROOT,
+                            start_new_session=True)
+    proc.logs = (out, err)
+    return proc
 
 
 def _finish(proc: subprocess.Popen, limit: float) -> tuple[int, str, str]:
     """Exit status, stdout and stderr; a job still running after ``limit`` is killed and fails."""
     try:
-        out, err = proc.communicate(timeout=limit)
+        proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        pytest.fail(f"mpiexec still running after {limit} s:\n{out[-2000:]}\n{err[-4000:]}")
-    return proc.returncode, out, err
+        proc.wait()
+    texts = []
+    for f in proc.logs:
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    if proc.returncode == -9:
+        pytest.fail(f"mpiexec still running after {limit} s:\n{texts[0][-2000:]}\n{texts[1][-4000:]}")
+    return proc.returncode, texts[0], texts[1]
 
 
 def _leftovers(token: str, sessions: set[int], wait: float = 10.0) -> list[str]:
@@ -108,15 +120,29 @@ def _single_device(seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("n,per_host", [(2, None), (3, None), (3, 2)],
-                         ids=["2proc-1host", "3proc-1host", "3proc-2hosts"])
-def test_conformance_and_data_parallel_under_mpiexec(n, per_host, rng, tmp_path):
-    seed = int(rng.integers(1 << 30))
-    out_path = tmp_path / "results.npz"
-    env = {"WGPAR_MPI_RANKS_PER_HOST": str(per_host)} if per_host else {}
-    proc = _start(n, "conformance", str(seed), str(out_path), env=env)
-    rc, out, err = _finish(proc, 240)
-    assert rc == 0, out[-2000:] + err[-6000:]
+CONFIGS = {"2proc-1host": (2, None), "3proc-1host": (3, None), "3proc-2hosts": (3, 2)}  # processes, per host
+
+
+@pytest.fixture(scope="module")
+def conformance_jobs(tmp_path_factory):
+    """The launches start together (their start-up and waits overlap); each test waits for its own."""
+    jobs = {}
+    for name, (n, per_host) in CONFIGS.items():
+        seed = int.from_bytes(os.urandom(4), "little") >> 2
+        path = tmp_path_factory.mktemp(name) / "results.npz"
+        env = {"WGPAR_MPI_RANKS_PER_HOST": str(per_host)} if per_host else {}
+        jobs[name] = (seed, path, _start(n, "conformance", str(seed), str(path), env=env))
+    yield jobs
+    for _, _, proc in jobs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_conformance_and_data_parallel_under_mpiexec(conformance_jobs, name):
+    (n, per_host), (seed, out_path, proc) = CONFIGS[name], conformance_jobs[name]
+    rc, out, err = _finish(proc, 300)
+    assert rc == 0, f"seed {seed}\n" + out[-2000:] + err[-6000:]
     got = np.load(out_path)
     names = [c.__name__ for c in conformance.ALL_CHECKS + mpi_runner.MPI_CHECKS]
     for r in range(n):
