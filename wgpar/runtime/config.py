@@ -14,6 +14,8 @@ class Config:
     """WGPAR_BACKEND: restrict to one backend (``vulkan``, ``metal``, ``d3d12``, ``opengl``)."""
     submit_threshold: int
     """WGPAR_SUBMIT_THRESHOLD: dispatches recorded before a device submits on its own."""
+    memory_limit: int | None
+    """WGPAR_MEMORY_LIMIT: bytes each device may reserve (``512M``, ``2G`` and ``64K`` work too)."""
 
 
 def _int(name: str, default: int) -> int:
@@ -26,11 +28,30 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _bytes(name: str) -> int | None:
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return None
+    scale = _UNITS.get(raw[-1].upper(), 1)
+    digits = raw[:-1] if raw[-1].upper() in _UNITS else raw
+    try:
+        value = int(digits) * scale
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of bytes (e.g. 1073741824, 512M, 2G)") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
 def load() -> Config:
     return Config(
         adapter=os.environ.get("WGPAR_ADAPTER") or None,
         backend=(os.environ.get("WGPAR_BACKEND") or "").lower() or None,
         submit_threshold=max(1, _int("WGPAR_SUBMIT_THRESHOLD", 512)),
+        memory_limit=_bytes("WGPAR_MEMORY_LIMIT"),
     )
 
 
