@@ -47,6 +47,9 @@ class RankWorkers:
             except BaseException as exc:  # handed to the caller of run()
                 box["error"] = exc
             done.set()
+            # An idle worker must not keep the last task's result or error (its traceback holds the task's
+            # tensors: a failed step's whole graph) alive until the next task.
+            del fn, box, done, item
 
     def run(self, fns: Sequence[Callable[[], Any]], timeout: float | None = None) -> list[Any]:
         """Run ``fns[r]`` on rank r's thread; return their results in rank order."""
