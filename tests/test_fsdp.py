@@ -13,8 +13,16 @@ import pytest
 import wgpar
 from wgpar import nn, optim
 from wgpar.distributed import FSDP, MultiAdapterContext, run_spmd
-from wgpar.distributed.fsdp import (HostAdamW, HostSGD, MixedPrecisionPolicy, OffloadPolicy, OffloadedShard,
-                                    ShardGeometry, full_state_dict, fully_shard)
+from wgpar.distributed.fsdp import (
+    HostAdamW,
+    HostSGD,
+    MixedPrecisionPolicy,
+    OffloadedShard,
+    OffloadPolicy,
+    ShardGeometry,
+    full_state_dict,
+    fully_shard,
+)
 from wgpar.nn import functional as F
 
 from .fsdp_models import OPTS, make_net, max_rel, single_device

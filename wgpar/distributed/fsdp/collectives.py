@@ -92,3 +92,7 @@ def all_reduce(group: ProcessGroup, flat: Tensor, unit: str) -> Work:
 
 def flat_zeros(numel: int, dtype, device) -> Tensor:
     return zeros(numel, dtype=dtype, device=device)
+
+
+def flat_empty(numel: int, dtype, device) -> Tensor:
+    return Tensor.empty((numel,), dtype, device)

@@ -308,10 +308,13 @@ class FSDPParamGroup:
             return False
         dt = self.reduce_dtype
         with no_grad():
+            # Padding rows must sum to zero (the optimizer steps them); the alignment tail is never read.
+            missing = any(fp.unsharded.grad is None for fp in grad_params)
             if self.sharded:
                 offsets = np.cumsum([0] + [fp.geometry.shard_numel for fp in grad_params]).tolist()
                 chunk = C.align(offsets[-1])
-                flat = C.flat_zeros(self.world * chunk, dt, self.device)
+                padded = missing or any(fp.geometry.rows % self.world for fp in grad_params)
+                flat = (C.flat_zeros if padded else C.flat_empty)(self.world * chunk, dt, self.device)
                 for fp, off in zip(grad_params, offsets):
                     g = fp.unsharded.grad
                     if g is not None:
@@ -322,7 +325,7 @@ class FSDPParamGroup:
                     work, out = C.reduce_scatter(self.comms.shard, flat, self.name)
             else:
                 offsets = np.cumsum([0] + [fp.unsharded.numel() for fp in grad_params]).tolist()
-                out = C.flat_zeros(C.align(offsets[-1]), dt, self.device)
+                out = (C.flat_zeros if missing else C.flat_empty)(C.align(offsets[-1]), dt, self.device)
                 for fp, off in zip(grad_params, offsets):
                     g = fp.unsharded.grad
                     if g is not None:
