@@ -16,19 +16,19 @@ from .context import MultiAdapterContext
 from .data_parallel import DataParallel, DistributedDataParallel, broadcast_module, replicate
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .fsdp import (
-                   FSDP,
-                   FSDPModule,
-                   HostAdam,
-                   HostAdamW,
-                   HostSGD,
-                   MixedPrecisionPolicy,
-                   OffloadPolicy,
-                   ShardingStrategy,
-                   full_state_dict,
-                   fully_shard,
-                   load_sharded_checkpoint,
-                   save_sharded_checkpoint,
-                   sharded_state_dict,
+    FSDP,
+    FSDPModule,
+    HostAdam,
+    HostAdamW,
+    HostSGD,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardingStrategy,
+    full_state_dict,
+    fully_shard,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+    sharded_state_dict,
 )
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
 from .launch import RankWorkers, run_spmd
