@@ -290,7 +290,7 @@ def _padded(rows: np.ndarray, shard_shape: tuple[int, ...]) -> np.ndarray:
     """Real rows laid out in a shard of ``shard_shape`` (zero rows after them)."""
     out = np.zeros(shard_shape, dtype=np.float32)
     flat = out.reshape(shard_shape[0] if shard_shape else 1, -1)
-    flat[:rows.shape[0]] = rows.reshape(rows.shape[0], -1)
+    flat[:rows.shape[0]] = rows.reshape(rows.shape[0], flat.shape[1])
     return out
 
 

@@ -262,8 +262,6 @@ class FSDPState:
         if not self._fresh:
             return  # several forwards before one backward: keep what the earlier ones recorded
         self._fresh = False
-        if self._pre_order:
-            self._prev_pre_order = self._pre_order
         self._pre_order, self._post_order = [], []
         self._prefetched.clear()
         for g in groups:
@@ -281,6 +279,7 @@ class FSDPState:
         self._prefetched = [g for g in self._prefetched if g.ran_forward]
         if not grad:
             self._fresh = True  # no backward follows a forward without grad
+            self._prev_pre_order = self._pre_order
 
     def _record_pre(self, grp: FSDPParamGroup) -> None:
         if grp not in self._pre_order:
@@ -382,12 +381,16 @@ class FSDPState:
             self._abandon()
             raise
         self._fresh = True
+        # The next forward prefetches in this order. Only a step every rank completed counts (its reductions
+        # met every rank): a failed step's partial order differs between ranks, and so would their gathers.
+        self._prev_pre_order = self._pre_order
 
     def _abandon(self) -> None:
         """Forget a failed step: wait out (or drop) its collectives, reshard, clear full gradients."""
         self._callback_queued = False
         self._reductions.clear()
         self._prefetched.clear()
+        self._pre_order, self._post_order = [], []
         for grp in self.groups():
             grp.drop_pending()
             for fp in grp.params:
