@@ -18,6 +18,7 @@ from .checkpoint import (
                          save_sharded_checkpoint,
                          sharded_state_dict,
 )
+from .estimate import MemoryEstimate, memory_estimate
 from .offload import HostAdam, HostAdamW, HostSGD
 from .param import OffloadedShard, ShardedState, ShardGeometry
 from .param_group import FSDPParamGroup
@@ -26,5 +27,5 @@ from .wrapper import FSDP
 
 __all__ = ["fully_shard", "FSDP", "FSDPModule", "hybrid_groups", "ShardingStrategy", "MixedPrecisionPolicy",
            "OffloadPolicy", "PERSIST_THRESHOLD", "plan_units", "full_state_dict", "sharded_state_dict",
-           "save_sharded_checkpoint", "load_sharded_checkpoint", "LocalShard", "HostSGD", "HostAdam", "HostAdamW",
-           "ShardedState", "ShardGeometry", "OffloadedShard", "FSDPParamGroup"]
+           "save_sharded_checkpoint", "load_sharded_checkpoint", "LocalShard", "memory_estimate", "MemoryEstimate",
+           "HostSGD", "HostAdam", "HostAdamW", "ShardedState", "ShardGeometry", "OffloadedShard", "FSDPParamGroup"]

@@ -27,7 +27,7 @@ class MemoryEstimate:
     """Bytes per device (one rank) under FSDP, next to what DataParallel would hold.
 
     ``params``: shards (and replicated units) between steps. ``grads``: the reduced gradients after
-    backward. ``optimizer``: optimizer state. ``gathered``: the most the gathered units (full
+    backward (offloaded: until backward ends, when they move to the host). ``optimizer``: optimizer state. ``gathered``: the most the gathered units (full
     parameters plus gather buffers) add at once during forward and backward. ``host``: host memory
     per rank with offload (shards, gradients, optimizer state). ``data_parallel``: parameters,
     gradients and optimizer state of a full replica.
@@ -171,8 +171,9 @@ def memory_estimate(model: Module, world_size: int | None = None,
             transient = 0
             full = full if cb != b else 0  # without a cast forward uses the replicated parameters themselves
         if offload and u.sharded:
+            # Shards and state live on the host; the reduced gradients wait on the device until backward ends.
             host += unit_params + unit_grads + unit_opt
-            unit_params = unit_grads = unit_opt = 0
+            unit_params = unit_opt = 0
         params += unit_params
         grads += unit_grads
         opt += unit_opt

@@ -153,6 +153,8 @@ class FSDPParamGroup:
             with no_grad():
                 for e, g, off in zip(entries, geoms, offsets):
                     value = e.value if isinstance(e.value, Tensor) else Tensor.from_numpy(e.value, self.device)
+                    if value.device is not self.device:
+                        value = value.to(self.device)
                     C.copy_rows_in(g, ops.contiguous(value), self.flat, self.chunk, off, g.rank, 1)
         params = []
         for e, g, off in zip(entries, geoms, offsets):
