@@ -252,3 +252,27 @@ def test_optimizer_built_before_fully_shard_is_refused():
         return True
 
     assert run_spmd(f, 2, timeout=30) == [True, True]
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clip_grad_norm_uses_the_whole_models_norm(norm_type, rng):
+    """Each rank holds other rows: the norm must be summed over ranks (replicated units counted once),
+    and every rank must clip by the same factor, as nn.utils.clip_grad_norm_ does on one device."""
+    X = rng.standard_normal((9, 6)).astype(np.float32)
+    Y = rng.integers(0, 3, 9).astype(np.int32)
+    seed = int(rng.integers(1 << 30))
+    ref = make_net(seed)
+    F.cross_entropy(ref(wgpar.tensor(X)), Y).backward()
+    want_norm = float(nn.utils.clip_grad_norm_(ref.parameters(), 0.05, norm_type).item())
+    with MultiAdapterContext(2, timeout=60) as ctx:
+        fsdp = FSDP(make_net(seed), ctx, persist_threshold=232)  # sharded and replicated units
+        fsdp.backward(fsdp.loss(F.cross_entropy, fsdp(X), Y))
+        norms = ctx.run(lambda r: fsdp.modules[r].clip_grad_norm_(0.05, norm_type).item())
+        before = fsdp.full_state_dict()
+        fsdp.step(fsdp.optimizers(lambda ps: optim.SGD(ps, lr=1.0)))
+        after = fsdp.full_state_dict()
+    np.testing.assert_allclose(norms, [want_norm] * 2, rtol=1e-5)
+    for name, p in ref.named_parameters():
+        if p.requires_grad:
+            np.testing.assert_allclose(before[name] - after[name], p.grad.numpy(), rtol=1e-4, atol=1e-7,
+                                       err_msg=name)

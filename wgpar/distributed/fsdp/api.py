@@ -112,6 +112,58 @@ class FSDPModule:
         for st in self._states():
             st.divide = None if factor is None else float(factor)
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Scale every shard's gradient so that the whole model's gradient norm is at most ``max_norm``.
+
+        ``nn.utils.clip_grad_norm_(model.parameters())`` would see this rank's shards only, and each
+        rank would clip by another norm; this sums the shards' contributions over the ranks (rows
+        held by several ranks, replicated units and HYBRID_SHARD's replicas, count once). A
+        collective: every rank calls it, after backward.
+
+        Arguments:
+            max_norm: the largest norm allowed.
+            norm_type: 2.0 (default), or ``float("inf")`` for the largest absolute entry.
+
+        Returns the total norm (before clipping) as a 0-d tensor on this rank's device.
+        """
+        groups = self.fsdp_groups()
+        if not groups:
+            raise RuntimeError("clip_grad_norm_: this module's sub-tree has no FSDP parameters")
+        if norm_type not in (2.0, float("inf")):
+            raise ValueError(f"clip_grad_norm_: norm_type must be 2.0 or inf, got {norm_type!r}")
+        dp = groups[0].comms.dp
+        inf = norm_type == float("inf")
+        with no_grad():
+            parts: list[Tensor] = []
+            host = 0.0
+            for g in groups:
+                # Each value is held by `copies` ranks: weight its contribution so the sum counts it once.
+                copies = (g.comms.replicate.world_size if g.sharded and g.comms.replicate is not None
+                          else 1 if g.sharded else dp.world_size)
+                for fp in g.params:
+                    p = fp.registered
+                    h = getattr(p, "host_grad", None)
+                    if h is not None:
+                        host = max(host, float(np.abs(h).max(initial=0.0))) if inf else \
+                            host + float(np.square(h, dtype=np.float64).sum()) / copies
+                    elif p.grad is not None:
+                        a = ops.unary("abs", p.grad.float())
+                        parts.append(ops.reduce("max", a) if inf else ops.reduce("sum", a * a) * (1.0 / copies))
+            total = ops.fill((), host, _dt.float32, dp.device)
+            for t in parts:
+                total = ops.binary("maximum", total, t) if inf else total + t
+            total = dp.all_reduce(ops.reshape(total, (1,)), "max" if inf else "sum", label="fsdp:clip_grad_norm")
+            norm = ops.reshape(total if inf else ops.unary("sqrt", total), ())
+            coef = ops.clamp(ops.binary("div", float(max_norm), ops.binary("add", norm, 1e-6)), max=1.0)
+            for g in groups:
+                for fp in g.params:
+                    p = fp.registered
+                    if getattr(p, "host_grad", None) is not None:
+                        p.host_grad *= np.float32(coef.item())
+                    elif p.grad is not None:
+                        ops.inplace("mul", p.grad, coef)
+        return norm
+
     def lazy_init(self) -> None:
         """Make this module the root now (the first forward does it otherwise)."""
         self.fsdp_state.lazy_init()

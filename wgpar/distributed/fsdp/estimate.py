@@ -27,10 +27,11 @@ class MemoryEstimate:
     """Bytes per device (one rank) under FSDP, next to what DataParallel would hold.
 
     ``params``: shards (and replicated units) between steps. ``grads``: the reduced gradients after
-    backward (offloaded: until backward ends, when they move to the host). ``optimizer``: optimizer state. ``gathered``: the most the gathered units (full
-    parameters plus gather buffers) add at once during forward and backward. ``host``: host memory
-    per rank with offload (shards, gradients, optimizer state). ``data_parallel``: parameters,
-    gradients and optimizer state of a full replica.
+    backward (offloaded: until backward ends, when they move to the host). ``optimizer``: optimizer
+    state. ``gathered``: the most the gathered units (full parameters plus gather buffers) add at
+    once during forward and backward. ``host``: host memory per rank with offload (shards,
+    gradients, optimizer state). ``data_parallel``: parameters, gradients and optimizer state of a
+    full replica.
     """
 
     world_size: int
