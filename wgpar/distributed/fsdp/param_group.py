@@ -117,6 +117,7 @@ class FSDPParamGroup:
         self.sync = True  # reduce gradients after backward (False: accumulate them unsharded, no_sync)
         self.num_gathers = 0  # collectives this unit started (tests and benchmarks read these)
         self.num_reductions = 0
+        self.offload_traffic = {"h2d_bytes": 0, "d2h_bytes": 0}  # host shards uploaded, gradients read back
         self.owner = None  # the FSDPState this unit belongs to
         self.params = self._build(entries)
         for fp in self.params:
@@ -240,6 +241,7 @@ class FSDPParamGroup:
 
     def _send_buffer(self) -> Tensor:
         if self.host_flat is not None:
+            self.offload_traffic["h2d_bytes"] += self.chunk * self.compute_dtype.itemsize
             return Tensor.from_numpy(self.host_flat, device=self.device, dtype=self.compute_dtype)
         return self.flat if self.compute_dtype is self.dtype else ops.cast(self.flat, self.compute_dtype)
 
@@ -366,6 +368,7 @@ class FSDPParamGroup:
             if divide != 1:
                 ops.inplace("mul", out, 1.0 / divide)
             if self.offload is not None:
+                self.offload_traffic["d2h_bytes"] += out.nbytes
                 host = out.numpy()
                 if host.dtype != np.float32:
                     host = host.astype(np.float32)
