@@ -42,7 +42,7 @@ CASES = [  # (ranks, batch, strategy, optimizer, options)
     (2, 11, "NO_SHARD", "sgd", {}),
     (4, 10, "HYBRID_SHARD", "adamw", {}),
     (2, 11, "FULL_SHARD", "adamw", {"offload": True}),
-    (4, 10, "SHARD_GRAD_OP", "sgd", {"offload": True}),
+    (2, 11, "SHARD_GRAD_OP", "sgd", {"offload": True}),
 ]
 
 

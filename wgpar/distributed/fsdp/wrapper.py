@@ -213,7 +213,7 @@ class FSDP:
     # -- state -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, np.ndarray]:
         """The whole model's parameters and buffers as NumPy arrays (gathered unit by unit)."""
-        return self.context.run(lambda r: ckpt.full_state_dict(self.modules[r]))[0]
+        return self.context.run(lambda r: ckpt.full_state_dict(self.modules[r], rank0_only=True))[0]
 
     def save_checkpoint(self, path: str | os.PathLike, optimizers: Sequence | None = None) -> None:
         """A sharded checkpoint: one safetensors file per rank plus index.json (see checkpoint.py)."""
