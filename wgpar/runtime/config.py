@@ -14,7 +14,7 @@ class Config:
     """WGPAR_BACKEND: restrict to one backend (``vulkan``, ``metal``, ``d3d12``, ``opengl``)."""
     submit_threshold: int
     """WGPAR_SUBMIT_THRESHOLD: dispatches recorded before a device submits on its own."""
-    memory_limit: int | None
+    memory_limit: int | None = None
     """WGPAR_MEMORY_LIMIT: bytes each device may reserve (``512M``, ``2G`` and ``64K`` work too)."""
 
 
