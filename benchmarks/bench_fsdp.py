@@ -228,6 +228,7 @@ def largest(ctx, args, config: dict, start: int) -> tuple[int, int]:
 
     def fits(layers: int) -> bool:
         a = argparse.Namespace(**{**vars(args), "width": width, "layers": layers})
+        why = ""
         try:
             run_config(ctx, a, config, X, Y, 1)
             ok = True
@@ -236,11 +237,12 @@ def largest(ctx, args, config: dict, start: int) -> tuple[int, int]:
             if not isinstance(cause, (wgpar.OutOfMemoryError, wgpar.BindingLimitError)):
                 raise
             ok = False
+            why = f" ({cause})"
         gc.collect()
         ctx.reset()
         for d in ctx.devices:
             wgpar.empty_cache(d)
-        print(f"  {config['name']}: {layers} layers {'fit' if ok else 'do not fit'}", flush=True)
+        print(f"  {config['name']}: {layers} layers {'fit' if ok else 'do not fit'}{why}", flush=True)
         return ok
 
     cap = args.largest_max_layers
