@@ -276,3 +276,49 @@ def test_clip_grad_norm_uses_the_whole_models_norm(norm_type, rng):
         if p.requires_grad:
             np.testing.assert_allclose(before[name] - after[name], p.grad.numpy(), rtol=1e-4, atol=1e-7,
                                        err_msg=name)
+
+
+def test_eval_forward_and_changed_shards_between_steps(rng):
+    """A forward under no_grad gathers and frees every unit (nothing waits for a backward); a unit still
+    gathered from a forward without backward (SHARD_GRAD_OP) is gathered again once its shards change;
+    unshard() / reshard() put the full parameters on the module and take them off."""
+    X = rng.standard_normal((6, 6)).astype(np.float32)
+    seed = int(rng.integers(1 << 30))
+    ref = make_net(seed)
+    with MultiAdapterContext(2, timeout=60) as ctx:
+        fsdp = FSDP(make_net(seed), ctx, strategy="SHARD_GRAD_OP", persist_threshold=0)
+        parts = np.array_split(X, 2)
+
+        def forward(r: int, grad: bool) -> np.ndarray:  # grad mode is per thread: set it on the rank's
+            with (wgpar.enable_grad() if grad else wgpar.no_grad()):
+                return fsdp.modules[r](wgpar.tensor(parts[r], device=ctx.devices[r])).numpy()
+
+        got = ctx.run(forward, [False, False])
+        np.testing.assert_allclose(np.concatenate(got), ref(wgpar.tensor(X)).numpy(), rtol=1e-5, atol=1e-6)
+        for m in fsdp.modules:
+            assert all(fp.unsharded.untyped_storage().is_freed for g in m.fsdp_groups() for fp in g.params)
+        ctx.run(forward, [True, True])  # no backward follows: SHARD_GRAD_OP keeps every unit gathered
+        assert all(fp.unsharded.shape == fp.shape and not fp.unsharded.untyped_storage().is_freed
+                   for g in fsdp.module.fsdp_groups() for fp in g.params)
+
+        def bump(r: int) -> None:
+            with wgpar.no_grad():
+                for fp in fsdp.modules[r].head.fsdp_state.group.params:
+                    fp.registered.add_(1.0)  # a shard written in place (an optimizer step would do this)
+
+        ctx.run(bump)
+        with wgpar.no_grad():
+            for p in ref.head.parameters():
+                p.add_(1.0)
+            want = ref(wgpar.tensor(X)).numpy()
+        got = ctx.run(forward, [True, True])
+        np.testing.assert_allclose(np.concatenate(got), want, rtol=1e-5, atol=1e-6)
+
+        def manual(r: int) -> tuple:
+            m = fsdp.modules[r]
+            m.inp.unshard()
+            full = m.inp.weight.shape
+            m.inp.reshard()
+            return full, m.inp.weight.shape
+
+        assert ctx.run(manual) == [((33, 6), (17, 6))] * 2
