@@ -136,5 +136,5 @@ def plan_units(root: Module, auto_wrap: AutoWrap = None) -> list[tuple[str, Modu
         pick = _classes_policy(classes)
     chosen = [(name, m) for name, m in root.named_modules() if m is not root and pick(m, name)]
     # Bottom-up: a unit must exist before the unit around it claims the parameters left over.
-    chosen.sort(key=lambda nm: -nm[0].count(".") if nm[0] else 0)
+    chosen.sort(key=lambda nm: -nm[0].count("."))
     return chosen + [("", root)]
