@@ -15,7 +15,7 @@ from .functional import (abs, argmax, argmin, cat, clamp, concatenate, exp, gelu
                          log_softmax, matmul, max, maximum, mean, min, minimum, neg, permute, relu, reshape,
                          rsqrt, sigmoid, softmax, sqrt, stack, sum, tanh, transpose, where)
 from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved, memory_stats,
-                     reset_peak_memory_stats, synchronize)
+                     reset_peak_memory_stats, set_memory_limit, synchronize)
 from .runtime import Device, adapter_names, device, devices
 from .storage import Storage
 from .tensor import Tensor
@@ -34,7 +34,7 @@ __all__ = [
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
     "zeros_like", "ones_like", "manual_seed", "rng_stream",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
-    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
+    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
     "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
     "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
