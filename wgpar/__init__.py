@@ -20,6 +20,7 @@ from .creation import (
     rand,
     randint,
     randn,
+    rng_stream,
     tensor,
     zeros,
     zeros_like,
@@ -41,6 +42,7 @@ from .memory import (
     memory_reserved,
     memory_stats,
     reset_peak_memory_stats,
+    set_memory_limit,
     synchronize,
 )
 from .runtime import Device, adapter_names, device, devices
@@ -56,9 +58,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Tensor", "Storage", "Device", "DType", "float32", "float16", "int32", "bool_", "half",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
-    "zeros_like", "ones_like", "manual_seed",
+    "zeros_like", "ones_like", "manual_seed", "rng_stream",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
-    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
+    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
     *functional.__all__,
     "autograd", "nn", "optim", "distributed", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     "backward_with_grad",

@@ -68,6 +68,7 @@ class Device:
         self.allocator = CachingAllocator(self._create_storage, min(self.max_binding, self.max_buffer),
                                           self._forget_buffers, name=str(self))
         self.allocator.reclaim = self.empty_cache
+        self.allocator.set_limit(CONFIG.memory_limit)
         self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
         self._bind_groups: dict[tuple, Any] = {}
         self._staging: dict[int, wgpu.GPUBuffer] = {}
