@@ -115,7 +115,7 @@ def test_f16_reductions_and_softmax(f16, rng):
     r = a.astype(np.float64)
     for axis in (None, 0, 1, (0, 1)):
         for op in ("sum", "mean", "max", "min"):
-            got = getattr(x, op)(axis=axis)
+            got = getattr(x, {"max": "amax", "min": "amin"}.get(op, op))(axis=axis)
             assert got.dtype is wgpar.float16
             want = getattr(np, op if op not in ("max", "min") else "a" + op)(r, axis=axis)
             scale = np.abs(r).sum() if op == "sum" else 1.0

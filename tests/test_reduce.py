@@ -10,7 +10,8 @@ import wgpar
 from .helpers import SIZES, assert_close
 
 SHAPES = [(1,), (3,), (1000,), (7, 33), (33, 1, 7), (3, 129, 5), (2, 3, 7, 4), (1, 1)]
-NP = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "argmax": np.argmax, "argmin": np.argmin}
+NP = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "amax": np.max, "amin": np.min,
+      "argmax": np.argmax, "argmin": np.argmin}
 
 
 def f32(rng, shape):
@@ -32,7 +33,7 @@ def check(got, want, a, what):
     assert_close(got, want, rtol=1e-5, atol=1e-6 * max(scale, 1.0), what=what)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_reduce_over_axes(dev, rng, op, shape):
     a = f32(rng, shape)
@@ -71,7 +72,8 @@ def test_torch_spellings_and_top_level_functions(dev, rng):
     check(x.mean(1, True).numpy(), r.mean(1, keepdims=True), a, "positional")
     check(wgpar.sum(x, dim=-1).numpy(), r.sum(-1), a, "wgpar.sum")
     check(wgpar.mean(x, axis=(0, 1)).numpy(), r.mean((0, 1)), a, "wgpar.mean")
-    check(wgpar.max(x, dim=0, keepdim=True).numpy(), r.max(0, keepdims=True), a, "wgpar.max")
+    check(wgpar.max(x, dim=0, keepdim=True).values.numpy(), r.max(0, keepdims=True), a, "wgpar.max")
+    check(wgpar.amax(x, dim=(0, 2), keepdim=True).numpy(), r.max((0, 2), keepdims=True), a, "wgpar.amax")
     check(wgpar.min(x).numpy(), r.min(), a, "wgpar.min")
     np.testing.assert_array_equal(wgpar.argmax(x, dim=1).numpy(), a.argmax(1))
     np.testing.assert_array_equal(wgpar.argmin(x, axis=2, keepdims=True).numpy(), a.argmin(2, keepdims=True))
@@ -82,7 +84,7 @@ def test_torch_spellings_and_top_level_functions(dev, rng):
 def test_integer_and_bool_reductions(dev, rng):
     a = rng.integers(-100, 100, size=(33, 7)).astype(np.int32)
     x = wgpar.tensor(a)
-    for op in ("sum", "max", "min"):
+    for op in ("sum", "amax", "amin"):
         got = getattr(x, op)(axis=0)
         assert got.dtype is wgpar.int32
         np.testing.assert_array_equal(got.numpy(), NP[op](a, axis=0))
@@ -127,7 +129,7 @@ def test_reductions_of_non_contiguous_views(dev, rng):
     r = a.astype(np.float64)
     check(x.T.sum(0).numpy(), r.T.sum(0), a, "T.sum(0)")
     check(x[3:30:3, ::-2].mean(1).numpy(), r[3:30:3, ::-2].mean(1), a, "slice mean")
-    check(x.T[5:].max(axis=(0, 1)).numpy(), r.T[5:].max(), a, "T max all")
+    check(x.T[5:].amax(axis=(0, 1)).numpy(), r.T[5:].max(), a, "T max all")
     np.testing.assert_array_equal(x[:, 1::2].argmax(0).numpy(), a[:, 1::2].argmax(0))
     check(x.expand(4, 33, 40).sum((0, 2)).numpy(), 4 * r.sum(1), a, "expanded")
     check(x[5:].sum(1).numpy(), r[5:].sum(1), a, "contiguous view at an offset")
@@ -151,7 +153,7 @@ def test_large_reductions(dev, rng, n):
     rows = wgpar.tensor(r7)
     assert_close(rows.sum(1).numpy(), r7.sum(1), rtol=1e-5)
     assert_close(rows.mean(1, keepdims=True).numpy(), r7.mean(1, keepdims=True), rtol=1e-5)
-    assert_close(rows[2:].max(1).numpy(), r7[2:].max(1))
+    assert_close(rows[2:].max(1).values.numpy(), r7[2:].max(1))
     np.testing.assert_array_equal(rows.argmin(1).numpy(), r7.argmin(1))
 
 
@@ -164,11 +166,11 @@ def test_zero_size_reductions(dev):
     e = wgpar.zeros(0, 3)
     assert_close(e.sum(0).numpy(), np.zeros(3))
     assert e.sum(1).shape == (0,)
-    assert e.max(1).shape == (0,)
+    assert e.amax(1).shape == (0,)
     assert np.isnan(e.mean(0).numpy()).all()
     assert e.sum().item() == 0
     with pytest.raises(ValueError, match="zero-size"):
-        e.max(0)
+        e.amax(0)
     with pytest.raises(ValueError):
         e.argmax()
 
@@ -235,7 +237,7 @@ def test_long_column_reductions(dev, rng):
     r = a.astype(np.float64)
     assert_close(x.sum(0).numpy(), r.sum(0), rtol=1e-5)
     assert_close(x.mean(0, keepdims=True).numpy(), r.mean(0, keepdims=True), rtol=1e-5)
-    assert_close(x.max(0).numpy(), r.max(0))
+    assert_close(x.amax(0).numpy(), r.max(0))
     np.testing.assert_array_equal(x.argmin(0).numpy(), a.argmin(0))
     b = rng.random((2, 66000, 2), dtype=np.float32)
     assert_close(wgpar.tensor(b).sum(1).numpy(), b.astype(np.float64).sum(1), rtol=1e-5)
@@ -280,16 +282,19 @@ def test_softmax_of_very_long_rows(dev, rng):
 
 def test_scalar_and_empty_axis_reductions(dev):
     s = wgpar.tensor(3.5)
-    for op in ("sum", "mean", "max", "min"):
+    for op in ("sum", "mean", "amax", "amin"):
         for kw in ({}, {"axis": 0}, {"dim": -1}, {"axis": ()}, {"keepdims": True}):
             got = getattr(s, op)(**kw)
             assert got.shape == () and got.item() == 3.5, (op, kw)
+    for op in ("max", "min"):  # PyTorch: a 0-d tensor's dim 0 (or -1) is its one element, at index 0
+        values, indices = getattr(s, op)(dim=-1)
+        assert values.shape == indices.shape == () and values.item() == 3.5 and indices.item() == 0
     assert s.argmax().item() == 0 and s.argmin(0).item() == 0
     with pytest.raises(IndexError):
         s.sum(1)
     a = np.arange(12, dtype=np.int32).reshape(3, 4)
     x = wgpar.tensor(a)
-    for op in ("sum", "max", "min", "mean"):
+    for op in ("sum", "amax", "amin", "mean"):
         got = getattr(x, op)(axis=())
         want = NP[op](a, axis=())
         assert got.shape == want.shape and got.dtype is (wgpar.float32 if op == "mean" else wgpar.int32)

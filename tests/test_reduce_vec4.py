@@ -41,7 +41,7 @@ def test_row_reductions(dev, rng, chosen, rows, cols):
     for name, want in [("sum", r64(a).sum(1)), ("mean", r64(a).mean(1)), ("max", a.max(1)), ("min", a.min(1)),
                        ("argmax", a.argmax(1)), ("argmin", a.argmin(1))]:
         chosen.clear()
-        got = getattr(x, name)(1).numpy()
+        got = getattr(x, {"max": "amax", "min": "amin"}.get(name, name))(1).numpy()
         tol = 1e-5 * max(1.0, np.sqrt(cols) / 8)
         assert_close(got, want, rtol=tol, atol=tol, what=f"{name} {rows}x{cols}")
         first = [v for f, v in chosen if f == "reduce"][0]
@@ -117,7 +117,8 @@ def test_split_column_reductions(dev, rng, shape, axis):
     for name, want in [("sum", r64(a).sum(axis)), ("mean", r64(a).mean(axis)), ("max", a.max(axis)),
                        ("min", a.min(axis)), ("argmax", a.argmax(axis))]:
         atol = 1e-5 + (2e-7 * scale if name == "sum" else 2e-7 * scale / a.shape[axis] if name == "mean" else 0)
-        assert_close(getattr(x, name)(axis).numpy(), want, rtol=1e-5, atol=atol, what=f"{name} {shape} {axis}")
+        method = getattr(x, {"max": "amax", "min": "amin"}.get(name, name))
+        assert_close(method(axis).numpy(), want, rtol=1e-5, atol=atol, what=f"{name} {shape} {axis}")
     ints = rng.integers(-50, 50, size=shape)
     np.testing.assert_array_equal(wgpar.tensor(ints).sum(axis).numpy(), ints.sum(axis))
     b = wgpar.tensor(a > 0)

@@ -70,10 +70,32 @@ def _reduction(name: str):
     return f
 
 
-sum, mean, max, min, argmax, argmin = (_reduction(n) for n in ("sum", "mean", "max", "min", "argmax", "argmin"))
+sum, mean, argmax, argmin = (_reduction(n) for n in ("sum", "mean", "argmax", "argmin"))
+amax, amin = _reduction("max"), _reduction("min")
+amax.__name__, amin.__name__ = "amax", "amin"
+amax.__doc__ = "The largest values over an axis, a tuple of axes, or all elements (PyTorch's amax: values only)."
+amin.__doc__ = "The smallest values over an axis, a tuple of axes, or all elements (PyTorch's amin: values only)."
+
+
+def _extreme(name: str):
+    def f(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        if isinstance(dim, Tensor):  # torch.max(a, b): the elementwise form
+            return ops.binary("maximum" if name == "max" else "minimum", x, dim)
+        return ops.extreme(name, x, dim_arg(axis, dim), bool(keepdim if keepdims is None else keepdims))
+
+    f.__name__ = name
+    f.__doc__ = (f"The {name} of every element (0-d), or with one int ``dim`` the named tuple (values, indices) "
+                 f"along it, as torch.{name}; ``{name}(a, b)`` with two tensors is ``{name}imum(a, b)``.\n\n"
+                 "Arguments:\n    x: a tensor.\n    dim: None, an int, or a second tensor.\n"
+                 "    keepdim: keep the reduced dim with size 1.\n")
+    return f
+
+
+max, min = _extreme("max"), _extreme("min")
 
 GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)
 globals().update({op.api: function(op) for op in OPS.values() if op.api and op.function})
 
 __all__ = ["matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
-           "reshape", "transpose", "permute", "sum", "mean", "max", "min", "argmax", "argmin", *GENERATED]
+           "reshape", "transpose", "permute", "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
+           *GENERATED]

@@ -415,10 +415,29 @@ class Tensor:
         return _ops.reduce("mean", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def max(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return _ops.reduce("max", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
+        """The largest element as a 0-d tensor, or with one int ``dim`` the named tuple
+        ``(values, indices)`` along it, as in PyTorch (``values, indices = t.max(dim=1)``).
+
+        NaN wins, as in PyTorch; indices are int32 and name the first maximum (the first NaN). The
+        0-d form splits its gradient evenly over tied maxima, the dim form gives it to ``indices``
+        (both as PyTorch). Several dims at once: ``amax``.
+        """
+        return _ops.extreme("max", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def min(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return _ops.reduce("min", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
+        """The smallest element as a 0-d tensor, or with one int ``dim`` the named tuple
+        ``(values, indices)`` along it, as in PyTorch; NaN wins. See ``max``; several dims: ``amin``."""
+        return _ops.extreme("min", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
+
+    def amax(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """The largest values over ``dim`` (an int, a tuple of ints, or None: every element), values only
+        (PyTorch's amax: the gradient split evenly over ties). NaN wins."""
+        return _ops.reduce("max", self, dim_arg(axis, dim), keepdim_arg(keepdim, keepdims))
+
+    def amin(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """The smallest values over ``dim`` (an int, a tuple of ints, or None), values only (PyTorch's
+        amin). NaN wins."""
+        return _ops.reduce("min", self, dim_arg(axis, dim), keepdim_arg(keepdim, keepdims))
 
     def argmax(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
         return _ops.reduce("argmax", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))

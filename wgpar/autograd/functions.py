@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import dtypes as _dt
 from .. import ops as raw
+from .. import return_types
 from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.registry import GRADS, SAVES
 from ..ops.shape import stack_dim
@@ -299,6 +302,36 @@ def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     return record(op, out, [a], bw, [a, y])
 
 
+def extreme(op: str, a: Tensor, dim=None, keepdim: bool = False):
+    """``max`` / ``min`` as in PyTorch: without ``dim`` the 0-d extreme of every element (its gradient
+    split over ties); with one int ``dim`` the named tuple (values, indices) along it, the indices those
+    of the first extreme (of the first NaN if any), which alone receive the values' gradient."""
+    if dim is None:
+        return reduce(op, a, None, keepdim)
+    if isinstance(dim, (tuple, list)):
+        raise TypeError(f"{op}(dim=...) takes one int dim and returns (values, indices), as in PyTorch; got "
+                        f"{dim!r}: for the {op} over several dims use a{op}(dim={tuple(dim)!r})")
+    if not isinstance(a, Tensor):
+        raise TypeError(f"{op}: expected a wgpar.Tensor, got {type(a).__name__}")
+    d = wrap_dim(dim, a.ndim)
+    indices = raw.reduce("arg" + op, a, d, keepdims=keepdim)
+    values = raw.reduce(op, a, d, keepdims=keepdim)
+    if is_grad_enabled() and _needs(a) and a.ndim:
+        kshape = _keep_shape(a, (d,))
+        picked = raw.reshape(indices, kshape)
+        column = [1] * a.ndim
+        column[d] = a.shape[d]
+
+        def bw(g):
+            positions = Tensor.from_numpy(np.arange(a.shape[d], dtype=np.int32).reshape(column), device=g.device)
+            return (raw.where(raw.binary("eq", positions, picked), raw.reshape(g, kshape), 0.0),)
+
+        values = record(op, values, [a], bw, [picked])
+    elif is_grad_enabled() and _needs(a):
+        values = record(op, values, [a], lambda g: (g,))
+    return (return_types.max if op == "max" else return_types.min)(values, indices)
+
+
 def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
     out = raw.softmax(a, axis, log)
     if not (is_grad_enabled() and _needs(a)):
@@ -345,4 +378,5 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 __all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
            "setitem", "reshape", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
-           "index_select", "cat", "stack", "reduce", "softmax", "matmul", "unbroadcast", "backward", "retain_grad"]
+           "index_select", "cat", "stack", "reduce", "extreme", "softmax", "matmul", "unbroadcast", "backward",
+           "retain_grad"]

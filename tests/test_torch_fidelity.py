@@ -1,0 +1,82 @@
+"""What a PyTorch user types first behaves as in PyTorch, or refuses with an error that says why:
+max / min with a dim, .cpu() and .to("cpu"), view of non-contiguous tensors, 64-bit dtypes, device
+indices. Each case is compared with torch (CPU) where the behaviour is torch's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpar
+
+from .helpers import assert_close
+
+torch = pytest.importorskip("torch")
+
+
+def _pair(rng, shape, requires_grad=False):
+    a = rng.standard_normal(shape).astype(np.float32)
+    return wgpar.tensor(a, requires_grad=requires_grad), torch.tensor(a, requires_grad=requires_grad)
+
+
+# -- max / min with a dim: the named tuple (values, indices) ----------------------------------------
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("shape,dim", [((7,), 0), ((5, 13), 1), ((5, 13), 0), ((3, 1, 29), -1), ((4, 33, 6), 1)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_min_with_dim_return_values_and_indices(rng, op, shape, dim, keepdim):
+    x, tx = _pair(rng, shape, requires_grad=True)
+    got = getattr(x, op)(dim=dim, keepdim=keepdim)
+    want = getattr(tx, op)(dim=dim, keepdim=keepdim)
+    assert type(got).__name__ == op and got._fields == ("values", "indices")
+    values, indices = got  # unpacks into exactly two
+    assert values is got.values and indices is got.indices and got[0] is values
+    assert values.shape == tuple(want.values.shape) and indices.shape == tuple(want.indices.shape)
+    assert indices.dtype is wgpar.int32
+    assert_close(values.numpy(), want.values.detach().numpy(), rtol=0, atol=0)
+    np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
+    # the values keep autograd; the gradient goes to the picked entries only, as in torch
+    w = rng.standard_normal(tuple(want.values.shape)).astype(np.float32)
+    (values * wgpar.tensor(w)).sum().backward()
+    (want.values * torch.tensor(w)).sum().backward()
+    assert_close(x.grad.numpy(), tx.grad.numpy(), rtol=0, atol=0)
+    # the same through the positional form and the top-level function
+    for alt in (getattr(x, op)(dim, keepdim), getattr(wgpar, op)(x, dim, keepdim), getattr(wgpar, op)(x, dim=dim)):
+        np.testing.assert_array_equal(alt.indices.numpy().reshape(-1), want.indices.numpy().reshape(-1))
+
+
+def test_max_min_with_dim_on_ties_and_nan():
+    data = np.array([[1.0, 3.0, 3.0, 0.0], [np.nan, 2.0, np.nan, 5.0], [2.0, 2.0, 2.0, 2.0]], np.float32)
+    x, tx = wgpar.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
+    for op in ("max", "min"):
+        got, want = getattr(x, op)(1), getattr(tx, op)(1)
+        np.testing.assert_array_equal(got.values.numpy(), want.values.detach().numpy())
+        np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
+    x.max(dim=1).values.sum().backward()
+    tx.max(dim=1).values.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())  # one index per row, even on ties
+
+
+def test_max_without_dim_stays_a_0d_tensor(rng):
+    x, tx = _pair(rng, (6, 11), requires_grad=True)
+    for op in ("max", "min"):
+        got = getattr(x, op)()
+        assert isinstance(got, wgpar.Tensor) and got.shape == ()
+        assert got.item() == getattr(tx, op)().item()
+        assert getattr(wgpar, op)(x).item() == got.item()
+    data = np.array([1.0, 4.0, 4.0, 2.0], np.float32)
+    x, tx = wgpar.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
+    x.max().backward()
+    tx.max().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())  # split over the ties, as torch
+
+
+def test_max_of_two_tensors_and_amax(rng):
+    (a, ta), (b, tb) = _pair(rng, (4, 5)), _pair(rng, (4, 5))
+    np.testing.assert_array_equal(wgpar.max(a, b).numpy(), torch.max(ta, tb).numpy())
+    np.testing.assert_array_equal(wgpar.min(a, b).numpy(), torch.min(ta, tb).numpy())
+    x, tx = _pair(rng, (3, 4, 5), requires_grad=True)
+    got, want = x.amax(dim=(0, 2), keepdim=True), tx.amax(dim=(0, 2), keepdim=True)
+    np.testing.assert_array_equal(got.numpy(), want.detach().numpy())
+    np.testing.assert_array_equal(wgpar.amin(x, 1).numpy(), torch.amin(tx, 1).detach().numpy())
+    with pytest.raises(TypeError, match="amax"):
+        x.max(dim=(0, 1))
