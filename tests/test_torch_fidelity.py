@@ -80,3 +80,28 @@ def test_max_of_two_tensors_and_amax(rng):
     np.testing.assert_array_equal(wgpar.amin(x, 1).numpy(), torch.amin(tx, 1).detach().numpy())
     with pytest.raises(TypeError, match="amax"):
         x.max(dim=(0, 1))
+
+
+# -- the CPU story: wgpar has no host tensor, and says so -------------------------------------------
+def test_cpu_raises_and_names_numpy(rng):
+    x, _ = _pair(rng, (3, 4), requires_grad=True)
+    for call in (lambda: x.cpu(), lambda: x.detach().cpu().numpy()):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert isinstance(info.value, wgpar.HostDeviceError)
+        msg = str(info.value)
+        assert ".numpy()" in msg and ".tolist()" in msg and ".item()" in msg, msg
+    assert_close(x.detach().numpy(), x.numpy())  # what torch's .detach().cpu().numpy() gives
+
+
+@pytest.mark.parametrize("spelling", ["cpu", "cpu:0", torch.device("cpu")])
+def test_to_cpu_says_why_not_dtype(rng, spelling):
+    x, _ = _pair(rng, (2, 3))
+    for call in (lambda: x.to(spelling), lambda: x.to(device=spelling), lambda: wgpar.zeros(2, device=spelling),
+                 lambda: wgpar.nn.Linear(2, 2).to(spelling)):
+        with pytest.raises(wgpar.HostDeviceError) as info:  # a TypeError and a ValueError
+            call()
+        msg = str(info.value)
+        assert "dtype" not in msg and ".numpy()" in msg and "'wgpu:N'" in msg, msg
+    with pytest.raises(ValueError, match="not a wgpar device"):
+        x.to(torch.device("cuda", 1))

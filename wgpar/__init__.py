@@ -30,6 +30,7 @@ from .errors import (
     AdapterNotFoundError,
     BindingLimitError,
     DeviceMismatchError,
+    HostDeviceError,
     OutOfMemoryError,
     StorageFreedError,
     WgparError,
@@ -66,7 +67,7 @@ __all__ = [
     "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
-    "StorageFreedError",
+    "StorageFreedError", "HostDeviceError",
 ]
 
 

@@ -29,3 +29,8 @@ class StorageFreedError(RuntimeError):
 
 class ZeroDivisionRuntimeError(WgparError, ZeroDivisionError):
     """Integer division or remainder by zero: a RuntimeError as in PyTorch, and a ZeroDivisionError."""
+
+
+class HostDeviceError(TypeError, ValueError):
+    """A CPU (host) tensor was asked for (``t.cpu()``, ``device="cpu"``): wgpar has none. A TypeError
+    (the tensor type has no such form) and a ValueError (like every other refused device string)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .dtypes import DType
-from .errors import DeviceMismatchError
+from .errors import DeviceMismatchError, HostDeviceError
 from .hooks import RemovableHandle, add_hook
 from .runtime import adapters as _adapters
 from .runtime.device import Device
@@ -319,8 +319,11 @@ class Tensor:
     def astype(self, dtype) -> Tensor:
         return self.to(dtype=dtype)
 
-    def cpu(self) -> np.ndarray:
-        return self.numpy()
+    def cpu(self) -> Tensor:
+        """Raises HostDeviceError (a TypeError): wgpar has no CPU tensor. ``t.numpy()`` is PyTorch's
+        ``t.detach().cpu().numpy()``; ``.tolist()`` and ``.item()`` copy to Python values."""
+        raise HostDeviceError(f"Tensor.cpu(): {_adapters.NO_HOST_TENSOR}; .to(device) moves a tensor between "
+                              "wgpar devices")
 
     # -- shape ----------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:

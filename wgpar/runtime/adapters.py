@@ -15,12 +15,15 @@ import threading
 import numpy as np
 import wgpu
 
-from ..errors import AdapterNotFoundError
+from ..errors import AdapterNotFoundError, HostDeviceError
 from .config import CONFIG
 from .device import Device
 
 _NATIVE = ("vulkan", "metal", "d3d12")
 _TYPE_ORDER = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
+
+NO_HOST_TENSOR = ("wgpar has no CPU tensor: tensor.numpy() copies the values into a NumPy array (what PyTorch's "
+                  "t.detach().cpu().numpy() gives), .tolist() into lists and .item() into one number")
 
 _lock = threading.Lock()
 _adapters: list[wgpu.GPUAdapter] | None = None
@@ -133,15 +136,19 @@ def resolve(dev: Device | int | str | None) -> Device:
         return device(0)
     if isinstance(dev, Device):
         return dev
+    if type(dev).__module__ == "torch":  # a torch.device: judged by its string, "cpu" or "cuda:0"
+        dev = str(dev)
     if isinstance(dev, str):
         kind, sep, tail = dev.partition(":")
         if kind == "wgpu" and not sep:
             return device(0)
         if kind == "wgpu" and tail.isascii() and tail.isdigit():
             return device(int(tail))
-        hint = "; for a copy in host memory use tensor.numpy()" if kind == "cpu" else ""
-        raise ValueError(f"device {dev!r} is not a wgpar device: wgpar runs on WebGPU adapters and accepts a "
-                         f"Device, an index, 'wgpu' or 'wgpu:N' (see wgpar.devices()){hint}")
+        what = (f"device {dev!r} is not a wgpar device: wgpar runs on WebGPU adapters and accepts a Device, an "
+                "index, 'wgpu' or 'wgpu:N' (see wgpar.devices())")
+        if kind == "cpu":
+            raise HostDeviceError(f"{what}. {NO_HOST_TENSOR}")
+        raise ValueError(what)
     return device(dev)
 
 
