@@ -42,7 +42,10 @@ def test_reshape_of_non_contiguous_tensors(dev, rng):
     same(t.reshape(-1), a.transpose(2, 0, 1).reshape(-1))
     s = x[:, ::2]  # (4, 3, 5), strided
     same(s.reshape(12, 5), a[:, ::2].reshape(12, 5))
-    same(s.view(4, 15), a[:, ::2].reshape(4, 15))
+    same(s.view(12, 5), a[:, ::2].reshape(12, 5))  # merges dims whose strides chain: a view
+    assert s.view(12, 5)._storage is x._storage
+    with pytest.raises(RuntimeError, match="reshape"):  # as PyTorch: a view never copies
+        s.view(4, 15)
     same(x[::-1].reshape(24, 5), a[::-1].reshape(24, 5))
     same(x.T.reshape(5, 2, 12).T, a.T.reshape(5, 2, 12).T)
     same(x.expand(2, 4, 6, 5).reshape(8, 30), np.broadcast_to(a, (2, 4, 6, 5)).reshape(8, 30))

@@ -105,3 +105,38 @@ def test_to_cpu_says_why_not_dtype(rng, spelling):
         assert "dtype" not in msg and ".numpy()" in msg and "'wgpu:N'" in msg, msg
     with pytest.raises(ValueError, match="not a wgpar device"):
         x.to(torch.device("cuda", 1))
+
+
+# -- view: never a copy; raises where torch raises --------------------------------------------------
+@pytest.mark.parametrize("make,shape", [
+    (lambda t: t.transpose(0, 1), (-1,)),            # flattening a transpose
+    (lambda t: t.transpose(0, 1), (3, 2, 4, 5)),        # splits a dim: a view
+    (lambda t: t[:, ::2], (-1,)),                      # strided columns
+    (lambda t: t.permute(2, 0, 1), (5, 24)),            # merges contiguous trailing dims: a view
+    (lambda t: t.permute(2, 0, 1), (20, 6)),
+    (lambda t: t[1:3], (2, 30)),                        # a contiguous slice
+    (lambda t: t[:, 1:4], (-1, 5)),                     # merges nothing across the gap
+    (lambda t: t.expand(2, 4, 6, 5), (8, 30)),          # a broadcast view
+    (lambda t: t[:, :1], (4, 5)),                       # drops a size-1 dim
+])
+def test_view_matches_torch(rng, make, shape):
+    a = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    x, tx = make(wgpar.tensor(a, requires_grad=True)), make(torch.tensor(a))
+    try:
+        want = tx.view(shape)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match=r"reshape\(") as info:
+            x.view(shape)
+        assert str(tuple(x.shape)) in str(info.value)
+        np.testing.assert_array_equal(x.reshape(shape).numpy(), tx.reshape(shape).numpy())  # reshape copies
+        return
+    got = x.view(shape)
+    assert got.untyped_storage() is x.untyped_storage()  # a view, never a copy
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    got.sum().backward()
+
+
+def test_view_dtype_is_refused(rng):
+    x, _ = _pair(rng, (2, 3))
+    with pytest.raises(TypeError, match=r"to\(dtype\)"):
+        x.view(wgpar.int32)

@@ -327,9 +327,19 @@ class Tensor:
 
     # -- shape ----------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
+        """This tensor with a new shape (one entry may be -1): a view when the strides allow one, else a
+        copy, as in PyTorch."""
         return _ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
-    view = reshape
+    def view(self, *shape) -> Tensor:
+        """This tensor's memory with a new shape, never a copy: raises RuntimeError (as PyTorch) where the
+        strides cannot express it (a transposed tensor flattened, say); ``reshape`` copies then.
+        ``view(dtype)`` (reinterpreting bits) is not supported: ``to(dtype)`` converts values."""
+        if len(shape) == 1 and (isinstance(shape[0], (DType, type, np.dtype)) or
+                                (isinstance(shape[0], str) and _dt.is_dtype_name(shape[0]))):
+            raise TypeError(f"view({shape[0]!r}): wgpar does not reinterpret a tensor's bits as another dtype; "
+                            "to(dtype) converts the values")
+        return _ops.view(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         return _ops.flatten(self, start_dim, end_dim)

@@ -152,6 +152,12 @@ def reshape(a: Tensor, shape) -> Tensor:
     return record("reshape", out, [a], lambda g: (raw.reshape(g, src),))
 
 
+def view(a: Tensor, shape) -> Tensor:
+    out = raw.reshape_view(a, shape)
+    src = a.shape
+    return record("view", out, [a], lambda g: (raw.reshape(g, src),))
+
+
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     out = raw.flatten(a, start_dim, end_dim)
     src = a.shape
@@ -377,6 +383,6 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 __all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
-           "setitem", "reshape", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
+           "setitem", "reshape", "view", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
            "index_select", "cat", "stack", "reduce", "extreme", "softmax", "matmul", "unbroadcast", "backward",
            "retain_grad"]

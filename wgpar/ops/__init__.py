@@ -5,10 +5,22 @@ from .elementwise import cast, clamp, clone, contiguous, copy_, fill, fill_, run
 from .index import getitem, index_add_rows, index_select, setitem
 from .matmul import matmul
 from .reduce import reduce, softmax
-from .shape import cat, expand, flatten, permute, reshape, squeeze, stack, to_device, transpose, unsqueeze
+from .shape import (
+    cat,
+    expand,
+    flatten,
+    permute,
+    reshape,
+    reshape_view,
+    squeeze,
+    stack,
+    to_device,
+    transpose,
+    unsqueeze,
+)
 
 __all__ = [
     "binary", "cast", "clamp", "clone", "contiguous", "copy_", "fill", "fill_", "inplace", "run_map", "unary", "where",
     "getitem", "index_add_rows", "index_select", "setitem", "matmul", "reduce", "softmax", "cat", "expand", "flatten",
-    "permute", "reshape", "squeeze", "stack", "to_device", "transpose", "unsqueeze",
+    "permute", "reshape", "reshape_view", "squeeze", "stack", "to_device", "transpose", "unsqueeze",
 ]

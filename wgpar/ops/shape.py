@@ -69,6 +69,20 @@ def reshape(t: Tensor, shape) -> Tensor:
     return view(t, shape, strides)
 
 
+def reshape_view(t: Tensor, shape) -> Tensor:
+    """``t.view(shape)``: t's memory with a new shape, never a copy; a RuntimeError (as in PyTorch) where
+    the shape cannot be expressed over t's strides."""
+    shape = _infer(shape, t.numel(), t.shape)
+    if t.numel() == 0:
+        return Tensor(t._storage, shape)
+    strides = _view_strides(t, shape)
+    if strides is None:
+        raise RuntimeError(f"view: shape {shape} cannot be expressed over a tensor of shape {t.shape} with strides "
+                           f"{t.strides} without a copy (the dims it merges are not contiguous in memory); use "
+                           ".reshape(...), which copies when it must, or .contiguous().view(...)")
+    return view(t, shape, strides)
+
+
 def flatten(t: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if t.ndim == 0:
         return reshape(t, (1,))
