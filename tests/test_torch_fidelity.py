@@ -140,3 +140,67 @@ def test_view_dtype_is_refused(rng):
     x, _ = _pair(rng, (2, 3))
     with pytest.raises(TypeError, match=r"to\(dtype\)"):
         x.view(wgpar.int32)
+
+
+# -- dtypes wgpar lacks: the nearest one, with a warning once per dtype ------------------------------
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Forget which dtype warnings were shown, so this test sees the first one."""
+    monkeypatch.setattr(wgpar.dtypes, "_warned", set())
+
+
+@pytest.mark.parametrize("spelling,name,want", [
+    ("float64", "float64", "float32"), (np.float64, "float64", "float32"), ("double", "float64", "float32"),
+    (torch.float64, "float64", "float32"), ("bfloat16", "bfloat16", "float32"), (torch.bfloat16, "bfloat16", "float32"),
+    ("int64", "int64", "int32"), (np.int64, "int64", "int32"), ("long", "int64", "int32"),
+    (torch.long, "int64", "int32"), (np.uint8, "uint8", "int32"), (np.int16, "int16", "int32"),
+])
+def test_missing_dtypes_warn_once_and_narrow(fresh_warnings, spelling, name, want):
+    calls = [lambda: wgpar.zeros(3, dtype=spelling), lambda: wgpar.tensor([1, 2], dtype=spelling),
+             lambda: wgpar.ones(2).to(spelling), lambda: wgpar.ones(2).to(dtype=spelling),
+             lambda: wgpar.arange(3, dtype=spelling)]
+    with pytest.warns(wgpar.DTypeWarning, match=f"no {name}: it gives {want}") as record:
+        out = calls[0]()
+    assert out.dtype.name == want
+    assert record[0].filename == __file__  # names the caller's line, not wgpar's
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second time and after: silent
+        for call in calls:
+            assert call().dtype.name == want
+
+
+def test_exact_dtypes_and_data_conversion_are_silent(fresh_warnings):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", wgpar.DTypeWarning)
+        for spelling in ("float32", "float", "int32", "int", "bool", float, int, bool, np.float32, np.int32, np.bool_,
+                         torch.float32, torch.int32, torch.bool, wgpar.float32, wgpar.int32):
+            wgpar.zeros(2, dtype=spelling)
+        # data converts on the way in without a word: NumPy float64 to float32, int64 (range-checked) to int32
+        assert wgpar.tensor(np.ones(3)).dtype is wgpar.float32
+        assert wgpar.tensor(np.arange(3)).dtype is wgpar.int32
+
+
+def test_conversion_methods_match_torch(fresh_warnings, rng):
+    a = (rng.standard_normal((5, 7)) * 100).astype(np.float32)
+    x, tx = wgpar.tensor(a), torch.tensor(a)
+    np.testing.assert_array_equal(x.int().numpy(), tx.int().numpy())
+    np.testing.assert_array_equal(x.float().numpy(), tx.float().numpy())
+    assert x.float() is x
+    with pytest.warns(wgpar.DTypeWarning, match="int64"):
+        long = x.long()
+    assert long.dtype is wgpar.int32
+    np.testing.assert_array_equal(long.numpy(), tx.long().numpy())
+    if x.device.has_f16:
+        np.testing.assert_array_equal(x.half().numpy(), tx.half().numpy())
+
+
+def test_missing_dtype_attributes_say_why():
+    for name in ("float64", "double", "int64", "long"):
+        with pytest.raises(AttributeError, match="float32, float16, int32 and bool"):
+            getattr(wgpar, name)
+    with pytest.raises(TypeError, match="float32, float16, int32 and bool"):
+        wgpar.zeros(2, dtype=np.complex64)

@@ -25,7 +25,7 @@ from .creation import (
     zeros,
     zeros_like,
 )
-from .dtypes import DType, bool_, float16, float32, int32
+from .dtypes import DType, DTypeWarning, bool_, float16, float32, int32
 from .errors import (
     AdapterNotFoundError,
     BindingLimitError,
@@ -57,7 +57,7 @@ half = float16
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "Storage", "Device", "DType", "float32", "float16", "int32", "bool_", "half",
+    "Tensor", "Storage", "Device", "DType", "DTypeWarning", "float32", "float16", "int32", "bool_", "half",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
     "zeros_like", "ones_like", "manual_seed", "rng_stream",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
@@ -71,9 +71,17 @@ __all__ = [
 ]
 
 
+_MISSING_DTYPES = {"float64": "float32", "double": "float32", "bfloat16": "float32", "int64": "int32",
+                   "long": "int32", "int16": "int32", "short": "int32", "int8": "int32", "uint8": "int32"}
+
+
 def __getattr__(name: str):
     if name == "parallel":  # the deprecated alias of wgpar.distributed, imported (and warned about) on use
         import importlib
 
         return importlib.import_module(".parallel", __name__)
+    if name in _MISSING_DTYPES:
+        raise AttributeError(f"module 'wgpar' has no attribute {name!r}: wgpar's dtypes are float32, float16, int32 "
+                             f"and bool (README 'Types'); dtype={name!r} gives {_MISSING_DTYPES[name]} with a "
+                             "one-time DTypeWarning")
     raise AttributeError(f"module 'wgpar' has no attribute {name!r}")

@@ -1,7 +1,18 @@
-"""Element types: how each is stored in a buffer, computed in WGSL and shown in NumPy."""
+"""Element types: how each is stored in a buffer, computed in WGSL and shown in NumPy.
+
+wgpar has four: float32, float16, int32 and bool. Data converts on the way in without a word (NumPy's
+float64 to float32, any integer type to int32 once its values are checked to fit). A dtype *asked for*
+that wgpar lacks (``dtype="float64"``, ``np.int64``, ``torch.float64``, ``t.long()``) gives the
+nearest one (every float type float32, every integer type int32) with a DTypeWarning, once per
+process and dtype; README "Types".
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,29 +44,77 @@ ALL = (float32, float16, int32, bool_)
 _BY_NAME = {d.name: d for d in ALL} | {"float": float32, "half": float16, "int": int32, "bool_": bool_}
 
 
-def as_dtype(x) -> DType:
-    """Accept a DType, a name (``"float32"``), a NumPy dtype or a Python type."""
+SUPPORTED = "float32, float16, int32 and bool"
+
+
+class DTypeWarning(UserWarning):
+    """A dtype wgpar lacks was asked for (float64, int64, ...) and the nearest supported one given."""
+
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _lookup(x) -> tuple[DType, str | None]:
+    """The DType ``x`` asks for, and the name of the dtype it asked for when wgpar lacks that one."""
     if isinstance(x, DType):
-        return x
+        return x, None
     if isinstance(x, str) and x in _BY_NAME:
-        return _BY_NAME[x]
-    if x is float:
-        return float32
+        return _BY_NAME[x], None
+    if x is float:  # Python's types name wgpar's defaults, as wgpar.float and wgpar.int do
+        return float32, None
     if x is int:
-        return int32
+        return int32, None
     if x is bool:
-        return bool_
+        return bool_, None
+    if type(x).__module__ == "torch":  # torch.float64 and friends, by name
+        x = str(x).removeprefix("torch.")
+        if x in _BY_NAME:
+            return _BY_NAME[x], None
+    if isinstance(x, str) and x in ("bfloat16", "bf16"):  # NumPy has no bfloat16
+        return float32, "bfloat16"
     try:
         nd = np.dtype(x)
     except TypeError:
-        raise TypeError(f"unsupported dtype {x!r}; wgpar supports float32, float16, int32 and bool") from None
-    return from_numpy_dtype(nd)
+        raise TypeError(f"unsupported dtype {x!r}; wgpar supports {SUPPORTED}") from None
+    got = from_numpy_dtype(nd)
+    return got, (None if nd == got.np else nd.name)
 
 
-def is_dtype_name(name: str) -> bool:
-    """Whether a string names a dtype (``"float16"``, ``"int64"``) rather than, say, a device."""
+def as_dtype(x) -> DType:
+    """The DType asked for by a DType, a name (``"float32"``), a NumPy dtype, a torch dtype or a Python
+    type. One wgpar lacks gives the nearest (floats float32, integers int32) and a DTypeWarning, once per
+    process and dtype."""
+    got, missing = _lookup(x)
+    if missing is not None:
+        with _warn_lock:
+            first = missing not in _warned
+            _warned.add(missing)
+        if first:
+            warnings.warn(f"wgpar has no {missing}: it gives {got.name} instead (its dtypes are {SUPPORTED}; "
+                          f"README 'Types'). This warning is shown once per dtype.", DTypeWarning,
+                          stacklevel=_caller_level())
+    return got
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside wgpar, so a warning names the user's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def is_dtype(x) -> bool:
+    """Whether ``x`` names a dtype (a DType, a type, a NumPy or torch dtype, ``"float16"``, ``"int64"``)
+    rather than, say, a device (``t.to(x)`` takes either)."""
+    if isinstance(x, (DType, type, np.dtype)) or (type(x).__module__ == "torch" and type(x).__name__ == "dtype"):
+        return True
+    if not isinstance(x, str):
+        return False
     try:
-        as_dtype(name)
+        _lookup(x)
     except TypeError:
         return False
     return True

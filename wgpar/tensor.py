@@ -293,7 +293,7 @@ class Tensor:
 
     def to(self, device=None, dtype=None) -> Tensor:
         """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``)."""
-        if isinstance(device, (DType, type, np.dtype)) or (isinstance(device, str) and _dt.is_dtype_name(device)):
+        if _dt.is_dtype(device):
             device, dtype = None, device
         out = self
         if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
@@ -305,18 +305,28 @@ class Tensor:
         return out
 
     def float(self) -> Tensor:
+        """This tensor as float32 (itself if it is one already), as PyTorch."""
         return self.to(dtype=_dt.float32)
 
     def half(self) -> Tensor:
+        """This tensor as float16 (needs an adapter with shader-f16), as PyTorch."""
         return self.to(dtype=_dt.float16)
 
     def int(self) -> Tensor:
+        """This tensor as int32: floats truncate toward zero, saturate at int32's range, NaN gives 0."""
         return self.to(dtype=_dt.int32)
 
+    def long(self) -> Tensor:
+        """This tensor as int32, wgpar's only integer type (PyTorch's long is int64): with a DTypeWarning,
+        once per process; floats convert as in ``int()``. Class targets and indices take int32."""
+        return self.to(dtype="int64")
+
     def bool(self) -> Tensor:
+        """This tensor as bool (nonzero is True; NaN is True, as PyTorch)."""
         return self.to(dtype=_dt.bool_)
 
     def astype(self, dtype) -> Tensor:
+        """NumPy's spelling of ``to(dtype)``."""
         return self.to(dtype=dtype)
 
     def cpu(self) -> Tensor:
@@ -335,8 +345,7 @@ class Tensor:
         """This tensor's memory with a new shape, never a copy: raises RuntimeError (as PyTorch) where the
         strides cannot express it (a transposed tensor flattened, say); ``reshape`` copies then.
         ``view(dtype)`` (reinterpreting bits) is not supported: ``to(dtype)`` converts values."""
-        if len(shape) == 1 and (isinstance(shape[0], (DType, type, np.dtype)) or
-                                (isinstance(shape[0], str) and _dt.is_dtype_name(shape[0]))):
+        if len(shape) == 1 and _dt.is_dtype(shape[0]):
             raise TypeError(f"view({shape[0]!r}): wgpar does not reinterpret a tensor's bits as another dtype; "
                             "to(dtype) converts the values")
         return _ops.view(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
