@@ -86,7 +86,7 @@ def main() -> None:
     block_params = args.width * args.width + args.width
     params = args.layers * block_params + args.classes * (args.width + 1)
     # The estimate needs the layout only: a model of the same shapes, never trained, on a spare device.
-    spare = wgpar.device(n)
+    spare = wgpar.devices(n + 1)[n]  # one more than the context's
     shapes = nn.Sequential(*[Block(args.width, spare) for _ in range(args.layers)],
                            nn.Linear(args.width, args.classes, device=spare))
     est = memory_estimate(shapes, n, args.strategy, persist_threshold=0, prefetch=args.prefetch,

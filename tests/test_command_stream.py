@@ -106,7 +106,7 @@ def _record_invalid_copy(d):
 
 
 def test_a_failed_submit_leaves_the_device_usable(rng):
-    d = wgpar.device(8)  # its own device: the failure discards whatever else was recorded on it
+    d = wgpar.runtime.open_device(8)  # its own device: the failure discards whatever else was recorded on it
     x = rng.standard_normal((33, 7)).astype(np.float32)
     t = wgpar.tensor(x, device=d)
     lost = t * 2  # recorded, not yet submitted: goes down with the failed batch

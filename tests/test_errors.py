@@ -222,7 +222,7 @@ def test_unsupported_dtype_arguments_and_ops(dev):
 
 
 def test_float16_where_the_device_lacks_it(monkeypatch):
-    d = wgpar.device(7)
+    d = wgpar.runtime.open_device(7)
     monkeypatch.setattr(d, "has_f16", False)
     with pytest.raises(TypeError, match="shader-f16"):
         wgpar.zeros(3, dtype=wgpar.float16, device=d)

@@ -45,7 +45,7 @@ def test_lifecycle_of_shards_gathered_units_gradients_and_optimizer_state(world,
     Y = rng.integers(0, 5, batch).astype(np.int32)
     gc.collect()
     # What a single device holds for the same forward, beyond the parameters: activations and temporaries.
-    solo = wgpar.device(9)
+    solo = wgpar.runtime.open_device(9)
     plain = mlp(0, width, layers, 5, device=solo)
     xs = wgpar.tensor(X[:-(-batch // world)], device=solo)
     wgpar.reset_peak_memory_stats(solo)
@@ -142,7 +142,7 @@ def test_data_parallel_runs_out_of_memory_where_fsdp_trains_on_4_devices(rng):
     width, layers, batch = 80, 10, 8
     X = rng.standard_normal((batch, width)).astype(np.float32)
     Y = rng.integers(0, 4, batch).astype(np.int32)
-    P = sum(p.numel() for p in mlp(0, width, layers, 4, device=wgpar.device(9)).parameters())
+    P = sum(p.numel() for p in mlp(0, width, layers, 4, device=wgpar.runtime.open_device(9)).parameters())
     budget = 10 * P  # bytes: DataParallel needs more than 16 per parameter, FSDP on 4 ranks about 6
     with MultiAdapterContext(4, timeout=60) as ctx:
         gc.collect()

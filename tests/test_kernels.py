@@ -94,7 +94,7 @@ def test_dump_wgsl_is_read_from_the_environment(monkeypatch, tmp_path):
 def test_dump_wgsl_writes_every_shader_built(monkeypatch, tmp_path):
     devmod = sys.modules["wgpar.runtime.device"]
     monkeypatch.setattr(devmod, "CONFIG", dataclasses.replace(devmod.CONFIG, dump_wgsl=str(tmp_path)))
-    d = wgpar.device(11)  # its own device: every kernel below is built (and dumped) there for the first time
+    d = wgpar.runtime.open_device(11)  # its own device: every kernel below is built (and dumped) there first
     x = wgpar.tensor(np.ones((4, 8), np.float32), device=d)
     (x * 2 + 1).sum(1).numpy()
     F.cross_entropy(x, [0, 1, 2, 3]).item()

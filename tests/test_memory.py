@@ -17,7 +17,7 @@ from .helpers import assert_close
 @pytest.fixture(scope="module")
 def mdev():
     """A logical device of its own, so other tests' tensors never blur the exact counts."""
-    return wgpar.device(6)
+    return wgpar.runtime.open_device(6)
 
 
 def stats(d):
@@ -425,7 +425,7 @@ def test_tensor_over_binding_limit_raises_without_allocating(mdev):
 def test_readback_staging_stays_within_max_buffer_size(monkeypatch, rng):
     # Staging buffers come in powers of two; near max-buffer-size (real GPUs allow 1.5 GiB tensors
     # under a 2 GiB - 1 limit) the next power of two is not allowed. Shrink the limit to see it here.
-    d = wgpar.device(6)
+    d = wgpar.runtime.open_device(6)
     a = rng.standard_normal(150_001).astype(np.float32)  # 600004 bytes: its power of two is 1 MiB
     t = wgpar.tensor(a, device=d)
     d.empty_cache()
@@ -439,7 +439,7 @@ def test_readback_staging_stays_within_max_buffer_size(monkeypatch, rng):
 def test_memory_limit_refuses_like_a_full_device(rng):
     """set_memory_limit caps reserved bytes: past it the cache is released and the allocation retried
     once, then OutOfMemoryError names the limit; the device works on and the limit can be lifted."""
-    d = wgpar.device(12)  # a device of its own: the limit must not touch other tests
+    d = wgpar.runtime.open_device(12)  # a device of its own: the limit must not touch other tests
     gc.collect()
     wgpar.empty_cache(d)
     held = wgpar.memory_reserved(d)

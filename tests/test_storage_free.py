@@ -21,7 +21,7 @@ from .helpers import assert_close
 @pytest.fixture(scope="module")
 def sdev():
     """A logical device of its own, so other tests' tensors never blur the exact counts."""
-    return wgpar.device(8)
+    return wgpar.runtime.open_device(8)
 
 
 def allocated(d) -> int:

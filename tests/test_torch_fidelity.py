@@ -204,3 +204,27 @@ def test_missing_dtype_attributes_say_why():
             getattr(wgpar, name)
     with pytest.raises(TypeError, match="float32, float16, int32 and bool"):
         wgpar.zeros(2, dtype=np.complex64)
+
+
+# -- devices: "wgpu:N" everywhere; an index past the adapters and the devices made is an error -------
+def test_device_spellings_agree(dev):
+    for spelling in ("wgpu", "wgpu:0", 0, np.int64(0), dev):
+        assert wgpar.device(spelling) is dev
+        assert wgpar.zeros(1, device=spelling).device is dev
+
+
+def test_device_index_past_the_adapters_is_an_error(dev):
+    n_adapters = len(wgpar.adapter_names())
+    made = len(wgpar.runtime.initialized_devices())
+    for call in (lambda: wgpar.device(99), lambda: wgpar.device("wgpu:99"), lambda: wgpar.zeros(1, device=99),
+                 lambda: wgpar.ones(2).to("wgpu:99")):
+        with pytest.raises(ValueError) as info:
+            call()
+        msg = str(info.value)
+        assert "wgpar.device(99)" in msg and f"{n_adapters} adapter" in msg and "wgpar.devices(100)" in msg, msg
+        assert wgpar.adapter_names()[0] in msg
+    assert len(wgpar.runtime.initialized_devices()) == made  # nothing was made
+    # devices(n) makes logical devices; afterwards device(i) (and "wgpu:i") names them
+    devs = wgpar.devices(n_adapters + 1)
+    assert wgpar.device(n_adapters) is devs[-1] and wgpar.device(f"wgpu:{n_adapters}") is devs[-1]
+    assert devs[-1].adapter_name == devs[0].adapter_name and devs[-1] is not devs[0]

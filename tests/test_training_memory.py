@@ -56,7 +56,7 @@ def test_the_graph_keeps_only_what_gradients_read(rng):
     """An elementwise node keeps what its gradient expressions read (registry.SAVES) and nothing more:
     a target that needs no gradient is freed once the caller drops it, before backward (a loss's
     target no longer lives as long as the graph)."""
-    d = wgpar.device(9)  # its own device: exact counts
+    d = wgpar.runtime.open_device(9)  # its own device: exact counts
     x = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=d, requires_grad=True)
     t = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=d)
     loss = ((x - t) * 3.0).sum()  # sub's gradients read nothing, mul's read the scalar 3.0

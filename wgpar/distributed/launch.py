@@ -116,7 +116,7 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
     """This process's ProcessGroup, for programs that launch themselves one process per rank.
 
     Under mpiexec (``backend=None`` or "mpi") it is this process's rank of the job, on its own
-    device (``wgpar.device(local_rank)``: docs/design.md); the first call sets MPI up and later
+    device (device ``local_rank``, opened for it: docs/design.md); the first call sets MPI up and later
     calls return the same group. Without an MPI launcher (or with "threads") it is a group of
     one rank on ``device`` (default device 0; later calls return the same group), so the same
     script also runs on one device; several thread ranks come from ``run_spmd``.

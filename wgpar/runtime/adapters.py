@@ -4,8 +4,9 @@ wgpu lists one GPU once per backend (Vulkan and OpenGL, say): wgpar keeps the
 native backends (Vulkan, Metal, D3D12) and falls back to OpenGL only when no
 native adapter exists. Software adapters (lavapipe) are dropped when a real
 GPU is present, unless selected by name. Device slots beyond the number of
-physical adapters are extra, independent GPUDevices on the adapters,
-round-robin, so multi-device code runs on one GPU or on lavapipe.
+physical adapters are extra, independent GPUDevices on the adapters, round-robin,
+so multi-device code runs on one GPU or on lavapipe; only devices(n) and
+open_device make them, never device(i).
 """
 
 from __future__ import annotations
@@ -99,31 +100,72 @@ def adapter_names() -> list[str]:
     return [_describe(a) for a in _physical()]
 
 
-def device(index: int = 0) -> Device:
-    """The device in slot ``index``; slots past the physical adapters are logical devices."""
+def _index(index) -> int:
+    if not isinstance(index, (int, np.integer)) or isinstance(index, (bool, np.bool_)) or index < 0:
+        raise ValueError(f"device index must be a non-negative int, got {index!r}")
+    return int(index)
+
+
+def device(index: int | str | Device = 0) -> Device:
+    """Device ``index``: an adapter's (index < the number of adapters), or a device ``devices(n)``
+    (or an MPI launch) made; a Device, ``"wgpu"`` or ``"wgpu:N"`` are accepted too. Any other index
+    raises ValueError naming the adapters and devices that exist: only ``devices(n)`` makes logical
+    devices (several independent devices on one adapter).
+
+    Arguments:
+        index: the device's index, or one of the spellings above.
+    """
     if isinstance(index, Device):
         return index
     if isinstance(index, str):
         return resolve(index)
-    if not isinstance(index, (int, np.integer)) or isinstance(index, (bool, np.bool_)) or index < 0:
-        raise ValueError(f"device index must be a non-negative int, got {index!r}")
-    index = int(index)
+    index = _index(index)
     with _lock:
         dev = _slots.get(index)
-        if dev is None:
-            phys = _physical()
-            dev = Device(phys[index % len(phys)], index, logical=index // len(phys))
-            _slots[index] = dev
-        return dev
+        if dev is not None:
+            return dev
+        phys = _physical()
+        if index < len(phys):
+            return _open_locked(index, phys)
+        made = sorted(_slots)
+        have = f"devices {made[0]}..{made[-1]}" if len(made) > 1 else f"device {made[0]}" if made else "no device"
+        raise ValueError(f"wgpar.device({index}): there {'is' if len(phys) == 1 else 'are'} {len(phys)} "
+                         f"adapter{'s' * (len(phys) != 1)} ({', '.join(_describe(a) for a in phys)}) and {have} "
+                         f"so far; wgpar.devices({index + 1}) makes {index + 1} devices, logical ones on shared "
+                         "adapters past the adapters' count")
+
+
+def open_device(index: int) -> Device:
+    """Device ``index``, made if it does not exist yet: adapter ``index % A`` of the A adapters, a logical
+    device of its own (own memory and queue) when ``index >= A``. ``devices(n)`` opens 0..n-1; an MPI
+    process with local rank k opens k (docs/design.md); tests open a device of their own with it.
+
+    Arguments:
+        index: a non-negative int.
+    """
+    index = _index(index)
+    with _lock:
+        dev = _slots.get(index)
+        return dev if dev is not None else _open_locked(index, _physical())
+
+
+def _open_locked(index: int, phys: list[wgpu.GPUAdapter]) -> Device:
+    dev = _slots[index] = Device(phys[index % len(phys)], index, logical=index // len(phys))
+    return dev
 
 
 def devices(n: int | None = None) -> list[Device]:
-    """One Device per physical adapter, or ``n`` devices (logical ones on shared adapters if needed)."""
+    """One Device per physical adapter, or ``n`` devices: 0..n-1, logical ones on shared adapters past
+    the number of adapters (so multi-device code runs on one GPU or on lavapipe).
+
+    Arguments:
+        n: how many (default: one per adapter).
+    """
     if n is None:
         n = len(_physical())
     if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)) or n < 1:
         raise ValueError(f"devices(n) needs an int n >= 1, got {n!r}")
-    return [device(i) for i in range(int(n))]
+    return [open_device(i) for i in range(int(n))]
 
 
 def resolve(dev: Device | int | str | None) -> Device:

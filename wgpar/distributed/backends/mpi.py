@@ -1,7 +1,7 @@
 """The MPI backend: ranks are processes started by mpiexec, one device each.
 
-Each process owns one device: ``wgpar.device(local_rank)``, where the local
-rank is the process's rank among the processes of its host, so on a host
+Each process owns one device: device ``local_rank`` (``wgpar.runtime.open_device``), where the
+local rank is the process's rank among the processes of its host, so on a host
 with A adapters (after WGPAR_ADAPTER / WGPAR_BACKEND filtering) process k uses
 adapter k % A (an extra logical device on it when k >= A). Set WGPAR_ADAPTER
 per process (mpiexec's ``-env`` or a wrapper script) to pin processes to
@@ -752,7 +752,7 @@ def init_world_group(timeout: float | None = None, device: Device | int | str | 
 
     Arguments:
         timeout: seconds every collective wait may take (default 300; a later call may change it).
-        device: this process's device (default: ``wgpar.device(local_rank)``, see the module docstring).
+        device: this process's device (default: device ``local_rank``, opened; see the module docstring).
     """
     global _root
     with _root_lock:
@@ -769,7 +769,7 @@ def init_world_group(timeout: float | None = None, device: Device | int | str | 
             reason = f"init_process_group: not every one of the {w.size} processes arrived within {t:g} s"
             w.notify(reason)
             raise CollectiveTimeoutError(reason)
-        dev = _adapters.resolve(device) if device is not None else _adapters.device(w.local_rank)
+        dev = _adapters.resolve(device) if device is not None else _adapters.open_device(w.local_rank)
         _root = MPIGroup(w, w.comm.Dup(), dev, t)
         return _root
 
