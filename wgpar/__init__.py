@@ -6,14 +6,16 @@ README for the two commands, adapter selection and examples.
 
 from __future__ import annotations
 
-from . import autograd, distributed, functional, nn, optim
+from . import autograd, distributed, functional, nn, optim, return_types
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .checkpoint import load, save
 from .creation import (
     arange,
     empty,
+    eye,
     from_numpy,
     full,
+    linspace,
     manual_seed,
     ones,
     ones_like,
@@ -58,12 +60,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "Storage", "Device", "DType", "DTypeWarning", "float32", "float16", "int32", "bool_", "half",
-    "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
+    "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "linspace", "eye", "rand", "randn", "randint",
     "zeros_like", "ones_like", "manual_seed", "rng_stream",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
     *functional.__all__,
-    "autograd", "nn", "optim", "distributed", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "autograd", "nn", "optim", "distributed", "return_types", "no_grad", "enable_grad", "is_grad_enabled",
+    "set_grad_enabled",
     "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from . import dtypes as _dt
-from .ops import fill
+from .ops import copy_, fill
+from .ops.shape import view
 from .tensor import Tensor, normalize_shape
 
 _rng_lock = threading.Lock()
@@ -126,6 +128,44 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
     if dtype is None:
         dtype = _dt.int32 if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) else _dt.float32
     return Tensor.from_numpy(np.arange(start, stop, step), device=device, dtype=dtype)
+
+
+def linspace(start, end, steps: int, dtype=None, device=None) -> Tensor:
+    """``steps`` values from ``start`` to ``end`` inclusive, evenly spaced (float32 unless ``dtype``).
+
+    Computed in float64 on the host and uploaded, like ``arange``.
+
+    Arguments:
+        start, end: numbers.
+        steps: how many values (>= 0).
+        dtype: the result's dtype (default float32).
+        device: where the tensor goes.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ValueError(f"linspace: steps must be an int >= 0, got {steps!r}")
+    dt = _dt.float32 if dtype is None else _dt.as_dtype(dtype)
+    if not dt.is_float:  # as PyTorch: the ends become integers first, then each value truncates toward zero
+        start, end = math.trunc(start), math.trunc(end)
+    values = np.linspace(float(start), float(end), int(steps), dtype=np.float64)
+    if not dt.is_float:
+        values = np.trunc(values)
+    return Tensor.from_numpy(values, device=device, dtype=dt)
+
+
+def eye(n: int, m: int | None = None, dtype=None, device=None) -> Tensor:
+    """The n x m identity matrix (m defaults to n): zeros with ones written through a diagonal view.
+
+    Arguments:
+        n, m: rows and columns.
+        dtype: default float32.
+        device: where the tensor goes.
+    """
+    n, m = normalize_shape((n, n if m is None else m))
+    out = fill((n, m), 0, _dt.float32 if dtype is None else _dt.as_dtype(dtype), device)
+    k = min(n, m)
+    if k:
+        copy_(view(out, (k,), (m + 1,)), 1)
+    return out
 
 
 def rand(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:

@@ -6,7 +6,9 @@ the others are written out below.
 
 from __future__ import annotations
 
+from .autograd import composites
 from .autograd import functions as ops
+from .autograd.einsum import einsum
 from .autograd.methods import function
 from .ops.registry import OPS
 from .tensor import Tensor, dim_arg
@@ -59,6 +61,87 @@ def permute(x: Tensor, dims) -> Tensor:
     return ops.permute(x, dims)
 
 
+def bmm(a: Tensor, b: Tensor) -> Tensor:
+    """Batched matrix product of [B, n, m] and [B, m, p] tensors, without broadcasting (torch.bmm).
+
+    Arguments:
+        a, b: the batches of matrices.
+    """
+    return composites.bmm(a, b)
+
+
+def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """``x.sort(dim, descending)``: the named tuple (values, indices), stable, NaN last ascending.
+
+    Arguments:
+        x: a tensor.
+        dim: the dim to sort along.
+        descending: largest first.
+        stable: accepted for PyTorch's signature; the sort is always stable.
+    """
+    return ops.sort(x, dim, descending)
+
+
+def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """The int32 indices that sort ``x`` along ``dim`` (``sort(...).indices``).
+
+    Arguments:
+        x, dim, descending, stable: as ``sort``.
+    """
+    return x.argsort(dim, descending)
+
+
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    """``x.topk(k, dim, largest)``: the named tuple (values, indices) of the k largest (or smallest).
+
+    Arguments:
+        x: a tensor.
+        k: how many (0 <= k <= x.shape[dim]).
+        dim: the dim to select along.
+        largest: the largest (True) or smallest.
+        sorted: accepted for PyTorch's signature; the result is always sorted.
+    """
+    return ops.topk(x, k, dim, largest, sorted)
+
+
+def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
+    """The variance over ``dim``, as torch.var (default correction=1; see Tensor.var).
+
+    Arguments:
+        x: a float tensor.
+        dim: an int, a tuple of ints, or None (every element).
+        unbiased: PyTorch's older spelling of correction=1 (True) or 0 (False).
+        keepdim: keep the reduced dims with size 1.
+        correction: subtracted from the element count before dividing.
+    """
+    return x.var(dim, unbiased, keepdim, correction=correction)
+
+
+def std(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
+    """The standard deviation over ``dim``, as torch.std; arguments as ``var``."""
+    return x.std(dim, unbiased, keepdim, correction=correction)
+
+
+def masked_fill(x: Tensor, mask: Tensor, value) -> Tensor:
+    """``x`` with ``value`` where the bool ``mask`` is True (torch.masked_fill).
+
+    Arguments:
+        x: a tensor.
+        mask: a bool tensor broadcasting to x's shape.
+        value: a number or a 0-d tensor.
+    """
+    return composites.masked_fill(x, mask, value)
+
+
+def t(x: Tensor) -> Tensor:
+    """The transpose of a matrix; fewer than 2 dims: x itself (torch.t).
+
+    Arguments:
+        x: a tensor of at most 2 dims.
+    """
+    return composites.t(x)
+
+
 def _reduction(name: str):
     def f(x: Tensor, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
         return ops.reduce(name, x, dim_arg(axis, dim), bool(keepdims if keepdim is None else keepdim))
@@ -96,6 +179,7 @@ max, min = _extreme("max"), _extreme("min")
 GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)
 globals().update({op.api: function(op) for op in OPS.values() if op.api and op.function})
 
-__all__ = ["matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
+__all__ = ["matmul", "bmm", "einsum", "sort", "argsort", "topk", "var", "std", "masked_fill", "t",
+           "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
            "reshape", "transpose", "permute", "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
            *GENERATED]

@@ -367,6 +367,15 @@ class Tensor:
     def mT(self) -> Tensor:
         return _ops.transpose(self, -2, -1)
 
+    def t(self) -> Tensor:
+        """The transpose of a matrix (a tensor of fewer than 2 dims as it is); more dims raise, as PyTorch."""
+        return _ops.t(self)
+
+    def repeat(self, *sizes) -> Tensor:
+        """This tensor tiled ``sizes[i]`` times along each dim (more sizes than dims add leading dims), as
+        PyTorch's repeat (NumPy's tile); a copy."""
+        return _ops.repeat(self, sizes)
+
     def contiguous(self) -> Tensor:
         return _ops.contiguous(self)
 
@@ -404,7 +413,22 @@ class Tensor:
     __hash__ = object.__hash__  # __eq__ (installed) is elementwise; identity hashing stays
 
     def matmul(self, o):
+        """The matrix product ``self @ o`` (NumPy's matmul rules: 1-d operands, broadcast batch dims)."""
         return _ops.matmul(self, o)
+
+    def bmm(self, o) -> Tensor:
+        """Batched matrix product of [B, n, m] and [B, m, p] tensors, without broadcasting (PyTorch's bmm)."""
+        return _ops.bmm(self, o)
+
+    def masked_fill(self, mask, value) -> Tensor:
+        """A copy with ``value`` (a number or a 0-d tensor) where the bool ``mask`` (broadcast to this
+        tensor's shape) is True, in this tensor's dtype."""
+        return _ops.masked_fill(self, mask, value)
+
+    def masked_fill_(self, mask, value) -> Tensor:
+        """In-place ``masked_fill``; like wgpar's other in-place ops, only on tensors outside the autograd
+        graph (a parameter under ``no_grad``, a buffer)."""
+        return _ops.masked_fill_(self, mask, value)
 
     def clamp(self, min=None, max=None):
         return _ops.clamp(self, min, max)
@@ -466,6 +490,41 @@ class Tensor:
 
     def argmin(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
         return _ops.reduce("argmin", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
+
+    def var(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None, keepdims=None) -> Tensor:
+        """The variance over ``dim`` (an int, a tuple, or None: all), as PyTorch: the squared deviations'
+        sum over max(N - correction, 0); ``correction=1`` (default, or ``unbiased=True``) is the unbiased
+        estimate, 0 the population variance (NumPy's default). Float tensors only."""
+        if isinstance(dim, bool):  # PyTorch's var(unbiased)
+            dim, unbiased = None, dim
+        return _ops.var(self, dim_arg(axis, dim), _ops.correction_arg("var", unbiased, correction),
+                        keepdim_arg(keepdim, keepdims))
+
+    def std(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None, keepdims=None) -> Tensor:
+        """The standard deviation, ``sqrt(var(...))``, with var's arguments (PyTorch's default correction=1)."""
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        return _ops.std(self, dim_arg(axis, dim), _ops.correction_arg("std", unbiased, correction),
+                        keepdim_arg(keepdim, keepdims))
+
+    def sort(self, dim: int = -1, descending: bool = False, stable: bool = False):
+        """The named tuple ``(values, indices)`` of this tensor sorted along ``dim``, as PyTorch.
+
+        Runs on the device (a bitonic network). Always stable: equal values keep their order (so
+        ``stable`` changes nothing); NaN sorts after every number ascending and before every number
+        descending, as PyTorch. Indices are int32. The values' gradient goes back to where each came from.
+        """
+        return _ops.sort(self, dim, descending)
+
+    def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+        """The int32 indices that sort this tensor along ``dim`` (``sort(...).indices``; stable)."""
+        return _ops.sort(self.detach(), dim, descending).indices
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+        """The named tuple ``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) entries
+        along ``dim``, as PyTorch; NaN counts as the largest. Always in sorted order, ties to the first
+        positions (a full sort on the device, then the first k). Indices are int32."""
+        return _ops.topk(self, k, dim, largest, sorted)
 
     def softmax(self, axis=-1, *, dim=None):
         return _ops.softmax(self, dim_arg(axis, dim), log=False)

@@ -16,7 +16,7 @@ from .. import ops as raw
 from .. import return_types
 from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.registry import GRADS, SAVES
-from ..ops.shape import stack_dim
+from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
 from .engine import backward, record, retain_grad
 from .grad_mode import is_grad_enabled
@@ -338,6 +338,41 @@ def extreme(op: str, a: Tensor, dim=None, keepdim: bool = False):
     return (return_types.max if op == "max" else return_types.min)(values, indices)
 
 
+def _take(a: Tensor, indices: Tensor, d: int) -> Tensor:
+    """``a``'s values at ``indices`` along dim ``d`` (distinct per line), the gradient scattered back."""
+    out = raw.take_along(a, indices, d)
+    if not (is_grad_enabled() and _needs(a)):
+        return out
+    n = a.shape[d]
+    return record("take_along", out, [a], lambda g: (raw.scatter_along(g, indices, d, n),), [indices])
+
+
+def sort(a: Tensor, dim: int = -1, descending: bool = False):
+    """The named tuple (values, indices) of ``a`` sorted along ``dim``, stably (see ops.sort.argsort)."""
+    if not isinstance(a, Tensor):
+        raise TypeError(f"sort: expected a wgpar.Tensor, got {type(a).__name__}")
+    if a.ndim == 0:
+        return return_types.sort(clone(a), raw.argsort(a))
+    d = wrap_dim(dim, a.ndim)
+    indices = raw.argsort(a, d, descending)
+    return return_types.sort(_take(a, indices, d), indices)
+
+
+def topk(a: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    """The named tuple (values, indices) of the ``k`` largest (or smallest) entries along ``dim``, in
+    order (``sorted=False`` is accepted and gives them in order too); ties keep the first positions."""
+    if not isinstance(a, Tensor):
+        raise TypeError(f"topk: expected a wgpar.Tensor, got {type(a).__name__}")
+    d = wrap_dim(dim, a.ndim) if a.ndim else 0
+    n = a.shape[d] if a.ndim else 1
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= n:
+        raise ValueError(f"topk: k={k!r} is out of range for dim {dim} of size {n} (shape {a.shape})")
+    if a.ndim == 0:
+        return return_types.topk(*sort(a))
+    indices = raw.contiguous(narrow(raw.argsort(a, d, descending=largest), d, 0, int(k)))
+    return return_types.topk(_take(a, indices, d), indices)
+
+
 def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
     out = raw.softmax(a, axis, log)
     if not (is_grad_enabled() and _needs(a)):
@@ -384,5 +419,5 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 __all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
            "setitem", "reshape", "view", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
-           "index_select", "cat", "stack", "reduce", "extreme", "softmax", "matmul", "unbroadcast", "backward",
-           "retain_grad"]
+           "index_select", "cat", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul", "unbroadcast",
+           "backward", "retain_grad"]

@@ -1,5 +1,5 @@
 """Tensor methods and operators of the registry's ops (ops/registry.py), generated and installed, and
-Tensor's hook to the differentiable ops.
+Tensor's hook to the differentiable ops (functions.py, composites.py, einsum.py).
 
 Each public op gets its method (``x.exp()``, ``x.maximum(y)``), its operators (``__add__`` and the
 reflected ``__radd__``, ``__neg__``) and, where it has one, its in-place forms (``x.add_(y)``,
@@ -9,10 +9,13 @@ reflected ``__radd__``, ``__neg__``) and, where it has one, its in-place forms (
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from ..ops.registry import OPS, Op
 from ..tensor import Tensor, install_ops
+from . import composites as C
 from . import functions as F
+from .einsum import einsum
 
 _NOT_REFLECTED = {"eq", "ne", "lt", "le", "gt", "ge"}  # Python swaps a comparison's operands itself
 
@@ -73,7 +76,8 @@ def methods(op: Op) -> dict[str, Callable]:
 def install() -> None:
     """Connect Tensor to this layer: its hook (``tensor.install_ops``) to the differentiable ops, and
     the methods and operators of every public op of the registry."""
-    install_ops(F)
+    install_ops(SimpleNamespace(**{n: getattr(F, n) for n in F.__all__}, **{n: getattr(C, n) for n in C.__all__},
+                                einsum=einsum))
     for op in OPS.values():
         if op.api:
             for attr, fn in methods(op).items():

@@ -18,9 +18,11 @@ from .shape import (
     transpose,
     unsqueeze,
 )
+from .sort import argsort, scatter_along, take_along
 
 __all__ = [
-    "binary", "cast", "clamp", "clone", "contiguous", "copy_", "fill", "fill_", "inplace", "run_map", "unary", "where",
-    "getitem", "index_add_rows", "index_select", "setitem", "matmul", "reduce", "softmax", "cat", "expand", "flatten",
-    "permute", "reshape", "reshape_view", "squeeze", "stack", "to_device", "transpose", "unsqueeze",
+    "binary", "cast", "clamp", "clone", "contiguous", "copy_", "fill", "fill_", "inplace", "run_map", "unary",
+    "where", "getitem", "index_add_rows", "index_select", "setitem", "matmul", "reduce", "softmax", "argsort",
+    "take_along", "scatter_along", "cat", "expand", "flatten", "permute", "reshape", "reshape_view", "squeeze",
+    "stack", "to_device", "transpose", "unsqueeze",
 ]
