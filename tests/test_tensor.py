@@ -220,6 +220,20 @@ def test_top_level_names_exist():
     assert issubclass(wgpar.DeviceMismatchError, ValueError)
 
 
+def test_every_public_tensor_method_and_function_has_a_docstring():
+    import inspect
+
+    from wgpar.ops.registry import OPS
+
+    missing = [name for name in dir(wgpar.Tensor) if not name.startswith("_")
+               and not (getattr(inspect.getattr_static(wgpar.Tensor, name), "__doc__", None) or "").strip()]
+    assert not missing, f"Tensor methods without a docstring: {missing}"
+    assert not [op.name for op in OPS.values() if op.api and not op.doc], "registry ops without doc="
+    missing = [name for name in wgpar.functional.__all__ if not (getattr(wgpar, name).__doc__ or "").strip()]
+    assert not missing, f"wgpar functions without a docstring: {missing}"
+    assert wgpar.Tensor.exp.__doc__.startswith(OPS["exp"].doc)  # the registry's line, generated
+
+
 def test_full_infers_bool_and_float_dtypes():
     assert wgpar.full((2, 3), True).dtype is wgpar.bool_
     np.testing.assert_array_equal(wgpar.full((2, 3), True).numpy(), np.ones((2, 3), bool))

@@ -15,14 +15,31 @@ from .tensor import Tensor, dim_arg
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """The matrix product ``a @ b`` (NumPy's matmul rules: 1-d operands, broadcast batch dims).
+
+    Arguments:
+        a, b: float tensors.
+    """
     return ops.matmul(a, b)
 
 
 def where(cond: Tensor, a, b) -> Tensor:
+    """``a`` where ``cond`` is nonzero, else ``b``, broadcast together (torch.where / np.where).
+
+    Arguments:
+        cond: a tensor (bool or numbers).
+        a, b: tensors or numbers.
+    """
     return ops.where(cond, a, b)
 
 
 def cat(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
+    """The tensors joined along an existing dim (torch.cat; ``concatenate`` is NumPy's name).
+
+    Arguments:
+        tensors: a sequence of tensors of equal shapes but along ``dim``, on one device.
+        dim: the dim (``axis`` its NumPy spelling).
+    """
     return ops.cat(tensors, dim if axis is None else axis)
 
 
@@ -30,34 +47,83 @@ concatenate = cat
 
 
 def stack(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
+    """The tensors joined along a new dim (torch.stack).
+
+    Arguments:
+        tensors: a sequence of tensors of one shape, on one device.
+        dim: where the new dim goes (``axis`` its NumPy spelling).
+    """
     return ops.stack(tensors, dim if axis is None else axis)
 
 
 def softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
+    """Softmax along a dim (default the last; torch requires one), one fused kernel per row.
+
+    Arguments:
+        x: a float tensor.
+        axis, dim: the dim.
+    """
     return ops.softmax(x, dim_arg(axis, dim), log=False)
 
 
 def log_softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
+    """log(softmax) along a dim, computed stably (default the last dim).
+
+    Arguments:
+        x: a float tensor.
+        axis, dim: the dim.
+    """
     return ops.softmax(x, dim_arg(axis, dim), log=True)
 
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
+    """``x`` limited to [min, max]; NaN stays NaN (torch.clamp).
+
+    Arguments:
+        x: a tensor.
+        min, max: numbers or tensors (at least one).
+    """
     return ops.clamp(x, min, max)
 
 
 def index_select(x: Tensor, dim: int, index) -> Tensor:
+    """The entries of ``x`` at ``index`` along ``dim`` (torch.index_select).
+
+    Arguments:
+        x: a tensor.
+        dim: the dim.
+        index: ints in [0, x.shape[dim]): an int32 tensor, a list or a NumPy array.
+    """
     return ops.index_select(x, dim, index)
 
 
 def reshape(x: Tensor, shape) -> Tensor:
+    """``x`` with a new shape: a view when the strides allow, else a copy (torch.reshape).
+
+    Arguments:
+        x: a tensor.
+        shape: the new shape (one entry may be -1).
+    """
     return ops.reshape(x, shape)
 
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    """A view of ``x`` with two dims swapped (torch.transpose).
+
+    Arguments:
+        x: a tensor.
+        dim0, dim1: the dims.
+    """
     return ops.transpose(x, dim0, dim1)
 
 
 def permute(x: Tensor, dims) -> Tensor:
+    """A view of ``x`` with its dims reordered (torch.permute).
+
+    Arguments:
+        x: a tensor.
+        dims: the new order.
+    """
     return ops.permute(x, dims)
 
 

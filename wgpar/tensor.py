@@ -68,6 +68,7 @@ class Tensor:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def empty(cls, shape: Sequence[int], dtype: DType | str = _dt.float32, device=None) -> Tensor:
+        """An uninitialised tensor of ``shape`` (wgpar.empty is the usual spelling)."""
         dtype = _dt.as_dtype(dtype)
         dev = _adapters.resolve(device)
         shape = normalize_shape(shape)
@@ -76,6 +77,8 @@ class Tensor:
 
     @classmethod
     def from_numpy(cls, arr: np.ndarray, device=None, dtype=None) -> Tensor:
+        """A tensor holding a copy of ``arr`` (float64 data becomes float32, integers int32 once their values
+        are checked to fit); unlike torch.from_numpy it never shares memory with the array."""
         arr = np.asarray(arr)
         dt = _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy_dtype(arr.dtype)
         if arr.dtype.kind not in "fiub":
@@ -104,27 +107,34 @@ class Tensor:
     # -- attributes -----------------------------------------------------------------------
     @property
     def shape(self) -> Shape:
+        """The sizes of the dims, a tuple of ints (PyTorch's torch.Size is a tuple too)."""
         return self._shape
 
     def size(self, dim: int | None = None):
+        """The shape, or with ``dim`` the size of that dim."""
         return self._shape if dim is None else self._shape[wrap_dim(dim, self.ndim)]
 
     @property
     def dtype(self) -> DType:
+        """The element type: wgpar.float32, float16, int32 or bool_."""
         return self._storage.dtype
 
     @property
     def device(self) -> Device:
+        """The Device whose memory holds this tensor."""
         return self._storage.device
 
     @property
     def ndim(self) -> int:
+        """The number of dims."""
         return len(self._shape)
 
     def dim(self) -> int:
+        """The number of dims (``ndim``)."""
         return len(self._shape)
 
     def numel(self) -> int:
+        """The number of elements."""
         return math.prod(self._shape)
 
     def __len__(self) -> int:
@@ -138,17 +148,21 @@ class Tensor:
         return self._strides
 
     def stride(self, dim: int | None = None):
+        """The strides in elements, or with ``dim`` that dim's stride."""
         return self._strides if dim is None else self._strides[wrap_dim(dim, self.ndim)]
 
     @property
     def nbytes(self) -> int:
+        """The bytes its elements take (a bool takes 4: WGSL storage has no 1-byte type)."""
         return self.numel() * self.dtype.itemsize
 
     @property
     def is_leaf(self) -> bool:
+        """True unless an op recorded in the autograd graph produced this tensor."""
         return self._node is None
 
     def is_contiguous(self) -> bool:
+        """Whether the elements lie in row-major order without gaps (size-1 dims' strides ignored)."""
         expect = contiguous_strides(self._shape)
         return all(n == 1 or s == e for n, s, e in zip(self._shape, self._strides, expect))
 
@@ -192,6 +206,7 @@ class Tensor:
         return Tensor(self._storage, self._shape, self._strides, self._offset)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set ``requires_grad`` in place (float tensors only; False only on a leaf); returns self."""
         if requires_grad and not self.dtype.is_float:
             raise TypeError(f"only floating point tensors can require gradients, got {self.dtype.name}")
         if not requires_grad and self._node is not None:
@@ -201,6 +216,7 @@ class Tensor:
 
     @property
     def grad_fn(self):
+        """The autograd Node that produced this tensor, or None for a leaf."""
         return self._node
 
     def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> RemovableHandle:
@@ -264,9 +280,11 @@ class Tensor:
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
     def tolist(self):
+        """The values as (nested) Python lists; waits for the device and copies."""
         return self.numpy().tolist()
 
     def item(self):
+        """The one value of a one-element tensor as a Python number; waits for the device and copies."""
         if self.numel() != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {self._shape}")
         return self.numpy().reshape(()).item()
@@ -292,7 +310,9 @@ class Tensor:
         return f"tensor({body}, {', '.join(extra)})"
 
     def to(self, device=None, dtype=None) -> Tensor:
-        """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``)."""
+        """Copy to another device and/or convert dtype (``t.to(dev)``, ``t.to("float16")``, ``t.to(dev, dtype)``);
+        already there, the tensor itself. ``"cpu"`` raises HostDeviceError: wgpar has no CPU tensor
+        (``numpy()`` copies to the host); a dtype wgpar lacks warns once (README "Types")."""
         if _dt.is_dtype(device):
             device, dtype = None, device
         out = self
@@ -351,20 +371,25 @@ class Tensor:
         return _ops.view(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Dims ``start_dim``..``end_dim`` merged into one (a view when the strides allow, else a copy)."""
         return _ops.flatten(self, start_dim, end_dim)
 
     def permute(self, *axes) -> Tensor:
+        """A view with the dims in the order ``axes`` (ints or one sequence)."""
         return _ops.permute(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
+        """A view with dims ``dim0`` and ``dim1`` swapped (default: the last two; PyTorch requires both)."""
         return _ops.transpose(self, dim0, dim1)
 
     @property
     def T(self) -> Tensor:
+        """A view with every dim reversed (NumPy's T; PyTorch deprecates it beyond 2 dims, wgpar allows it)."""
         return _ops.permute(self, tuple(reversed(range(self.ndim))))
 
     @property
     def mT(self) -> Tensor:
+        """A view with the last two dims swapped (a batch of matrices transposed)."""
         return _ops.transpose(self, -2, -1)
 
     def t(self) -> Tensor:
@@ -377,27 +402,37 @@ class Tensor:
         return _ops.repeat(self, sizes)
 
     def contiguous(self) -> Tensor:
+        """This tensor if it is contiguous, else a contiguous copy."""
         return _ops.contiguous(self)
 
     def clone(self) -> Tensor:
+        """A copy in new memory (differentiable)."""
         return _ops.clone(self)
 
     def expand(self, *shape) -> Tensor:
+        """A broadcast view: size-1 dims repeated to ``shape`` without copying (-1 keeps a dim's size)."""
         return _ops.expand(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     def squeeze(self, dim=None) -> Tensor:
+        """A view without size-1 dims (all, or those in ``dim``: an int or a tuple)."""
         return _ops.squeeze(self, dim)
 
     def unsqueeze(self, dim: int) -> Tensor:
+        """A view with a new size-1 dim at ``dim``."""
         return _ops.unsqueeze(self, dim)
 
     def __getitem__(self, key) -> Tensor:
+        """Indexing: ints, slices, None and ``...`` give a view; one integer array or tensor along a dim gathers
+        (a copy). Boolean masks are not supported (use where)."""
         return _ops.getitem(self, key)
 
     def __setitem__(self, key, value) -> None:
+        """Write ``value`` (a number, array or tensor, broadcast) into ``self[key]`` in place (basic indexing
+        only; outside the autograd graph)."""
         _ops.setitem(self, key, value)
 
     def index_select(self, dim: int, index) -> Tensor:
+        """The entries at ``index`` (ints in [0, n), an int32 tensor or host array) along ``dim``, gathered."""
         return _ops.index_select(self, dim, index)
 
     # -- arithmetic: the registry's ops (add, exp, __add__, add_, ...) are installed by autograd.methods --
@@ -431,21 +466,27 @@ class Tensor:
         return _ops.masked_fill_(self, mask, value)
 
     def clamp(self, min=None, max=None):
+        """Values limited to [min, max] (numbers or tensors); NaN stays NaN, as PyTorch."""
         return _ops.clamp(self, min, max)
 
     clip = clamp
 
     # in place, for optimizers and initialisation
     def clamp_(self, min=None, max=None):
+        """In-place ``clamp`` (outside the autograd graph)."""
         return _ops.copy_(self, _ops.clamp(self, min, max))
 
     def copy_(self, src):
+        """Write ``src`` (a tensor or number, broadcast, converted to this dtype) into this tensor in place;
+        another device's tensor is copied through the host."""
         return _ops.copy_(self, src)
 
     def fill_(self, value):
+        """Set every element to ``value`` in place."""
         return _ops.fill_(self, value)
 
     def zero_(self):
+        """Set every element to 0 in place."""
         return _ops.fill_(self, 0)
 
     # -- reductions -----------------------------------------------------------------------
@@ -458,6 +499,7 @@ class Tensor:
         return _ops.reduce("sum", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        """The mean over an axis, a tuple of axes, or all elements; an integer tensor's mean is float32."""
         return _ops.reduce("mean", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def max(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
@@ -486,9 +528,13 @@ class Tensor:
         return _ops.reduce("min", self, dim_arg(axis, dim), keepdim_arg(keepdim, keepdims))
 
     def argmax(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        """The int32 index of the largest value (of the flattened tensor without a dim); ties and NaN go to
+        the first, as PyTorch."""
         return _ops.reduce("argmax", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def argmin(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        """The int32 index of the smallest value (of the flattened tensor without a dim); ties and NaN go to
+        the first, as PyTorch."""
         return _ops.reduce("argmin", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def var(self, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=None, keepdims=None) -> Tensor:
@@ -527,9 +573,11 @@ class Tensor:
         return _ops.topk(self, k, dim, largest, sorted)
 
     def softmax(self, axis=-1, *, dim=None):
+        """Softmax along a dim (default the last; PyTorch requires one): one fused kernel per row."""
         return _ops.softmax(self, dim_arg(axis, dim), log=False)
 
     def log_softmax(self, axis=-1, *, dim=None):
+        """log(softmax) along a dim, computed stably in one fused kernel per row."""
         return _ops.softmax(self, dim_arg(axis, dim), log=True)
 
 

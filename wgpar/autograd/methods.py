@@ -36,9 +36,13 @@ def function(op: Op) -> Callable:
     args = "x: a tensor." if op.arity == 1 else "a, b: tensors (broadcast together) or Python / NumPy numbers."
     if op.alpha:
         args += "\n    alpha: b is scaled by it first."
-    f.__doc__ = (f"Elementwise {op.api}: ``{op.expr}`` in WGSL (its entry in wgpar/ops/registry.py).\n\n"
-                 f"Arguments:\n    {args}\n")
+    f.__doc__ = (f"{_summary(op)}.\n\nElementwise; in WGSL ``{op.expr}`` (its entry in wgpar/ops/registry.py)."
+                 f"\n\nArguments:\n    {args}\n")
     return f
+
+
+def _summary(op: Op) -> str:
+    return op.doc or f"Elementwise {op.api}"
 
 
 def _method(name: str, f: Callable, doc: str) -> Callable:
@@ -51,7 +55,9 @@ def _method(name: str, f: Callable, doc: str) -> Callable:
 def methods(op: Op) -> dict[str, Callable]:
     """Every Tensor attribute ``op`` defines, by name."""
     name, api = op.name, op.api
-    out = {api: _method(api, function(op), f"Elementwise {api} of this tensor (see wgpar.{api}).")}
+    what = _summary(op)
+    out = {api: _method(api, function(op), f"{what}; elementwise, self as {'x' if op.arity == 1 else 'a'} "
+                                            f"(wgpar.{api}).")}
     if op.dunder and op.arity == 1:
         out[f"__{op.dunder}__"] = _method(f"__{op.dunder}__", lambda self: F.unary(name, self), f"{api}(self)")
     elif op.dunder:
@@ -67,9 +73,10 @@ def methods(op: Op) -> dict[str, Callable]:
         else:
             def inplace(self, o):
                 return F.inplace(name, self, o)
-        out[f"{api}_"] = _method(f"{api}_", inplace, f"In-place {api}: self = {api}(self, other).")
+        note = "in place, outside the autograd graph (a parameter under no_grad, a buffer); returns self"
+        out[f"{api}_"] = _method(f"{api}_", inplace, f"self = {api}(self, other), {note}. {what}.")
         out[f"__i{op.dunder}__"] = _method(f"__i{op.dunder}__", lambda self, o: F.inplace(name, self, o),
-                                           f"self = {api}(self, other), in place")
+                                           f"self = {api}(self, other), {note}.")
     return out
 
 

@@ -68,6 +68,8 @@ class Op:
         inplace: also an in-place method ``<api>_`` and operator ``__i<dunder>__``.
         alpha: the method and function take PyTorch's ``alpha`` (other * alpha).
         check: test data for the generated tests.
+        doc: one line for the docstrings of its method and function, saying what differs from PyTorch
+            where something does.
     """
 
     name: str
@@ -80,6 +82,7 @@ class Op:
     inplace: bool = False
     alpha: bool = False
     check: Check | None = None
+    doc: str = ""
     arity: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -129,52 +132,78 @@ def _define(op: Op) -> None:
 
 for _op in (
     # -- arithmetic -------------------------------------------------------------------------------
-    Op("add", COMMON, "x0 + x1", ("g", "g"), dunder="add", inplace=True, alpha=True, check=Check(np.add)),
+    Op("add", COMMON, "x0 + x1", ("g", "g"), dunder="add", inplace=True, alpha=True, check=Check(np.add),
+       doc="a + b, with PyTorch's type promotion (``alpha`` scales b first)"),
     Op("sub", COMMON, "x0 - x1", ("g", "neg_{T}(g)"), dunder="sub", inplace=True, alpha=True,
-       check=Check(np.subtract)),
-    Op("mul", COMMON, "x0 * x1", ("g * x1", "g * x0"), dunder="mul", inplace=True, check=Check(np.multiply)),
+       check=Check(np.subtract), doc="a - b (``alpha`` scales b first)"),
+    Op("mul", COMMON, "x0 * x1", ("g * x1", "g * x0"), dunder="mul", inplace=True, check=Check(np.multiply),
+       doc="a * b"),
     Op("div", FLOAT, "div_(x0, x1)", ("div_(g, x1)", "-(div_(g, x1) * y)"), dunder="truediv", inplace=True,
-       check=Check(np.divide, ("any", "nonzero"))),
+       check=Check(np.divide, ("any", "nonzero")),
+       doc="True division a / b: always a float (int32 / int32 is float32, as PyTorch)"),
     Op("pow", FLOAT, "fpow(x0, x1)", ("g * (x1 * fpow(x0, x1 - 1.0))", "g * (y * log_(x0))"), dunder="pow",
-       inplace=True, check=Check(np.power, ("pos", "any"), rtol=1e-5)),
+       inplace=True, check=Check(np.power, ("pos", "any"), rtol=1e-5),
+       doc="a ** b, always a float: int32 ** int32 is float32 (PyTorch keeps integers)"),
     Op("floordiv", COMMON, "floordiv_{T}(x0, x1)", api="floor_divide", dunder="floordiv",
-       check=Check(np.floor_divide, ("int", "intnz"))),
+       check=Check(np.floor_divide, ("int", "intnz")),
+       doc="a // b, rounded toward -inf (PyTorch's floor_divide); an integer zero divisor raises; int32 wraps"),
     Op("mod", COMMON, "mod_{T}(x0, x1)", ("g", "g * neg_{T}(floordiv_{T}(x0, x1))"), api="remainder",
-       dunder="mod", check=Check(np.mod, ("any", "nonzero"), rtol=1e-5, atol=1e-5)),
+       dunder="mod", check=Check(np.mod, ("any", "nonzero"), rtol=1e-5, atol=1e-5),
+       doc="The remainder of a / b with b's sign (PyTorch's remainder, Python's %); a zero int divisor raises"),
     Op("maximum", COMMON, "maximum_{T}(x0, x1)",
        ("g * ((1.0 - select(0.0, 1.0, lt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))",
         "g * ((1.0 - select(0.0, 1.0, gt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))"),
-       check=Check(np.maximum)),
+       check=Check(np.maximum),
+       doc="The larger of a and b; NaN where either is NaN, as PyTorch"),
     Op("minimum", COMMON, "minimum_{T}(x0, x1)",
        ("g * ((1.0 - select(0.0, 1.0, gt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))",
         "g * ((1.0 - select(0.0, 1.0, lt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))"),
-       check=Check(np.minimum)),
+       check=Check(np.minimum),
+       doc="The smaller of a and b; NaN where either is NaN, as PyTorch"),
     # -- comparisons: IEEE results for NaN operands (elementwise_fns.wgsl) ---------------------------
-    Op("eq", BOOL, "eq_{T}(x0, x1)", dunder="eq", check=Check(np.equal, ("int", "int"))),
-    Op("ne", BOOL, "ne_{T}(x0, x1)", dunder="ne", check=Check(np.not_equal, ("int", "int"))),
-    Op("lt", BOOL, "lt_{T}(x0, x1)", dunder="lt", check=Check(np.less)),
-    Op("le", BOOL, "le_{T}(x0, x1)", dunder="le", check=Check(np.less_equal)),
-    Op("gt", BOOL, "gt_{T}(x0, x1)", dunder="gt", check=Check(np.greater)),
-    Op("ge", BOOL, "ge_{T}(x0, x1)", dunder="ge", check=Check(np.greater_equal)),
+    Op("eq", BOOL, "eq_{T}(x0, x1)", dunder="eq", check=Check(np.equal, ("int", "int")),
+       doc="a == b, as bool (NaN equals nothing)"),
+    Op("ne", BOOL, "ne_{T}(x0, x1)", dunder="ne", check=Check(np.not_equal, ("int", "int")),
+       doc="a != b, as bool (NaN differs from everything)"),
+    Op("lt", BOOL, "lt_{T}(x0, x1)", dunder="lt", check=Check(np.less),
+       doc="a < b, as bool (False where either is NaN)"),
+    Op("le", BOOL, "le_{T}(x0, x1)", dunder="le", check=Check(np.less_equal),
+       doc="a <= b, as bool (False where either is NaN)"),
+    Op("gt", BOOL, "gt_{T}(x0, x1)", dunder="gt", check=Check(np.greater),
+       doc="a > b, as bool (False where either is NaN)"),
+    Op("ge", BOOL, "ge_{T}(x0, x1)", dunder="ge", check=Check(np.greater_equal),
+       doc="a >= b, as bool (False where either is NaN)"),
     Op("same", BOOL, "same_{T}(x0, x1)", api=None),  # equal or both NaN: what a max / min reduction picked
     # -- unary ------------------------------------------------------------------------------------
-    Op("neg", COMMON, "neg_{T}(x0)", ("neg_{T}(g)",), dunder="neg", check=Check(np.negative, ("any",))),
-    Op("abs", COMMON, "abs_{T}(x0)", ("g * sign_{T}(x0)",), dunder="abs", check=Check(np.abs, ("away0",))),
-    Op("sign", COMMON, "sign_{T}(x0)", check=Check(np.sign, ("any",))),  # torch: sign(nan) is 0
-    Op("relu", COMMON, "relu_{T}(x0)", ("relu_bwd_{T}(x0, g)",), check=Check(lambda x: np.maximum(x, 0), ("away0",))),
-    Op("exp", FLOAT, "exp_(x0)", ("g * y",), check=Check(np.exp, ("any",), rtol=1e-5)),
-    Op("log", FLOAT, "log_(x0)", ("div_(g, x0)",), check=Check(np.log, ("pos",), rtol=1e-5)),
-    Op("sqrt", FLOAT, "sqrt_(x0)", ("div_(g * 0.5, y)",), check=Check(np.sqrt, ("pos",), rtol=1e-5)),
+    Op("neg", COMMON, "neg_{T}(x0)", ("neg_{T}(g)",), dunder="neg", check=Check(np.negative, ("any",)),
+       doc="-x (int32 wraps: -INT_MIN is INT_MIN)"),
+    Op("abs", COMMON, "abs_{T}(x0)", ("g * sign_{T}(x0)",), dunder="abs", check=Check(np.abs, ("away0",)),
+       doc="|x| (int32 wraps: abs(INT_MIN) is INT_MIN)"),
+    Op("sign", COMMON, "sign_{T}(x0)", check=Check(np.sign, ("any",)),
+       doc="-1, 0 or 1 by the sign of x; sign(NaN) is 0, as PyTorch"),
+    Op("relu", COMMON, "relu_{T}(x0)", ("relu_bwd_{T}(x0, g)",), check=Check(lambda x: np.maximum(x, 0), ("away0",)),
+       doc="max(x, 0); NaN stays NaN, as PyTorch"),
+    Op("exp", FLOAT, "exp_(x0)", ("g * y",), check=Check(np.exp, ("any",), rtol=1e-5),
+       doc="e ** x (an integer tensor gives float32)"),
+    Op("log", FLOAT, "log_(x0)", ("div_(g, x0)",), check=Check(np.log, ("pos",), rtol=1e-5),
+       doc="The natural logarithm (an integer tensor gives float32)"),
+    Op("sqrt", FLOAT, "sqrt_(x0)", ("div_(g * 0.5, y)",), check=Check(np.sqrt, ("pos",), rtol=1e-5),
+       doc="The square root (an integer tensor gives float32)"),
     Op("rsqrt", FLOAT, "rsqrt_(x0)", ("g * (fpow(y, 3.0) * -0.5)",),
-       check=Check(lambda x: 1 / np.sqrt(x), ("pos",), rtol=1e-5)),
-    Op("tanh", FLOAT, "tanh_(x0)", ("g * (1.0 - y * y)",), check=Check(np.tanh, ("any",), rtol=1e-5)),
+       check=Check(lambda x: 1 / np.sqrt(x), ("pos",), rtol=1e-5),
+       doc="1 / sqrt(x) (an integer tensor gives float32)"),
+    Op("tanh", FLOAT, "tanh_(x0)", ("g * (1.0 - y * y)",), check=Check(np.tanh, ("any",), rtol=1e-5),
+       doc="The hyperbolic tangent (an integer tensor gives float32)"),
     Op("sigmoid", FLOAT, "sigmoid_(x0)", ("g * y * (1.0 - y)",),
-       check=Check(lambda x: 1 / (1 + np.exp(-x)), ("any",), rtol=1e-5)),
+       check=Check(lambda x: 1 / (1 + np.exp(-x)), ("any",), rtol=1e-5),
+       doc="1 / (1 + exp(-x)), without overflow (an integer tensor gives float32)"),
     Op("softplus", FLOAT, "softplus_(x0)", ("g * sigmoid_(x0)",),
-       check=Check(lambda x: np.logaddexp(0.0, x), ("any",), torch="nn.functional.softplus", rtol=1e-5)),
+       check=Check(lambda x: np.logaddexp(0.0, x), ("any",), torch="nn.functional.softplus", rtol=1e-5),
+       doc="log(1 + exp(x)), without overflow (PyTorch's nn.functional.softplus with beta 1)"),
     Op("gelu", FLOAT, "gelu_(x0)", ("g * gelu_grad_(x0)",),
        check=Check(lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), ("any",), torch="nn.functional.gelu",
-                   rtol=1e-5)),
+                   rtol=1e-5),
+       doc="The exact (erf) GELU, PyTorch's default (an integer tensor gives float32)"),
     # -- selection, clamping, copies (front ends by hand: wgpar.where, Tensor.clamp, Tensor.to) ----
     Op("where", WHERE, "select(x2, x1, nz_{T}(x0))",  # {T}: the condition's compute type
        (None, "select(0.0, g, nz_{T}(x0))", "select(g, 0.0, nz_{T}(x0))"), api=None),
