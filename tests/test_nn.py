@@ -172,3 +172,25 @@ def test_layers_match_torch(rng):
                  rtol=1e-5, atol=1e-6)
     assert_close(F.layer_norm(wgpar.tensor(x), 6).numpy(),
                  torch.nn.functional.layer_norm(torch.tensor(x), (6,)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_forward_and_backward_match_torch(rng, approximate):
+    """Both GELUs against torch in float64, over the range where the approximations differ, NaN passing."""
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([rng.uniform(-8, 8, 997), [0.0, -3.0, 3.0, np.nan]]).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    t = wgpar.tensor(x, requires_grad=True)
+    y = nn.GELU(approximate)(t)
+    y.backward(wgpar.tensor(g))
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx, approximate=approximate)
+    ty.backward(torch.tensor(g, dtype=torch.float64))
+    assert_close(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(t.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert np.isnan(y.numpy()[-1]) and np.isnan(t.grad.numpy()[-1])
+    if approximate == "tanh":  # it really is the other function: the two differ by up to ~5e-4
+        exact = F.gelu(wgpar.tensor(x[:-1])).numpy()
+        assert np.abs(exact - y.numpy()[:-1]).max() > 1e-4
+    with pytest.raises(ValueError, match="approximate"):
+        nn.GELU("fast")

@@ -110,8 +110,9 @@ _UNARY_BW = {
     "sigmoid": lambda x, y, g: raw.binary("sigmoid_bwd", y, g),
     "relu": lambda x, y, g: raw.binary("relu_bwd", x, g),
     "gelu": lambda x, y, g: raw.binary("gelu_bwd", x, g),
+    "gelu_tanh": lambda x, y, g: raw.binary("gelu_tanh_bwd", x, g),
 }
-_SAVES_INPUT = {"abs", "log", "relu", "gelu"}
+_SAVES_INPUT = {"abs", "log", "relu", "gelu", "gelu_tanh"}
 
 
 def unary(op: str, a: Tensor) -> Tensor:

@@ -29,8 +29,14 @@ def relu(x: Tensor) -> Tensor:
     return F.unary("relu", x)
 
 
-def gelu(x: Tensor) -> Tensor:
-    return F.unary("gelu", x)
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU: ``x * Phi(x)`` exactly (``approximate="none"``) or with PyTorch's tanh approximation
+    (``approximate="tanh"``, GPT-2's ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)."""
+    if approximate == "none":
+        return F.unary("gelu", x)
+    if approximate == "tanh":
+        return F.unary("gelu_tanh", x)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
 def tanh(x: Tensor) -> Tensor:

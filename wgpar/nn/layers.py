@@ -48,8 +48,19 @@ class ReLU(Module):
 
 
 class GELU(Module):
+    """GELU, exact or (``approximate="tanh"``) with PyTorch's tanh approximation."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
     def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(x)
+        return F.gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return "" if self.approximate == "none" else f"approximate={self.approximate!r}"
 
 
 class Tanh(Module):

@@ -53,6 +53,7 @@ OPS: dict[str, tuple[str, str]] = {
     "tanh": ("float", "tanh_(x0)"),
     "sigmoid": ("float", "sigmoid_(x0)"),
     "gelu": ("float", "gelu_(x0)"),
+    "gelu_tanh": ("float", "gelu_tanh_(x0)"),
     "where": ("where", "select(x2, x1, nz_C(x0))"),  # C: the condition's compute type
     "clamp": ("arith", "minimum_C(maximum_C(x0, x1), x2)"),
     "clamp_min": ("arith", "maximum_C(x0, x1)"),
@@ -62,6 +63,7 @@ OPS: dict[str, tuple[str, str]] = {
     # fused backward kernels: x0 = forward input (or output), x1 = incoming gradient
     "relu_bwd": ("arith", "relu_bwd_C(x0, x1)"),
     "gelu_bwd": ("float", "x1 * gelu_grad_(x0)"),
+    "gelu_tanh_bwd": ("float", "x1 * gelu_tanh_grad_(x0)"),
     "tanh_bwd": ("float", "x1 * (1.0 - x0 * x0)"),
     "sigmoid_bwd": ("float", "x1 * x0 * (1.0 - x0)"),
 }
