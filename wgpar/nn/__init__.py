@@ -1,6 +1,7 @@
 """Neural-network building blocks: Module, Parameter, layers, losses, functional, init."""
 
 from . import functional, init, utils
+from .containers import ModuleDict, ModuleList
 from .layers import (
                      GELU,
                      CrossEntropyLoss,
@@ -20,5 +21,5 @@ from .parameter import Parameter
 from .utils import clip_grad_norm_
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LayerNorm",
-           "Embedding", "Dropout", "Sequential", "CrossEntropyLoss", "MSELoss", "functional", "init", "utils",
-           "clip_grad_norm_"]
+           "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
+           "functional", "init", "utils", "clip_grad_norm_"]
