@@ -1,0 +1,170 @@
+// Fused attention backward, second kernel: dK and dV for BK keys per workgroup, walking query tiles of
+// BQ (attention_bwd_dq.wgsl computes dQ and delta first). With the probabilities recomputed from the
+// logsumexp, P^T = exp(scale * K Q^T - lse) (keys as rows here):
+//   dV = P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),  dK = scale * dS^T Q.
+// [q_lo, q_hi) are the queries of this dispatch (chunks of a long sequence add up with FLAGS bit 0).
+// Thread layout and padding as attention_fwd.wgsl, with keys in the rows and queries in the columns.
+{{ENABLE}}
+@group(0) @binding(0) var<storage, read_write> dk: array<vec4<{{TG}}>>;
+@group(0) @binding(1) var<storage, read_write> dv: array<vec4<{{TG}}>>;
+@group(0) @binding(2) var<storage, read> q: array<vec4<{{T}}>>;
+@group(0) @binding(3) var<storage, read> k: array<vec4<{{T}}>>;
+@group(0) @binding(4) var<storage, read> v: array<vec4<{{T}}>>;
+@group(0) @binding(5) var<storage, read> dout: array<vec4<{{T}}>>;
+@group(0) @binding(6) var<storage, read> lse: array<f32>;
+@group(0) @binding(7) var<storage, read> delta: array<f32>;
+struct Params {
+  H: u32, Tq: u32, Tk: u32, causal: u32,
+  q_lo: u32, q_hi: u32, bh0: u32, scale: f32,
+  q_off: u32, q_sb: u32, q_sh: u32, q_st: u32,
+  k_off: u32, k_sb: u32, k_sh: u32, k_st: u32,
+  v_off: u32, v_sb: u32, v_sh: u32, v_st: u32,
+  g_off: u32, g_sb: u32, g_sh: u32, g_st: u32,  // dout
+  rk_off: u32, rk_sb: u32, rk_sh: u32, rk_st: u32,  // dk
+  rv_off: u32, rv_sb: u32, rv_sh: u32, rv_st: u32,  // dv
+  l_off: u32, d_off: u32, flags: u32, _p0: u32,
+}
+@group(0) @binding(8) var<uniform> p: Params;
+
+const BK: u32 = {{BK}}u;  // keys per workgroup = 16 * RK
+const BQ: u32 = {{BQ}}u;  // queries per tile = 16 * CQ
+const RK: u32 = {{RK}}u;
+const CQ: u32 = {{CQ}}u;
+const DV: u32 = {{DV}}u;
+const DP: u32 = {{DP}}u;
+const SL: u32 = {{SL}}u;  // ceil(BK * DV / 256)
+
+var<workgroup> Ks: array<vec4<f32>, {{KS}}>;   // BK * DP, pre-multiplied by scale
+var<workgroup> Vs: array<vec4<f32>, {{KS}}>;
+var<workgroup> Qs: array<vec4<f32>, {{QS}}>;   // BQ * DP
+var<workgroup> Gs: array<vec4<f32>, {{QS}}>;   // dO rows
+var<workgroup> Ps: array<f32, {{PS}}>;         // BK * BQ
+var<workgroup> dSs: array<f32, {{PS}}>;
+var<workgroup> lse_s: array<f32, {{BQ}}>;
+var<workgroup> dl_s: array<f32, {{BQ}}>;
+
+{{FNS}}
+
+fn exp_nan(x: f32) -> f32 { return select(exp(x), x, isnan_(x)); }
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let ty = tid / 16u;
+  let tx = tid % 16u;
+  let bh = p.bh0 + wid.y;
+  let b = bh / p.H;
+  let h = bh % p.H;
+  let j0 = wid.x * BK;
+  let qb = p.q_off + b * p.q_sb + h * p.q_sh;
+  let kb = p.k_off + b * p.k_sb + h * p.k_sh;
+  let vb = p.v_off + b * p.v_sb + h * p.v_sh;
+  let gb = p.g_off + b * p.g_sb + h * p.g_sh;
+  for (var e = tid; e < BK * DV; e = e + 256u) {
+    let r = e / DV;
+    let c = e % DV;
+    var kv = vec4<f32>(0.0);
+    var vv = vec4<f32>(0.0);
+    if (j0 + r < p.Tk) {
+      kv = vec4<f32>(k[kb + (j0 + r) * p.k_st + c]) * p.scale;
+      vv = vec4<f32>(v[vb + (j0 + r) * p.v_st + c]);
+    }
+    Ks[r * DP + c] = kv;
+    Vs[r * DP + c] = vv;
+  }
+  var acc_k = array<vec4<f32>, SL>();
+  var acc_v = array<vec4<f32>, SL>();
+  var start = p.q_lo;
+  if (p.causal != 0u) { start = max(start, j0); }  // query i sees key j only if j <= i
+  for (var i0 = start; i0 < p.q_hi; i0 = i0 + BQ) {
+    workgroupBarrier();
+    for (var e = tid; e < BQ * DV; e = e + 256u) {
+      let r = e / DV;
+      let c = e % DV;
+      var qv = vec4<f32>(0.0);
+      var gv = vec4<f32>(0.0);
+      if (i0 + r < p.q_hi) {
+        qv = vec4<f32>(q[qb + (i0 + r) * p.q_st + c]);
+        gv = vec4<f32>(dout[gb + (i0 + r) * p.g_st + c]);
+      }
+      Qs[r * DP + c] = qv;
+      Gs[r * DP + c] = gv;
+    }
+    if (tid < BQ) {
+      var lv = 0.0;
+      var dl = 0.0;
+      if (i0 + tid < p.q_hi) {
+        let li = bh * p.Tq + i0 + tid;
+        lv = lse[p.l_off + li];
+        dl = delta[p.d_off + li];
+      }
+      lse_s[tid] = lv;
+      dl_s[tid] = dl;
+    }
+    workgroupBarrier();
+    var s = array<array<f32, CQ>, RK>();
+    var dp = array<array<f32, CQ>, RK>();
+    for (var d = 0u; d < DV; d = d + 1u) {
+      var qv = array<vec4<f32>, CQ>();
+      var gv = array<vec4<f32>, CQ>();
+      for (var j = 0u; j < CQ; j = j + 1u) {
+        qv[j] = Qs[(tx + 16u * j) * DP + d];
+        gv[j] = Gs[(tx + 16u * j) * DP + d];
+      }
+      for (var a = 0u; a < RK; a = a + 1u) {
+        let kv = Ks[(ty + 16u * a) * DP + d];
+        let vv = Vs[(ty + 16u * a) * DP + d];
+        for (var j = 0u; j < CQ; j = j + 1u) {
+          s[a][j] = s[a][j] + dot(kv, qv[j]);
+          dp[a][j] = dp[a][j] + dot(vv, gv[j]);
+        }
+      }
+    }
+    for (var a = 0u; a < RK; a = a + 1u) {
+      let r = ty + 16u * a;
+      for (var j = 0u; j < CQ; j = j + 1u) {
+        let c = tx + 16u * j;
+        let ok = j0 + r < p.Tk && i0 + c < p.q_hi && (p.causal == 0u || j0 + r <= i0 + c);
+        let pv = select(0.0, exp_nan(s[a][j] - lse_s[c]), ok);
+        Ps[r * BQ + c] = pv;
+        dSs[r * BQ + c] = pv * (dp[a][j] - dl_s[c]);
+      }
+    }
+    workgroupBarrier();
+    for (var i = 0u; i < SL; i = i + 1u) {
+      let sl = tid + 256u * i;
+      if (sl < BK * DV) {
+        let r = sl / DV;
+        let c = sl % DV;
+        var av = acc_v[i];
+        var ak = acc_k[i];
+        for (var j = 0u; j < BQ; j = j + 1u) {
+          av = av + Ps[r * BQ + j] * Gs[j * DP + c];
+          ak = ak + dSs[r * BQ + j] * Qs[j * DP + c];
+        }
+        acc_v[i] = av;
+        acc_k[i] = ak;
+      }
+    }
+  }
+  let kob = p.rk_off + b * p.rk_sb + h * p.rk_sh;
+  let vob = p.rv_off + b * p.rv_sb + h * p.rv_sh;
+  for (var i = 0u; i < SL; i = i + 1u) {
+    let sl = tid + 256u * i;
+    if (sl < BK * DV) {
+      let r = sl / DV;
+      let c = sl % DV;
+      if (j0 + r < p.Tk) {
+        let ak = kob + (j0 + r) * p.rk_st + c;
+        let av = vob + (j0 + r) * p.rv_st + c;
+        var gk = acc_k[i] * p.scale;
+        var gv = acc_v[i];
+        if ((p.flags & 1u) != 0u) {
+          gk = gk + vec4<f32>(dk[ak]);
+          gv = gv + vec4<f32>(dv[av]);
+        }
+        dk[ak] = vec4<{{TG}}>(gk);
+        dv[av] = vec4<{{TG}}>(gv);
+      }
+    }
+  }
+}
