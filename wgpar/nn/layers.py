@@ -1,4 +1,4 @@
-"""Layers: Linear, activations, LayerNorm, Embedding, Dropout, Sequential."""
+"""Layers: Linear, activations, LayerNorm, Embedding, Dropout, Sequential, the transformer MLP."""
 
 from __future__ import annotations
 
@@ -149,6 +149,30 @@ class Sequential(Module):
 
     def __len__(self) -> int:
         return len(self._modules)
+
+
+class MLP(Module):
+    """The transformer MLP: ``fc2(act(fc1(x)))``, d_model -> hidden -> d_model.
+
+    ``wgpar.distributed.ParallelMLP`` splits it over ranks (fc1 by columns, fc2 by rows).
+
+    Arguments:
+        d_model: input and output features.
+        hidden: the inner width (4 * d_model in GPT-2).
+        bias: whether both layers have a bias.
+        activation: a parameter-free module (default GELU).
+        device, dtype: of the parameters.
+    """
+
+    def __init__(self, d_model: int, hidden: int, bias: bool = True, activation: Module | None = None, device=None,
+                 dtype=_dt.float32) -> None:
+        super().__init__()
+        self.fc1 = Linear(d_model, hidden, bias, device=device, dtype=dtype)
+        self.act = activation if activation is not None else GELU()
+        self.fc2 = Linear(hidden, d_model, bias, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class CrossEntropyLoss(Module):
