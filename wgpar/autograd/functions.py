@@ -378,7 +378,7 @@ def _keep_shape(a: Tensor, axes) -> tuple[int, ...]:
 
 
 def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
-    if op in ("sum", "mean") and is_autocast_enabled():
+    if op == "sum" and is_autocast_enabled():
         a = autocast_full(a)
     out = raw.reduce(op, a, axis, keepdims)
     if op in ("argmax", "argmin") or not (is_grad_enabled() and _needs(a)):
