@@ -19,7 +19,7 @@ from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory
 from .runtime import Device, adapter_names, device, devices
 from .storage import Storage
 from .tensor import Tensor
-from . import amp, autograd, distributed, nn, optim  # noqa: E402  (after Tensor: they build on it)
+from . import amp, autograd, distributed, models, nn, optim  # noqa: E402  (after Tensor: they build on it)
 from .autocast_mode import autocast  # noqa: E402
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
@@ -39,7 +39,7 @@ __all__ = [
     "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
     "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
-    "autograd", "nn", "optim", "distributed", "amp", "autocast", "no_grad", "enable_grad", "is_grad_enabled",
+    "autograd", "nn", "optim", "distributed", "amp", "autocast", "models", "no_grad", "enable_grad", "is_grad_enabled",
     "set_grad_enabled", "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",

@@ -121,6 +121,12 @@ class GradScaler:
         state["found_inf"] = found
         state["stage"] = OptState.UNSCALED
 
+    def found_inf_per_device(self, optimizer: Optimizer) -> dict:
+        """The device flags (int32 [1], nonzero: an inf / NaN was seen) that ``unscale_`` left for
+        ``optimizer``, by device. Ranks that hold different shards of one model (tensor parallelism)
+        all-reduce them with "max" between ``unscale_`` and ``step``, so that all ranks skip together."""
+        return self._state(optimizer)["found_inf"]
+
     def step(self, optimizer: Optimizer, *args, **kwargs):
         """``unscale_`` (unless done) then ``optimizer.step()``, skipped if any gradient was inf / NaN.
 
