@@ -113,7 +113,6 @@ class GPT(Module):
         self.lm_head = Linear(d, cfg.vocab_size, bias=False, device=device, dtype=dtype)
         self.lm_head.weight = self.wte.weight  # tied: one parameter, used as input and output embedding
         self._init_weights()
-        self._positions: dict = {}
 
     def _init_weights(self) -> None:
         proj_std = 0.02 / math.sqrt(2 * self.cfg.n_layer)
@@ -127,31 +126,29 @@ class GPT(Module):
             else:
                 init.normal_(p, 0.0, 0.02)
 
-    def _pos(self, t: int, device) -> Tensor:
-        key = (t, device)
-        pos = self._positions.get(key)
-        if pos is None:
-            pos = self._positions[key] = Tensor.from_numpy(np.arange(t, dtype=np.int32), device=device)
-        return pos
+    @staticmethod
+    def _pos(t: int) -> np.ndarray:
+        return np.arange(t, dtype=np.int32)
 
     def forward(self, idx, targets=None) -> Tensor:
+        # Host token ids stay on the host for the embeddings (no readback in their backward) and the targets
+        # (their range is checked there); device tensors work too.
         if not isinstance(idx, Tensor):
-            idx = Tensor.from_numpy(np.asarray(idx, dtype=np.int32), device=self.wte.weight.device)
+            idx = np.asarray(idx, dtype=np.int32)
         if idx.ndim != 2:
-            raise ValueError(f"GPT: expected token ids [batch, seq], got shape {idx.shape}")
+            raise ValueError(f"GPT: expected token ids [batch, seq], got shape {tuple(idx.shape)}")
         b, t = idx.shape
         if t > self.cfg.block_size:
             raise ValueError(f"GPT: a sequence of {t} tokens is longer than the context of {self.cfg.block_size}")
-        x = F_.binary("add", self.wte(idx), self.wpe(self._pos(t, idx.device)))
+        x = F_.binary("add", self.wte(idx), self.wpe(self._pos(t)))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits
-        if not isinstance(targets, Tensor):
-            targets = Tensor.from_numpy(np.asarray(targets, dtype=np.int32), device=idx.device)
-        return F.cross_entropy(F_.reshape(logits, (b * t, -1)), F_.reshape(targets, (-1,)))
+        targets = targets.reshape(-1) if isinstance(targets, Tensor) else np.asarray(targets, np.int32).reshape(-1)
+        return F.cross_entropy(F_.reshape(logits, (b * t, -1)), targets)
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
         """AdamW parameter groups as GPT-2 / nanoGPT use them: weight decay on matrices and embeddings

@@ -12,7 +12,7 @@ from ..autograd import functions as F
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled
 from ..ops.elementwise import contiguous as _raw_contiguous
-from ..ops.index import _as_index
+from ..ops.index import _as_index, index_add_rows
 from ..runtime.kernels import F32, WORKGROUP, grid, load_source, pack, spec
 from ..tensor import Tensor, check_same_device
 
@@ -89,17 +89,38 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape."""
-    return F.index_select(weight, 0, indices, op="embedding")
+    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape.
+
+    Indices given as host data (a NumPy array or list) are checked and sorted for the backward on the
+    host, so neither direction reads anything back from the device.
+    """
+    if isinstance(indices, Tensor):
+        return F.index_select(weight, 0, indices, op="embedding")
+    host = np.asarray(indices)
+    n = weight.shape[0]
+    idx = _as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
+    out = raw.index_select(weight, 0, idx, op="embedding")
+    if not (is_grad_enabled() and weight.requires_grad):
+        return out
+    return record("embedding", out, [weight], lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims, then scale by ``weight`` and shift by ``bias``.
+
+    One fused kernel each way (wgpar/ops/layer_norm.py) when weight and bias (if given) have x's dtype;
+    the composed ops otherwise. Inside autocast it runs in float32.
+    """
     shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
     if tuple(x.shape[-len(shape):]) != shape:
         raise ValueError(f"layer_norm: input of shape {x.shape} does not end with normalized_shape {shape}")
-    axes = tuple(range(x.ndim - len(shape), x.ndim))
     x = F.autocast_full(x)
+    params = [t for t in (weight, bias) if t is not None]
+    if x.dtype.is_float and all(t.shape == shape and t.dtype is x.dtype for t in params):
+        check_same_device(x, *params, op="layer_norm")
+        return _layer_norm_fused(x, shape, weight, bias, eps)
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
     mu = F.reduce("mean", x, axes, keepdims=True)
     xc = F.binary("sub", x, mu)
     var = F.reduce("mean", F.binary("mul", xc, xc), axes, keepdims=True)
@@ -109,6 +130,33 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     if bias is not None:
         y = F.binary("add", y, bias)
     return y
+
+
+def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+                      eps: float) -> Tensor:
+    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward
+
+    cols = int(np.prod(shape))
+    rows = x.numel() // cols if cols else 0
+    x2 = raw.reshape(_raw_contiguous(x), (rows, cols))
+    w = None if weight is None else raw.reshape(_raw_contiguous(weight), (cols,))
+    b = None if bias is None else raw.reshape(_raw_contiguous(bias), (cols,))
+    y2, stats = layer_norm_forward(x2, w, b, eps)
+    y = raw.reshape(y2, x.shape)
+    if not (is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in (weight, bias)))):
+        return y
+
+    def bw(g):
+        g2 = raw.reshape(_raw_contiguous(g), (rows, cols))
+        want_w = weight is not None and weight.requires_grad
+        dx, gxh = layer_norm_backward(x2, w, stats, g2, want_w)
+        gw = raw.reshape(raw.reduce("sum", gxh, 0), shape) if want_w else None
+        gb = raw.reshape(raw.reduce("sum", g2, 0), shape) if bias is not None and bias.requires_grad else None
+        if gw is not None and gw.dtype is not weight.dtype:
+            gw = raw.cast(gw, weight.dtype)
+        return raw.reshape(dx, x.shape), gw, gb
+
+    return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
