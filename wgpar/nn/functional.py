@@ -22,10 +22,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: input of shape {x.shape} does not match weight of shape {weight.shape} "
                          f"(in_features {weight.shape[-1]})")
+    lead = x.shape[:-1]
+    if x.ndim > 2:  # [batch, seq, in] as one [batch * seq, in] product: the weight's gradient is then one
+        x = F.reshape(x, (-1, x.shape[-1]))  # matmul over all rows, not a product per batch entry summed after
     y = F.matmul(x, F.transpose(weight, 0, 1))
-    if bias is None:
-        return y
-    return F.binary("add", y, F.autocast_lower(bias) if is_autocast_enabled() else bias)
+    if bias is not None:
+        y = F.binary("add", y, F.autocast_lower(bias) if is_autocast_enabled() else bias)
+    return F.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
 
 
 def relu(x: Tensor) -> Tensor:
