@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[test,examples,dev]"
+	$(BIN)/python -m pip install -q -e ".[test,examples,dev,mpi]"
 	@touch $@
 
 # WITH_TORCH=1 also installs PyTorch (CPU wheels where available) so the tests compare against it;

@@ -34,6 +34,12 @@ def command_line() -> str:
     return " ".join(["python", shlex.quote(script_s), *map(shlex.quote, args)])
 
 
+def mpi_command_line(processes: int) -> str:
+    """The command under mpiexec, with the WGPAR_MPI_* settings it ran with."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("WGPAR_MPI_"))
+    return " ".join(filter(None, [env, f"mpiexec -n {processes}", command_line()]))
+
+
 def today() -> str:
     return os.environ.get("WGPAR_BENCH_DATE") or datetime.date.today().isoformat()
 

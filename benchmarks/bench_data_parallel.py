@@ -5,6 +5,13 @@ all-reduce (overlapped with backward). Target on 2 GPUs: at least 1.7x the 1-dev
 Also reports how many gradient buckets started their transfer while backward was still running.
 
     python benchmarks/bench_data_parallel.py --width 4096 --layers 4 --batch 4096 --steps 5 --devices 2
+
+With ``--backend mpi`` (under mpiexec, one process per device) every process trains its replica with
+DistributedDataParallel on its share of the batch; rank 0's process then times one device and
+DataParallel on thread ranks over the same devices while the others wait, for a side-by-side table.
+Target: processes at least as fast as threads (each process records its kernels under its own GIL).
+
+    mpiexec -n 2 python benchmarks/bench_data_parallel.py --backend mpi --width 4096 --layers 4 --batch 4096
 """
 
 from __future__ import annotations
@@ -21,7 +28,13 @@ import numpy as np  # noqa: E402
 import wgpar  # noqa: E402
 from benchmarks import _report  # noqa: E402
 from wgpar import nn, optim  # noqa: E402
-from wgpar.distributed import DataParallel, MultiAdapterContext  # noqa: E402
+from wgpar.distributed import (  # noqa: E402
+    DataParallel,
+    DistributedDataParallel,
+    MultiAdapterContext,
+    init_process_group,
+    split_sizes,
+)
 from wgpar.nn import functional as F  # noqa: E402
 
 
@@ -75,6 +88,84 @@ def step_vs_broadcast(ctx: MultiAdapterContext, dp: DataParallel, opts) -> tuple
     return timed(opt_step), timed(broadcast)
 
 
+def threads_step_time(args, X: np.ndarray, Y: np.ndarray, n: int) -> float:
+    """Seconds per DataParallel step on ``n`` thread ranks (each step ends with the loss all-reduce)."""
+    ctx = MultiAdapterContext(n, timeout=600)
+    wgpar.manual_seed(0)
+    dp = DataParallel(mlp(args.width, args.layers, args.classes, ctx.devices[0]), ctx, bucket_cap_mb=args.bucket_mb)
+    opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
+    dp.train_step(X, Y, F.cross_entropy, opts)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        dp.train_step(X, Y, F.cross_entropy, opts)
+    t = (time.perf_counter() - t0) / args.steps
+    del dp, opts
+    ctx.close()
+    return t
+
+
+def main_mpi(args, X: np.ndarray, Y: np.ndarray) -> None:
+    from mpi4py import MPI
+
+    group = init_process_group("mpi", timeout=600)
+    n, r = group.world_size, group.rank
+    bounds = np.cumsum([0, *split_sizes(args.batch, n)])
+    x, y = X[bounds[r]:bounds[r + 1]], Y[bounds[r]:bounds[r + 1]]
+    share = len(x) / args.batch
+    wgpar.manual_seed(0)
+    model = mlp(args.width, args.layers, args.classes, group.device)
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=args.bucket_mb, op="sum")
+    opt = optim.SGD(ddp.parameters(), lr=1e-3)
+
+    def step() -> None:  # what DataParallel.train_step does on each rank
+        opt.zero_grad()
+        loss = F.cross_entropy(ddp(wgpar.tensor(x, device=group.device)), y) * share
+        loss.backward()
+        opt.step()
+        group.all_reduce(loss.detach().reshape(1), "sum", label="loss")
+
+    step()
+    group.device.synchronize()
+    MPI.COMM_WORLD.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    group.device.synchronize()
+    MPI.COMM_WORLD.Barrier()
+    t_proc = (time.perf_counter() - t0) / args.steps
+    group.reset_traffic()
+    step()
+    moved = group.traffic()
+    devs = group.gather_objects(_report.device_line(group.device))
+    wgpar.empty_cache()
+    t1 = t_thr = float("nan")
+    if r == 0:  # one device, and thread ranks on the same devices, in this process; the others wait
+        t1 = single_device_step_time(args, X, Y)
+        wgpar.empty_cache()
+        t_thr = threads_step_time(args, X, Y, n)
+    group.barrier()  # polls with sleeps: the waiting processes leave the cores to rank 0
+    if r != 0:
+        return
+    params = sum(p.numel() for p in mlp(args.width, args.layers, args.classes, group.device).parameters())
+    rows = [["1", "-", f"{t1 * 1e3:.1f}", f"{args.batch / t1:.0f}", "1.00"],
+            [str(n), "thread ranks (DataParallel)", f"{t_thr * 1e3:.1f}", f"{args.batch / t_thr:.0f}",
+             f"{t1 / t_thr:.2f}"],
+            [str(n), "MPI processes (DistributedDataParallel)", f"{t_proc * 1e3:.1f}", f"{args.batch / t_proc:.0f}",
+             f"{t1 / t_proc:.2f}"]]
+    table = _report.markdown_table(["devices", "ranks", "ms / step", "samples / s", "speed-up"], rows)
+    name = group.device.adapter_name
+    body = (f"### DataParallel throughput, threads vs MPI processes: {name}\n\n"
+            f"Devices: {', '.join(devs)}. Date: {_report.today()}. "
+            f"Command: `{_report.mpi_command_line(n)}`\n\n"
+            f"MLP {args.layers} x {args.width} wide ({params} parameters), batch {args.batch}, SGD, buckets of "
+            f"{args.bucket_mb:g} MiB; every step ends with an all-reduce of the loss. Per step each process moved "
+            f"{moved['d2h_bytes'] / 2**20:.1f} MiB device -> host and {moved['h2d_bytes'] / 2**20:.1f} MiB "
+            f"host -> device. Processes / threads time: {t_proc / t_thr:.2f} (target <= 1.0).\n\n{table}\n")
+    print(body)
+    if not args.no_write:
+        _report.write_section(f"data_parallel_mpi:{_report.slug(name)}", body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--width", type=int, default=256)
@@ -83,12 +174,16 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--backend", choices=("threads", "mpi"), default="threads")
     ap.add_argument("--bucket-mb", type=float, default=25)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     X = rng.standard_normal((args.batch, args.width)).astype(np.float32)
     Y = rng.integers(0, args.classes, args.batch).astype(np.int32)
+    if args.backend == "mpi":
+        main_mpi(args, X, Y)
+        return
 
     t1 = single_device_step_time(args, X, Y)
     share = args.batch // args.devices

@@ -121,6 +121,33 @@ def test_random_and_manual_seed(dev):
     assert r.dtype is wgpar.int32 and r.numpy().min() >= 3 and r.numpy().max() < 9
 
 
+def test_rng_stream_is_per_thread_and_leaves_the_global_generator_alone(dev):
+    import threading
+
+    wgpar.manual_seed(5)
+    plain = wgpar.rand(4).numpy()
+    wgpar.manual_seed(5)
+    with wgpar.rng_stream([7, 1]):
+        a = wgpar.randn(6).numpy()
+        mask = wgpar.nn.functional.dropout(wgpar.ones(64), 0.5).numpy()
+    np.testing.assert_array_equal(wgpar.rand(4).numpy(), plain)  # the global stream did not move
+    got = {}
+
+    def other():
+        with wgpar.rng_stream([7, 1]):
+            got["a"] = wgpar.randn(6).numpy()
+            got["mask"] = wgpar.nn.functional.dropout(wgpar.ones(64), 0.5).numpy()
+
+    t = threading.Thread(target=other)
+    t.start()
+    wgpar.rand(1000)  # draws on this thread meanwhile do not disturb the other thread's stream
+    t.join()
+    np.testing.assert_array_equal(got["a"], a)
+    np.testing.assert_array_equal(got["mask"], mask)
+    with wgpar.rng_stream(8):
+        assert not np.array_equal(wgpar.randn(6).numpy(), a)
+
+
 def test_numpy_and_array_protocol(dev, rng):
     a = rng.standard_normal((7, 33)).astype(np.float32)
     t = wgpar.tensor(a)

@@ -7,7 +7,7 @@ README for the two commands, adapter selection and examples.
 from __future__ import annotations
 
 from .creation import (arange, empty, from_numpy, full, manual_seed, ones, ones_like, rand, randint, randn,
-                       tensor, zeros, zeros_like)
+                       rng_stream, tensor, zeros, zeros_like)
 from .dtypes import DType, bool_, float16, float32, int32
 from .errors import (AdapterNotFoundError, BindingLimitError, DeviceMismatchError, OutOfMemoryError,
                      StorageFreedError, WgparError)
@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Tensor", "Storage", "Device", "DType", "float32", "float16", "int32", "bool_", "half",
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
-    "zeros_like", "ones_like", "manual_seed",
+    "zeros_like", "ones_like", "manual_seed", "rng_stream",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
     "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -12,6 +14,7 @@ from .tensor import Tensor, _norm_shape
 
 _rng_lock = threading.Lock()
 _rng = np.random.default_rng()
+_local = threading.local()  # a thread's own generator inside rng_stream
 
 
 def manual_seed(seed: int) -> None:
@@ -22,7 +25,27 @@ def manual_seed(seed: int) -> None:
 
 
 def generator() -> np.random.Generator:
-    return _rng
+    """The generator this thread draws from: its own inside ``rng_stream``, else the seeded global one."""
+    own = getattr(_local, "rng", None)
+    return own if own is not None else _rng
+
+
+@contextlib.contextmanager
+def rng_stream(seed: int | Sequence[int]) -> Iterator[np.random.Generator]:
+    """Inside the block, this thread draws every random number (dropout masks, rand, randn, layer
+    initialisation) from its own generator seeded with ``seed``; other threads and the global
+    generator are untouched. Pipeline stages run each micro-batch's forward in its own stream, so
+    dropout does not depend on how threads interleave.
+
+    Arguments:
+        seed: an int or a sequence of ints (NumPy's ``default_rng`` seeding).
+    """
+    prev = getattr(_local, "rng", None)
+    _local.rng = np.random.default_rng(seed)
+    try:
+        yield _local.rng
+    finally:
+        _local.rng = prev
 
 
 def _check_requires_grad(requires_grad: bool, dtype: _dt.DType) -> None:
@@ -108,14 +131,14 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
 def rand(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1), drawn on the host from the seeded generator."""
     with _rng_lock:
-        data = _rng.random(_norm_shape(shape), dtype=np.float32)
+        data = generator().random(_norm_shape(shape), dtype=np.float32)
     return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
 def randn(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples, drawn on the host from the seeded generator."""
     with _rng_lock:
-        data = _rng.standard_normal(_norm_shape(shape), dtype=np.float32)
+        data = generator().standard_normal(_norm_shape(shape), dtype=np.float32)
     return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -133,6 +156,6 @@ def randint(low, high=None, size=(), device=None) -> Tensor:
         raise ValueError(f"randint: the range [{low}, {high}) must be non-empty and lie within int32 "
                          f"[{-(2**31)}, {2**31})")
     with _rng_lock:
-        data = _rng.integers(low, high, size=_norm_shape(size if isinstance(size, (tuple, list)) else (size,)),
-                             dtype=np.int64)
+        data = generator().integers(low, high, size=_norm_shape(size if isinstance(size, (tuple, list)) else (size,)),
+                                    dtype=np.int64)
     return Tensor.from_numpy(data, device=device)

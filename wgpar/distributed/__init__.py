@@ -2,22 +2,33 @@
 
 Layering (docs/design.md): ``group.py`` defines the ProcessGroup interface and
 its Work handles; ``backends/`` implement it (``threads``: ranks are threads of
-one process); ``launch.py`` runs a per-rank program on every rank
-(``run_spmd``); ``context.py`` is the single-controller MultiAdapterContext
-over the threaded backend. Everything above (AllReduceSync, DataParallel,
-the differentiable collectives in ``functional``, tensor parallelism in
-``tensor_parallel/``) uses the ProcessGroup interface only, so it runs
-unchanged on any backend.
+one process; ``mpi``: ranks are processes started by mpiexec); ``launch.py``
+runs a per-rank program on every rank (``run_spmd``, ``init_process_group``);
+``context.py`` is the single-controller MultiAdapterContext over the threaded
+backend. Everything above (AllReduceSync, DataParallel, the differentiable
+collectives in ``functional``, tensor parallelism in ``tensor_parallel/``, the
+pipeline in ``pipeline/``) uses the ProcessGroup
+interface only, so it runs unchanged on any backend.
 """
 
-from . import functional
+from . import functional, pipeline
 from .allreduce import AllReduceSync
+from .backends.mpi import MPIGroup
 from .backends.threads import ThreadGroup, ThreadRank
 from .context import MultiAdapterContext
 from .data_parallel import DataParallel, DistributedDataParallel, broadcast_module, replicate
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
-from .launch import RankWorkers, run_spmd
+from .launch import RankWorkers, default_backend, init_process_group, run_spmd
+from .pipeline import (
+    PipelineExecutor,
+    PipelineSchedule,
+    PipelineStage,
+    Schedule,
+    ScheduleError,
+    pipeline_mesh,
+    split_module,
+)
 from .tensor_parallel import (
     MLP,
     CausalSelfAttention,
@@ -35,9 +46,11 @@ from .tensor_parallel import (
 
 DDP = DistributedDataParallel
 
-__all__ = ["ProcessGroup", "Work", "wait_all", "REDUCE_OPS", "run_spmd", "MultiAdapterContext", "ThreadGroup",
-           "ThreadRank", "AllReduceSync", "DataParallel", "DistributedDataParallel", "DDP", "broadcast_module",
-           "replicate", "split_sizes", "functional", "CollectiveError", "CollectiveTimeoutError", "RankError",
-           "RankWorkers", "ColumnParallelLinear", "RowParallelLinear", "ParallelStyle", "ColwiseParallel",
-           "RowwiseParallel", "parallelize_module", "MLP", "ParallelMLP", "CausalSelfAttention",
-           "ParallelCausalSelfAttention", "GridGroups", "tensor_data_grid"]
+__all__ = ["ProcessGroup", "Work", "wait_all", "REDUCE_OPS", "run_spmd", "init_process_group", "default_backend",
+           "MultiAdapterContext", "ThreadGroup", "ThreadRank", "MPIGroup", "AllReduceSync", "DataParallel",
+           "DistributedDataParallel", "DDP", "broadcast_module", "replicate", "split_sizes", "functional",
+           "CollectiveError", "CollectiveTimeoutError", "RankError", "RankWorkers", "ColumnParallelLinear",
+           "RowParallelLinear", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "parallelize_module", "MLP",
+           "ParallelMLP", "CausalSelfAttention", "ParallelCausalSelfAttention", "GridGroups", "tensor_data_grid",
+           "pipeline", "PipelineSchedule", "PipelineExecutor", "PipelineStage", "Schedule", "ScheduleError",
+           "split_module", "pipeline_mesh"]

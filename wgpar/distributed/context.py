@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from .backends.threads import ThreadGroup, ThreadRank, check_timeout
+from .backends.common import check_timeout
+from .backends.threads import ThreadGroup, ThreadRank
 from .group import DEFAULT_TIMEOUT
 from .launch import RankWorkers
 

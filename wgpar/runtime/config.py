@@ -14,6 +14,11 @@ class Config:
     """WGPAR_BACKEND: restrict to one backend (``vulkan``, ``metal``, ``d3d12``, ``opengl``)."""
     submit_threshold: int
     """WGPAR_SUBMIT_THRESHOLD: dispatches recorded before a device submits on its own."""
+    mpi_chunk_kb: int = 16384
+    """WGPAR_MPI_CHUNK_KB: KiB per pipelined chunk of the MPI backend's collectives (a power of two)."""
+    mpi_ranks_per_host: int | None = None
+    """WGPAR_MPI_RANKS_PER_HOST: treat every N consecutive MPI ranks as one host (to test the
+    multi-host path of the MPI backend on one machine); unset: the real hosts."""
 
 
 def _int(name: str, default: int) -> int:
@@ -31,6 +36,8 @@ def load() -> Config:
         adapter=os.environ.get("WGPAR_ADAPTER") or None,
         backend=(os.environ.get("WGPAR_BACKEND") or "").lower() or None,
         submit_threshold=max(1, _int("WGPAR_SUBMIT_THRESHOLD", 512)),
+        mpi_chunk_kb=_int("WGPAR_MPI_CHUNK_KB", 16384),
+        mpi_ranks_per_host=_int("WGPAR_MPI_RANKS_PER_HOST", 0) or None,
     )
 
 

@@ -38,10 +38,12 @@ def _ufunc(op: str, is_bool: bool):
     return {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
 
 
-def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False) -> None:
+def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
+                block: int = BLOCK) -> None:
     """Reduce equal-length ``parts`` elementwise and write the result into every array of ``targets``.
 
-    float16 accumulates in float32; NaN propagates (np.maximum / np.minimum / np.add do).
+    float16 accumulates in float32; NaN propagates (np.maximum / np.minimum / np.add do). ``block``
+    (at most BLOCK) elements per task on the host pool.
     """
     n = len(parts[0]) if parts else 0
     if n == 0:
@@ -67,7 +69,8 @@ def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: 
         for t in targets:
             np.copyto(t[a:b], acc, casting="unsafe")
 
-    blocks = [(a, min(a + BLOCK, n)) for a in range(0, n, BLOCK)]
+    block = min(block, BLOCK)
+    blocks = [(a, min(a + block, n)) for a in range(0, n, block)]
     if len(blocks) == 1:
         run_block(*blocks[0])
         return
@@ -75,12 +78,20 @@ def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: 
         f.result()
 
 
-def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[:] = src`` in blocks on the host pool (large copies between mappings)."""
+def copy_into(dst: np.ndarray, src: np.ndarray, divide: float | None = None, block: int = BLOCK) -> None:
+    """``dst[:] = src`` (or ``src / divide``, cast to dst's dtype) in blocks on the host pool (large copies
+    between mappings)."""
     n = len(src)
-    blocks = [(a, min(a + BLOCK, n)) for a in range(0, n, BLOCK)]
+
+    def run_block(a: int, b: int) -> None:
+        if divide is None:
+            np.copyto(dst[a:b], src[a:b])
+        else:
+            np.divide(src[a:b], divide, out=dst[a:b], casting="unsafe")
+
+    blocks = [(a, min(a + block, n)) for a in range(0, n, block)]
     if len(blocks) <= 1:
-        np.copyto(dst[:n], src)
+        run_block(0, n)
         return
-    for f in [host_pool().submit(np.copyto, dst[a:b], src[a:b]) for a, b in blocks]:
+    for f in [host_pool().submit(run_block, a, b) for a, b in blocks]:
         f.result()

@@ -19,7 +19,6 @@ host reductions overlap the rank's compute.
 from __future__ import annotations
 
 import math
-import queue
 import threading
 import time
 from collections import deque
@@ -35,38 +34,9 @@ from ...runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
 from ...tensor import Tensor
 from ..errors import CollectiveError, CollectiveTimeoutError
 from ..group import DEFAULT_TIMEOUT, ProcessGroup, Work, check_agreement, split_sizes
+from .common import Progress, byte_offset, check_timeout, kind_name, readable, round4, writable
 from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
 from .staging import TransferPool
-
-
-def check_timeout(timeout: float) -> float:
-    t = float(timeout)
-    if not (t > 0 and math.isfinite(t)):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return t
-
-
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
-
-
-def _byte_offset(t: Tensor) -> int:
-    return t._offset * t.dtype.itemsize
-
-
-def _readable(t: Tensor) -> bool:
-    """Copyable to staging as is: contiguous from a 4-aligned byte offset (bytes read past its end, up
-    to the next multiple of 4, lie in its own buffer and are ignored)."""
-    return t.is_contiguous() and _byte_offset(t) % 4 == 0
-
-
-def _writable(t: Tensor) -> bool:
-    """Committable in place: contiguous, 4-aligned, a whole number of 4-byte words (writes no neighbour)."""
-    return t.is_contiguous() and _byte_offset(t) % 4 == 0 and t.nbytes % 4 == 0
-
-
-def _kind(name: str, label: str | None) -> str:
-    return f"{name}[{label}]" if label else name
 
 
 class _Slot:
@@ -79,62 +49,6 @@ class _Slot:
         self.result: object = None
         self.error: str | None = None
         self.taken = 0
-
-
-class _Progress:
-    """A rank's communication thread: runs completions in call order, one at a time."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._idle = threading.Condition()
-        self._pending = 0
-
-    def submit(self, work: Work, fn: Callable[[], Any]) -> None:
-        with self._idle:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                self._thread.start()
-        self._queue.put((work, fn))
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            work, fn = item
-            try:
-                work.set_result(fn())
-            except BaseException as exc:  # handed to whoever waits on the Work
-                work.set_error(exc)
-            finally:
-                del work, fn, item
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
-    def drain(self, timeout: float) -> bool:
-        """Wait until every submitted completion has run; False if some still run after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(5)
-            self._thread = None
 
 
 class ThreadGroup:
@@ -322,7 +236,7 @@ class ThreadRank(ProcessGroup):
         self.device = group.devices[rank]
         self.ranks = group.ranks
         self._pool = TransferPool(self.device, f"{group.name}:{rank}")
-        self._progress = _Progress(f"wgpar-comm{group.ranks[rank]}")
+        self._progress = Progress(f"wgpar-comm{group.ranks[rank]}")
 
     @property
     def timeout(self) -> float:
@@ -363,10 +277,10 @@ class ThreadRank(ProcessGroup):
 
     def _download(self, t: Tensor) -> tuple[StagingBuffer, Tensor]:
         """Start copying ``t`` into a leased staging buffer (returns it and the tensor copied from)."""
-        src = t if _readable(t) else raw.clone(t)
-        down = self._pool.down(_round4(src.nbytes))
+        src = t if readable(t) else raw.clone(t)
+        down = self._pool.down(round4(src.nbytes))
         try:
-            down.start(src._storage.buffer, _byte_offset(src), _round4(src.nbytes))
+            down.start(src._storage.buffer, byte_offset(src), round4(src.nbytes))
         except BaseException:
             self._pool.give_back(down)
             raise
@@ -395,7 +309,7 @@ class ThreadRank(ProcessGroup):
     def _commit(self, up: UploadBuffer, target: Tensor, result: Tensor) -> Tensor:
         """Copy the upload into ``target`` (then into ``result`` when target is a stand-in)."""
         try:
-            up.commit(target._storage.buffer, _byte_offset(target), _round4(target.nbytes))
+            up.commit(target._storage.buffer, byte_offset(target), round4(target.nbytes))
         finally:
             self._pool.give_back(up)
         self._count(h2d=target.nbytes)
@@ -426,14 +340,14 @@ class ThreadRank(ProcessGroup):
 
     # -- collectives ----------------------------------------------------------------------
     def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
-        kind = _kind("all_reduce", label)
+        kind = kind_name("all_reduce", label)
         self._launch(kind)
         check_reducible(tensor.dtype, op, kind)
         meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
-        work_t = tensor if _writable(tensor) else raw.clone(tensor)  # a clone owns its padding
+        work_t = tensor if writable(tensor) else raw.clone(tensor)  # a clone owns its padding
         n = tensor.numel()
         down, _ = self._download(work_t)
-        up = self._pool.up(_round4(work_t.nbytes))
+        up = self._pool.up(round4(work_t.nbytes))
 
         def complete():
             try:
@@ -454,7 +368,7 @@ class ThreadRank(ProcessGroup):
         return self._submit(kind, complete)
 
     def _broadcast(self, tensor: Tensor, src: int, label: str | None) -> Work:
-        kind = _kind("broadcast", label)
+        kind = kind_name("broadcast", label)
         self._launch(kind)
         meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "src": src}
         n = tensor.numel()
@@ -475,8 +389,8 @@ class ThreadRank(ProcessGroup):
 
             return self._submit(kind, complete)
 
-        target_t = tensor if _writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
-        up = self._pool.up(_round4(tensor.nbytes))
+        target_t = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
+        up = self._pool.up(round4(tensor.nbytes))
 
         def complete():
             try:
@@ -492,7 +406,7 @@ class ThreadRank(ProcessGroup):
         return self._submit(kind, complete)
 
     def _all_gather(self, tensor: Tensor, label: str | None) -> Work:
-        kind = _kind("all_gather", label)
+        kind = kind_name("all_gather", label)
         self._launch(kind)
         meta = {"dtype": tensor.dtype.name}
         down, _ = self._download(tensor)
@@ -504,7 +418,7 @@ class ThreadRank(ProcessGroup):
                 mine = self._mapped(down, kind, dtype, n)
                 parts = self._exchange(kind, (meta, (shape, mine)), _share_all_payloads(kind))
                 outs = [Tensor.empty(s, dtype, self.device) for s, _ in parts]
-                offsets = np.cumsum([0] + [_round4(o.nbytes) for o in outs]).tolist()
+                offsets = np.cumsum([0] + [round4(o.nbytes) for o in outs]).tolist()
                 up = self._pool.up(max(4, offsets[-1]))
                 mem = up.view(self.group.timeout, kind)
             except BaseException:
@@ -518,7 +432,7 @@ class ThreadRank(ProcessGroup):
             del mine, parts, mem
             self._give_back(down)
             try:
-                up.commit_many([(off, o._storage.buffer, 0, _round4(o.nbytes))
+                up.commit_many([(off, o._storage.buffer, 0, round4(o.nbytes))
                                 for o, off in zip(outs, offsets) if o.numel()])
             finally:
                 self._give_back(up)
@@ -528,12 +442,12 @@ class ThreadRank(ProcessGroup):
         return self._submit(kind, complete)
 
     def _all_gather_into(self, output: Tensor, tensor: Tensor, label: str | None) -> Work:
-        kind = _kind("all_gather_into", label)
+        kind = kind_name("all_gather_into", label)
         self._launch(kind)
         meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name}
         down, _ = self._download(tensor)
-        target_t = output if _writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
-        up = self._pool.up(_round4(output.nbytes))
+        target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+        up = self._pool.up(round4(output.nbytes))
         n = tensor.numel()
 
         def complete():
@@ -559,8 +473,8 @@ class ThreadRank(ProcessGroup):
         self._launch(kind)
         check_reducible(tensor.dtype, op, kind)
         down, _ = self._download(tensor)
-        target_t = output if _writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
-        up = self._pool.up(_round4(output.nbytes))
+        target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+        up = self._pool.up(round4(output.nbytes))
 
         def complete():
             try:
@@ -584,17 +498,17 @@ class ThreadRank(ProcessGroup):
         start = sum(rows[:self.rank])
         out = Tensor.empty((rows[self.rank], *tensor.shape[1:]), tensor.dtype, self.device)
         meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
-        return self._scatter_reduced(_kind("reduce_scatter", label), meta, tensor, out, op, start * row,
+        return self._scatter_reduced(kind_name("reduce_scatter", label), meta, tensor, out, op, start * row,
                                      (start + rows[self.rank]) * row)
 
     def _reduce_scatter_into(self, output: Tensor, tensor: Tensor, op: str, label: str | None) -> Work:
         n = output.numel()
         meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name, "op": op}
-        return self._scatter_reduced(_kind("reduce_scatter_into", label), meta, tensor, output, op,
+        return self._scatter_reduced(kind_name("reduce_scatter_into", label), meta, tensor, output, op,
                                      self.rank * n, (self.rank + 1) * n)
 
     def _barrier(self, label: str | None) -> Work:
-        kind = _kind("barrier", label)
+        kind = kind_name("barrier", label)
         self._launch(kind)
         def complete():
             self._exchange(kind, None)
@@ -633,8 +547,8 @@ class ThreadRank(ProcessGroup):
                         f"recv on rank {self.rank} from rank {src} (tag {tag}): rank {src} sent {dtype.name} "
                         f"{shape} but rank {self.rank} receives into {tensor.dtype.name} {tensor.shape}")
                 out = tensor if tensor is not None else Tensor.empty(shape, dtype, self.device)
-                target_t = out if _writable(out) else Tensor.empty(out.shape, out.dtype, self.device)
-                up = self._pool.up(_round4(out.nbytes))
+                target_t = out if writable(out) else Tensor.empty(out.shape, out.dtype, self.device)
+                up = self._pool.up(round4(out.nbytes))
                 mem = np.frombuffer(up.view(self.group.timeout, kind), dtype=np.uint8)
                 copy_into(mem, np.frombuffer(view, dtype=np.uint8))
                 del mem

@@ -1,0 +1,239 @@
+"""Programs that tests/test_mpi.py runs under mpiexec, one process per rank:
+
+    mpiexec -n 3 python -m mpi4py tests/mpi_runner.py conformance SEED OUT.npz
+    mpiexec -n 3 python -m mpi4py tests/mpi_runner.py fault MODE TIMEOUT TOKEN
+
+``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
+trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
+``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip) while the others are in an
+all-reduce (or, MODE nosend, wait for a message from it); each other rank prints ``RAISED`` and its
+error, and the job must end non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import numpy as np  # noqa: E402
+
+import wgpar  # noqa: E402
+from tests import conformance  # noqa: E402
+from wgpar import nn, optim  # noqa: E402
+from wgpar.distributed import (  # noqa: E402
+    MLP,
+    CollectiveError,
+    DistributedDataParallel,
+    ParallelMLP,
+    PipelineSchedule,
+    PipelineStage,
+    run_spmd,
+    split_module,
+)
+from wgpar.nn import functional as F  # noqa: E402
+
+DDP_STEPS = 10
+DDP_BATCH = 36  # divides by 2 and 3: equal shares, so averaged gradients equal the full batch's
+
+
+def ddp_data(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((DDP_STEPS, DDP_BATCH, 7)).astype(np.float32),
+            rng.integers(0, 5, (DDP_STEPS, DDP_BATCH)).astype(np.int32))
+
+
+def ddp_model(seed: int, device) -> nn.Module:
+    """The model with weights drawn from ``seed`` (NumPy's generator: wgpar.manual_seed is one generator
+    per process, shared by thread ranks, so it would give thread ranks racing draws)."""
+    model = nn.Sequential(nn.Linear(7, 19, device=device), nn.Tanh(), nn.Linear(19, 5, device=device))
+    rng = np.random.default_rng(seed)
+    model.load_state_dict({k: rng.uniform(-0.5, 0.5, v.shape).astype(np.float32)
+                           for k, v in model.state_dict().items()})
+    return model
+
+
+def ddp_optimizer(params):
+    return optim.Adam(params, lr=0.02, eps=1e-4)
+
+
+def train_ddp(group, seed: int) -> dict[str, np.ndarray]:
+    """10 steps of DistributedDataParallel on this rank's share of each batch: losses (the batch's mean,
+    all-reduced) and the final parameters. The same function runs on thread ranks in the test."""
+    X, Y = ddp_data(seed)
+    model = ddp_model(seed + group.rank, group.device)  # other weights per rank: the broadcast must fix them
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.0005)  # several buckets
+    opt = ddp_optimizer(ddp.parameters())
+    n = DDP_BATCH // group.world_size
+    lo, hi = group.rank * n, (group.rank + 1) * n
+    losses = []
+    for k in range(DDP_STEPS):
+        opt.zero_grad()
+        loss = F.cross_entropy(ddp(wgpar.tensor(X[k, lo:hi], device=group.device)), Y[k, lo:hi])
+        loss.backward()
+        opt.step()
+        losses.append(group.all_reduce(loss.detach().reshape(1), "mean", label="loss").numpy()[0])
+    out = {f"param.{k}": v.numpy() for k, v in ddp.module.state_dict().items()}
+    out["losses"] = np.array(losses, np.float32)
+    return out
+
+
+def train_strategies(group, seed: int) -> dict[str, np.ndarray]:
+    """Tensor parallelism (an MLP split over every rank, 3 SGD steps) and a pipeline (one stage per
+    rank, 1F1B, 3 micro-batches, 3 SGD steps), written against the ProcessGroup only: the test runs
+    this on thread ranks too and wants the same bits."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    with wgpar.rng_stream(seed):  # this thread's own generator (thread ranks build at once)
+        dense = MLP(7, 13, device=group.device)
+    tp = ParallelMLP.from_dense(dense, group)
+    opt = optim.SGD(tp.parameters(), lr=0.1)
+    X, W = rng.standard_normal((3, 5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    for k in range(3):
+        opt.zero_grad()
+        loss = (tp(wgpar.tensor(X[k], device=group.device)) * wgpar.tensor(W, device=group.device)).sum()
+        loss.backward()
+        opt.step()
+        out[f"tp.loss{k}"] = loss.numpy()
+    out.update({f"tp.{k}": v.numpy() for k, v in tp.state_dict().items()})
+
+    widths = (5, 16, 12, 9, 4)
+    with wgpar.rng_stream(seed + 1):
+        blocks = [m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b, device=group.device), nn.Tanh())]
+    part = split_module(blocks[:-1], group.world_size)[group.rank]
+    stage = PipelineStage(part, group.rank, group.world_size, group.device)
+    pipe = PipelineSchedule(stage, group, 3, "1f1b", F.cross_entropy)
+    opt = optim.SGD(list(stage.parameters()), lr=0.1)
+    X, Y = rng.standard_normal((10, 5)).astype(np.float32), rng.integers(0, 4, 10).astype(np.int32)
+    last = group.rank == group.world_size - 1
+    for k in range(3):
+        opt.zero_grad()
+        loss = pipe.step(X if group.rank == 0 else None, Y if last else None)
+        opt.step()
+        if last:
+            out[f"pipe.loss{k}"] = loss.numpy()
+    out.update({f"pipe.{i}": p.numpy() for i, p in enumerate(stage.parameters())})
+    return out
+
+
+def check_backend_basics(group, seed):
+    """The MPI group's view: a process per rank, its device, traffic counts, tag range, reset."""
+    assert group.backend == "mpi" and os.getpid() not in (None, 0)
+    n, w = 1000, group.world_size
+    group.reset_traffic()
+    group.all_reduce(wgpar.ones(n, device=group.device))
+    assert group.traffic() == {"d2h_bytes": 4 * n, "h2d_bytes": 4 * n, "collectives": 1}, group.traffic()
+    group.all_gather_into(wgpar.empty(n * w, device=group.device), wgpar.ones(n, device=group.device))
+    assert group.traffic() == {"d2h_bytes": 8 * n, "h2d_bytes": 4 * n + 4 * n * w, "collectives": 2}
+    try:
+        group.send(wgpar.ones(1, device=group.device), (group.rank + 1) % w, tag=-1)
+    except ValueError as exc:
+        assert "MPI tags run from 0" in str(exc), str(exc)
+    else:
+        raise AssertionError("a negative tag did not raise")
+    group.reset()  # a healthy group: nothing to forget
+    pids = group.gather_objects(os.getpid())
+    assert len(set(pids)) == w, pids
+    group.barrier()
+
+
+def check_large_pipelined(group, seed):
+    """Tensors of many chunks (the tests run with 64 KiB chunks): all-reduce, all-gather, broadcast and
+    send/recv of about 1.2 MiB each, float16 too."""
+    world, r = group.world_size, group.rank
+    n = 300_001
+    data = [np.random.default_rng([seed, k]).uniform(-1, 1, n).astype(np.float32) for k in range(world)]
+    t = wgpar.tensor(data[r], device=group.device)
+    group.all_reduce(t, "sum")
+    np.testing.assert_allclose(t.numpy(), np.sum(np.stack(data).astype(np.float64), axis=0), rtol=1e-5, atol=1e-5)
+    b = wgpar.tensor(data[r], device=group.device)
+    group.broadcast(b, world - 1)
+    np.testing.assert_array_equal(b.numpy(), data[world - 1])
+    out = wgpar.empty(world * n, device=group.device)
+    group.all_gather_into(out, wgpar.tensor(data[r], device=group.device))
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(data))
+    if group.device.has_f16:
+        h = [d.astype(np.float16) for d in data]
+        t = wgpar.tensor(h[r], device=group.device, dtype="float16")
+        group.all_reduce(t, "mean")
+        want = np.mean(np.stack(h).astype(np.float64), axis=0)
+        np.testing.assert_allclose(t.numpy().astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    group.send(wgpar.tensor(data[r], device=group.device), (r + 1) % world)
+    got = group.recv(None, (r - 1) % world)
+    np.testing.assert_array_equal(got.numpy(), data[(r - 1) % world])
+
+
+MPI_CHECKS = [check_backend_basics, check_large_pipelined]
+
+
+def conformance_program(group, seed: int) -> dict:
+    done = []
+    for check in conformance.ALL_CHECKS + MPI_CHECKS:
+        t0 = time.perf_counter()
+        check(group, seed)
+        done.append(f"{check.__name__} {time.perf_counter() - t0:.2f}s")
+        assert group.broken is None, group.broken
+    out = train_ddp(group, seed)
+    out.update(train_strategies(group, seed))
+    pool = group._pool  # every leased staging and upload buffer came back (sends: once received)
+    deadline = time.monotonic() + 10
+    while pool.num_idle != pool.num_created and time.monotonic() < deadline:
+        group.barrier()
+    assert pool.num_idle == pool.num_created and pool.num_abandoned == 0, (pool.num_idle, pool.num_created)
+    out["checks"] = np.array(done)
+    out["host"] = np.array([group.hosts[group.rank], group.num_hosts])
+    return out
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")  # one write: mpiexec interleaves the ranks' output between writes
+    sys.stdout.flush()
+
+
+def fault_program(group, mode: str, token: str) -> None:
+    # ``token`` only marks this job's processes in the process table.
+    t = wgpar.ones(8, device=group.device)
+    group.all_reduce(t)  # everyone is up
+    _say(f"UP {group.rank} {time.time():.3f}")
+    if group.rank == 1:
+        if mode == "raise":
+            raise ValueError("injected failure on rank 1")
+        if mode == "return":
+            return None
+        if mode == "sysexit":
+            sys.exit(0)
+        if mode in ("skip", "nosend"):
+            time.sleep(600)
+            return None
+    try:
+        if mode == "nosend":  # rank 0 waits for a message rank 1 never sends
+            group.recv(None, 1, tag=7)
+        else:
+            group.all_reduce(t)
+    except CollectiveError as exc:
+        _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
+        raise
+    return None
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    if scenario == "conformance":
+        seed, path = int(sys.argv[2]), sys.argv[3]
+        results = run_spmd(conformance_program, args=(seed,), backend="mpi", timeout=60)
+        if results and wgpar.distributed.init_process_group().rank == 0:
+            flat = {f"{r}.{k}": v for r, res in enumerate(results) for k, v in res.items()}
+            np.savez(path, **flat)
+    elif scenario == "fault":
+        mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+        run_spmd(fault_program, args=(mode, token), backend="mpi", timeout=timeout)
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+
+
+if __name__ == "__main__":
+    main()

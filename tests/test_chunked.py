@@ -1,0 +1,82 @@
+"""The MPI backend's building blocks that need no MPI: chunked transfers through leased mapped buffers,
+and the sizing of the shared-memory arena."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.distributed.backends import shm
+from wgpar.distributed.backends.chunked import ChunkedReadback, ChunkedUpload
+from wgpar.distributed.backends.common import round4
+from wgpar.distributed.backends.staging import TransferPool
+
+CHUNK = 1 << 16
+
+
+def test_readback_in_chunks_reads_any_span_in_place(dev, rng):
+    n = 100_003  # 6 chunks of 64 KiB and a ragged tail
+    a = rng.standard_normal(n).astype(np.float32)
+    pool = TransferPool(dev, "test")
+    rb = ChunkedReadback(pool, wgpar.tensor(a, device=dev), CHUNK)
+    assert rb.nbytes == 4 * n and pool.num_created == -(-4 * n // CHUNK)
+    pieces = rb.span(CHUNK - 8, 24, 10, "test")  # straddles the first chunk boundary
+    assert [len(p) for _, p in pieces] == [8, 16] and [off for off, _ in pieces] == [0, 8]
+    np.testing.assert_array_equal(rb.array(4 * 16_380, 8, np.dtype(np.float32), 10, "test"), a[16_380:16_388])
+    np.testing.assert_array_equal(rb.array(0, n, np.dtype(np.float32), 10, "test"), a)
+    del pieces
+    rb.release()
+    assert pool.num_idle == pool.num_created
+
+
+def test_readback_never_read_goes_back_to_the_pool(dev):
+    pool = TransferPool(dev, "test")
+    ChunkedReadback(pool, wgpar.ones(50_000, device=dev), CHUNK).release()  # maps still pending
+    assert pool.num_abandoned == 0 and pool.num_idle == pool.num_created == 4
+
+
+def test_readback_of_a_strided_view(dev, rng):
+    a = rng.standard_normal((40, 7)).astype(np.float32)
+    pool = TransferPool(dev, "test")
+    rb = ChunkedReadback(pool, wgpar.tensor(a, device=dev)[:, 2:5].T, 64)  # copied contiguous first
+    np.testing.assert_array_equal(rb.array(0, 120, np.dtype(np.float32), 10, "t").reshape(3, 40), a[:, 2:5].T)
+    rb.release()
+
+
+@pytest.mark.parametrize("dtype,divide", [("float32", None), ("float32", 3.0), ("int32", None), ("float16", None)])
+def test_upload_in_chunks_through_a_ring_of_buffers(dev, rng, dtype, divide):
+    if dtype == "float16" and not dev.has_f16:
+        pytest.skip("no shader-f16")
+    n = 100_001
+    src = rng.uniform(-100, 100, n).astype(np.float32)
+    if dtype == "int32":
+        src = src.astype(np.int32)  # results arrive in the target's kind (float16 targets: float32 sums)
+    target = wgpar.zeros(n, dtype=dtype, device=dev)
+    item = np.dtype(dtype)
+    buf = target._storage.buffer
+    pool = TransferPool(dev, "test")
+    up = ChunkedUpload(pool, target.nbytes, CHUNK, item, lambda j, s, e: [(0, buf, s, round4(e - s))], 10, "t")
+    for a in range(0, n, 10_007):  # writes straddle chunk boundaries
+        b = min(a + 10_007, n)
+        up.write(a * item.itemsize, src[a:b], divide)
+        up.advance(b * item.itemsize)
+    up.finish()
+    want = (src / divide if divide else src).astype(item)
+    np.testing.assert_array_equal(target.numpy(), want)
+    assert pool.num_created <= 3 and pool.num_idle == pool.num_created  # the ring, all given back
+
+
+def test_shared_arena_slots_fit_in_dev_shm(monkeypatch):
+    free = {"bytes": 64 << 20}  # a container's default /dev/shm
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096))
+    cap = shm.shm_slot_cap(local_size=8, chunk=16 << 20)
+    assert 2 * 9 * cap <= (64 << 20) // 2 and cap == 1 << 20
+    free["bytes"] = 64 << 30
+    assert shm.shm_slot_cap(local_size=8, chunk=16 << 20) == 16 << 20
+    assert shm.slot_size(10, 16 << 20) == 1 << 16  # at least 64 KiB
+    assert shm.slot_size((3 << 20) + 1, 16 << 20) == 4 << 20
+    assert shm.slot_size(1 << 30, 16 << 20) == 16 << 20

@@ -1,0 +1,220 @@
+"""The MPI backend, one process per rank under mpiexec (tests/mpi_runner.py runs inside the processes):
+the conformance suite on 2 and 3 processes (one host, and two simulated hosts), DistributedDataParallel
+equal to thread ranks bit for bit and to one device within 1e-5, and failures that end the job."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar.distributed import run_spmd
+from wgpar.nn import functional as F
+
+from . import conformance, mpi_runner
+
+pytestmark = pytest.mark.multidevice
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "tests" / "mpi_runner.py"
+
+
+def _mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"  # pip install mpich puts it in the venv
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def _why_no_mpi() -> str | None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'wgpar[mpi]'; make test installs it)"
+    if _mpiexec() is None:
+        return "no mpiexec (pip install mpich)"
+    return None
+
+
+if _why_no_mpi():
+    pytest.skip(_why_no_mpi(), allow_module_level=True)
+
+
+def _command(n: int, *args: str) -> list[str]:
+    cmd = [_mpiexec(), "-n", str(n)]
+    version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd + [sys.executable, "-m", "mpi4py", str(RUNNER), *args]
+
+
+def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Launch mpiexec in a session of its own; stdout and stderr go to files (jobs that run at once
+    must not block on a full pipe) and stay apart: the ranks' lines interleave, but each print of a
+    whole line stays whole."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+                    WGPAR_MPI_CHUNK_KB="64")  # small chunks: the conformance sizes span many of them
+    full_env.update(env or {})
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(_command(n, *args), stdout=out, stderr=err, text=True, env=full_env, cwd=ROOT,
+                            start_new_session=True)
+    proc.logs = (out, err)
+    return proc
+
+
+def _finish(proc: subprocess.Popen, limit: float) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr; a job still running after ``limit`` is killed and fails."""
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    texts = []
+    for f in proc.logs:
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    if proc.returncode == -9:
+        pytest.fail(f"mpiexec still running after {limit} s:\n{texts[0][-2000:]}\n{texts[1][-4000:]}")
+    return proc.returncode, texts[0], texts[1]
+
+
+def _leftovers(token: str, sessions: set[int], wait: float = 10.0) -> list[str]:
+    """Processes whose command line carries ``token`` or that belong to one of the launchers' sessions
+    (mpiexec's proxies and everything they started), given up to ``wait`` s to finish dying."""
+    deadline = time.monotonic() + wait
+    while True:
+        ps = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True, text=True).stdout
+        alive = []
+        for line in ps.splitlines()[1:]:
+            pid, sid, stat, args = (line.split(None, 3) + [""])[:4]
+            if not stat.startswith("Z") and (token in args or int(sid) in sessions):
+                alive.append(line)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _single_device(seed: int) -> dict[str, np.ndarray]:
+    X, Y = mpi_runner.ddp_data(seed)
+    model = mpi_runner.ddp_model(seed, wgpar.device(0))  # rank 0's initial weights (the broadcast's)
+    opt = mpi_runner.ddp_optimizer(model.parameters())
+    losses = []
+    for k in range(mpi_runner.DDP_STEPS):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(wgpar.tensor(X[k])), Y[k])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {f"param.{k}": v.numpy() for k, v in model.state_dict().items()}
+    out["losses"] = np.array(losses, np.float32)
+    return out
+
+
+CONFIGS = {"2proc-1host": (2, None), "3proc-1host": (3, None), "3proc-2hosts": (3, 2)}  # processes, per host
+
+
+@pytest.fixture(scope="module")
+def conformance_jobs(tmp_path_factory):
+    """The launches start together (their start-up and waits overlap); each test waits for its own."""
+    jobs = {}
+    for name, (n, per_host) in CONFIGS.items():
+        seed = int.from_bytes(os.urandom(4), "little") >> 2
+        path = tmp_path_factory.mktemp(name) / "results.npz"
+        env = {"WGPAR_MPI_RANKS_PER_HOST": str(per_host)} if per_host else {}
+        jobs[name] = (seed, path, _start(n, "conformance", str(seed), str(path), env=env))
+    yield jobs
+    for _, _, proc in jobs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_conformance_and_data_parallel_under_mpiexec(conformance_jobs, name):
+    (n, per_host), (seed, out_path, proc) = CONFIGS[name], conformance_jobs[name]
+    rc, out, err = _finish(proc, 300)
+    assert rc == 0, f"seed {seed}\n" + out[-2000:] + err[-6000:]
+    got = np.load(out_path)
+    names = [c.__name__ for c in conformance.ALL_CHECKS + mpi_runner.MPI_CHECKS]
+    for r in range(n):
+        ran = [c.split()[0] for c in got[f"{r}.checks"]]
+        assert ran == names, f"rank {r} ran {ran}"
+    hosts = {int(got[f"{r}.host"][1]) for r in range(n)}
+    assert hosts == {-(-n // per_host) if per_host else 1}
+
+    # DistributedDataParallel: every rank ends with the same parameters, bit for bit those of the same
+    # program on thread ranks (the host reduction sums in the same rank order), and within 1e-5 of
+    # one device training on the whole batch.
+    keys = [k[2:] for k in got.files if k.startswith("0.") and k[2:] not in ("checks", "host")]
+    threads = run_spmd(mpi_runner.train_ddp, n, backend="threads", args=(seed,), timeout=60)[0]
+    single = _single_device(seed)
+    ddp_keys = [k for k in keys if k == "losses" or k.startswith("param.")]
+    assert ddp_keys and all(k in threads for k in ddp_keys)
+    for k in ddp_keys:
+        for r in range(1, n):
+            np.testing.assert_array_equal(got[f"{r}.{k}"], got[f"0.{k}"], err_msg=f"rank {r} {k}")
+        np.testing.assert_array_equal(got[f"0.{k}"], threads[k], err_msg=f"MPI vs threads: {k}")
+        np.testing.assert_allclose(got[f"0.{k}"], single[k], rtol=1e-5, atol=1e-5, err_msg=f"MPI vs one device: {k}")
+
+    # Tensor parallelism and the pipeline run on MPI ranks unchanged, bit for bit as on thread ranks.
+    strategies = run_spmd(mpi_runner.train_strategies, n, backend="threads", args=(seed,), timeout=60)
+    for r in range(n):
+        mine = {k[len(f"{r}."):] for k in got.files if k.startswith(f"{r}.tp.") or k.startswith(f"{r}.pipe.")}
+        assert mine == set(strategies[r]), (r, sorted(mine), sorted(strategies[r]))
+        for k in mine:
+            np.testing.assert_array_equal(got[f"{r}.{k}"], strategies[r][k], err_msg=f"rank {r} {k}: MPI vs threads")
+
+
+FAULTS = {  # rank 1's misbehaviour -> processes (fewer where a third adds nothing), what the others raise
+    "raise": (3, re.escape("rank 1 failed: ValueError: injected failure on rank 1")),
+    "sysexit": (2, re.escape("rank 1 failed: SystemExit: 0")),
+    "return": (2, re.escape("rank 1 called gather_objects[run_spmd] as collective #1 while rank 0 called all_reduce")),
+    # (on a loaded machine a slow rank 2 may be missing too when the first timeout fires)
+    "skip": (3, r"rank\(s\) \[1(, 2)?\] did not arrive within 3 s"),
+    "nosend": (2, re.escape("recv on rank 0: no message from rank 1 (tag 7) within 3 s")),
+}
+TIMEOUT = 3  # the jobs' collective timeout
+
+
+def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
+    """Rank 1 raises / calls sys.exit / leaves its program early / never calls the collective, while
+    ranks 0 and 2 wait in an all-reduce (or never sends what rank 0 waits for): every other rank
+    raises an error naming rank 1, mpiexec returns non-zero within the timeout of the ranks being up
+    (nobody waits for the acknowledgement of a rank that never arrived; a slack for a loaded machine),
+    and no process of the job is left. The jobs run at once."""
+    token = f"tok{uuid.uuid4().hex[:12]}"
+    jobs = {mode: _start(n, "fault", mode, str(TIMEOUT), f"{token}{mode}") for mode, (n, _) in FAULTS.items()}
+    ended: dict[str, tuple[int, str, str, float]] = {}
+
+    def wait(mode: str) -> None:
+        ended[mode] = (*_finish(jobs[mode], 120), time.time())
+
+    waiters = [threading.Thread(target=wait, args=(m,)) for m in jobs]
+    for t in waiters:
+        t.start()
+    for t in waiters:
+        t.join()
+    for mode, (rc, out, err, end) in ended.items():
+        n, pattern = FAULTS[mode]
+        assert rc != 0, f"{mode}: mpiexec returned 0\n{out}\n{err[-4000:]}"
+        for r in (0, 2)[:n - 1]:
+            lines = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
+            assert lines, f"{mode}: rank {r} did not raise\n{out}\n{err[-4000:]}"
+            assert re.search(pattern, lines[0]), f"{mode}, rank {r}: {lines[0]}"
+        sleeps = mode in ("skip", "nosend")  # rank 1 sleeps until the abort ends it
+        if not sleeps:  # rank 1 reports its own failure too
+            assert f"wgpar: rank 1 of {n} failed" in err, (mode, err[-4000:])
+        up = max(float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("UP "))
+        limit = (TIMEOUT if sleeps else 0) + 20  # + a margin for a loaded 2-core machine
+        assert end - up < limit, f"{mode}: the job took {end - up:.1f} s after every rank was up"
+    left = _leftovers(token, {p.pid for p in jobs.values()})  # each launcher leads its own session
+    assert not left, f"processes left behind: {left}"

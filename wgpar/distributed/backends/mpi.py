@@ -1,0 +1,799 @@
+"""The MPI backend: ranks are processes started by mpiexec, one device each.
+
+Each process owns one device: ``wgpar.device(local_rank)``, where the local
+rank is the process's rank among the processes of its host, so on a host
+with A adapters (after WGPAR_ADAPTER / WGPAR_BACKEND filtering) process k uses
+adapter k % A (an extra logical device on it when k >= A). Set WGPAR_ADAPTER
+per process (mpiexec's ``-env`` or a wrapper script) to pin processes to
+adapters, or pass ``init_process_group(device=...)``.
+
+A collective runs in two halves, as on thread ranks. The *launch* runs on the
+calling thread: it records the GPU copies of the input into leased staging
+buffers (in chunks, so it reads the input in the device's stream order) and
+requests their maps. The *completion* runs on the group's communication
+thread, in call order:
+
+1. Header exchange: every rank sends every other rank a small header (kind
+   and metadata); a rank that does not arrive within the timeout is named,
+   ranks that disagree raise a CollectiveError naming the ranks and the field.
+2. Data, chunk by chunk (pipelined: while the host works on chunk i, the
+   GPU copies chunk i + 1 down and chunk i - 1 up). Inside a host the
+   processes exchange data through a shared-memory arena (an MPI-3 shared
+   window): each rank copies its mapped readback into its slot, the host's
+   ranks meet at a barrier, and each reduces its slice of the chunk into the
+   result slot (the threaded backend's reduction, in the same rank order, so
+   the results are bit for bit the same). Between hosts, one leader per host
+   runs the MPI collective on the host's partial result (hierarchical:
+   reduce inside the host, MPI among the leaders, share inside the host).
+3. Every rank writes its result into leased mapped upload buffers, which
+   the GPU copies into the output chunk by chunk.
+
+send / recv hand the mapped staging memory to MPI in place (and receive into
+mapped upload memory); a send completes once its data is handed to MPI, and
+the group's communication thread keeps polling the transfer until the
+receiver has taken it.
+
+Failures end the job (MPI cannot repair a communicator): see mpi_world.py.
+``reset()`` raises on a broken group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ... import ops as raw
+from ...runtime import adapters as _adapters
+from ...runtime.config import CONFIG
+from ...runtime.device import Device
+from ...runtime.transfer import TransferTimeout
+from ...tensor import Tensor
+from ..errors import CollectiveError, CollectiveTimeoutError, RankError
+from ..group import DEFAULT_TIMEOUT, ProcessGroup, Work, check_agreement, split_sizes
+from .chunked import ChunkedReadback, ChunkedUpload
+from .common import Progress, byte_offset, check_timeout, kind_name, round4, writable
+from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
+from .mpi_world import Interrupted, World, world
+from .shm import SharedArena, shm_slot_cap, slot_size
+from .staging import TransferPool
+
+_HDR = 1024  # bytes of a collective's header (its kind and metadata)
+_HDR_TAG, _OBJ_TAG = 0, 1
+_RECV_AHEAD = 2  # chunks of a message received ahead of the one being committed
+# Elements per host-pool task: a chunk is split over the host's ranks, so smaller tasks than the
+# threaded backend's keep the pool busy within one chunk.
+_BLOCK = 1 << 18
+
+
+def _pack(obj: Any, what: str) -> bytearray:
+    body = pickle.dumps(obj)
+    if len(body) > _HDR - 4:
+        raise ValueError(f"{what}: its metadata takes {len(body)} bytes, more than a header's {_HDR - 4}")
+    buf = bytearray(_HDR)
+    struct.pack_into("<I", buf, 0, len(body))
+    buf[4:4 + len(body)] = body
+    return buf
+
+
+def _unpack(buf: bytearray) -> Any:
+    (n,) = struct.unpack_from("<I", buf)
+    return pickle.loads(bytes(buf[4:4 + n]))
+
+
+def _short(kind: str) -> str:
+    """A label-carrying kind short enough for a header (long labels keep a digest, so they still differ)."""
+    if len(kind) <= 256:
+        return kind
+    return f"{kind[:200]}...#{hashlib.sha1(kind.encode()).hexdigest()[:16]}"
+
+
+_user_ops: dict[tuple[str, str], Any] = {}
+
+
+def _mpi_op(MPI, op: str, dtype: np.dtype, is_bool: bool):
+    """The MPI reduction for the leaders' step. MPI's built-in MAX and MIN drop NaN; wgpar's propagate it,
+    so floats use NumPy's maximum / minimum as user-defined operations."""
+    if is_bool:  # 0/1 values: sum and max are "any", prod and min are "all"
+        op = "max" if op in ("sum", "max") else "min"
+    if op == "sum":
+        return MPI.SUM
+    if op == "prod":
+        return MPI.PROD
+    if dtype.kind != "f":
+        return MPI.MAX if op == "max" else MPI.MIN
+    key = (op, dtype.str)
+    if key not in _user_ops:
+        fn = np.maximum if op == "max" else np.minimum
+
+        def reduce(inbuf, inoutbuf, datatype, fn=fn, dt=dtype):
+            acc = np.frombuffer(inoutbuf, dtype=dt)
+            fn(np.frombuffer(inbuf, dtype=dt), acc, out=acc)
+
+        _user_ops[key] = MPI.Op.Create(reduce, commute=True)
+    return _user_ops[key]
+
+
+def _mpi_type(MPI, dtype: np.dtype):
+    return {"f": MPI.FLOAT, "i": MPI.INT}[dtype.kind]
+
+
+class MPIGroup(ProcessGroup):
+    """One process's view of a group of MPI processes (a communicator), each owning one device.
+
+    Arguments:
+        w: the process's World.
+        comm: the group's communicator (the group owns it).
+        device: this process's device.
+        timeout: seconds every wait inside a collective may take.
+        ranks: the members' ranks in the root group (sub-groups made by ``split``).
+        name: names the communication thread and the staging buffers.
+    """
+
+    backend = "mpi"
+
+    def __init__(self, w: World, comm, device: Device, timeout: float = DEFAULT_TIMEOUT, *,
+                 ranks: Sequence[int] | None = None, name: str = "world") -> None:
+        MPI = self.MPI = w.MPI
+        self.world = w
+        self.comm = comm
+        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self.ranks = tuple(ranks) if ranks is not None else tuple(range(self.world_size))
+        self.device = device
+        self.name = name
+        self._timeout = check_timeout(timeout)
+        # Separate communicators keep the traffic kinds apart (MPI matches messages per communicator).
+        self._hdr = comm.Dup()  # collective headers, run_spmd's results
+        self._p2p = comm.Dup()  # send / recv headers (tag: the caller's tag)
+        self._p2p_data = comm.Dup()  # send / recv payloads
+        self.tag_ub = int(comm.Get_attr(MPI.TAG_UB))
+        self.world_ranks = tuple(comm.allgather(w.rank))  # each member's rank in the job
+        per_host = CONFIG.mpi_ranks_per_host
+        if per_host:  # pretend every ``per_host`` consecutive world ranks are a host (tests, benchmarks)
+            self.node = comm.Split(w.rank // per_host, self.rank)
+        else:
+            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
+        self.leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, self.rank)
+        host = self.node.bcast(self.leaders.Get_rank() if self.local_rank == 0 else None, root=0)
+        self.hosts = tuple(comm.allgather(host))  # the host (leader's rank) of every member
+        self.num_hosts = max(self.hosts) + 1
+        self.chunk = 1 << max(16, (CONFIG.mpi_chunk_kb * 1024 - 1).bit_length())
+        self._max_slot = comm.allreduce(shm_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
+        self._arena = SharedArena(MPI, self.node, self.local_size)
+        self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
+        self._progress = Progress(f"wgpar-mpi-{name}", idle=self._poll_sends)
+        self._sends: deque = deque()  # sends handed to MPI and not yet taken: (requests, readback)
+        self._seq = 0
+        self._broken: str | None = None
+        self._children: list[MPIGroup] = []
+        self.inter_host_seconds = 0.0  # time this process spent in the leaders' MPI steps (benchmarks)
+        w.register(self)
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = check_timeout(seconds)
+        for child in self._children:
+            child.timeout = seconds
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken or self.world.failure
+
+    def abort(self, reason: str) -> None:
+        """Fail the job: every rank waiting in (or later entering) a collective raises, naming this rank."""
+        self._fail(reason)
+
+    def _fail(self, reason: str, late: Sequence[int] = ()) -> None:
+        """A local failure ends the job: break the group and notify every rank. ``late``: members that
+        did not arrive (the failure protocol does not wait for their acknowledgement)."""
+        if self._broken is None:
+            self._broken = reason
+        self.world.notify(reason, [self.world_ranks[r] for r in late])
+
+    def reset(self) -> None:
+        """Raises on a broken group: MPI cannot repair a communicator once a rank failed.
+
+        On a healthy group it only waits for the collectives in flight.
+        """
+        why = self.broken
+        if why:
+            raise CollectiveError(
+                f"reset on rank {self.rank}: the MPI backend cannot recover from a failure ({why}); MPI cannot "
+                "repair a communicator once a rank failed. End the job (run_spmd does, and so does an exception "
+                "nobody catches) and start it again")
+        self._progress.drain(self._timeout + 10)
+
+    def close(self) -> None:
+        """Stop the communication threads of this group and its sub-groups."""
+        for child in self._children:
+            child.close()
+        self._progress.close()
+
+    def quiesce(self) -> None:
+        """At exit: stop the communication thread, then wait (with the timeout) until every send was taken
+        by its receiver; one that never is fails the job instead of leaving MPI_Finalize waiting."""
+        self._progress.close()
+        pending = [req for reqs, _ in self._sends for req in reqs]
+        if pending and not self.world.wait(pending, self._timeout, lambda: None):
+            self._fail(f"exiting with {len(self._sends)} send(s) that no rank received within {self._timeout:g} s")
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _launch(self, kind: str) -> None:
+        why = self.broken
+        if why:
+            raise CollectiveError(f"{kind} on rank {self.rank}: the group is broken ({why}); the MPI backend "
+                                  "cannot recover: end the job and start it again")
+
+    def _submit(self, kind: str, complete: Callable[[], Any]) -> Work:
+        def run():
+            self._poll_sends()
+            try:
+                return complete()
+            except CollectiveError:
+                raise
+            except BaseException as exc:  # a local failure: the other ranks must not wait for us
+                self._fail(f"{kind}: {type(exc).__name__}: {exc}")
+                raise
+        work = Work(f"{kind} on rank {self.rank}", self._timeout * 2 + 60)
+        self._count(calls=1)
+        self._progress.submit(work, run)
+        return work
+
+    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002,
+              late: Callable[[], Sequence[int]] = tuple) -> None:
+        """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
+        naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait)."""
+        try:
+            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin)
+        except Interrupted as exc:
+            raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
+        if not done:
+            reason = on_timeout()
+            self._fail(reason, late())
+            raise CollectiveTimeoutError(reason)
+
+    def _host_barrier(self, what: str) -> None:
+        """Meet the other ranks of this host (their writes to the arena become visible)."""
+        if self.local_size == 1:
+            return
+        self._arena.sync()
+        self._wait([self.node.Ibarrier()], what,
+                   lambda: f"{what}: a rank of this host stopped inside the collective for {self._timeout:g} s")
+        self._arena.sync()
+
+    def _agree(self, kind: str, meta: dict, info: Any = None) -> list[Any]:
+        """The header exchange: every rank learns every rank's kind, metadata and ``info``; they must agree
+        on the kind and the metadata. Returns every rank's ``info`` in rank order."""
+        seq = self._seq
+        self._seq += 1
+        what = f"{kind} #{seq}"
+        mine = (_short(kind), meta, info)
+        if self.world_size == 1:
+            return [info]
+        hdr = _pack(mine, what)
+        others = [r for r in range(self.world_size) if r != self.rank]
+        bufs = {r: bytearray(_HDR) for r in others}
+        recvs = {r: self._hdr.Irecv(bufs[r], r, _HDR_TAG) for r in others}
+        sends = [self._hdr.Isend(hdr, r, _HDR_TAG) for r in others]
+
+        def late() -> list[int]:
+            return [r for r, q in recvs.items() if not q.Test()]
+
+        self._wait([*recvs.values(), *sends], what,
+                   lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
+        entries = {r: _unpack(bufs[r]) for r in others}
+        entries[self.rank] = mine
+        kinds = [entries[r][0] for r in range(self.world_size)]
+        if len(set(kinds)) > 1:
+            other = next(r for r in range(self.world_size) if kinds[r] != kinds[0])
+            self._broken = f"rank {other} called {kinds[other]} as collective #{seq} while rank 0 called {kinds[0]}"
+            raise CollectiveError(self._broken)
+        try:
+            check_agreement(kind, {r: entries[r][1] for r in range(self.world_size)})
+        except ValueError as exc:
+            raise CollectiveError(f"{what}: {exc}") from None
+        return [entries[r][2] for r in range(self.world_size)]
+
+    # -- transfers ------------------------------------------------------------------------
+    def _readback(self, t: Tensor) -> ChunkedReadback:
+        rb = ChunkedReadback(self._pool, t, self.chunk)
+        self._count(d2h=t.nbytes)
+        return rb
+
+    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None) -> ChunkedUpload:
+        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk."""
+        buf, base = target._storage.buffer, byte_offset(target)
+
+        def copies(j: int, start: int, end: int):
+            return [(0, buf, base + start, round4(end - start))]
+
+        return ChunkedUpload(self._pool, target.nbytes, self.chunk, item or host_dtype(target.dtype), copies,
+                             self._timeout, what)
+
+    def _landed(self, target: Tensor, result: Tensor) -> Tensor:
+        """The upload into ``target`` is committed: bump its version, copy into ``result`` if it was a stand-in."""
+        self._count(h2d=target.nbytes)
+        target._storage.version += 1
+        if target is not result:
+            raw.copy_(result, target)
+        return result
+
+    def _mapped(self, fn: Callable[[], Any], what: str) -> Any:
+        """Run a step that waits for mapped memory; a map that times out fails the job."""
+        try:
+            return fn()
+        except TransferTimeout as exc:
+            reason = f"{what} on rank {self.rank}: {exc}"
+            self._fail(reason)
+            raise CollectiveTimeoutError(reason) from None
+
+    # -- the data movers ------------------------------------------------------------------
+    def _chunk_elems(self, n: int) -> int:
+        """Elements per chunk of an elementwise collective of ``n`` elements (the arena is grown to fit)."""
+        slot = slot_size(min(4 * n, self.chunk), self._max_slot)
+        self._arena.ensure(slot)
+        return slot // 4  # results are at most 4 bytes per element (float16 accumulates in float32)
+
+    def _reduce(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
+                up: ChunkedUpload, shared: bool) -> None:
+        """Reduce ``n`` elements elementwise over the group and write elements ``[lo, hi)`` of the result
+        to ``up``. ``shared``: every rank wants the same range (all-reduce), so the host's ranks each
+        reduce a slice into the shared result slot; otherwise each reduces its own range."""
+        if n == 0:
+            return
+        hdt = host_dtype(dtype)
+        isz = hdt.itemsize
+        acc = np.dtype(np.float32) if hdt == np.float16 else hdt
+        is_bool = dtype is _dt.bool_
+        E = self._chunk_elems(n)
+        L, me, multi, arena = self.local_size, self.local_rank, self.num_hosts > 1, self._arena
+        part_op = "sum" if multi and op == "mean" else op  # across hosts: sum, then divide once
+        divide = self.world_size if multi and op == "mean" else None
+        pending = None  # single host, shared: the chunk whose result is written after the next barrier
+
+        def deliver(half: int, a: int, b: int) -> None:
+            s, e = max(a, lo), min(b, hi)
+            if s < e:
+                out = arena.slot(half, L, acc, b - a)
+                up.write((s - lo) * isz, out[s - a:e - a], divide, _BLOCK)
+                up.advance((e - lo) * isz)
+
+        for i, a in enumerate(range(0, n, E)):
+            b, half = min(a + E, n), i % 2
+            m = b - a
+            mine = self._mapped(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
+            ins = [arena.slot(half, k, hdt, m) for k in range(L)]
+            copy_into(ins[me], mine, block=_BLOCK)
+            del mine
+            self._host_barrier(what)
+            if not shared and not multi:  # each rank reduces exactly the elements it keeps
+                s, e = max(a, lo), min(b, hi)
+                if s < e:
+                    for first, dst in up.targets((s - lo) * isz, e - s):
+                        x0 = s - a + first
+                        reduce_into([x[x0:x0 + len(dst)] for x in ins], [dst], op, is_bool, _BLOCK)
+                    up.advance((e - lo) * isz)
+                continue
+            bounds = np.cumsum([0, *split_sizes(m, L)])
+            sl = slice(int(bounds[me]), int(bounds[me + 1]))
+            out = arena.slot(half, L, acc, m)
+            if not multi:
+                # One barrier per chunk: chunk i's results are complete once everyone passed chunk i + 1's
+                # barrier, and nobody writes that half again before passing chunk i + 2's.
+                if pending is not None:
+                    deliver(*pending)
+                reduce_into([x[sl] for x in ins], [out[sl]], op, is_bool, _BLOCK)
+                pending = (half, a, b)
+                continue
+            reduce_into([x[sl] for x in ins], [out[sl]], part_op, is_bool, _BLOCK)
+            self._host_barrier(what)
+            if me == 0:
+                self._leaders_reduce(out, part_op, is_bool, what)
+            self._host_barrier(what)
+            deliver(half, a, b)
+        if pending is not None:
+            self._host_barrier(what)
+            deliver(*pending)
+
+    def _leaders_reduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
+        MPI = self.MPI
+        t0 = time.perf_counter()
+        req = self.leaders.Iallreduce(MPI.IN_PLACE, [arr, _mpi_type(MPI, arr.dtype)],
+                                      _mpi_op(MPI, op, arr.dtype, is_bool))
+        # Spin: a collective's later rounds start only when this process calls into MPI.
+        self._wait([req], what, lambda: f"{what}: another host did not finish its part within {self._timeout:g} s",
+                   spin=self._timeout)
+        self.inter_host_seconds += time.perf_counter() - t0
+
+    def _gather(self, what: str, pieces: list[tuple[int, int, int]], total: int, rb: ChunkedReadback | None,
+                up: ChunkedUpload | None) -> None:
+        """Every rank r contributes its bytes at ``[off, off + nbytes)`` of a ``total``-byte concatenation
+        (``pieces``: (rank, off, nbytes)); the whole concatenation goes to ``up`` (None: not wanted)."""
+        if total == 0:
+            return
+        S = slot_size(min(total, self.chunk), self._max_slot)
+        self._arena.ensure(S)
+        mine = [(off, nb) for r, off, nb in pieces if r == self.rank]
+        for i, c0 in enumerate(range(0, total, S)):
+            c1 = min(c0 + S, total)
+            buf = self._arena.slot(i % 2, self.local_size, np.uint8, c1 - c0)
+            for off, nb in mine:
+                s, e = max(off, c0), min(off + nb, c1)
+                if s < e:
+                    for rel, src in self._mapped(lambda s=s, e=e, off=off: rb.span(s - off, e - s, self._timeout,
+                                                                                   what), what):
+                        dst = s - c0 + rel
+                        copy_into(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8), block=4 * _BLOCK)
+            self._host_barrier(what)
+            if self.num_hosts > 1:
+                if self.local_rank == 0:
+                    self._leaders_share(buf, c0, c1, pieces, what)
+                self._host_barrier(what)
+            if up is not None:
+                for rel, dst in up.span(c0, c1 - c0):
+                    copy_into(dst, buf[rel:rel + len(dst)], block=4 * _BLOCK)
+                up.advance(c1)
+
+    def _leaders_share(self, buf: np.ndarray, c0: int, c1: int, pieces, what: str) -> None:
+        """Between hosts: each leader sends the bytes its host's ranks wrote to every other leader."""
+        me = self.hosts[self.rank]
+        reqs = []
+        t0 = time.perf_counter()
+        for r, off, nb in pieces:
+            s, e = max(off, c0) - c0, min(off + nb, c1) - c0
+            if s >= e:
+                continue
+            h = self.hosts[r]
+            if h == me:
+                reqs += [self.leaders.Isend(buf[s:e], other, 0) for other in range(self.num_hosts) if other != me]
+            else:
+                reqs.append(self.leaders.Irecv(buf[s:e], h, 0))
+        self._wait(reqs, what, lambda: f"{what}: another host did not send its part within {self._timeout:g} s",
+                   spin=self._timeout)
+        self.inter_host_seconds += time.perf_counter() - t0
+
+    # -- collectives ----------------------------------------------------------------------
+    def _collective(self, kind: str, meta: dict, rb: ChunkedReadback | None, body: Callable[[], Any],
+                    info: Any = None) -> Work:
+        """Submit a completion that agrees on the header, then runs ``body(infos)``; the readback is given
+        back when done (and abandoned after a failure that may leave MPI reading it)."""
+        def complete():
+            try:
+                infos = self._agree(kind, meta, info)
+            except BaseException:
+                if rb is not None:
+                    rb.release()
+                raise
+            try:
+                result = body(infos)
+            except BaseException:
+                if rb is not None:
+                    rb.abandon()
+                raise
+            if rb is not None:
+                rb.release()
+            return result
+
+        return self._submit(kind, complete)
+
+    def _run_upload(self, up: ChunkedUpload, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+            up.finish()
+        except BaseException:
+            up.abandon()
+            raise
+
+    def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
+        kind = kind_name("all_reduce", label)
+        self._launch(kind)
+        check_reducible(tensor.dtype, op, kind)
+        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
+        target = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
+        rb = self._readback(tensor)
+        n = tensor.numel()
+
+        def body(_):
+            up = self._upload(target, kind)
+            self._run_upload(up, lambda: self._reduce(kind, rb, n, tensor.dtype, op, 0, n, up, shared=True))
+            return self._landed(target, tensor)
+
+        return self._collective(kind, meta, rb, body)
+
+    def _scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, op: str, lo: int,
+                         hi: int) -> Work:
+        self._launch(kind)
+        check_reducible(tensor.dtype, op, kind)
+        target = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+        rb = self._readback(tensor)
+
+        def body(_):
+            up = self._upload(target, kind)
+            self._run_upload(up, lambda: self._reduce(kind, rb, tensor.numel(), tensor.dtype, op, lo, hi, up,
+                                                      shared=False))
+            return self._landed(target, output)
+
+        return self._collective(kind, meta, rb, body)
+
+    def _reduce_scatter(self, tensor: Tensor, op: str, label: str | None) -> Work:
+        rows = split_sizes(tensor.shape[0], self.world_size)
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        start = sum(rows[:self.rank])
+        out = Tensor.empty((rows[self.rank], *tensor.shape[1:]), tensor.dtype, self.device)
+        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
+        return self._scatter_reduced(kind_name("reduce_scatter", label), meta, tensor, out, op, start * row,
+                                     (start + rows[self.rank]) * row)
+
+    def _reduce_scatter_into(self, output: Tensor, tensor: Tensor, op: str, label: str | None) -> Work:
+        n = output.numel()
+        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name, "op": op}
+        return self._scatter_reduced(kind_name("reduce_scatter_into", label), meta, tensor, output, op,
+                                     self.rank * n, (self.rank + 1) * n)
+
+    def _broadcast(self, tensor: Tensor, src: int, label: str | None) -> Work:
+        kind = kind_name("broadcast", label)
+        self._launch(kind)
+        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "src": src}
+        pieces = [(src, 0, tensor.nbytes)]
+        if self.rank == src:
+            rb = self._readback(tensor)
+
+            def body(_):
+                self._gather(kind, pieces, tensor.nbytes, rb, None)
+                return tensor
+
+            return self._collective(kind, meta, rb, body)
+        target = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
+
+        def receive(_):
+            up = self._upload(target, kind, np.dtype(np.uint8))
+            self._run_upload(up, lambda: self._gather(kind, pieces, tensor.nbytes, None, up))
+            return self._landed(target, tensor)
+
+        return self._collective(kind, meta, None, receive)
+
+    def _all_gather(self, tensor: Tensor, label: str | None) -> Work:
+        kind = kind_name("all_gather", label)
+        self._launch(kind)
+        meta = {"dtype": tensor.dtype.name}
+        rb = self._readback(tensor)
+        dtype = tensor.dtype
+
+        def body(shapes):
+            outs = [Tensor.empty(s, dtype, self.device) for s in shapes]
+            offs = np.cumsum([0] + [round4(o.nbytes) for o in outs]).tolist()  # 4-aligned: one GPU copy each
+            pieces = [(r, offs[r], o.nbytes) for r, o in enumerate(outs)]
+
+            def copies(j: int, start: int, end: int):
+                out = []
+                for o, off in zip(outs, offs):
+                    s, e = max(off, start), min(off + o.nbytes, end)
+                    if s < e:
+                        out.append((s - start, o._storage.buffer, s - off, round4(e - s)))
+                return out
+
+            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind)
+            self._run_upload(up, lambda: self._gather(kind, pieces, offs[-1], rb, up))
+            for o in outs:
+                o._storage.version += 1
+            self._count(h2d=sum(o.nbytes for o in outs))
+            return outs
+
+        return self._collective(kind, meta, rb, body, info=tensor.shape)
+
+    def _all_gather_into(self, output: Tensor, tensor: Tensor, label: str | None) -> Work:
+        kind = kind_name("all_gather_into", label)
+        self._launch(kind)
+        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name}
+        target = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+        rb = self._readback(tensor)
+        nb = tensor.nbytes
+        pieces = [(r, r * nb, nb) for r in range(self.world_size)]
+
+        def body(_):
+            up = self._upload(target, kind, np.dtype(np.uint8))
+            self._run_upload(up, lambda: self._gather(kind, pieces, output.nbytes, rb, up))
+            return self._landed(target, output)
+
+        return self._collective(kind, meta, rb, body)
+
+    def _barrier(self, label: str | None) -> Work:
+        kind = kind_name("barrier", label)
+        self._launch(kind)
+        return self._collective(kind, {}, None, lambda _: None)
+
+    def gather_objects(self, obj: Any, label: str | None = None) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank (run_spmd's results)."""
+        kind = kind_name("gather_objects", label)
+        self._launch(kind)
+        try:
+            body = pickle.dumps(obj)
+        except Exception as exc:
+            raise TypeError(f"{kind} on rank {self.rank}: cannot send a {type(obj).__name__} to the other "
+                            f"processes ({exc}); return NumPy arrays or numbers (tensor.numpy(), .item())") from exc
+
+        def exchange(sizes):
+            others = [r for r in range(self.world_size) if r != self.rank]
+            bufs = {r: bytearray(sizes[r]) for r in others}
+            reqs = [self._hdr.Irecv(bufs[r], r, _OBJ_TAG) for r in others]
+            reqs += [self._hdr.Isend(body, r, _OBJ_TAG) for r in others]
+            self._wait(reqs, kind, lambda: f"{kind}: a rank did not send its object within {self._timeout:g} s")
+            return [obj if r == self.rank else pickle.loads(bufs[r]) for r in range(self.world_size)]
+
+        return self._collective(kind, {}, None, exchange, info=len(body)).wait()
+
+    # -- point to point -------------------------------------------------------------------
+    def _check_tag(self, tag: int, what: str) -> None:
+        if not 0 <= tag <= self.tag_ub:
+            raise ValueError(f"{what} on rank {self.rank}: MPI tags run from 0 to {self.tag_ub}, got {tag}")
+
+    def _poll_sends(self) -> bool:
+        """Drive the sends handed to MPI (a large one moves only while this process calls MPI); give each
+        one's staging buffers back once the receiver took it. True while any is outstanding."""
+        for _ in range(len(self._sends)):  # only the communication thread touches _sends
+            reqs, rb = self._sends.popleft()
+            if self.MPI.Request.Testall(reqs):
+                rb.release()
+            else:
+                self._sends.append((reqs, rb))
+        return bool(self._sends)
+
+    def _send(self, tensor: Tensor, dst: int, tag: int) -> Work:
+        kind = f"send to rank {dst} (tag {tag})"
+        self._check_tag(tag, kind)
+        self._launch(kind)
+        rb = self._readback(tensor)
+        header = (tensor.shape, tensor.dtype.name, rb.nbytes, self.chunk)
+
+        def complete():
+            reqs = [self._p2p.Isend(_pack(header, kind), dst, tag)]
+            try:
+                for a in range(0, rb.nbytes, self.chunk):
+                    ((_, mem),) = self._mapped(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
+                                                                   kind), kind)
+                    reqs.append(self._p2p_data.Isend(mem, dst, tag))  # the mapped memory itself, no copy
+            finally:
+                self._sends.append((reqs, rb))
+            return None
+
+        return self._submit(kind, complete)
+
+    def _recv(self, tensor: Tensor | None, src: int, tag: int) -> Work:
+        kind = f"recv from rank {src} (tag {tag})"
+        self._check_tag(tag, kind)
+        self._launch(kind)
+
+        def complete():
+            hdr = bytearray(_HDR)
+            self._wait([self._p2p.Irecv(hdr, src, tag)], kind,
+                       lambda: f"recv on rank {self.rank}: no message from rank {src} (tag {tag}) within "
+                               f"{self._timeout:g} s", late=lambda: [src])
+            shape, dtype_name, nbytes, chunk = _unpack(hdr)
+            dtype = _dt.as_dtype(dtype_name)
+            if tensor is not None and (tensor.shape != shape or tensor.dtype is not dtype):
+                self._drain(src, tag, nbytes, chunk, kind)
+                raise CollectiveError(
+                    f"recv on rank {self.rank} from rank {src} (tag {tag}): rank {src} sent {dtype.name} "
+                    f"{shape} but rank {self.rank} receives into {tensor.dtype.name} {tensor.shape}")
+            out = tensor if tensor is not None else Tensor.empty(shape, dtype, self.device)
+            target = out if writable(out) else Tensor.empty(out.shape, out.dtype, self.device)
+            buf, base = target._storage.buffer, byte_offset(target)
+            up = ChunkedUpload(self._pool, nbytes, chunk, np.dtype(np.uint8),
+                               lambda j, s, e: [(0, buf, base + s, round4(e - s))], self._timeout, kind,
+                               depth=_RECV_AHEAD + 1)
+            self._run_upload(up, lambda: self._receive_into(up, src, tag, nbytes, chunk, kind))
+            return self._landed(target, out)
+
+        return self._submit(kind, complete)
+
+    def _receive_into(self, up: ChunkedUpload, src: int, tag: int, nbytes: int, chunk: int, kind: str) -> None:
+        """Receive a message's chunks straight into mapped upload memory, a few ahead, committing in order."""
+        starts = list(range(0, nbytes, chunk))
+        posted: deque = deque()
+        for i, a in enumerate(starts):
+            ((_, mem),) = up.span(a, min(chunk, nbytes - a))
+            posted.append((self._p2p_data.Irecv(mem, src, tag), min(a + chunk, nbytes)))
+            if len(posted) > _RECV_AHEAD or i == len(starts) - 1:
+                while posted and (len(posted) > _RECV_AHEAD or i == len(starts) - 1):
+                    req, end = posted.popleft()
+                    self._wait([req], kind, lambda: f"recv on rank {self.rank}: the message from rank {src} "
+                                                    f"(tag {tag}) stopped arriving for {self._timeout:g} s")
+                    up.advance(end)
+
+    def _drain(self, src: int, tag: int, nbytes: int, chunk: int, kind: str) -> None:
+        """Take a message's payload without keeping it (it did not fit the receiver's tensor)."""
+        scratch = np.empty(min(chunk, max(nbytes, 1)), np.uint8)
+        for a in range(0, nbytes, chunk):
+            self._wait([self._p2p_data.Irecv(scratch[:min(chunk, nbytes - a)], src, tag)], kind,
+                       lambda: f"recv on rank {self.rank}: the message from rank {src} stopped arriving")
+
+    # -- sub-groups -----------------------------------------------------------------------
+    def _split(self, ranks: tuple[int, ...]) -> MPIGroup | None:
+        kind = "split"
+        self._launch(kind)
+        MPI = self.MPI
+
+        def body(_):
+            member = self.rank in ranks
+            sub = self.comm.Split(0 if member else MPI.UNDEFINED, ranks.index(self.rank) if member else 0)
+            if not member:
+                return None
+            g = MPIGroup(self.world, sub, self.device, self._timeout, ranks=[self.ranks[r] for r in ranks],
+                         name=f"{self.name}/{'.'.join(map(str, ranks))}")
+            self._children.append(g)
+            return g
+
+        return self._collective(kind, {"ranks": ranks}, None, body).wait()
+
+
+# -- the process's world group, and run_spmd under mpiexec ------------------------------------
+_root: MPIGroup | None = None
+_root_lock = threading.Lock()
+
+
+def init_world_group(timeout: float | None = None, device: Device | int | str | None = None) -> MPIGroup:
+    """This process's group over every process of the job (made once; later calls return it).
+
+    Arguments:
+        timeout: seconds every collective wait may take (default 300; a later call may change it).
+        device: this process's device (default: ``wgpar.device(local_rank)``, see the module docstring).
+    """
+    global _root
+    with _root_lock:
+        if _root is not None:
+            if timeout is not None:
+                _root.timeout = timeout
+            if device is not None and _adapters.resolve(device) is not _root.device:
+                raise ValueError(f"init_process_group: this process already uses {_root.device}, not {device}")
+            return _root
+        t = check_timeout(timeout if timeout is not None else DEFAULT_TIMEOUT)
+        w = world()
+        # Every process must be here before the blocking set-up calls: a missing one times out, not hangs.
+        if not w.wait([w.comm.Ibarrier()], t, lambda: None):
+            reason = f"init_process_group: not every one of the {w.size} processes arrived within {t:g} s"
+            w.notify(reason)
+            raise CollectiveTimeoutError(reason)
+        dev = _adapters.resolve(device) if device is not None else _adapters.device(w.local_rank)
+        _root = MPIGroup(w, w.comm.Dup(), dev, t)
+        return _root
+
+
+def _report(group: MPIGroup, exc: BaseException) -> int:
+    """This rank's program failed: print why, tell (or answer) the others, and return the rank at fault."""
+    w = group.world
+    w.poll()
+    if w.failure is None or w.culprit == w.rank:
+        w.notify(f"{type(exc).__name__}: {exc}")
+    print(f"wgpar: rank {w.rank} of {w.size} failed:", file=sys.stderr)
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+    w.settle()
+    return w.culprit if w.culprit is not None else w.rank
+
+
+def run_spmd(fn: Callable[..., Any], world_size: int | None, timeout: float | None, args: Sequence) -> list[Any]:
+    """``fn(group, *args)`` in this process (one rank of the job); every rank's result, in rank order."""
+    group = init_world_group(timeout)
+    if world_size is not None and world_size != group.world_size:
+        raise ValueError(f"run_spmd: world_size={world_size}, but mpiexec started {group.world_size} processes")
+    try:
+        result = fn(group, *args)
+        return group.gather_objects(result, "run_spmd")
+    except BaseException as exc:
+        raise RankError(_report(group, exc), exc) from exc

@@ -1,0 +1,82 @@
+"""Host memory shared by the processes of one host: an MPI-3 shared window on a host's communicator.
+
+Inside one host the MPI backend moves collective data through shared memory,
+not MPI messages (MPI's own host Allreduce ran at 1.6 GB/s where the threaded
+backend's mapped-buffer reduction reached 12.5 GB/s). The arena has two halves
+(even and odd chunks of a pipelined collective); each half holds one slot per
+rank of the host plus one result slot, all ``slot_bytes`` long. It is
+allocated on the first collective that needs it and grows (collectively: every
+rank of the host decides the same from the agreed metadata) up to
+``max_slot`` bytes per slot.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+_MIN_SLOT = 1 << 16
+
+
+def shm_slot_cap(local_size: int, chunk: int) -> int:
+    """The largest slot (a power of two, at most ``chunk``) whose arena fits in half of /dev/shm's free
+    space (MPICH backs shared windows there; a container's small /dev/shm would crash with SIGBUS)."""
+    cap = chunk
+    try:
+        st = os.statvfs("/dev/shm")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        return cap
+    while cap > _MIN_SLOT and 2 * (local_size + 1) * cap > free // 2:
+        cap //= 2
+    return cap
+
+
+def slot_size(nbytes: int, cap: int) -> int:
+    """The slot for a collective of ``nbytes``: the next power of two (at least 64 KiB), at most ``cap``."""
+    return min(cap, max(_MIN_SLOT, 1 << max(0, (nbytes - 1).bit_length())))
+
+
+class SharedArena:
+    """Two halves of ``slots + 1`` shared slots over the host communicator ``node``."""
+
+    def __init__(self, MPI, node, slots: int) -> None:
+        self.MPI = MPI
+        self.node = node
+        self.slots = slots
+        self.slot_bytes = 0
+        self._win = None
+        self._base: np.ndarray | None = None
+
+    def ensure(self, slot_bytes: int) -> None:
+        """Grow to ``slot_bytes`` per slot (collective over the host: every rank passes the same value)."""
+        if slot_bytes <= self.slot_bytes:
+            return
+        self.free()
+        total = 2 * (self.slots + 1) * slot_bytes
+        mine = total if self.node.Get_rank() == 0 else 0  # one contiguous block, owned by the host's rank 0
+        self._win = self.MPI.Win.Allocate_shared(mine, 1, comm=self.node)
+        buf, _ = self._win.Shared_query(0)
+        self._base = np.frombuffer(buf, dtype=np.uint8, count=total)
+        self._win.Lock_all(self.MPI.MODE_NOCHECK)
+        self.slot_bytes = slot_bytes
+
+    def slot(self, half: int, j: int, dtype, count: int) -> np.ndarray:
+        """Slot ``j`` (0 .. slots; ``slots`` is the result slot) of half ``half`` as ``count`` items of ``dtype``."""
+        start = (half * (self.slots + 1) + j) * self.slot_bytes
+        return self._base[start:start + self.slot_bytes].view(dtype)[:count]
+
+    def sync(self) -> None:
+        """Make this process's writes visible (call before and after the host barrier)."""
+        if self._win is not None:
+            self._win.Sync()
+
+    def free(self) -> None:
+        """Release the window (collective over the host)."""
+        if self._win is not None:
+            self._base = None
+            self._win.Unlock_all()
+            self._win.Free()
+            self._win = None
+            self.slot_bytes = 0
