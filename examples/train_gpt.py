@@ -4,6 +4,7 @@
     python examples/train_gpt.py --preset small --amp              # float16 autocast + GradScaler
     python examples/train_gpt.py --parallel dp --devices 2         # DistributedDataParallel over 2 ranks
     python examples/train_gpt.py --parallel tp --devices 2         # heads and MLP split over 2 ranks
+    python examples/train_gpt.py --parallel pipeline --devices 2   # one stage per rank, 1F1B
     python examples/train_gpt.py --data corpus.txt --steps 2000 --ckpt-every 500
     python examples/train_gpt.py --resume                          # continue from out-gpt/ exactly
 
@@ -37,6 +38,7 @@ import wgpar
 from wgpar import nn, optim
 from wgpar.amp import GradScaler
 from wgpar.models import GPT, GPTConfig, preset
+from wgpar.models.gpt import decay_groups, lm_loss, sample, untie
 from wgpar.optim import lr_scheduler
 
 # Per preset: micro-batch, steps, peak lr, warm-up steps, eval period, eval batches.
@@ -98,9 +100,10 @@ def step_batches(data: np.ndarray, args, step: int) -> list[tuple[np.ndarray, np
 # -- what every strategy builds -------------------------------------------------------------------------
 @dataclass
 class Replica:
-    """One rank's model (as trained: possibly wrapped or parallelized), optimizer and schedule."""
+    """One rank's model (as trained: possibly wrapped, parallelized, or its pipeline stage), optimizer and
+    schedule."""
 
-    model: GPT
+    model: nn.Module
     net: nn.Module
     opt: optim.Optimizer
     sched: lr_scheduler.LRScheduler
@@ -114,9 +117,9 @@ class Replica:
         self.sched.load_state_dict(state["sched"])
 
 
-def make_replica(model: GPT, args, net: nn.Module | None = None) -> Replica:
+def make_replica(model: nn.Module, args, net: nn.Module | None = None) -> Replica:
     """AdamW (decay on matrices and embeddings only, betas 0.9 / 0.95) and warm-up + cosine to min_lr."""
-    opt = optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    opt = optim.AdamW(decay_groups(model.parameters(), args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     warm = max(1, min(args.warmup, args.steps - 1))
     sched = lr_scheduler.SequentialLR(opt, [
         lr_scheduler.LinearLR(opt, start_factor=1.0 / warm, total_iters=warm),
@@ -145,11 +148,15 @@ class Trainer:
     devices: list
     sharded: bool = False
     close: Callable[[], None] = field(default=lambda: None)
+    on_resume: Callable[[int], None] = field(default=lambda step: None)
 
 
-def finish_step(rep: Replica, scaler: GradScaler, args, group=None, sharded: set[int] | None = None) -> None:
-    """Unscale (AMP), clip, step (skipped on inf / NaN), advance the schedule. With a tensor-parallel
-    ``group``, the ranks agree on skipping and clip by the norm over all shards."""
+def finish_step(rep: Replica, scaler: GradScaler, args, group=None, summed: set[int] | None = None,
+                counted: set[int] | None = None) -> None:
+    """Unscale (AMP), clip, step (skipped on inf / NaN), advance the schedule. With a ``group`` whose
+    ranks hold different parameters (tensor or pipeline parallelism), the ranks agree on skipping and clip
+    by the norm of the whole model: ``summed`` parameters' squares are summed over the ranks, ``counted``
+    ones (replicated) are counted once, others (a copy another rank counts) only scaled."""
     scaler.unscale_(rep.opt)
     if group is not None and args.amp:
         for flag in scaler.found_inf_per_device(rep.opt).values():
@@ -159,30 +166,30 @@ def finish_step(rep: Replica, scaler: GradScaler, args, group=None, sharded: set
         if group is None:
             nn.utils.clip_grad_norm_(params, args.grad_clip)
         else:
-            clip_sharded(params, sharded or set(), args.grad_clip, group)
+            clip_distributed(params, summed or set(), counted or set(), args.grad_clip, group)
     scaler.step(rep.opt)
     rep.sched.step()
 
 
 @wgpar.no_grad()
-def clip_sharded(params, sharded: set[int], max_norm: float, group) -> None:
-    """clip_grad_norm_ for tensor parallelism: the norm counts replicated gradients once and sums the
-    shards' squares over the ranks (one 4-byte all-reduce), so every rank scales by the same factor."""
+def clip_distributed(params, summed: set[int], counted: set[int], max_norm: float, group) -> None:
+    """clip_grad_norm_ over a model spread across ranks: one 4-byte all-reduce of the summed squares, so
+    every rank scales by the same factor as one device holding the whole model would."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
     dev = grads[0].device
-    rep_sq = wgpar.zeros(1, device=dev)
-    shard_sq = wgpar.zeros(1, device=dev)
+    local_sq = wgpar.zeros(1, device=dev)
+    once_sq = wgpar.zeros(1, device=dev)
     for p in params:
-        if p.grad is not None:
+        if p.grad is not None and (id(p) in summed or id(p) in counted):
             sq = (p.grad * p.grad).sum().reshape(1)
-            if id(p) in sharded:
-                shard_sq = shard_sq + sq
+            if id(p) in summed:
+                local_sq = local_sq + sq
             else:
-                rep_sq = rep_sq + sq
-    group.all_reduce(shard_sq, "sum", label="clip")
-    coef = wgpar.clamp(max_norm / ((rep_sq + shard_sq).sqrt() + 1e-6), max=1.0)
+                once_sq = once_sq + sq
+    group.all_reduce(local_sq, "sum", label="clip")
+    coef = wgpar.clamp(max_norm / ((local_sq + once_sq).sqrt() + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef)
 
@@ -274,10 +281,11 @@ def tensor_parallel(cfg: GPTConfig, args) -> Trainer:
                 sharded |= {id(p) for p in m.parameters()}
             elif isinstance(m, RowParallelLinear):
                 sharded.add(id(m.weight))  # its bias is replicated
-        return make_replica(models[r], args), sharded
+        replicated = {id(p) for p in models[r].parameters()} - sharded
+        return make_replica(models[r], args), sharded, replicated
 
     built = ctx.run(setup)
-    reps = [rep for rep, _ in built]
+    reps = [b[0] for b in built]
     scaler = GradScaler(enabled=args.amp)
 
     def work(r: int, micro):
@@ -287,7 +295,7 @@ def tensor_parallel(cfg: GPTConfig, args) -> Trainer:
         for x, y in micro:
             loss = _micro_step(rep.model, x, y, scaler, args, len(micro))
             total = loss if total is None else total + loss
-        finish_step(rep, scaler, args, ctx.comm(r), built[r][1])
+        finish_step(rep, scaler, args, ctx.comm(r), built[r][1], built[r][2])
         return total
 
     def step(micro):
@@ -304,6 +312,92 @@ def tensor_parallel(cfg: GPTConfig, args) -> Trainer:
     return Trainer(step, evaluate, generate, reps, scaler, ctx.devices, sharded=True, close=ctx.close)
 
 
+def pipeline(cfg: GPTConfig, args) -> Trainer:
+    """Pipeline parallelism: the GPT cut into one stage per rank (embeddings, blocks, final norm and output
+    layer, balanced by parameter count), micro-batches streamed through them by ``--schedule``. The output
+    layer on the last stage holds its own copy of the tied embedding; the two copies' gradients are summed
+    after each step, so they stay equal. Checkpoints are sharded (one file per stage)."""
+    from wgpar.distributed import PipelineSchedule, PipelineStage, split_module
+
+    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
+    n = ctx.world_size
+    if n < 2:
+        raise SystemExit("--parallel pipeline needs --devices 2 or more")
+    if args.batch_size < args.microbatches:
+        raise SystemExit(f"--parallel pipeline: --batch-size {args.batch_size} cannot make {args.microbatches} "
+                         "micro-batches")
+    # Every rank builds the same GPT (same seed) on its device and keeps its own stage; the rest is freed.
+    parts = [split_module(build_model(cfg, args, d).pipeline_blocks(), n)[r] for r, d in enumerate(ctx.devices)]
+
+    def setup(r: int):
+        group, part = ctx.comm(r), parts[r]
+        tied_group = group.split([0, n - 1])
+        tied = part[0].wte.weight if r == 0 else untie(part[-1]) if r == n - 1 else None
+        pipe = PipelineSchedule(PipelineStage(part, r, n, ctx.devices[r]), group, args.microbatches, args.schedule,
+                                lm_loss, seed=args.seed)
+        summed = {id(p) for p in part.parameters()} - ({id(tied)} if r == n - 1 else set())
+        return make_replica(part, args), pipe, tied_group, tied, summed
+
+    built = ctx.run(setup)
+    reps = [b[0] for b in built]
+    scaler = GradScaler(enabled=args.amp)
+
+    def work(r: int, micro):
+        rep, pipe, tied_group, tied, summed = built[r]
+        rep.opt.zero_grad()
+        scale = scaler.get_scale() if args.amp else 1.0
+        total = None
+        for x, y in micro:  # the loss scale rides on the step's scale: the pipeline runs its own backward
+            with wgpar.autocast(enabled=args.amp):
+                loss = pipe.step(x if pipe.has_first else None, y if pipe.has_last else None,
+                                 scale=scale / len(micro))
+            if loss is not None:
+                total = loss if total is None else total + loss
+        if tied_group is not None:
+            tied_group.all_reduce(tied.grad, "sum", label="tied embedding")
+        finish_step(rep, scaler, args, ctx.comm(r), summed)
+        return total, scale
+
+    def step(micro):
+        results = ctx.run(work, [micro] * n)
+        scaler.update()
+        total, scale = results[n - 1]
+        return lambda: total.item() / scale  # the last stage holds the batch's mean loss (times the scale)
+
+    def forward(x):  # the stages in turn on the driver thread (evaluation, sampling)
+        h = x
+        for r, rep in enumerate(reps):
+            h = rep.model(h if r == 0 else h.to(ctx.devices[r]))
+        return h
+
+    @wgpar.no_grad()
+    def evaluate(x, y):
+        for rep in reps:
+            rep.model.eval()
+        try:
+            with wgpar.autocast(enabled=args.amp):
+                return float(lm_loss(forward(x), y).item())
+        finally:
+            for rep in reps:
+                rep.model.train()
+
+    def generate(prompt, k, seed):
+        for rep in reps:
+            rep.model.eval()
+        try:
+            return sample(forward, prompt[None, :], k, cfg.block_size, 0.8, 40, np.random.default_rng(seed))
+        finally:
+            for rep in reps:
+                rep.model.train()
+
+    def on_resume(step: int) -> None:
+        for b in built:  # per-micro-batch random streams continue where the checkpointed run was
+            b[1].steps = step * args.grad_accum
+
+    return Trainer(step, evaluate, generate, reps, scaler, ctx.devices, sharded=True, close=ctx.close,
+                   on_resume=on_resume)
+
+
 def _not_yet(name: str, issue: str):
     def build(cfg: GPTConfig, args) -> Trainer:
         raise SystemExit(f"--parallel {name} is not available yet: {issue} has not landed in this wgpar; "
@@ -316,7 +410,7 @@ STRATEGIES: dict[str, Callable[[GPTConfig, argparse.Namespace], Trainer]] = {
     "dp": data_parallel,
     "tp": tensor_parallel,
     "fsdp": _not_yet("fsdp", "FSDP (issue 10)"),
-    "pipeline": _not_yet("pipeline", "the pipeline executor (issue 11)"),
+    "pipeline": pipeline,
 }
 
 
@@ -358,7 +452,7 @@ def load_checkpoint(trainer: Trainer, out: Path, cfg: GPTConfig, args) -> int:
         path = _ckpt_path(out, r) if trainer.sharded else first
         if not path.exists():
             raise SystemExit(f"--resume: {path} is missing (a sharded checkpoint needs one file per rank)")
-        states.append(wgpar.load(path, device=rep.model.wte.weight.device))
+        states.append(wgpar.load(path, device=rep.model.device))
     meta = states[0]["meta"]
     if meta["config"] != asdict(cfg):
         raise SystemExit(f"--resume: the checkpoint's model {meta['config']} differs from this run's {asdict(cfg)}")
@@ -391,7 +485,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
     ap.add_argument("--parallel", choices=sorted(STRATEGIES), default="single")
-    ap.add_argument("--devices", type=int, default=2, help="ranks for dp / tp")
+    ap.add_argument("--devices", type=int, default=2, help="ranks for dp / tp / pipeline")
+    ap.add_argument("--microbatches", type=int, help="pipeline micro-batches per micro-batch (default: --devices)")
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "zb"], default="1f1b", help="pipeline schedule")
     ap.add_argument("--device", type=int, default=0, help="device index for --parallel single")
     ap.add_argument("--amp", action="store_true", help="float16 autocast with dynamic loss scaling")
     ap.add_argument("--eval-every", type=int, help="steps between validation losses (preset default)")
@@ -410,6 +506,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, k, v)
     args.block_size = args.block_size or preset(args.preset).block_size
     args.min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+    args.microbatches = args.microbatches or args.devices
     return args
 
 
@@ -441,6 +538,7 @@ def main(argv: list[str] | None = None) -> dict:
     trainer = STRATEGIES[args.parallel](cfg, args)
     log = print if args.no_progress else (lambda *a: bar.write(" ".join(map(str, a))) if bar else print(*a))
     start = load_checkpoint(trainer, args.out, cfg, args) if args.resume else 0
+    trainer.on_resume(start)
     tokens_per_step = args.batch_size * args.block_size * args.grad_accum
     print(f"GPT {args.preset}: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.n_layer} layers, {cfg.n_head} heads, "
           f"{cfg.n_embd} wide, context {cfg.block_size}; --parallel {args.parallel} on "

@@ -1,5 +1,5 @@
-"""examples/train_gpt.py end to end on lavapipe: the loss falls; single device, DistributedDataParallel and
-tensor parallelism on 2 logical devices give the same loss curve; a resumed run continues exactly."""
+"""examples/train_gpt.py end to end on lavapipe: the loss falls; single device, DistributedDataParallel, tensor
+and pipeline parallelism on 2 logical devices give the same loss curve; a resumed run continues exactly."""
 
 from __future__ import annotations
 
@@ -48,41 +48,43 @@ def test_tiny_loss_falls_over_30_steps(gpt, corpus, tmp_path):
     assert r["final_val"] < np.log(256) - 1.0  # from ~5.5 nats (uniform over bytes) towards the data
 
 
+PARALLEL = ("dp", "tp", "pipeline")
+
+
 def test_parallel_strategies_give_the_same_loss_curve(gpt, corpus, tmp_path):
-    """20 steps with 2 accumulated micro-batches and active clipping: DDP (batch split over 2 ranks) and TP
-    (heads and MLP split over 2 ranks, norm over the shards) follow the single-device curve."""
+    """20 steps with 2 accumulated micro-batches and active clipping on 2 devices: DDP (batch split over the
+    ranks), TP (heads and MLP split, norm over the shards) and the pipeline (one stage per rank, 2
+    micro-batches, tied embedding gradients summed across the stages) follow the single-device curve."""
     args = ["--steps", "20", "--batch-size", "2", "--grad-accum", "2", "--grad-clip", "0.5", "--eval-every", "0",
-            "--no-save"]
+            "--no-save", "--devices", "2"]
     curves = {}
-    for parallel in ("single", "dp", "tp"):
-        r = _run(gpt, corpus, tmp_path / parallel, *args, "--parallel", parallel, "--devices", "2")
+    for parallel in ("single", *PARALLEL):
+        r = _run(gpt, corpus, tmp_path / parallel, *args, "--parallel", parallel)
         curves[parallel] = np.array([r["losses"][s] for s in range(1, 21)])
-    for parallel in ("dp", "tp"):
+    for parallel in PARALLEL:
         np.testing.assert_allclose(curves[parallel], curves["single"], rtol=2e-4, err_msg=parallel)
     assert curves["single"][-1] < curves["single"][0]
 
 
-@pytest.mark.parametrize("mode", [["--parallel", "single", "--amp"], ["--parallel", "tp", "--devices", "2"]],
-                         ids=["single-amp", "tp-sharded"])
+@pytest.mark.parametrize("mode", [["--parallel", "single", "--amp"], ["--parallel", "tp", "--devices", "2"],
+                                  ["--parallel", "pipeline", "--devices", "2"]],
+                         ids=["single-amp", "tp-sharded", "pipeline-sharded"])
 def test_resume_continues_exactly(gpt, corpus, tmp_path, mode):
     """Checkpoint at step 3 of 6, resume from it: steps 4-6 and the final weights equal the uninterrupted
     run's bit for bit (data, schedule, optimizer moments and the loss scale all come back)."""
     whole = _run(gpt, corpus, tmp_path, "--steps", "6", "--ckpt-every", "3", "--eval-every", "0", "--no-save", *mode)
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == (["ckpt-rank0.safetensors", "ckpt-rank1.safetensors"] if "tp" in mode else
-                     ["ckpt-rank0.safetensors"])
+    assert files == (["ckpt-rank0.safetensors"] if "single" in mode else
+                     ["ckpt-rank0.safetensors", "ckpt-rank1.safetensors"])
     resumed = _run(gpt, corpus, tmp_path, "--steps", "6", "--resume", "--eval-every", "0", *mode)
     assert resumed["start"] == 3
     assert [resumed["losses"][s] for s in (4, 5, 6)] == [whole["losses"][s] for s in (4, 5, 6)]
     assert resumed["final_val"] == whole["final_val"]
 
 
-def test_strategies_not_built_yet_say_so(gpt, corpus, tmp_path):
-    for name in ("fsdp", "pipeline"):
-        if gpt.STRATEGIES[name].__name__ != "build":
-            continue  # landed: covered by the curve test
-        with pytest.raises(SystemExit, match=f"--parallel {name} is not available yet"):
-            _run(gpt, corpus, tmp_path, "--steps", "1", "--parallel", name)
+def test_fsdp_not_built_yet_says_so(gpt, corpus, tmp_path):
+    with pytest.raises(SystemExit, match="--parallel fsdp is not available yet"):
+        _run(gpt, corpus, tmp_path, "--steps", "1", "--parallel", "fsdp")
 
 
 def test_unigram_baseline_and_batches(gpt):

@@ -23,6 +23,7 @@ from ..nn.attention import CausalSelfAttention
 from ..nn.containers import ModuleList
 from ..nn.layers import GELU, MLP, Dropout, Embedding, LayerNorm, Linear
 from ..nn.module import Module
+from ..nn.parameter import Parameter
 from ..tensor import Tensor
 
 
@@ -126,36 +127,29 @@ class GPT(Module):
             else:
                 init.normal_(p, 0.0, 0.02)
 
-    @staticmethod
-    def _pos(t: int) -> np.ndarray:
-        return np.arange(t, dtype=np.int32)
-
     def forward(self, idx, targets=None) -> Tensor:
-        # Host token ids stay on the host for the embeddings (no readback in their backward) and the targets
-        # (their range is checked there); device tensors work too.
-        if not isinstance(idx, Tensor):
-            idx = np.asarray(idx, dtype=np.int32)
-        if idx.ndim != 2:
-            raise ValueError(f"GPT: expected token ids [batch, seq], got shape {tuple(idx.shape)}")
-        b, t = idx.shape
-        if t > self.cfg.block_size:
-            raise ValueError(f"GPT: a sequence of {t} tokens is longer than the context of {self.cfg.block_size}")
-        x = F_.binary("add", self.wte(idx), self.wpe(self._pos(t)))
-        x = self.drop(x)
+        logits = self.lm_head(self.ln_f(self._trunk(self.embed(idx))))
+        return logits if targets is None else lm_loss(logits, targets)
+
+    def embed(self, idx) -> Tensor:
+        """Token plus position embeddings of int token ids [B, T] (dropout applied)."""
+        return _embed(self.wte, self.wpe, self.drop, self.cfg.block_size, idx)
+
+    def _trunk(self, x: Tensor) -> Tensor:
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        targets = targets.reshape(-1) if isinstance(targets, Tensor) else np.asarray(targets, np.int32).reshape(-1)
-        return F.cross_entropy(F_.reshape(logits, (b * t, -1)), targets)
+        return x
+
+    def pipeline_blocks(self) -> list[Module]:
+        """The model as a chain for pipeline parallelism (``split_module``): the embeddings, each block,
+        then the final LayerNorm with the output layer; the last returns logits (``lm_loss`` is the
+        loss_fn). The output layer still shares the token embedding's weight: a pipeline that puts them
+        on different devices gives the output layer its own copy (``untie``) and sums the two gradients."""
+        return [GPTInput(self), *self.blocks, GPTOutput(self)]
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
-        """AdamW parameter groups as GPT-2 / nanoGPT use them: weight decay on matrices and embeddings
-        (2-d parameters), none on biases and LayerNorm gains."""
-        decay = [p for _, p in self.named_parameters() if p.ndim >= 2]
-        rest = [p for _, p in self.named_parameters() if p.ndim < 2]
-        return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        """AdamW parameter groups as GPT-2 / nanoGPT use them (see ``decay_groups``)."""
+        return decay_groups(self.parameters(), weight_decay)
 
     @no_grad()
     def generate(self, idx: np.ndarray, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
@@ -170,27 +164,97 @@ class GPT(Module):
             top_k: sample only among the k most likely tokens.
             rng: NumPy generator (default: a fresh one).
         """
-        rng = rng or np.random.default_rng()
-        out = np.asarray(idx, dtype=np.int32)
         was_training = self.training
         self.eval()
         try:
-            for _ in range(max_new_tokens):
-                ctx = out[:, -self.cfg.block_size:]
-                logits = self(ctx)[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
-                if top_k is not None:
-                    kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-                    logits = np.where(logits < kth, -np.inf, logits)
-                probs = np.exp(logits - logits.max(-1, keepdims=True))
-                probs /= probs.sum(-1, keepdims=True)
-                nxt = np.array([[rng.choice(len(p), p=p)] for p in probs], dtype=np.int32)
-                out = np.concatenate([out, nxt], axis=1)
+            return sample(self, idx, max_new_tokens, self.cfg.block_size, temperature, top_k, rng)
         finally:
             self.train(was_training)
-        return out
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self.cfg).items())
 
 
-__all__ = ["GPT", "GPTConfig", "Block", "PRESETS", "preset"]
+class GPTInput(Module):
+    """A pipelined GPT's first stage: token ids -> token + position embeddings (the GPT's own modules)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop = gpt.wte, gpt.wpe, gpt.drop
+        self.block_size = gpt.cfg.block_size
+
+    def forward(self, idx) -> Tensor:
+        return _embed(self.wte, self.wpe, self.drop, self.block_size, idx)
+
+
+def _embed(wte: Embedding, wpe: Embedding, drop: Dropout, block_size: int, idx) -> Tensor:
+    # Host token ids stay on the host for the embeddings: no readback in their backward.
+    if not isinstance(idx, Tensor):
+        idx = np.asarray(idx, dtype=np.int32)
+    if idx.ndim != 2:
+        raise ValueError(f"GPT: expected token ids [batch, seq], got shape {tuple(idx.shape)}")
+    t = idx.shape[1]
+    if t > block_size:
+        raise ValueError(f"GPT: a sequence of {t} tokens is longer than the context of {block_size}")
+    return drop(F_.binary("add", wte(idx), wpe(np.arange(t, dtype=np.int32))))
+
+
+class GPTOutput(Module):
+    """A pipelined GPT's last stage: the final LayerNorm and the output layer, giving logits."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.ln_f, self.lm_head = gpt.ln_f, gpt.lm_head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+def untie(output: GPTOutput) -> Parameter:
+    """Give the output layer its own copy of the (tied) embedding weight; returns the new parameter."""
+    w = output.lm_head.weight
+    output.lm_head.weight = Parameter(F_.clone(w.detach()), w.requires_grad)
+    return output.lm_head.weight
+
+
+def lm_loss(logits: Tensor, targets) -> Tensor:
+    """Mean cross entropy of logits [B, T, V] against int targets [B, T] (host arrays or tensors)."""
+    b, t, v = logits.shape
+    if isinstance(targets, Tensor):
+        flat = F_.reshape(targets, (-1,))
+        known = targets._host_range  # the values are the same: so is their range, checked without a readback
+        if known is not None:
+            flat._host_range = known
+    else:
+        flat = np.asarray(targets, dtype=np.int32).reshape(-1)
+    return F.cross_entropy(F_.reshape(logits, (b * t, v)), flat)
+
+
+@no_grad()
+def sample(forward, idx: np.ndarray, max_new_tokens: int, block_size: int, temperature: float = 1.0,
+           top_k: int | None = None, rng: np.random.Generator | None = None) -> np.ndarray:
+    """``GPT.generate`` for any ``forward(token ids [B, T]) -> logits [B, T, V]`` (a pipeline's stages in turn)."""
+    rng = rng or np.random.default_rng()
+    out = np.asarray(idx, dtype=np.int32)
+    for _ in range(max_new_tokens):
+        logits = forward(out[:, -block_size:])[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
+        if top_k is not None:
+            kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+            logits = np.where(logits < kth, -np.inf, logits)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        nxt = np.array([[rng.choice(len(p), p=p)] for p in probs], dtype=np.int32)
+        out = np.concatenate([out, nxt], axis=1)
+    return out
+
+
+def decay_groups(params, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: weight decay on matrices and embeddings (2-d parameters), none on biases
+    and LayerNorm gains (GPT-2, nanoGPT)."""
+    params = list(params)
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+__all__ = ["GPT", "GPTConfig", "Block", "PRESETS", "preset", "GPTInput", "GPTOutput", "untie", "lm_loss",
+           "decay_groups", "sample"]
