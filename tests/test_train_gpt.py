@@ -52,11 +52,11 @@ PARALLEL = ("dp", "tp", "pipeline")
 
 
 def test_parallel_strategies_give_the_same_loss_curve(gpt, corpus, tmp_path):
-    """20 steps with 2 accumulated micro-batches and active clipping on 2 devices: DDP (batch split over the
-    ranks), TP (heads and MLP split, norm over the shards) and the pipeline (one stage per rank, 2
-    micro-batches, tied embedding gradients summed across the stages) follow the single-device curve."""
-    args = ["--steps", "20", "--batch-size", "2", "--grad-accum", "2", "--grad-clip", "0.5", "--eval-every", "0",
-            "--no-save", "--devices", "2"]
+    """20 steps with active clipping on 2 devices: DDP (batch split over the ranks), TP (heads and MLP split,
+    norm over the shards) and the pipeline (one stage per rank, 2 micro-batches, tied embedding gradients
+    summed across the stages) follow the single-device curve."""
+    args = ["--steps", "20", "--batch-size", "2", "--grad-clip", "0.5", "--eval-every", "0", "--no-save",
+            "--devices", "2"]
     curves = {}
     for parallel in ("single", *PARALLEL):
         r = _run(gpt, corpus, tmp_path / parallel, *args, "--parallel", parallel)
@@ -64,6 +64,18 @@ def test_parallel_strategies_give_the_same_loss_curve(gpt, corpus, tmp_path):
     for parallel in PARALLEL:
         np.testing.assert_allclose(curves[parallel], curves["single"], rtol=2e-4, err_msg=parallel)
     assert curves["single"][-1] < curves["single"][0]
+
+
+def test_gradient_accumulation_equals_the_whole_batch(gpt, corpus, tmp_path):
+    """2 accumulated micro-batches of 2 train like one batch of 4 (the same windows), also under DDP, whose
+    first micro-batch accumulates without communicating (no_sync)."""
+    args = ["--steps", "4", "--eval-every", "0", "--no-save", "--devices", "2"]
+    whole = _run(gpt, corpus, tmp_path / "whole", *args, "--batch-size", "4")
+    for parallel in ("single", "dp"):
+        acc = _run(gpt, corpus, tmp_path / parallel, *args, "--batch-size", "2", "--grad-accum", "2",
+                   "--parallel", parallel)
+        np.testing.assert_allclose([acc["losses"][s] for s in range(1, 5)], [whole["losses"][s] for s in range(1, 5)],
+                                   rtol=2e-5, err_msg=parallel)
 
 
 @pytest.mark.parametrize("mode", [["--parallel", "single", "--amp"], ["--parallel", "tp", "--devices", "2"],
