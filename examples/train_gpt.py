@@ -43,7 +43,7 @@ from wgpar.optim import lr_scheduler
 
 # Per preset: micro-batch, steps, peak lr, warm-up steps, eval period, eval batches.
 DEFAULTS = {
-    "tiny": dict(batch_size=8, steps=120, lr=3e-3, warmup=10, eval_every=60, eval_iters=4),
+    "tiny": dict(batch_size=4, steps=120, lr=3e-3, warmup=10, eval_every=60, eval_iters=4),
     "small": dict(batch_size=32, steps=2000, lr=1e-3, warmup=100, eval_every=250, eval_iters=20),
     "gpt2": dict(batch_size=8, steps=5000, lr=6e-4, warmup=200, eval_every=500, eval_iters=20),
 }
