@@ -3,7 +3,7 @@
 // logsumexp, P^T = exp(scale * K Q^T - lse) (keys as rows here):
 //   dV = P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),  dK = scale * dS^T Q.
 // [q_lo, q_hi) are the queries of this dispatch (chunks of a long sequence add up with FLAGS bit 0).
-// Thread layout and padding as attention_fwd.wgsl, with keys in the rows and queries in the columns.
+// Thread layouts and padding as attention_fwd.wgsl, with keys in the rows and queries in the columns.
 {{ENABLE}}
 @group(0) @binding(0) var<storage, read_write> dk: array<vec4<{{TG}}>>;
 @group(0) @binding(1) var<storage, read_write> dv: array<vec4<{{TG}}>>;
@@ -32,13 +32,17 @@ const RK: u32 = {{RK}}u;
 const CQ: u32 = {{CQ}}u;
 const DV: u32 = {{DV}}u;
 const DP: u32 = {{DP}}u;
-const SL: u32 = {{SL}}u;  // ceil(BK * DV / 256)
+const CV: u32 = {{CV}}u;  // dK / dV vec4 columns per thread (layout as attention_fwd.wgsl's output phase)
+const NC: u32 = {{NC}}u;
+const NR: u32 = {{NR}}u;
+const RR: u32 = {{RR}}u;
+const BP: u32 = {{BP}}u;  // BQ + 1
 
 var<workgroup> Ks: array<vec4<f32>, {{KS}}>;   // BK * DP, pre-multiplied by scale
 var<workgroup> Vs: array<vec4<f32>, {{KS}}>;
 var<workgroup> Qs: array<vec4<f32>, {{QS}}>;   // BQ * DP
 var<workgroup> Gs: array<vec4<f32>, {{QS}}>;   // dO rows
-var<workgroup> Ps: array<f32, {{PS}}>;         // BK * BQ
+var<workgroup> Ps: array<f32, {{PS}}>;         // BK * BP
 var<workgroup> dSs: array<f32, {{PS}}>;
 var<workgroup> lse_s: array<f32, {{BQ}}>;
 var<workgroup> dl_s: array<f32, {{BQ}}>;
@@ -71,8 +75,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     Ks[r * DP + c] = kv;
     Vs[r * DP + c] = vv;
   }
-  var acc_k = array<vec4<f32>, SL>();
-  var acc_v = array<vec4<f32>, SL>();
+  let tr = tid / NC;
+  let tc = tid % NC;
+  var acc_k = array<array<vec4<f32>, CV>, RR>();
+  var acc_v = array<array<vec4<f32>, CV>, RR>();
   var start = p.q_lo;
   if (p.causal != 0u) { start = max(start, j0); }  // query i sees key j only if j <= i
   for (var i0 = start; i0 < p.q_hi; i0 = i0 + BQ) {
@@ -125,45 +131,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let c = tx + 16u * j;
         let ok = j0 + r < p.Tk && i0 + c < p.q_hi && (p.causal == 0u || j0 + r <= i0 + c);
         let pv = select(0.0, exp_nan(s[a][j] - lse_s[c]), ok);
-        Ps[r * BQ + c] = pv;
-        dSs[r * BQ + c] = pv * (dp[a][j] - dl_s[c]);
+        Ps[r * BP + c] = pv;
+        dSs[r * BP + c] = pv * (dp[a][j] - dl_s[c]);
       }
     }
     workgroupBarrier();
-    for (var i = 0u; i < SL; i = i + 1u) {
-      let sl = tid + 256u * i;
-      if (sl < BK * DV) {
-        let r = sl / DV;
-        let c = sl % DV;
-        var av = acc_v[i];
-        var ak = acc_k[i];
-        for (var j = 0u; j < BQ; j = j + 1u) {
-          av = av + Ps[r * BQ + j] * Gs[j * DP + c];
-          ak = ak + dSs[r * BQ + j] * Qs[j * DP + c];
+    if (tr < BK) {
+      for (var j = 0u; j < BQ; j = j + 1u) {
+        var gg = array<vec4<f32>, CV>();
+        var qq = array<vec4<f32>, CV>();
+        for (var cb = 0u; cb < CV; cb = cb + 1u) {
+          gg[cb] = Gs[j * DP + tc + NC * cb];
+          qq[cb] = Qs[j * DP + tc + NC * cb];
         }
-        acc_v[i] = av;
-        acc_k[i] = ak;
+        for (var a = 0u; a < RR; a = a + 1u) {
+          let pv = Ps[(tr + NR * a) * BP + j];
+          let ds = dSs[(tr + NR * a) * BP + j];
+          for (var cb = 0u; cb < CV; cb = cb + 1u) {
+            acc_v[a][cb] = acc_v[a][cb] + pv * gg[cb];
+            acc_k[a][cb] = acc_k[a][cb] + ds * qq[cb];
+          }
+        }
       }
     }
   }
   let kob = p.rk_off + b * p.rk_sb + h * p.rk_sh;
   let vob = p.rv_off + b * p.rv_sb + h * p.rv_sh;
-  for (var i = 0u; i < SL; i = i + 1u) {
-    let sl = tid + 256u * i;
-    if (sl < BK * DV) {
-      let r = sl / DV;
-      let c = sl % DV;
+  if (tr < BK) {
+    for (var a = 0u; a < RR; a = a + 1u) {
+      let r = tr + NR * a;
       if (j0 + r < p.Tk) {
-        let ak = kob + (j0 + r) * p.rk_st + c;
-        let av = vob + (j0 + r) * p.rv_st + c;
-        var gk = acc_k[i] * p.scale;
-        var gv = acc_v[i];
-        if ((p.flags & 1u) != 0u) {
-          gk = gk + vec4<f32>(dk[ak]);
-          gv = gv + vec4<f32>(dv[av]);
+        for (var cb = 0u; cb < CV; cb = cb + 1u) {
+          let ak = kob + (j0 + r) * p.rk_st + tc + NC * cb;
+          let av = vob + (j0 + r) * p.rv_st + tc + NC * cb;
+          var gk = acc_k[a][cb] * p.scale;
+          var gv = acc_v[a][cb];
+          if ((p.flags & 1u) != 0u) {
+            gk = gk + vec4<f32>(dk[ak]);
+            gv = gv + vec4<f32>(dv[av]);
+          }
+          dk[ak] = vec4<{{TG}}>(gk);
+          dv[av] = vec4<{{TG}}>(gv);
         }
-        dk[ak] = vec4<{{TG}}>(gk);
-        dv[av] = vec4<{{TG}}>(gv);
       }
     }
   }

@@ -5,7 +5,7 @@
 //   dP = dO V^T,  dS = P * (dP - delta),  dQ = scale * dS K,  delta_i = sum_d dO[i, d] * O[i, d].
 // With FLAGS bit 1 this dispatch also computes delta from dO and O and writes it for the dK/dV kernel
 // (the first key chunk does; later chunks read it); with bit 0 it adds to dq instead of writing
-// (key chunks of a long sequence). Thread layout and padding as attention_fwd.wgsl. A NaN logsumexp
+// (key chunks of a long sequence). Thread layouts and padding as attention_fwd.wgsl. A NaN logsumexp
 // (a forward row that was NaN) gives NaN probabilities, which reach every gradient they touch.
 {{ENABLE}}
 @group(0) @binding(0) var<storage, read_write> dq: array<vec4<{{TG}}>>;
@@ -35,13 +35,17 @@ const RM: u32 = {{RM}}u;
 const CN: u32 = {{CN}}u;
 const DV: u32 = {{DV}}u;
 const DP: u32 = {{DP}}u;
-const SL: u32 = {{SL}}u;
+const CV: u32 = {{CV}}u;  // dQ vec4 columns per thread (layout as attention_fwd.wgsl's output phase)
+const NC: u32 = {{NC}}u;
+const NR: u32 = {{NR}}u;
+const RR: u32 = {{RR}}u;
+const BP: u32 = {{BP}}u;  // BC + 1
 
 var<workgroup> Qs: array<vec4<f32>, {{QS}}>;   // BR * DP, pre-multiplied by scale
 var<workgroup> Gs: array<vec4<f32>, {{QS}}>;   // dO rows
 var<workgroup> Ks: array<vec4<f32>, {{KS}}>;   // BC * DP
 var<workgroup> Vs: array<vec4<f32>, {{KS}}>;
-var<workgroup> dSs: array<f32, {{PS}}>;        // BR * BC
+var<workgroup> dSs: array<f32, {{PS}}>;        // BR * BP
 var<workgroup> lse_s: array<f32, {{BR}}>;
 var<workgroup> dl_s: array<f32, {{BR}}>;
 
@@ -92,7 +96,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     lse_s[tid] = lv;
     dl_s[tid] = dl;
   }
-  var acc = array<vec4<f32>, SL>();
+  let tr = tid / NC;
+  let tc = tid % NC;
+  var acc = array<array<vec4<f32>, CV>, RR>();
   var k_end = p.k_hi;
   if (p.causal != 0u) { k_end = min(k_end, i0 + BR); }
   for (var j0 = p.k_lo; j0 < k_end; j0 = j0 + BC) {
@@ -134,32 +140,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let col = j0 + tx + 16u * j;
         let ok = i0 + r < p.Tq && col < k_end && (p.causal == 0u || col <= i0 + r);
         let pv = select(0.0, exp_nan(s[a][j] - lse_s[r]), ok);
-        dSs[r * BC + tx + 16u * j] = pv * (dp[a][j] - dl_s[r]);
+        dSs[r * BP + tx + 16u * j] = pv * (dp[a][j] - dl_s[r]);
       }
     }
     workgroupBarrier();
-    for (var i = 0u; i < SL; i = i + 1u) {
-      let sl = tid + 256u * i;
-      if (sl < BR * DV) {
-        let r = sl / DV;
-        let c = sl % DV;
-        var a4 = acc[i];
-        for (var j = 0u; j < BC; j = j + 1u) { a4 = a4 + dSs[r * BC + j] * Ks[j * DP + c]; }
-        acc[i] = a4;
+    if (tr < BR) {
+      for (var j = 0u; j < BC; j = j + 1u) {
+        var kk = array<vec4<f32>, CV>();
+        for (var cb = 0u; cb < CV; cb = cb + 1u) { kk[cb] = Ks[j * DP + tc + NC * cb]; }
+        for (var a = 0u; a < RR; a = a + 1u) {
+          let ds = dSs[(tr + NR * a) * BP + j];
+          for (var cb = 0u; cb < CV; cb = cb + 1u) { acc[a][cb] = acc[a][cb] + ds * kk[cb]; }
+        }
       }
     }
   }
   let rb = p.r_off + b * p.r_sb + h * p.r_sh;
-  for (var i = 0u; i < SL; i = i + 1u) {
-    let sl = tid + 256u * i;
-    if (sl < BR * DV) {
-      let r = sl / DV;
-      let c = sl % DV;
+  if (tr < BR) {
+    for (var a = 0u; a < RR; a = a + 1u) {
+      let r = tr + NR * a;
       if (i0 + r < p.Tq) {
-        let at = rb + (i0 + r) * p.r_st + c;
-        var g = acc[i] * p.scale;
-        if ((p.flags & 1u) != 0u) { g = g + vec4<f32>(dq[at]); }
-        dq[at] = vec4<{{TG}}>(g);
+        for (var cb = 0u; cb < CV; cb = cb + 1u) {
+          let at = rb + (i0 + r) * p.r_st + tc + NC * cb;
+          var g = acc[a][cb] * p.scale;
+          if ((p.flags & 1u) != 0u) { g = g + vec4<f32>(dq[at]); }
+          dq[at] = vec4<{{TG}}>(g);
+        }
       }
     }
   }

@@ -6,13 +6,15 @@
 // backward kernels use to recompute the probabilities. wgpar/ops/attention.py fills the sizes.
 //
 // 256 threads. Score phase: thread (ty, tx) = (tid / 16, tid % 16) computes rows ty + 16a (a < RM) x
-// keys tx + 16j (j < CN) of the tile. Output phase: thread tid owns "slots" tid + 256i of the BR x DV
-// output vec4s. Q (pre-multiplied by scale), K and V tiles sit in workgroup memory as f32 vec4 rows
-// padded by one vec4 (so the 16 threads reading 16 different keys hit different banks); K and V share
-// one buffer (V is loaded once the scores are taken). Inputs may be f16 (read as f32, accumulated in
-// f32). A row holding a NaN or +inf score comes out all NaN (PyTorch's softmax does the same), decided
-// by a flag: no inf arithmetic is left to a driver that assumes none; "nothing seen yet" is the finite
-// NEG, and masked entries get probability exactly 0 by a select.
+// keys tx + 16j (j < CN) of the tile. Output phase: thread (tr, tc) = (tid / NC, tid % NC) owns rows
+// tr + NR a (a < RR) x vec4 columns tc + NC b (b < CV) of the BR x D output, so each probability and
+// each V vec4 it loads serves CV, or RR, multiply-adds (register blocking). Q (pre-multiplied by
+// scale), K and V tiles sit in workgroup memory as f32 vec4 rows padded by one vec4 (the 16 threads
+// reading 16 different keys hit different banks), the probabilities as rows padded by one word; K and
+// V share one buffer (V is loaded once the scores are taken). Inputs may be f16 (read as f32,
+// accumulated in f32). A row holding a NaN or +inf score comes out all NaN (PyTorch's softmax does the
+// same), decided by a flag: no inf arithmetic is left to a driver that assumes none; "nothing seen
+// yet" is the finite NEG, and masked entries get probability exactly 0 by a select.
 {{ENABLE}}
 @group(0) @binding(0) var<storage, read_write> o: array<vec4<{{TO}}>>;
 @group(0) @binding(1) var<storage, read_write> lse: array<f32>;
@@ -38,12 +40,16 @@ const RM: u32 = {{RM}}u;
 const CN: u32 = {{CN}}u;
 const DV: u32 = {{DV}}u;  // head_dim / 4
 const DP: u32 = {{DP}}u;  // DV + 1 (padded row)
-const SL: u32 = {{SL}}u;  // output slots per thread: ceil(BR * DV / 256)
+const CV: u32 = {{CV}}u;  // output vec4 columns per thread
+const NC: u32 = {{NC}}u;  // DV / CV threads across the output columns
+const NR: u32 = {{NR}}u;  // 256 / NC threads down the rows
+const RR: u32 = {{RR}}u;  // output rows per thread (BR / NR, or 1 when BR < NR: threads tr >= BR idle)
+const BP: u32 = {{BP}}u;  // BC + 1: a probability row, padded
 const NEG: f32 = -3.4028235e38;
 
 var<workgroup> Qs: array<vec4<f32>, {{QS}}>;   // BR * DP
 var<workgroup> KVs: array<vec4<f32>, {{KS}}>;  // BC * DP
-var<workgroup> Ps: array<f32, {{PS}}>;         // BR * BC probabilities of the tile
+var<workgroup> Ps: array<f32, {{PS}}>;         // BR * BP probabilities of the tile
 var<workgroup> red_m: array<f32, {{RS}}>;      // BR * 16 per-thread row maxima
 var<workgroup> red_l: array<f32, {{RS}}>;      // BR * 16 per-thread row sums
 var<workgroup> m_s: array<f32, {{M2}}>;        // 2 * BR: row max before / after this tile (by parity)
@@ -76,7 +82,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     l_s[tid] = 0.0;
     bad_s[tid] = 0u;
   }
-  var acc = array<vec4<f32>, SL>();
+  let tr = tid / NC;
+  let tc = tid % NC;
+  var acc = array<array<vec4<f32>, CV>, RR>();
   var k_end = p.k_hi;
   if (p.causal != 0u) { k_end = min(k_end, i0 + BR); }  // row i sees keys j <= i
   var par = 0u;
@@ -126,18 +134,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       if (j0 + r < k_end) { val = vec4<f32>(v[vb + (j0 + r) * p.v_st + c]); }
       KVs[r * DP + c] = val;
     }
+    if (tid < BR) {  // the rows' new max, from the 16 threads' partial maxima
+      var mt = m_s[par * BR + tid];
+      for (var t = 0u; t < 16u; t = t + 1u) { mt = max(mt, red_m[tid * 16u + t]); }
+      m_s[(1u - par) * BR + tid] = mt;
+    }
+    workgroupBarrier();
     for (var a = 0u; a < RM; a = a + 1u) {
       let r = ty + 16u * a;
-      var mt = m_s[par * BR + r];
-      for (var t = 0u; t < 16u; t = t + 1u) { mt = max(mt, red_m[r * 16u + t]); }
+      let mt = m_s[(1u - par) * BR + r];
       var sum = 0.0;
       for (var j = 0u; j < CN; j = j + 1u) {
         let pv = select(0.0, exp(s[a][j] - mt), ((okbits[a] >> j) & 1u) != 0u);
-        Ps[r * BC + tx + 16u * j] = pv;
+        Ps[r * BP + tx + 16u * j] = pv;
         sum = sum + pv;
       }
       red_l[r * 16u + tx] = sum;
-      if (tx == 0u) { m_s[(1u - par) * BR + r] = mt; }
     }
     workgroupBarrier();
     if (tid < BR) {
@@ -146,31 +158,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var t = 0u; t < 16u; t = t + 1u) { sum = sum + red_l[tid * 16u + t]; }
       l_s[tid] = l_s[tid] * alpha + sum;
     }
-    for (var i = 0u; i < SL; i = i + 1u) {
-      let sl = tid + 256u * i;
-      if (sl < BR * DV) {
-        let r = sl / DV;
-        let c = sl % DV;
-        var a4 = acc[i] * exp(m_s[par * BR + r] - m_s[(1u - par) * BR + r]);
-        for (var j = 0u; j < BC; j = j + 1u) { a4 = a4 + Ps[r * BC + j] * KVs[j * DP + c]; }
-        acc[i] = a4;
+    if (tr < BR) {
+      for (var a = 0u; a < RR; a = a + 1u) {
+        let r = tr + NR * a;
+        let alpha = exp(m_s[par * BR + r] - m_s[(1u - par) * BR + r]);
+        for (var cb = 0u; cb < CV; cb = cb + 1u) { acc[a][cb] = acc[a][cb] * alpha; }
+      }
+      for (var j = 0u; j < BC; j = j + 1u) {
+        var vv = array<vec4<f32>, CV>();
+        for (var cb = 0u; cb < CV; cb = cb + 1u) { vv[cb] = KVs[j * DP + tc + NC * cb]; }
+        for (var a = 0u; a < RR; a = a + 1u) {
+          let pv = Ps[(tr + NR * a) * BP + j];
+          for (var cb = 0u; cb < CV; cb = cb + 1u) { acc[a][cb] = acc[a][cb] + pv * vv[cb]; }
+        }
       }
     }
     par = 1u - par;
   }
   workgroupBarrier();
   let ob = p.o_off + b * p.o_sb + h * p.o_sh;
-  for (var i = 0u; i < SL; i = i + 1u) {
-    let sl = tid + 256u * i;
-    if (sl < BR * DV) {
-      let r = sl / DV;
-      let c = sl % DV;
+  if (tr < BR) {
+    for (var a = 0u; a < RR; a = a + 1u) {
+      let r = tr + NR * a;
       if (i0 + r < p.Tq) {
         let l = l_s[r];
-        var out = vec4<f32>(0.0);  // a row that sees no key here (a later chunk's keys): weight 0 in the merge
-        if (l > 0.0) { out = acc[i] / l; }
-        if (bad_s[r] != 0u) { out = vec4<f32>(nan_like(l)); }
-        o[ob + (i0 + r) * p.o_st + c] = vec4<{{TO}}>(out);
+        for (var cb = 0u; cb < CV; cb = cb + 1u) {
+          var out = vec4<f32>(0.0);  // a row that sees no key here (a later chunk's keys): weight 0 in the merge
+          if (l > 0.0) { out = acc[a][cb] / l; }
+          if (bad_s[r] != 0u) { out = vec4<f32>(nan_like(l)); }
+          o[ob + (i0 + r) * p.o_st + tc + NC * cb] = vec4<{{TO}}>(out);
+        }
       }
     }
   }

@@ -56,12 +56,36 @@ _path: list[str | None] = [None]  # "fused" / "reference" / None (decide): see f
 
 def shared_bytes(kind: str, t: Tile, dv: int) -> int:
     """Workgroup memory of one kernel (``dv`` = head_dim / 4), as its WGSL declares it."""
-    dp = dv + 1
+    dp, bp = dv + 1, t.cols + 1
     if kind == "fwd":  # Qs, KVs, Ps, red_m + red_l, m_s, l_s, bad_s
-        return 16 * dp * (t.rows + t.cols) + 4 * t.rows * t.cols + 8 * 16 * t.rows + 16 * t.rows
+        return 16 * dp * (t.rows + t.cols) + 4 * t.rows * bp + 8 * 16 * t.rows + 16 * t.rows
     if kind == "dq":  # Qs, Gs, Ks, Vs, dSs, lse_s, dl_s
-        return 16 * dp * 2 * (t.rows + t.cols) + 4 * t.rows * t.cols + 8 * t.rows
-    return 16 * dp * 2 * (t.rows + t.cols) + 8 * t.rows * t.cols + 8 * t.cols  # dkv: + Ps, dSs [keys x queries]
+        return 16 * dp * 2 * (t.rows + t.cols) + 4 * t.rows * bp + 8 * t.rows
+    return 16 * dp * 2 * (t.rows + t.cols) + 8 * t.rows * bp + 8 * t.cols  # dkv: + Ps, dSs [keys x queries]
+
+
+def output_layout(rows: int, dv: int) -> tuple[int, int, int, int]:
+    """(CV, NC, NR, RR) of the output phase: each thread owns RR rows x CV vec4 columns of the rows x dv
+    output (NC threads across, NR = 256 / NC down). Chosen for the fewest workgroup-memory loads per
+    multiply-add ((RR + CV) / (RR CV)) with every thread busy, at most 8 accumulators per thread (or the
+    fewest the tile allows)."""
+    budget = max(8, -(-rows * dv // _THREADS))
+    best = None
+    for cv in (1, 2, 4, 8):
+        nc = dv // cv
+        if dv % cv or nc == 0 or _THREADS % nc:
+            continue
+        nr = _THREADS // nc
+        idle = nr > rows
+        if not idle and rows % nr:
+            continue
+        rr = 1 if idle else rows // nr
+        if rr * cv > budget:
+            continue
+        key = (idle, nr if idle else 0, (rr + cv) / (rr * cv))
+        if best is None or key < best[0]:
+            best = (key, (cv, nc, nr, rr))
+    return best[1]
 
 
 def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int | None = None) -> Tile | None:
@@ -123,14 +147,15 @@ def loop_cost(kind: str, t: Tile, dv: int) -> tuple[int, int]:
     """(per step of the main loop, once) loop iterations of one invocation, counting every loop as
     lavapipe's limiter may (constant-length loops included)."""
     rm, cn = t.rows // 16, t.cols // 16
-    rows_sl = -(-t.rows * dv // _THREADS)
+    cv, _, _, rr = output_layout(t.rows, dv)
     cols_ld = -(-t.cols * dv // _THREADS)
+    out_phase = t.cols * (1 + cv + rr * (1 + cv))
     if kind == "fwd":
-        step = (2 * cols_ld + dv * (1 + cn + rm * (1 + cn)) + rm * (1 + cn) + rm * (18 + cn) + 16
-                + rows_sl * (1 + t.cols))
-        return step, 2 * rows_sl + 4
-    step = cols_ld + dv * (1 + 2 * cn + rm * (1 + 2 * cn)) + rm * (1 + cn) + rows_sl * (1 + t.cols)
-    return step, rows_sl * 2 + dv + 4
+        step = (2 * cols_ld + dv * (1 + cn + rm * (1 + cn)) + rm * (1 + cn) + 16 + rm * (1 + cn) + 16
+                + rr * (1 + cv) + out_phase)
+        return step, -(-t.rows * dv // _THREADS) + rr * (1 + cv) + 4
+    step = cols_ld + dv * (1 + 2 * cn + rm * (1 + 2 * cn)) + rm * (1 + cn) + out_phase
+    return step, 2 * -(-t.rows * dv // _THREADS) + dv + rr * (1 + cv) + 4
 
 
 def chunks(kind: str, t: Tile, dv: int, n: int) -> list[tuple[int, int]]:
@@ -173,10 +198,11 @@ def _vec4_layout(t: Tensor) -> tuple[Tensor, list[int]]:
 
 def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     rm, cn = t.rows // 16, t.cols // 16
+    cv, nc, nr, rr = output_layout(t.rows, dv)
     f16 = "f16" in (dtype, out_dtype)
     fills: dict[str, str | int] = {"ENABLE": "enable f16;" if f16 else "", "T": dtype, "DV": dv, "DP": dv + 1,
-                                   "SL": -(-t.rows * dv // _THREADS), "FNS": load_source("float_fns"),
-                                   "PS": t.rows * t.cols}
+                                   "CV": cv, "NC": nc, "NR": nr, "RR": rr, "BP": t.cols + 1,
+                                   "PS": t.rows * (t.cols + 1), "FNS": load_source("float_fns")}
     if kind == "fwd":
         return fills | {"TO": out_dtype, "BR": t.rows, "BC": t.cols, "RM": rm, "CN": cn, "QS": t.rows * (dv + 1),
                         "KS": t.cols * (dv + 1), "RS": 16 * t.rows, "M2": 2 * t.rows}
@@ -310,4 +336,4 @@ def default_scale(head_dim: int) -> float:
 
 
 __all__ = ["attention_forward", "attention_backward", "supported", "pick", "force_tiles", "force_path", "forced_path",
-           "chunks", "Tile", "default_scale", "NEG"]
+           "chunks", "output_layout", "Tile", "default_scale", "NEG"]
