@@ -82,13 +82,15 @@ def test_fused_gradients_match_finite_differences(causal, rng):
                         lambda q, k, v: _np_attention(q, k, v, causal), arrays, rng)
 
 
-@pytest.mark.parametrize("tiles", [{"fwd": "16x16", "dq": "16x16", "dkv": "16x16"},
-                                   {"fwd": "32x16", "dq": "16x32", "dkv": "32x16"},
-                                   {"fwd": "16x32", "dq": "32x16", "dkv": "16x32"}], ids=str)
+@pytest.mark.parametrize("tiles", [{"fwd": "16x16", "dq": "16x16", "dkv": "16x16", "cv": 2},
+                                   {"fwd": "32x16", "dq": "16x32", "dkv": "32x16", "cv": 4},
+                                   {"fwd": "16x32", "dq": "32x16", "dkv": "16x32", "cv": 1},
+                                   {"fwd": "64x32", "dq": "32x32", "dkv": "32x32", "cv": 2}], ids=str)
 def test_every_tile_shape_matches_torch(tiles, rng):
-    """The tiles a GPU picks (more rows or columns per thread) on the problem lavapipe picks others for."""
+    """The tiles and output layouts a GPU picks (more rows or columns per thread; an H200 runs GPT-2's
+    attention with fwd 64x32, dq and dkv 32x32, 2 columns per thread) on a problem lavapipe picks others for."""
     with A.force_tiles(**tiles):
-        y, ins, ty, tins = _run((1, 2, 45, 8), (1, 2, 45, 8), True, rng, path="fused")
+        y, ins, ty, tins = _run((1, 2, 45, 16), (1, 2, 45, 16), True, rng, path="fused")
     _check(y, ins, ty, tins)
 
 

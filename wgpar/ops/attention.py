@@ -52,6 +52,7 @@ CANDIDATES = (Tile(64, 64), Tile(64, 32), Tile(32, 64), Tile(32, 32), Tile(16, 3
 KINDS = ("fwd", "dq", "dkv")
 _force: dict[str, Tile] = {}
 _path: list[str | None] = [None]  # "fused" / "reference" / None (decide): see force_path
+_force_cv: list[int | None] = [None]  # see force_tiles
 
 
 def shared_bytes(kind: str, t: Tile, dv: int) -> int:
@@ -71,7 +72,7 @@ def output_layout(rows: int, dv: int) -> tuple[int, int, int, int]:
     fewest the tile allows)."""
     budget = max(8, -(-rows * dv // _THREADS))
     best = None
-    for cv in (1, 2, 4, 8):
+    for cv in (_force_cv[0],) if _force_cv[0] else (1, 2, 4, 8):
         nc = dv // cv
         if dv % cv or nc == 0 or _THREADS % nc:
             continue
@@ -80,11 +81,13 @@ def output_layout(rows: int, dv: int) -> tuple[int, int, int, int]:
         if not idle and rows % nr:
             continue
         rr = 1 if idle else rows // nr
-        if rr * cv > budget:
+        if rr * cv > budget and not _force_cv[0]:
             continue
         key = (idle, nr if idle else 0, (rr + cv) / (rr * cv))
         if best is None or key < best[0]:
             best = (key, (cv, nc, nr, rr))
+    if best is None:
+        raise ValueError(f"no output layout with {_force_cv[0]} vec4 columns per thread for {rows} x {dv} vec4s")
     return best[1]
 
 
@@ -109,9 +112,10 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
 
 
 @contextlib.contextmanager
-def force_tiles(**tiles: str) -> Iterator[None]:
-    """Make :func:`pick` use the given tiles (``fwd="32x32", dkv="16x16"``) where they fit (tests, benchmarks)."""
-    prev = dict(_force)
+def force_tiles(cv: int | None = None, **tiles: str) -> Iterator[None]:
+    """Make :func:`pick` use the given tiles (``fwd="32x32", dkv="16x16"``) where they fit, and the output
+    phase ``cv`` vec4 columns per thread (tests and benchmarks: the layouts a GPU's limits choose)."""
+    prev, prev_cv = dict(_force), _force_cv[0]
     try:
         for kind, name in tiles.items():
             if kind not in KINDS:
@@ -120,10 +124,12 @@ def force_tiles(**tiles: str) -> Iterator[None]:
             if rows % 16 or cols % 16 or rows < 16 or cols < 16:
                 raise ValueError(f"tile {name!r}: both sides must be multiples of 16")
             _force[kind] = Tile(rows, cols)
+        _force_cv[0] = cv
         yield
     finally:
         _force.clear()
         _force.update(prev)
+        _force_cv[0] = prev_cv
 
 
 @contextlib.contextmanager
