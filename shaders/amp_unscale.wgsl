@@ -2,17 +2,14 @@
 // in place over one contiguous gradient: g = g * inv_scale, and found[0] becomes 1 if any entry of the
 // gradient as it came in is NaN or infinite (tested on its bits: see float_fns.wgsl). The flag stays
 // on the device; GradScaler reads it once per optimizer step.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> g: array<{{G}}>;
-@group(0) @binding(1) var<storage, read_write> found: array<atomic<u32>>;
-struct Params { numel: u32, off: u32, inv_scale: f32, _p0: u32 }
-@group(0) @binding(2) var<uniform> p: Params;
+// Bindings (g: array of G, found: atomic flags) and Params are declared with the kernel in Python
+// (wgpar/amp/grad_scaler.py).
 
 {{FNS}}
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.numel) { return; }
   let v = f32(g[p.off + i]);
   if (isnan_(v) || isinf_(v)) { atomicOr(&found[0], 1u); }

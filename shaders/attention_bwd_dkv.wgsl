@@ -4,27 +4,7 @@
 //   dV = P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),  dK = scale * dS^T Q.
 // [q_lo, q_hi) are the queries of this dispatch (chunks of a long sequence add up with FLAGS bit 0).
 // Thread layouts and padding as attention_fwd.wgsl, with keys in the rows and queries in the columns.
-{{ENABLE}}
-@group(0) @binding(0) var<storage, read_write> dk: array<vec4<{{TG}}>>;
-@group(0) @binding(1) var<storage, read_write> dv: array<vec4<{{TG}}>>;
-@group(0) @binding(2) var<storage, read> q: array<vec4<{{T}}>>;
-@group(0) @binding(3) var<storage, read> k: array<vec4<{{T}}>>;
-@group(0) @binding(4) var<storage, read> v: array<vec4<{{T}}>>;
-@group(0) @binding(5) var<storage, read> dout: array<vec4<{{T}}>>;
-@group(0) @binding(6) var<storage, read> lse: array<f32>;
-@group(0) @binding(7) var<storage, read> delta: array<f32>;
-struct Params {
-  H: u32, Tq: u32, Tk: u32, causal: u32,
-  q_lo: u32, q_hi: u32, bh0: u32, scale: f32,
-  q_off: u32, q_sb: u32, q_sh: u32, q_st: u32,
-  k_off: u32, k_sb: u32, k_sh: u32, k_st: u32,
-  v_off: u32, v_sb: u32, v_sh: u32, v_st: u32,
-  g_off: u32, g_sb: u32, g_sh: u32, g_st: u32,  // dout
-  rk_off: u32, rk_sb: u32, rk_sh: u32, rk_st: u32,  // dk
-  rv_off: u32, rv_sb: u32, rv_sh: u32, rv_st: u32,  // dv
-  l_off: u32, d_off: u32, flags: u32, _p0: u32,
-}
-@group(0) @binding(8) var<uniform> p: Params;
+// Bindings and Params are declared with the kernel in Python (wgpar/ops/attention.py, _DKV).
 
 const BK: u32 = {{BK}}u;  // keys per workgroup = 16 * RK
 const BQ: u32 = {{BQ}}u;  // queries per tile = 16 * CQ

@@ -7,27 +7,7 @@
 // (the first key chunk does; later chunks read it); with bit 0 it adds to dq instead of writing
 // (key chunks of a long sequence). Thread layouts and padding as attention_fwd.wgsl. A NaN logsumexp
 // (a forward row that was NaN) gives NaN probabilities, which reach every gradient they touch.
-{{ENABLE}}
-@group(0) @binding(0) var<storage, read_write> dq: array<vec4<{{TG}}>>;
-@group(0) @binding(1) var<storage, read_write> delta: array<f32>;
-@group(0) @binding(2) var<storage, read> q: array<vec4<{{T}}>>;
-@group(0) @binding(3) var<storage, read> k: array<vec4<{{T}}>>;
-@group(0) @binding(4) var<storage, read> v: array<vec4<{{T}}>>;
-@group(0) @binding(5) var<storage, read> dout: array<vec4<{{T}}>>;
-@group(0) @binding(6) var<storage, read> o: array<vec4<{{T}}>>;
-@group(0) @binding(7) var<storage, read> lse: array<f32>;
-struct Params {
-  H: u32, Tq: u32, Tk: u32, causal: u32,
-  k_lo: u32, k_hi: u32, bh0: u32, scale: f32,
-  q_off: u32, q_sb: u32, q_sh: u32, q_st: u32,
-  k_off: u32, k_sb: u32, k_sh: u32, k_st: u32,
-  v_off: u32, v_sb: u32, v_sh: u32, v_st: u32,
-  g_off: u32, g_sb: u32, g_sh: u32, g_st: u32,  // dout
-  o_off: u32, o_sb: u32, o_sh: u32, o_st: u32,
-  r_off: u32, r_sb: u32, r_sh: u32, r_st: u32,  // dq
-  l_off: u32, d_off: u32, flags: u32, _p0: u32,
-}
-@group(0) @binding(8) var<uniform> p: Params;
+// Bindings and Params are declared with the kernel in Python (wgpar/ops/attention.py, _DQ).
 
 const BR: u32 = {{BR}}u;
 const BC: u32 = {{BC}}u;

@@ -15,24 +15,9 @@
 // accumulated in f32). A row holding a NaN or +inf score comes out all NaN (PyTorch's softmax does the
 // same), decided by a flag: no inf arithmetic is left to a driver that assumes none; "nothing seen
 // yet" is the finite NEG, and masked entries get probability exactly 0 by a select.
-{{ENABLE}}
-@group(0) @binding(0) var<storage, read_write> o: array<vec4<{{TO}}>>;
-@group(0) @binding(1) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(2) var<storage, read> q: array<vec4<{{T}}>>;
-@group(0) @binding(3) var<storage, read> k: array<vec4<{{T}}>>;
-@group(0) @binding(4) var<storage, read> v: array<vec4<{{T}}>>;
 // Offsets and strides (batch, head, row) in vec4 units; [k_lo, k_hi) the keys of this dispatch (a chunk
 // of Tk when one invocation would loop too long); bh0 the first batch * head of this dispatch.
-struct Params {
-  H: u32, Tq: u32, Tk: u32, causal: u32,
-  k_lo: u32, k_hi: u32, bh0: u32, scale: f32,
-  q_off: u32, q_sb: u32, q_sh: u32, q_st: u32,
-  k_off: u32, k_sb: u32, k_sh: u32, k_st: u32,
-  v_off: u32, v_sb: u32, v_sh: u32, v_st: u32,
-  o_off: u32, o_sb: u32, o_sh: u32, o_st: u32,
-  l_off: u32, _p0: u32, _p1: u32, _p2: u32,
-}
-@group(0) @binding(5) var<uniform> p: Params;
+// Bindings and Params are declared with the kernel in Python (wgpar/ops/attention.py, _FWD).
 
 const BR: u32 = {{BR}}u;  // query rows per workgroup = 16 * RM
 const BC: u32 = {{BC}}u;  // keys per tile = 16 * CN

@@ -2,25 +2,19 @@
 // [rows, classes] with int32 targets, one workgroup per row. BACKWARD=false
 // writes each row's loss (logsumexp - x[target]); BACKWARD=true writes the
 // gradient (softmax - onehot) * g / rows, g read from a device buffer so the
-// backward needs no readback.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> out: array<{{O}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
-@group(0) @binding(2) var<storage, read> labels: array<i32>;
-@group(0) @binding(3) var<storage, read> gout: array<{{G}}>;
-struct Params { rows: u32, cols: u32, off_x: u32, off_t: u32, off_g: u32, _p0: u32, _p1: u32, _p2: u32 }
-@group(0) @binding(4) var<uniform> p: Params;
+// backward needs no readback. Bindings (out: O, x, labels, gout) and Params are declared
+// in wgpar/ops/loss.py.
 
 const BACKWARD: bool = {{BACKWARD}};
-var<workgroup> red: array<f32, 256>;
-var<workgroup> rbad: array<u32, 256>;
+var<workgroup> red: array<f32, WG>;
+var<workgroup> rbad: array<u32, WG>;
 
 {{FNS}}
 // A NaN or +inf logit, or only -inf ones, make the row's loss and gradient NaN (PyTorch's
 // log_softmax gives NaN there): decided by a flag, not left to exp(NaN) and max(NaN, x).
 fn bad1(x: f32) -> bool { return isnan_(x) || bitcast<u32>(x) == 0x7f800000u; }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let row = wid.x + wid.y * nwg.x;
@@ -30,7 +24,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var m = neg_inf;
   var bad = false;
   if (live) {
-    for (var c = lid; c < p.cols; c = c + 256u) {
+    for (var c = lid; c < p.cols; c = c + WG) {
       let v = f32(x[bx + c]);
       bad = bad || bad1(v);
       m = select(max(m, v), m, bad1(v));
@@ -39,7 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   red[lid] = m;
   rbad[lid] = select(0u, 1u, bad);
   workgroupBarrier();
-  for (var s = 128u; s > 0u; s = s >> 1u) {
+  for (var s = WG / 2u; s > 0u; s = s >> 1u) {
     if (lid < s) {
       red[lid] = max(red[lid], red[lid + s]);
       rbad[lid] = rbad[lid] | rbad[lid + s];
@@ -51,11 +45,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   workgroupBarrier();
   var acc = 0.0;
   if (live) {
-    for (var c = lid; c < p.cols; c = c + 256u) { acc = acc + exp(f32(x[bx + c]) - row_max); }
+    for (var c = lid; c < p.cols; c = c + WG) { acc = acc + exp(f32(x[bx + c]) - row_max); }
   }
   red[lid] = acc;
   workgroupBarrier();
-  for (var s = 128u; s > 0u; s = s >> 1u) {
+  for (var s = WG / 2u; s > 0u; s = s >> 1u) {
     if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
     workgroupBarrier();
   }
@@ -65,7 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let qnan = nan_like(row_max);
   if (BACKWARD) {
     let scale = f32(gout[p.off_g]) / f32(p.rows);
-    for (var c = lid; c < p.cols; c = c + 256u) {
+    for (var c = lid; c < p.cols; c = c + WG) {
       let sm = exp(f32(x[bx + c]) - row_max) / total;
       out[row * p.cols + c] = {{O}}(select((sm - select(0.0, 1.0, c == t)) * scale, qnan, nan_row));
     }

@@ -1,11 +1,7 @@
 // Inverted dropout on a contiguous tensor: keep each element with probability
 // 1 - p and scale it by 1 / (1 - p). The mask is a hash of (element index,
-// seed), so the backward pass regenerates it instead of storing it.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> y: array<{{T}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
-struct Params { numel: u32, off_x: u32, seed: u32, threshold: u32, scale: f32, _p0: u32, _p1: u32, _p2: u32 }
-@group(0) @binding(2) var<uniform> p: Params;
+// seed), so the backward pass regenerates it instead of storing it. Bindings (y, x: arrays
+// of T) and Params are declared in wgpar/ops/dropout.py.
 
 // PCG-style integer hash (Jarzynski & Olano, "Hash Functions for GPU Rendering").
 fn pcg(v: u32) -> u32 {
@@ -14,9 +10,9 @@ fn pcg(v: u32) -> u32 {
   return (word >> 22u) ^ word;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.numel) { return; }
   let keep = pcg(i ^ pcg(p.seed)) >= p.threshold;
   // a multiply, not a select: a dropped NaN (or inf) still gives NaN, as in PyTorch (x * mask * scale)

@@ -1,6 +1,6 @@
 // Scalar helper functions shared by the elementwise kernels (elementwise.wgsl, elementwise_block.wgsl),
-// pasted after float_fns.wgsl. The host writes `name_C(...)` in an op's expression and C becomes
-// the compute type, so `relu_C(x0)` calls relu_f32 or relu_i32.
+// pasted after float_fns.wgsl. An op's expression (wgpar/ops/registry.py) writes `name_{T}(...)`
+// and {T} becomes the compute type, so `relu_{T}(x0)` calls relu_f32 or relu_i32.
 //
 // Edge values follow PyTorch and never the driver: NaN propagates through maximum / minimum /
 // clamp / relu / tanh (float_fns.wgsl says why it is tested by its bits), comparisons with a NaN
@@ -116,6 +116,16 @@ fn gelu_tanh_(x: f32) -> f32 {
 fn gelu_tanh_grad_(x: f32) -> f32 {
   let t = tanh_(0.7978845608028654 * (x + 0.044715 * x * x * x));
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x);
+}
+// log(1 + y), accurate for small y (Kahan: the rounding of 1 + y divides out); WGSL has no log1p.
+fn log1p_(y: f32) -> f32 {
+  let u = 1.0 + y;
+  if (u == 1.0) { return y; }
+  return log(u) * (y / (u - 1.0));
+}
+// log(1 + exp(x)) without overflow; above 20, x itself (PyTorch's threshold).
+fn softplus_(x: f32) -> f32 {
+  return select(max(x, 0.0) + log1p_(exp(-abs(x))), x, x > 20.0 || isnan_(x));
 }
 fn sigmoid_(x: f32) -> f32 { return select(1.0 / (1.0 + exp(-x)), x, isnan_(x)); }
 // Some drivers compute tanh as a ratio of exponentials that overflows to NaN, hence the clamp

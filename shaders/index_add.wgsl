@@ -1,16 +1,11 @@
 // Backward of index_select: out[o, r, k] = sum over j with idx[j] == r of g[o, j, k].
 // WGSL has no float atomics, so the host sorts the index into CSR form
 // (csr[0..n] row starts, csr[n+1..] positions j) and each thread owns one output.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> out: array<{{T}}>;
-@group(0) @binding(1) var<storage, read> g: array<{{T}}>;
-@group(0) @binding(2) var<storage, read> csr: array<i32>;
-struct Params { outer: u32, n: u32, inner: u32, count: u32, off_g: u32, _p0: u32, _p1: u32, _p2: u32 }
-@group(0) @binding(3) var<uniform> p: Params;
+// Bindings (out, g, csr) and Params are declared in wgpar/ops/index.py; T is the element type.
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.outer * p.n * p.inner) { return; }
   let k = i % p.inner;
   let r = (i / p.inner) % p.n;

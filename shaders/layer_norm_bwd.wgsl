@@ -2,18 +2,7 @@
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * w,  xhat = (x - mean) * rstd,
 // and, with FLAGS bit 4, dy * xhat (float32), whose column sums the host takes for the weight's
 // gradient (the bias's is the column sum of dy). Threads per row and reductions as in the forward.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> dx: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> gxh: array<f32>;    // dy * xhat (a dummy when not asked for)
-@group(0) @binding(2) var<storage, read> x: array<{{T}}>;
-@group(0) @binding(3) var<storage, read> w: array<{{T}}>;          // the weight (x again when absent)
-@group(0) @binding(4) var<storage, read> dy: array<{{T}}>;
-@group(0) @binding(5) var<storage, read> stats: array<f32>;
-struct Params {
-  rows: u32, cols: u32, off_x: u32, off_w: u32,
-  off_dy: u32, flags: u32, _p0: u32, _p1: u32,  // flags: 1 weight, 4 write dy * xhat
-}
-@group(0) @binding(6) var<uniform> p: Params;
+// Bindings and Params are declared with the kernel in Python (wgpar/ops/layer_norm.py).
 
 const TPR: u32 = {{TPR}}u;
 var<workgroup> red: array<f32, 256>;

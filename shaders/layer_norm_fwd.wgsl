@@ -4,17 +4,7 @@
 // of two the host picks from cols: short rows need no 256-wide reduction tree), each thread striding
 // over its row. Two passes for the variance (mean first). A NaN or inf in a row makes that row NaN
 // through the arithmetic alone (no max or comparison is involved).
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> y: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> stats: array<f32>;  // [mean (rows) | rstd (rows)]
-@group(0) @binding(2) var<storage, read> x: array<{{T}}>;
-@group(0) @binding(3) var<storage, read> w: array<{{T}}>;          // x again when there is no weight
-@group(0) @binding(4) var<storage, read> b: array<{{T}}>;          // x again when there is no bias
-struct Params {
-  rows: u32, cols: u32, off_x: u32, off_w: u32,
-  off_b: u32, flags: u32, eps: f32, _p0: u32,  // flags: 1 weight, 2 bias
-}
-@group(0) @binding(5) var<uniform> p: Params;
+// Bindings and Params are declared with the kernel in Python (wgpar/ops/layer_norm.py).
 
 const TPR: u32 = {{TPR}}u;
 var<workgroup> red: array<f32, 256>;

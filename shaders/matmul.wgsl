@@ -1,18 +1,9 @@
 // Batched C[b] = A[b] @ B[b] with any strides on A and B (so transposed
 // operands need no copy). 64x64 output tile per workgroup of 16x16 threads,
 // each thread owns a 4x4 block spread 16 apart (conflict-free shared reads),
-// K walked in steps of 16 through workgroup memory. Computes in f32.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> c: array<{{TC}}>;
-@group(0) @binding(1) var<storage, read> a: array<{{TA}}>;
-@group(0) @binding(2) var<storage, read> b: array<{{TB}}>;
-struct Params {
-  M: u32, N: u32, K: u32, z0: u32,
-  off_a: u32, off_b: u32, off_c: u32, m0: u32,  // m0, n0: the first tile of a split grid
-  sa_b: i32, sa_m: i32, sa_k: i32, n0: u32,
-  sb_b: i32, sb_k: i32, sb_n: i32, _p2: i32,
-}
-@group(0) @binding({{PARAMS}}) var<uniform> p: Params;
+// K walked in steps of 16 through workgroup memory. Computes in f32. Bindings (c, a, b) and
+// Params (m0, n0: the first tile of a split grid; strides in elements) are declared in
+// wgpar/ops/matmul.py; TC is c's element type.
 
 var<workgroup> As: array<array<f32, 64>, 16>;
 var<workgroup> Bs: array<array<f32, 64>, 16>;

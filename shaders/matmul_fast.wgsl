@@ -2,7 +2,7 @@
 // bounds checks anywhere. wgpar/ops/matmul.py generates the per-variant code
 // and launches this only when M % BM == N % BN == K % BK == 0 and every
 // operand is contiguous along a dimension that allows vec4 loads (A and B
-// either row-major or transposed: the LOAD_* / STORE_* fills differ).
+// either row-major or transposed: the generated LOAD and store code differ).
 //
 // Each workgroup computes a BM x BN tile of C with WM x WN threads; a thread
 // owns TM x TN outputs: TM/4 groups of 4 rows spaced 4*WM apart and TN/4
@@ -12,32 +12,23 @@
 // transposing scalar stores of a row-major A (or transposed B) spread over
 // banks. The next slice is loaded from global memory into registers while
 // the current one is multiplied. Accumulates in f32; A/B/C may be f16.
-{{ENABLE}}
-@group(0) @binding(0) var<storage, read_write> c: array<vec4<{{TC}}>>;
-@group(0) @binding(1) var<storage, read> a: array<vec4<{{TA}}>>;
-@group(0) @binding(2) var<storage, read> b: array<vec4<{{TB}}>>;
-// Offsets, batch strides and leading dimensions in vec4 units.
-struct Params {
-  M: u32, N: u32, K: u32, z0: u32,
-  off_a: u32, off_b: u32, off_c: u32, m0: u32,  // m0, n0 (elements): the first tile of a split grid
-  sa_b: u32, lda: u32, sb_b: u32, ldb: u32,
-  sc_b: u32, ldc: u32, n0: u32, _p2: u32,
-}
-@group(0) @binding({{PARAMS}}) var<uniform> p: Params;
+//
+// Bindings (c, a, b: arrays of vec4) and Params (offsets, batch strides and leading dimensions
+// in vec4 units; m0, n0 in elements: the first tile of a split grid) are declared in
+// wgpar/ops/matmul.py, with the override constants: the tile BM x BN x BK, the WM x WN threads,
+// SA / SB (vec4s per k-row of As / Bs: BM / 4 + 1, BN / 4 + 1), AS_LEN / BS_LEN (the slabs'
+// lengths) and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled).
+var<workgroup> As: array<vec4<f32>, AS_LEN>;
+var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
 
-const SA: u32 = {{SA}}u;  // vec4s per k-row of As (BM / 4 + 1)
-const SB: u32 = {{SB}}u;  // vec4s per k-row of Bs (BN / 4 + 1)
-var<workgroup> As: array<vec4<f32>, {{AS_LEN}}>;
-var<workgroup> Bs: array<vec4<f32>, {{BS_LEN}}>;
-
-@compute @workgroup_size({{WN}}, {{WM}})
+@compute @workgroup_size(WN, WM)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let tx = lid.x;
   let ty = lid.y;
-  let t = ty * {{WN}}u + tx;
+  let t = ty * WN + tx;
   let z = wid.z + p.z0;
-  let row0 = p.m0 + wid.y * {{BM}}u;
-  let col0 = p.n0 + wid.x * {{BN}}u;
+  let row0 = p.m0 + wid.y * BM;
+  let col0 = p.n0 + wid.x * BN;
   let base_a = p.off_a + z * p.sa_b;
   let base_b = p.off_b + z * p.sb_b;
 {{DECL}}
@@ -46,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 {{LOAD}}
   }
 {{PROLOGUE}}
-  for (var k0 = 0u; k0 < p.K; k0 = k0 + {{BK}}u) {
+  for (var k0 = 0u; k0 < p.K; k0 = k0 + BK) {
     // Single buffer: store the slice, barrier, prefetch, multiply, barrier.
     // Double buffer: prefetch, multiply slab `cur`, store into the other slab, one barrier.
     let cur = {{CUR}};
@@ -55,10 +46,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 {{HEAD}}
     {
       // Prefetch the next slice (the last iteration re-reads its own: no branch).
-      let k0 = min(k0 + {{BK}}u, p.K - {{BK}}u);
+      let k0 = min(k0 + BK, p.K - BK);
 {{LOAD}}
     }
-    for (var kk = 0u; kk < {{KSTEPS}}u; kk = kk + 1u) {  // 1 when COMPUTE is unrolled
+    for (var kk = 0u; kk < KSTEPS; kk = kk + 1u) {  // 1 when COMPUTE is unrolled
 {{COMPUTE}}
     }
 {{TAIL}}

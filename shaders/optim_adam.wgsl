@@ -1,32 +1,19 @@
 // One Adam / AdamW step for one parameter, PyTorch's torch.optim.Adam (single-tensor
 // path, decoupled_weight_decay for AdamW) fused into one pass over the parameter and
 // its moments. Bias corrections are folded into neg_step_size and bc2_sqrt on the
-// host. The host fills P (param and state storage type), G (grad storage type) and,
-// for AMSGrad, the max_exp_avg_sq binding (AMS_BINDING) and its update (DENOM_SQ).
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> param: array<{{P}}>;
-@group(0) @binding(1) var<storage, read> grad: array<{{G}}>;
-@group(0) @binding(2) var<storage, read_write> exp_avg: array<{{P}}>;
-@group(0) @binding(3) var<storage, read_write> exp_avg_sq: array<{{P}}>;
-{{AMS_BINDING}}
-struct Params {
-  numel: u32, off_p: u32, off_g: u32, fresh: u32,  // fresh: state just allocated, read it as zeros
-  weight_decay: f32,   // Adam's L2 term, 0 for AdamW
-  decay: f32,          // AdamW's 1 - lr * weight_decay, 1 for Adam
-  one_minus_beta1: f32, beta2: f32,
-  one_minus_beta2: f32, neg_step_size: f32, bc2_sqrt: f32, eps: f32,
-  maximize: u32, _p0: u32, _p1: u32, _p2: u32,
-}
-@group(0) @binding({{PARAMS}}) var<uniform> p: Params;
+// host. Bindings (param, grad, exp_avg, exp_avg_sq and for AMSGrad max_exp_avg_sq) and Params
+// are declared in wgpar/optim/adam.py: fresh (state just allocated, read it as zeros),
+// weight_decay (Adam's L2 term, 0 for AdamW), decay (AdamW's 1 - lr * weight_decay, 1 for Adam).
+// The host fills P (param and state storage type) and DENOM_SQ (AMSGrad's running maximum).
 
 // torch.lerp's two-sided form, so exp_avg rounds as PyTorch's does.
 fn lerp_(a: f32, b: f32, t: f32) -> f32 {
   return select(b - (b - a) * (1.0 - t), a + t * (b - a), t < 0.5);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.numel) { return; }
   let fresh = p.fresh != 0u;
   var w = f32(param[p.off_p + i]);

@@ -1,16 +1,12 @@
 // Row reduction of a contiguous [rows, cols] block: one workgroup reduces one
 // chunk of one row (chunks let a few long rows use many workgroups; a second
-// pass reduces the per-chunk partials). The host fills C (compute type), the
-// storage types, INIT, COMBINE (folds v at column c into acc/ai), FINAL, and LOOP: one
-// element per step, or (cols, offset and chunk multiples of 4; X = vec4<T>) one vec4.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> out: array<{{O}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{X}}>;
-struct Params { rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32, _p0: u32, _p1: u32 }
-@group(0) @binding(2) var<uniform> p: Params;
+// pass reduces the per-chunk partials). Bindings (out, x) and Params are declared in
+// wgpar/ops/reduce.py. The host fills C (compute type), O (the output's storage type),
+// INIT, COMBINE (folds v at column c into acc/ai), FINAL, and LOOP: one element per step,
+// or (cols, offset and chunk multiples of 4; x an array of vec4) one vec4.
 
-var<workgroup> sv: array<{{C}}, 256>;
-var<workgroup> si: array<i32, 256>;
+var<workgroup> sv: array<{{C}}, WG>;
+var<workgroup> si: array<i32, WG>;
 
 {{FNS}}
 
@@ -18,7 +14,7 @@ fn fold(acc: ptr<function, {{C}}>, ai: ptr<function, i32>, v: {{C}}, c: i32) {
   {{COMBINE}}
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let w = wid.x + wid.y * nwg.x;
@@ -35,7 +31,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   sv[lid] = acc;
   si[lid] = ai;
   workgroupBarrier();
-  for (var s = 128u; s > 0u; s = s >> 1u) {
+  for (var s = WG / 2u; s > 0u; s = s >> 1u) {
     if (lid < s) {
       var a = sv[lid];
       var i = si[lid];

@@ -1,11 +1,7 @@
 // Reduction over the middle axis of a contiguous [outer, n, inner] block: one
 // thread per output element walks n, so neighbouring threads read neighbouring
-// memory (coalesced) and no transpose copy is needed. Fills as in reduce.wgsl.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> out: array<{{O}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{T}}>;
-struct Params { outer: u32, n: u32, inner: u32, off: u32, scale: f32, _p0: u32, _p1: u32, _p2: u32 }
-@group(0) @binding(2) var<uniform> p: Params;
+// memory (coalesced) and no transpose copy is needed. Declared in wgpar/ops/reduce.py;
+// fills as in reduce.wgsl.
 
 {{FNS}}
 
@@ -13,9 +9,9 @@ fn fold(acc: ptr<function, {{C}}>, ai: ptr<function, i32>, v: {{C}}, c: i32) {
   {{COMBINE}}
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.outer * p.inner) { return; }
   let o = i / p.inner;
   let k = i % p.inner;

@@ -6,35 +6,31 @@
 // (cols and offsets multiples of 4) X is vec4<T> and each step moves 4 elements.
 // A row holding a NaN or +inf, or only -inf, comes out all NaN, as in PyTorch (inf - inf):
 // that is decided by a flag, not left to exp(NaN), which some drivers return as a number.
-{{F16}}
-@group(0) @binding(0) var<storage, read_write> y: array<{{X}}>;
-@group(0) @binding(1) var<storage, read> x: array<{{X}}>;
-struct Params { rows: u32, cols: u32, off_x: u32, off_y: u32 }  // elements
-@group(0) @binding(2) var<uniform> p: Params;
+// Bindings (y, x: arrays of X) and Params (offsets in elements) are declared in wgpar/ops/reduce.py.
 
-var<workgroup> rm: array<f32, 256>;
-var<workgroup> rs: array<f32, 256>;
-var<workgroup> rbad: array<u32, 256>;
+var<workgroup> rm: array<f32, WG>;
+var<workgroup> rs: array<f32, WG>;
+var<workgroup> rbad: array<u32, WG>;
 
 {{FNS}}
 // A NaN or +inf entry makes the whole row NaN.
 fn bad1(x: f32) -> bool { return isnan_(x) || bitcast<u32>(x) == 0x7f800000u; }
 fn bad4(v: vec4<f32>) -> bool { return bad1(v.x) || bad1(v.y) || bad1(v.z) || bad1(v.w); }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let row = wid.x + wid.y * nwg.x;
   let live = row < p.rows;
-  let bx = (p.off_x + row * p.cols) / {{W}}u;
-  let by = (p.off_y + row * p.cols) / {{W}}u;
-  let n = p.cols / {{W}}u;
+  let bx = (p.off_x + row * p.cols) / W;
+  let by = (p.off_y + row * p.cols) / W;
+  let n = p.cols / W;
   let neg_inf = bitcast<f32>(0xff800000u);  // a running max that saw nothing
   var m = neg_inf;
   var s = 0.0;
   var bad = false;
   if (live) {
-    for (var c = lid; c < n; c = c + 256u) {
+    for (var c = lid; c < n; c = c + WG) {
       let v = {{F}}(x[bx + c]);
       if ({{BAD}}) { bad = true; continue; }
       let mx = {{HMAX}};
@@ -46,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   rs[lid] = s;
   rbad[lid] = select(0u, 1u, bad);
   workgroupBarrier();
-  for (var k = 128u; k > 0u; k = k >> 1u) {
+  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
     if (lid < k) {
       let m1 = rm[lid];
       let m2 = rm[lid + k];
@@ -62,11 +58,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let nan_row = rbad[0] != 0u || !(row_max > neg_inf);  // NaN / +inf seen, or only -inf
   if (live && nan_row) {
     let qnan = nan_like(row_max);
-    for (var c = lid; c < n; c = c + 256u) { y[by + c] = {{X}}({{F}}(qnan)); }
+    for (var c = lid; c < n; c = c + WG) { y[by + c] = {{X}}({{F}}(qnan)); }
   } else if (live) {
     let lse = log(total);
     let inv = 1.0 / total;
-    for (var c = lid; c < n; c = c + 256u) {
+    for (var c = lid; c < n; c = c + WG) {
       let z = {{F}}(x[bx + c]) - row_max;
       y[by + c] = {{X}}(select(exp(z) * inv, z - lse, {{LOG}}));
     }

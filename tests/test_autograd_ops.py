@@ -1,8 +1,8 @@
-"""Every differentiable op's gradient against finite differences (float64 NumPy) and PyTorch."""
+"""Gradients of the ops outside the registry's generated tests (tests/test_registry.py covers every
+registry op): scalar operands, where / clamp, reductions, softmax, matmul, shapes, indexing, nn,
+against finite differences (float64 NumPy) and PyTorch."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -12,64 +12,10 @@ from wgpar.nn import functional as F
 
 from .gradcheck import check
 
-_erf = np.vectorize(math.erf)
-
 
 def _softmax(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
-
-
-UNARY = {
-    "neg": (lambda t: -t, lambda x: -x, None),
-    "abs": (lambda t: t.abs(), np.abs, None),
-    "exp": (lambda t: t.exp(), np.exp, None),
-    "log": (lambda t: t.log(), np.log, "pos"),
-    "sqrt": (lambda t: t.sqrt(), np.sqrt, "pos"),
-    "rsqrt": (lambda t: t.rsqrt(), lambda x: 1 / np.sqrt(x), "pos"),
-    "tanh": (lambda t: t.tanh(), np.tanh, None),
-    "sigmoid": (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x)), None),
-    "relu": (lambda t: t.relu(), lambda x: np.maximum(x, 0), None),
-    "gelu": (lambda t: t.gelu(), lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), None),
-}
-
-
-def _away_from_kinks(x):
-    # abs/relu are not differentiable at 0: keep finite differences off it
-    return np.where(np.abs(x) < 0.05, 0.3, x)
-
-
-@pytest.mark.parametrize("name", sorted(UNARY))
-def test_unary_grad(name, rng):
-    f_w, f_np, domain = UNARY[name]
-    x = _away_from_kinks(rng.standard_normal((3, 7)))
-    if domain == "pos":
-        x = np.abs(x) + 0.5
-    check(f_w, f_np, [x], rng)
-
-
-BINARY = {
-    "add": (lambda a, b: a + b, lambda a, b: a + b),
-    "sub": (lambda a, b: a - b, lambda a, b: a - b),
-    "mul": (lambda a, b: a * b, lambda a, b: a * b),
-    "div": (lambda a, b: a / b, lambda a, b: a / b),
-    "pow": (lambda a, b: a ** b, lambda a, b: a ** b),
-    "maximum": (wgpar.maximum, np.maximum),
-    "minimum": (wgpar.minimum, np.minimum),
-}
-
-
-@pytest.mark.parametrize("name", sorted(BINARY))
-@pytest.mark.parametrize("shapes", [((4, 3), (4, 3)), ((2, 4, 3), (3,)), ((4, 1), (1, 5)), ((1,), (3, 2))])
-def test_binary_grad_broadcast(name, shapes, rng):
-    f_w, f_np = BINARY[name]
-    a = rng.standard_normal(shapes[0])
-    b = rng.standard_normal(shapes[1])
-    if name in ("div", "pow"):
-        a, b = np.abs(a) + 0.5, (np.abs(b) + 0.5 if name == "div" else b)
-    if name in ("maximum", "minimum"):
-        b = b + 0.1  # no ties: the derivative is defined
-    check(f_w, f_np, [a, b], rng)
 
 
 @pytest.mark.parametrize("scalar", [2.5, -1.5])
@@ -180,6 +126,31 @@ def test_dropout_grad_matches_its_mask(rng):
     assert F.dropout(x, 0.3, training=False) is x
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_kernels_and_their_function(rng, reduction):
+    """ops.loss's kernels against NumPy; nn.functional.cross_entropy is their autograd.Function."""
+    from wgpar.autograd.nn_ops import CrossEntropy
+    from wgpar.ops.loss import cross_entropy_grad, cross_entropy_rows
+
+    x = rng.standard_normal((9, 6))
+    t = rng.integers(0, 6, 9)
+    lsm = x - x.max(1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(1, keepdims=True))
+    logits, target = wgpar.tensor(x.astype(np.float32)), wgpar.tensor(t.astype(np.int32))
+    np.testing.assert_allclose(cross_entropy_rows(logits, target).numpy(), -lsm[np.arange(9), t], rtol=1e-5)
+    onehot = np.eye(6)[t]
+    np.testing.assert_allclose(cross_entropy_grad(logits, target, wgpar.full((1,), 2.0)).numpy(),
+                               (np.exp(lsm) - onehot) * 2.0 / 9, rtol=1e-5, atol=1e-7)
+    xs = wgpar.tensor(x.astype(np.float32), requires_grad=True)
+    loss = F.cross_entropy(xs, t, reduction=reduction)
+    assert loss.grad_fn.name == CrossEntropy.name == "cross_entropy"
+    per_row = -lsm[np.arange(9), t]
+    np.testing.assert_allclose(loss.numpy(), {"mean": per_row.mean(), "sum": per_row.sum(), "none": per_row}[reduction],
+                               rtol=1e-5)
+    up = rng.standard_normal(9) if reduction == "none" else np.float64(1.5)
+    loss.backward(wgpar.tensor(np.asarray(up, np.float32)))
+    scale = up[:, None] if reduction == "none" else up / 9 if reduction == "mean" else up
+    np.testing.assert_allclose(xs.grad.numpy(), (np.exp(lsm) - onehot) * scale, rtol=1e-5, atol=1e-6)
 
 
 def test_against_torch_mlp_block(rng):

@@ -243,3 +243,27 @@ def test_traffic_counts_the_bytes_each_rank_moves(ctx):
     for ar, both in ctx.run(f):
         assert ar == {"d2h_bytes": 4 * n, "h2d_bytes": 4 * n, "collectives": 1}
         assert both == {"d2h_bytes": 8 * n, "h2d_bytes": 4 * n + 4 * n * w, "collectives": 2}
+
+
+@pytest.mark.parametrize("method", ["reduce_scatter_into", "all_gather_into"])
+def test_an_async_collective_does_not_keep_its_input_alive(method):
+    """The input is copied when the collective is called: dropping it frees its memory at once, while the
+    collective still waits for another rank (FSDP drops a unit's full gradients right after the call)."""
+    def f(group):
+        d = group.device
+        n = 4096 * group.world_size
+        if group.rank == 1:
+            time.sleep(0.3)  # rank 0's collective waits in the rendezvous meanwhile
+        inp = wgpar.ones(n if method == "reduce_scatter_into" else 4096, device=d)
+        out = wgpar.empty(4096 if method == "reduce_scatter_into" else n, device=d)
+        work = getattr(group, method)(out, inp, async_op=True)
+        before = wgpar.memory_allocated(d)
+        nbytes = inp.nbytes
+        del inp
+        dropped = before - wgpar.memory_allocated(d)
+        pending = not work.is_completed()
+        work.wait()
+        return dropped == nbytes, pending
+
+    results = run_spmd(f, 2, timeout=30)
+    assert results[0] == (True, True)

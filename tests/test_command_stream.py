@@ -20,9 +20,9 @@ mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the func
 def small_limit(dev, monkeypatch):
     """Pretend ``dev`` allows 16 workgroups per grid dimension, so small shapes need split grids."""
     monkeypatch.setattr(dev, "max_workgroups", 16)
-    monkeypatch.setattr(elementwise, "_QUICK", {})  # its entries hold grids made for the real limit
+    monkeypatch.setattr(elementwise, "_PLANS", {})  # its plans hold grids made for the real limit
     yield dev
-    elementwise._QUICK.clear()
+    elementwise._PLANS.clear()
 
 
 def test_ops_split_their_grids_within_the_device_limit(small_limit, rng):
@@ -88,7 +88,6 @@ def test_elementwise_beyond_65535_workgroups_at_the_real_limit(dev):
     assert y.max().item() == 10.0 and y.min().item() == 2.0  # the last element, and none left unwritten
 
 
-@pytest.mark.slow
 def test_matmul_beyond_65535_row_tiles_at_the_real_limit(dev, rng):
     if dev.adapter_type.lower() == "cpu":
         pytest.skip("65537 matmul workgroups take ~30 s on lavapipe; test_matmul_splits_its_grid covers the split")

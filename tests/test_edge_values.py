@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import wgpar
+from wgpar.ops.registry import FLOAT, OPS
 
 F16_MAX = 65504.0
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -114,6 +115,12 @@ _UNARY = {
     "gelu": (_gelu, 1e-5, 1e-7),
 }
 _FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu"}
+# Every other unary op of the registry, by its NumPy reference there (which must then hold on edge values).
+for _op in OPS.values():
+    if _op.api and _op.arity == 1 and _op.name not in _UNARY:
+        _UNARY[_op.name] = (_op.check.ref, max(_op.check.rtol, 1e-5), 1e-7)
+        if _op.types == FLOAT:
+            _FLOAT_ONLY.add(_op.name)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])
@@ -160,6 +167,11 @@ _BINARY = {  # name: (reference on compute values, relative tolerance for float 
 }
 _CMP = {"eq", "ne", "lt", "le", "gt", "ge"}
 _TRUE_DIV = {"div", "pow"}
+for _op in OPS.values():  # every other binary op of the registry, by its NumPy reference there
+    if _op.api and _op.arity == 2 and _op.name not in _BINARY:
+        _BINARY[_op.name] = (_op.check.ref, max(_op.check.rtol, 1e-5))
+        if _op.types == FLOAT:
+            _TRUE_DIV.add(_op.name)
 
 
 def _binary_want(name: str, a: np.ndarray, b: np.ndarray, dtype: str):
@@ -356,3 +368,8 @@ def test_cross_entropy_with_nan_and_infinite_logits():
     got = F.cross_entropy(wgpar.tensor(x), tgt, reduction="none").numpy()
     assert_values(got, want.astype(np.float32), 1e-5, "cross_entropy")
     assert np.isnan(F.cross_entropy(wgpar.tensor(x), tgt).item())
+
+
+def test_every_registry_op_meets_the_edge_values():
+    public = {op.name for op in OPS.values() if op.api}
+    assert public <= set(_UNARY) | set(_BINARY), public - set(_UNARY) - set(_BINARY)

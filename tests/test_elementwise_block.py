@@ -8,6 +8,8 @@ scalar block kernel or the strided kernel and still be right.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -23,8 +25,7 @@ def chosen(dev, monkeypatch):
     real = dev.dispatch
 
     def record(kspec, *args, **kwargs):
-        fills = dict(kspec.fills)
-        seen.append((kspec.family, 4 if "vec4<" in fills.get("BINDINGS", "") else 1))
+        seen.append((kspec.family, 4 if kspec.buffers[0][2].startswith("vec4") else 1))  # bo, the output
         return real(kspec, *args, **kwargs)
 
     monkeypatch.setattr(dev, "dispatch", record)
@@ -179,3 +180,24 @@ def test_in_place_and_out_variants(dev, rng, chosen):
     c = wgpar.tensor(a).to(wgpar.float16) if dev.has_f16 else None
     if c is not None:
         assert_close(c.numpy(), r64(a.astype(np.float16)))
+
+
+def test_one_plan_serves_every_offset_and_scalar(dev, rng):
+    """A cached plan (block or strided) takes the operands' offsets and scalar values per call."""
+    el = sys.modules["wgpar.ops.elementwise"]
+    m = f32(rng, (9, 16))
+    w = wgpar.tensor(m)
+    for r in range(1, 8):  # rows r and r+1: one shape and strides, offsets 16r and 16(r+1)
+        for s in (0.5, -2.0, float(r)):
+            assert_close((w[r:r + 2] * s + w[r - 1:r + 1]).numpy(), r64(m[r:r + 2]) * s + r64(m[r - 1:r + 1]))
+            assert_close((w[r:r + 2].T - s).numpy(), r64(m[r:r + 2]).T - s)  # the strided kernel
+    p = el.plan("sub", [w[1:3].T, 1.0])
+    assert p is el.plan("sub", [w[4:6].T, 2.5]) and not p.block and p.reads == (el.STRIDED, el.SCALAR)
+    q = el.plan("mul", [w[1:3], 0.5])
+    assert q is el.plan("mul", [w[2:4], 1.5]) and q.block and q.vec4 and q.reads == (el.UNITS, el.SCALAR)
+    v = f32(rng, (40,))
+    x = wgpar.tensor(v)
+    for start in (4, 5):  # one plan; a 4-aligned offset takes its vec4 kernel, the other the scalar one
+        assert_close((x[start:start + 32] * 3.0).numpy(), r64(v[start:start + 32]) * 3)
+    widths = {key[1] for key in el.plan("mul", [x[4:36], 3.0]).kernels}
+    assert widths == {True, False}

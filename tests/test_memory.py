@@ -434,3 +434,42 @@ def test_readback_staging_stays_within_max_buffer_size(monkeypatch, rng):
     assert all(b.size <= 700_000 for b in d._staging.values())
     monkeypatch.undo()
     d.empty_cache()
+
+
+def test_memory_limit_refuses_like_a_full_device(rng):
+    """set_memory_limit caps reserved bytes: past it the cache is released and the allocation retried
+    once, then OutOfMemoryError names the limit; the device works on and the limit can be lifted."""
+    d = wgpar.device(12)  # a device of its own: the limit must not touch other tests
+    gc.collect()
+    wgpar.empty_cache(d)
+    held = wgpar.memory_reserved(d)
+    assert wgpar.set_memory_limit(held + (3 << 19), d) is None
+    try:
+        a = wgpar.empty(200_000, device=d)  # 800 KB: fits
+        del a
+        assert stats(d)["cached_bytes"] > 0
+        b = wgpar.empty(150_000, 2, device=d)  # 1.2 MB (a 1.25 MiB block): fits only once the cached block goes back
+        assert stats(d)["cached_bytes"] == 0
+        del b
+        with pytest.raises(wgpar.OutOfMemoryError, match=r"out of memory allocating 4400000 bytes.*memory limit"):
+            wgpar.empty(1_100_000, device=d)
+        x = rng.standard_normal(1000).astype(np.float32)
+        assert_close((wgpar.tensor(x, device=d) * 2).numpy(), 2 * x)
+        with pytest.raises(ValueError, match="number of bytes"):
+            wgpar.set_memory_limit(-1, d)
+    finally:
+        assert wgpar.set_memory_limit(None, d) == held + (3 << 19)
+    big = wgpar.empty(1_100_000, device=d)
+    assert big.nbytes == 4_400_000
+
+
+@pytest.mark.parametrize("raw,want", [("", None), ("4096", 4096), ("512M", 512 << 20), ("2g", 2 << 30),
+                                      ("64K", 64 << 10)])
+def test_memory_limit_env_var(monkeypatch, raw, want):
+    from wgpar.runtime import config
+
+    monkeypatch.setenv("WGPAR_MEMORY_LIMIT", raw)
+    assert config.load().memory_limit == want
+    monkeypatch.setenv("WGPAR_MEMORY_LIMIT", "lots")
+    with pytest.raises(ValueError, match="WGPAR_MEMORY_LIMIT='lots'"):
+        config.load()

@@ -431,3 +431,14 @@ def test_loads_a_torch_optimizer_state(rng, dev):
         opt.step()
     for p, tp in zip(ps, tps):
         assert_close(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_step_refuses_a_freed_parameter_without_gradient():
+    """A parameter whose storage was freed (FSDP replaced it by a shard) never gets a gradient:
+    skipping it would silently train nothing, so step raises."""
+    p = Parameter(wgpar.ones(3, 4))
+    q = Parameter(wgpar.ones(2))
+    opt = optim.SGD([q, p], lr=0.1)
+    p.untyped_storage().free()
+    with pytest.raises(ValueError, match=r"params\[1\] \(shape \(3, 4\)\) has no device memory"):
+        opt.step()

@@ -50,3 +50,21 @@ def test_training_loop_memory_is_flat_and_peak_is_bounded(dev, rng):
     print(f"peak {peak} bytes, need {need} bytes, ratio {peak / need:.2f}")
     assert peak <= 1.5 * need, f"peak {peak} bytes exceeds 1.5x the {need} bytes training needs"
     assert peak >= 4 * 4 * n_params, "peak must at least hold params, grads and Adam state"
+
+
+def test_the_graph_keeps_only_what_gradients_read(rng):
+    """An elementwise node keeps what its gradient expressions read (registry.SAVES) and nothing more:
+    a target that needs no gradient is freed once the caller drops it, before backward (a loss's
+    target no longer lives as long as the graph)."""
+    d = wgpar.device(9)  # its own device: exact counts
+    x = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=d, requires_grad=True)
+    t = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=d)
+    loss = ((x - t) * 3.0).sum()  # sub's gradients read nothing, mul's read the scalar 3.0
+    before = wgpar.memory_stats(d)["allocated_bytes"]
+    t_host = t.numpy()
+    del t
+    gc.collect()
+    assert before - wgpar.memory_stats(d)["allocated_bytes"] == 4000
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.full(1000, 3.0), rtol=0)
+    assert np.isfinite(t_host).all()

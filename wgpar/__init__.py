@@ -6,23 +6,49 @@ README for the two commands, adapter selection and examples.
 
 from __future__ import annotations
 
-from .creation import (arange, empty, from_numpy, full, manual_seed, ones, ones_like, rand, randint, randn,
-                       rng_stream, tensor, zeros, zeros_like)
+from . import amp, autograd, distributed, functional, models, nn, optim
+from .autocast_mode import autocast
+from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .checkpoint import load, save
+from .creation import (
+    arange,
+    empty,
+    from_numpy,
+    full,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randint,
+    randn,
+    rng_stream,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from .dtypes import DType, bool_, float16, float32, int32
-from .errors import (AdapterNotFoundError, BindingLimitError, DeviceMismatchError, OutOfMemoryError,
-                     StorageFreedError, WgparError)
-from .functional import (abs, argmax, argmin, cat, clamp, concatenate, exp, gelu, index_select, log,
-                         log_softmax, matmul, max, maximum, mean, min, minimum, neg, permute, relu, reshape,
-                         rsqrt, sigmoid, softmax, sqrt, stack, sum, tanh, transpose, where)
-from .memory import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved, memory_stats,
-                     reset_peak_memory_stats, synchronize)
+from .errors import (
+    AdapterNotFoundError,
+    BindingLimitError,
+    DeviceMismatchError,
+    OutOfMemoryError,
+    StorageFreedError,
+    WgparError,
+)
+from .functional import *  # noqa: F403  (with the functions generated from the op registry)
+from .memory import (
+    empty_cache,
+    max_memory_allocated,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_peak_memory_stats,
+    set_memory_limit,
+    synchronize,
+)
 from .runtime import Device, adapter_names, device, devices
 from .storage import Storage
 from .tensor import Tensor
-from . import amp, autograd, distributed, models, nn, optim  # noqa: E402  (after Tensor: they build on it)
-from .autocast_mode import autocast  # noqa: E402
-from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
-from .checkpoint import load, save  # noqa: E402
 
 bool = bool_  # noqa: A001  (torch.bool)
 float = float32  # noqa: A001
@@ -35,12 +61,11 @@ __all__ = [
     "tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint",
     "zeros_like", "ones_like", "manual_seed", "rng_stream",
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
-    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache",
-    "matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "maximum", "minimum", "clamp",
-    "index_select", "reshape", "transpose", "permute", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "relu", "gelu", "sum", "mean", "max", "min", "argmax", "argmin",
-    "autograd", "nn", "optim", "distributed", "amp", "autocast", "models", "no_grad", "enable_grad", "is_grad_enabled",
-    "set_grad_enabled", "backward_with_grad",
+    "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
+    *functional.__all__,
+    "autograd", "nn", "optim", "distributed", "amp", "autocast", "models",
+    "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "backward_with_grad",
     "save", "load",
     "OutOfMemoryError", "DeviceMismatchError", "BindingLimitError", "AdapterNotFoundError", "WgparError",
     "StorageFreedError",

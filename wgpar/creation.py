@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .ops import fill
-from .tensor import Tensor, _norm_shape
+from .tensor import Tensor, normalize_shape
 
 _rng_lock = threading.Lock()
 _rng = np.random.default_rng()
@@ -76,7 +76,7 @@ def from_numpy(arr: np.ndarray, device=None) -> Tensor:
 def _factory(shape, value, dtype, device, requires_grad) -> Tensor:
     dtype = _dt.as_dtype(dtype)
     _check_requires_grad(requires_grad, dtype)
-    t = fill(_norm_shape(shape), value, dtype, device)
+    t = fill(normalize_shape(shape), value, dtype, device)
     t.requires_grad = bool(requires_grad)
     return t
 
@@ -108,7 +108,7 @@ def ones_like(t: Tensor, dtype=None) -> Tensor:
 
 
 def empty(*shape, dtype=_dt.float32, device=None) -> Tensor:
-    return Tensor.empty(_norm_shape(shape), dtype, device)
+    return Tensor.empty(normalize_shape(shape), dtype, device)
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
@@ -131,14 +131,14 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
 def rand(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1), drawn on the host from the seeded generator."""
     with _rng_lock:
-        data = generator().random(_norm_shape(shape), dtype=np.float32)
+        data = generator().random(normalize_shape(shape), dtype=np.float32)
     return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
 def randn(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples, drawn on the host from the seeded generator."""
     with _rng_lock:
-        data = generator().standard_normal(_norm_shape(shape), dtype=np.float32)
+        data = generator().standard_normal(normalize_shape(shape), dtype=np.float32)
     return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -156,6 +156,6 @@ def randint(low, high=None, size=(), device=None) -> Tensor:
         raise ValueError(f"randint: the range [{low}, {high}) must be non-empty and lie within int32 "
                          f"[{-(2**31)}, {2**31})")
     with _rng_lock:
-        data = generator().integers(low, high, size=_norm_shape(size if isinstance(size, (tuple, list)) else (size,)),
-                                    dtype=np.int64)
+        shape = normalize_shape(size if isinstance(size, (tuple, list)) else (size,))
+        data = generator().integers(low, high, size=shape, dtype=np.int64)
     return Tensor.from_numpy(data, device=device)

@@ -1,9 +1,15 @@
-"""Top-level functions mirroring PyTorch/NumPy names (``wgpar.exp(x)``, ``wgpar.cat([...])``)."""
+"""Top-level functions mirroring PyTorch/NumPy names (``wgpar.exp(x)``, ``wgpar.cat([...])``).
+
+Every public elementwise op of the registry (ops/registry.py) has its function here, generated;
+the others are written out below.
+"""
 
 from __future__ import annotations
 
 from .autograd import functions as ops
-from .tensor import Tensor, _axis
+from .autograd.methods import function
+from .ops.registry import OPS
+from .tensor import Tensor, dim_arg
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -26,19 +32,11 @@ def stack(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
 
 
 def softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
-    return ops.softmax(x, _axis(axis, dim), log=False)
+    return ops.softmax(x, dim_arg(axis, dim), log=False)
 
 
 def log_softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
-    return ops.softmax(x, _axis(axis, dim), log=True)
-
-
-def maximum(a, b) -> Tensor:
-    return ops.binary("maximum", a, b)
-
-
-def minimum(a, b) -> Tensor:
-    return ops.binary("minimum", a, b)
+    return ops.softmax(x, dim_arg(axis, dim), log=True)
 
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
@@ -61,22 +59,9 @@ def permute(x: Tensor, dims) -> Tensor:
     return ops.permute(x, dims)
 
 
-def _unary(name: str):
-    def f(x: Tensor) -> Tensor:
-        return ops.unary(name, x)
-
-    f.__name__ = name
-    f.__doc__ = f"Elementwise {name}."
-    return f
-
-
-neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu = (
-    _unary(n) for n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu"))
-
-
 def _reduction(name: str):
     def f(x: Tensor, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
-        return ops.reduce(name, x, _axis(axis, dim), bool(keepdims if keepdim is None else keepdim))
+        return ops.reduce(name, x, dim_arg(axis, dim), bool(keepdims if keepdim is None else keepdim))
 
     f.__name__ = name
     f.__doc__ = f"{name} over an axis, a tuple of axes, or all elements."
@@ -86,3 +71,9 @@ def _reduction(name: str):
 
 
 sum, mean, max, min, argmax, argmin = (_reduction(n) for n in ("sum", "mean", "max", "min", "argmax", "argmin"))
+
+GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)
+globals().update({op.api: function(op) for op in OPS.values() if op.api and op.function})
+
+__all__ = ["matmul", "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
+           "reshape", "transpose", "permute", "sum", "mean", "max", "min", "argmax", "argmin", *GENERATED]

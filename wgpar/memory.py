@@ -27,6 +27,22 @@ def reset_peak_memory_stats(device=None) -> None:
     _adapters.resolve(device).allocator.reset_peak()
 
 
+def set_memory_limit(nbytes: int | None, device=None) -> int | None:
+    """Let ``device`` reserve at most ``nbytes`` of buffers (cache included); None lifts the limit.
+
+    Past the limit an allocation behaves as on a device that has only that much memory: the cache
+    is released and the allocation retried once, then OutOfMemoryError. Buffers already held stay.
+    ``WGPAR_MEMORY_LIMIT`` sets a limit for every device as it is created.
+
+    Arguments:
+        nbytes: the limit in bytes, or None.
+        device: a Device, an index or ``"wgpu:1"`` (default device 0).
+
+    Returns the previous limit (None if there was none).
+    """
+    return _adapters.resolve(device).allocator.set_limit(nbytes)
+
+
 def empty_cache(device=None) -> int:
     """Give cached, unused buffers back to wgpu (all initialised devices when device is None)."""
     devs = _adapters.initialized_devices() if device is None else [_adapters.resolve(device)]

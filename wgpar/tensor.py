@@ -2,7 +2,8 @@
 
 Views (reshape, transpose, permute, slicing, expand) share storage and only
 change shape, strides and offset; kernels read any strides, so no op copies
-a view unless it must. Operators and methods forward to ``wgpar.ops``.
+a view unless it must. Methods and operators forward to the differentiable ops of wgpar.autograd
+through one hook (``install_ops``): this module imports nothing above it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _norm_shape(shape: Iterable[Any]) -> Shape:
+def normalize_shape(shape: Iterable[Any]) -> Shape:
+    """A shape given as ints or one sequence of ints, checked (non-negative ints) and made a tuple."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
     out = []
@@ -68,8 +70,8 @@ class Tensor:
     def empty(cls, shape: Sequence[int], dtype: DType | str = _dt.float32, device=None) -> Tensor:
         dtype = _dt.as_dtype(dtype)
         dev = _adapters.resolve(device)
-        shape = _norm_shape(shape)
-        _check_dtype_supported(dtype, dev)
+        shape = normalize_shape(shape)
+        check_dtype_supported(dtype, dev)
         return cls(Storage(dev, dtype, math.prod(shape)), shape)
 
     @classmethod
@@ -105,7 +107,7 @@ class Tensor:
         return self._shape
 
     def size(self, dim: int | None = None):
-        return self._shape if dim is None else self._shape[_wrap_dim(dim, self.ndim)]
+        return self._shape if dim is None else self._shape[wrap_dim(dim, self.ndim)]
 
     @property
     def dtype(self) -> DType:
@@ -136,7 +138,7 @@ class Tensor:
         return self._strides
 
     def stride(self, dim: int | None = None):
-        return self._strides if dim is None else self._strides[_wrap_dim(dim, self.ndim)]
+        return self._strides if dim is None else self._strides[wrap_dim(dim, self.ndim)]
 
     @property
     def nbytes(self) -> int:
@@ -178,15 +180,11 @@ class Tensor:
     # -- autograd -------------------------------------------------------------------------
     def backward(self, grad: Tensor | None = None, retain_graph: bool = False) -> None:
         """Accumulate gradients of this tensor into the ``.grad`` of every leaf it depends on."""
-        from .autograd.engine import backward
-
-        backward([self], [grad], retain_graph=retain_graph)
+        _ops.backward([self], [grad], retain_graph=retain_graph)
 
     def retain_grad(self) -> Tensor:
         """Keep ``.grad`` on this non-leaf tensor after backward."""
-        from .autograd.engine import retain_grad
-
-        retain_grad(self)
+        _ops.retain_grad(self)
         return self
 
     def detach(self) -> Tensor:
@@ -237,7 +235,7 @@ class Tensor:
         self._grad_hooks.append(hook)
 
     def __deepcopy__(self, memo) -> Tensor:
-        out = ops.clone(self.detach())
+        out = _ops.clone(self.detach())
         out.requires_grad = self.requires_grad
         return out
 
@@ -299,11 +297,11 @@ class Tensor:
             device, dtype = None, device
         out = self
         if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
-            out = ops.cast(out, _dt.as_dtype(dtype))
+            out = _ops.cast(out, _dt.as_dtype(dtype))
         if device is not None:
             dev = _adapters.resolve(device)
             if dev is not out.device:
-                out = ops.to_device(out, dev)
+                out = _ops.to_device(out, dev)
         return out
 
     def float(self) -> Tensor:
@@ -326,234 +324,83 @@ class Tensor:
 
     # -- shape ----------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
-        return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        return _ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     view = reshape
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        return ops.flatten(self, start_dim, end_dim)
+        return _ops.flatten(self, start_dim, end_dim)
 
     def permute(self, *axes) -> Tensor:
-        return ops.permute(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
+        return _ops.permute(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
-        return ops.transpose(self, dim0, dim1)
+        return _ops.transpose(self, dim0, dim1)
 
     @property
     def T(self) -> Tensor:
-        return ops.permute(self, tuple(reversed(range(self.ndim))))
+        return _ops.permute(self, tuple(reversed(range(self.ndim))))
 
     @property
     def mT(self) -> Tensor:
-        return ops.transpose(self, -2, -1)
+        return _ops.transpose(self, -2, -1)
 
     def contiguous(self) -> Tensor:
-        return ops.contiguous(self)
+        return _ops.contiguous(self)
 
     def clone(self) -> Tensor:
-        return ops.clone(self)
+        return _ops.clone(self)
 
     def expand(self, *shape) -> Tensor:
-        return ops.expand(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        return _ops.expand(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     def squeeze(self, dim=None) -> Tensor:
-        return ops.squeeze(self, dim)
+        return _ops.squeeze(self, dim)
 
     def unsqueeze(self, dim: int) -> Tensor:
-        return ops.unsqueeze(self, dim)
+        return _ops.unsqueeze(self, dim)
 
     def __getitem__(self, key) -> Tensor:
-        return ops.getitem(self, key)
+        return _ops.getitem(self, key)
 
     def __setitem__(self, key, value) -> None:
-        ops.setitem(self, key, value)
+        _ops.setitem(self, key, value)
 
     def index_select(self, dim: int, index) -> Tensor:
-        return ops.index_select(self, dim, index)
+        return _ops.index_select(self, dim, index)
 
-    # -- arithmetic -----------------------------------------------------------------------
-    def __add__(self, o):
-        return ops.binary("add", self, o)
-
-    def __radd__(self, o):
-        return ops.binary("add", o, self)
-
-    def __sub__(self, o):
-        return ops.binary("sub", self, o)
-
-    def __rsub__(self, o):
-        return ops.binary("sub", o, self)
-
-    def __mul__(self, o):
-        return ops.binary("mul", self, o)
-
-    def __rmul__(self, o):
-        return ops.binary("mul", o, self)
-
-    def __truediv__(self, o):
-        return ops.binary("div", self, o)
-
-    def __rtruediv__(self, o):
-        return ops.binary("div", o, self)
-
-    def __floordiv__(self, o):
-        return ops.binary("floordiv", self, o)
-
-    def __rfloordiv__(self, o):
-        return ops.binary("floordiv", o, self)
-
-    def __mod__(self, o):
-        return ops.binary("mod", self, o)
-
-    def __rmod__(self, o):
-        return ops.binary("mod", o, self)
-
-    def floor_divide(self, o):
-        return ops.binary("floordiv", self, o)
-
-    def remainder(self, o):
-        return ops.binary("mod", self, o)
-
-    def __pow__(self, o):
-        return ops.binary("pow", self, o)
-
-    def __rpow__(self, o):
-        return ops.binary("pow", o, self)
-
-    def __neg__(self):
-        return ops.unary("neg", self)
-
+    # -- arithmetic: the registry's ops (add, exp, __add__, add_, ...) are installed by autograd.methods --
     def __pos__(self):
         return self
 
-    def __abs__(self):
-        return ops.unary("abs", self)
-
     def __matmul__(self, o):
-        return ops.matmul(self, o)
+        return _ops.matmul(self, o)
 
     def __rmatmul__(self, o):
-        return ops.matmul(o, self)
+        return _ops.matmul(o, self)
 
-    def __eq__(self, o):  # type: ignore[override]
-        return ops.binary("eq", self, o)
-
-    def __ne__(self, o):  # type: ignore[override]
-        return ops.binary("ne", self, o)
-
-    def __lt__(self, o):
-        return ops.binary("lt", self, o)
-
-    def __le__(self, o):
-        return ops.binary("le", self, o)
-
-    def __gt__(self, o):
-        return ops.binary("gt", self, o)
-
-    def __ge__(self, o):
-        return ops.binary("ge", self, o)
-
-    __hash__ = object.__hash__
-
-    def __iadd__(self, o):
-        return ops.inplace("add", self, o)
-
-    def __isub__(self, o):
-        return ops.inplace("sub", self, o)
-
-    def __imul__(self, o):
-        return ops.inplace("mul", self, o)
-
-    def __itruediv__(self, o):
-        return ops.inplace("div", self, o)
-
-    def add(self, o, alpha=1):
-        return ops.binary("add", self, o if alpha == 1 else o * alpha)
-
-    def sub(self, o, alpha=1):
-        return ops.binary("sub", self, o if alpha == 1 else o * alpha)
-
-    def mul(self, o):
-        return ops.binary("mul", self, o)
-
-    def div(self, o):
-        return ops.binary("div", self, o)
-
-    def pow(self, o):
-        return ops.binary("pow", self, o)
-
-    def maximum(self, o):
-        return ops.binary("maximum", self, o)
-
-    def minimum(self, o):
-        return ops.binary("minimum", self, o)
+    __hash__ = object.__hash__  # __eq__ (installed) is elementwise; identity hashing stays
 
     def matmul(self, o):
-        return ops.matmul(self, o)
+        return _ops.matmul(self, o)
 
     def clamp(self, min=None, max=None):
-        return ops.clamp(self, min, max)
+        return _ops.clamp(self, min, max)
 
     clip = clamp
 
     # in place, for optimizers and initialisation
-    def add_(self, o, alpha=1):
-        return ops.inplace("add", self, o if alpha == 1 else o * alpha)
-
-    def sub_(self, o, alpha=1):
-        return ops.inplace("sub", self, o if alpha == 1 else o * alpha)
-
-    def mul_(self, o):
-        return ops.inplace("mul", self, o)
-
-    def div_(self, o):
-        return ops.inplace("div", self, o)
-
-    def pow_(self, o):
-        return ops.inplace("pow", self, o)
-
     def clamp_(self, min=None, max=None):
-        return ops.copy_(self, ops.clamp(self, min, max))
+        return _ops.copy_(self, _ops.clamp(self, min, max))
 
     def copy_(self, src):
-        return ops.copy_(self, src)
+        return _ops.copy_(self, src)
 
     def fill_(self, value):
-        return ops.fill_(self, value)
+        return _ops.fill_(self, value)
 
     def zero_(self):
-        return ops.fill_(self, 0)
-
-    # -- unary ----------------------------------------------------------------------------
-    def neg(self):
-        return ops.unary("neg", self)
-
-    def abs(self):
-        return ops.unary("abs", self)
-
-    def exp(self):
-        return ops.unary("exp", self)
-
-    def log(self):
-        return ops.unary("log", self)
-
-    def sqrt(self):
-        return ops.unary("sqrt", self)
-
-    def rsqrt(self):
-        return ops.unary("rsqrt", self)
-
-    def tanh(self):
-        return ops.unary("tanh", self)
-
-    def sigmoid(self):
-        return ops.unary("sigmoid", self)
-
-    def relu(self):
-        return ops.unary("relu", self)
-
-    def gelu(self):
-        return ops.unary("gelu", self)
+        return _ops.fill_(self, 0)
 
     # -- reductions -----------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
@@ -562,31 +409,32 @@ class Tensor:
         An int32 (or bool) tensor sums to int32, which wraps around on overflow, exactly modulo 2**32
         (wgpar has no int64, unlike PyTorch's int sums); sum ``x.float()`` where totals may pass 2**31.
         """
-        return ops.reduce("sum", self, _axis(axis, dim), _keep(keepdims, keepdim))
+        return _ops.reduce("sum", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return ops.reduce("mean", self, _axis(axis, dim), _keep(keepdims, keepdim))
+        return _ops.reduce("mean", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def max(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return ops.reduce("max", self, _axis(axis, dim), _keep(keepdims, keepdim))
+        return _ops.reduce("max", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def min(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return ops.reduce("min", self, _axis(axis, dim), _keep(keepdims, keepdim))
+        return _ops.reduce("min", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def argmax(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return ops.reduce("argmax", self, _axis(axis, dim), _keep(keepdims, keepdim))
+        return _ops.reduce("argmax", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def argmin(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        return ops.reduce("argmin", self, _axis(axis, dim), _keep(keepdims, keepdim))
+        return _ops.reduce("argmin", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def softmax(self, axis=-1, *, dim=None):
-        return ops.softmax(self, _axis(axis, dim), log=False)
+        return _ops.softmax(self, dim_arg(axis, dim), log=False)
 
     def log_softmax(self, axis=-1, *, dim=None):
-        return ops.softmax(self, _axis(axis, dim), log=True)
+        return _ops.softmax(self, dim_arg(axis, dim), log=True)
 
 
-def _axis(axis, dim):
+def dim_arg(axis, dim):
+    """The axis of a call that may name it ``axis`` (NumPy) or ``dim`` (PyTorch)."""
     if dim is not None:
         if axis is not None and axis != -1:
             raise TypeError("pass either axis= or dim=, not both")
@@ -594,11 +442,13 @@ def _axis(axis, dim):
     return axis
 
 
-def _keep(keepdims, keepdim):
+def keepdim_arg(keepdims, keepdim) -> bool:
+    """Whether to keep reduced dims, named ``keepdims`` (NumPy) or ``keepdim`` (PyTorch)."""
     return bool(keepdims if keepdim is None else keepdim)
 
 
-def _wrap_dim(dim: int, ndim: int) -> int:
+def wrap_dim(dim: int, ndim: int) -> int:
+    """``dim`` (negative counts from the end) as an index into ``ndim`` dimensions; IndexError if outside."""
     if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
         raise TypeError(f"dimension must be an int, got {dim!r}")
     n = max(ndim, 1)
@@ -607,7 +457,8 @@ def _wrap_dim(dim: int, ndim: int) -> int:
     return int(dim) % n
 
 
-def _check_dtype_supported(dtype: DType, dev: Device) -> None:
+def check_dtype_supported(dtype: DType, dev: Device) -> None:
+    """Raise TypeError if ``dev`` cannot hold ``dtype`` (float16 needs the shader-f16 feature)."""
     if dtype is _dt.float16 and not dev.has_f16:
         raise TypeError(f"{dev} has no shader-f16 feature: float16 tensors are not supported there")
 
@@ -620,5 +471,20 @@ def check_same_device(*tensors: Tensor, op: str) -> Device:
     return tensors[0].device
 
 
-# Methods call the differentiable ops (which import Tensor from this module).
-from .autograd import functions as ops  # noqa: E402
+class _NotInstalled:
+    """Stands for the differentiable ops until wgpar.autograd installs them (``install_ops``)."""
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"Tensor: {name} needs wgpar.autograd, which has not been imported (import wgpar)")
+
+
+_ops: Any = _NotInstalled()
+
+
+def install_ops(namespace: Any) -> None:
+    """Route Tensor's methods through ``namespace``: the differentiable ops, ``backward`` and
+    ``retain_grad``. wgpar.autograd calls this once, at import; it is how this module, a layer below
+    autograd, reaches it without importing it (the registry's methods and operators are installed
+    on Tensor the same way, by autograd/methods.py)."""
+    global _ops
+    _ops = namespace

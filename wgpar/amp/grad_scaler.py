@@ -14,7 +14,6 @@ keeping the scale on the device would only add a copy per step.
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import threading
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ from .. import ops
 from ..autograd import functions as F
 from ..autograd.grad_mode import no_grad
 from ..optim.optimizer import Optimizer
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, load_source, pack, spec
+from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 
 
@@ -41,10 +40,11 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
-@functools.lru_cache(maxsize=8)
+_UNSCALE = Kernel("amp_unscale", "g: w, found: w", "numel: u32, off: u32, inv_scale: f32")
+
+
 def _kernel(gt: str) -> KernelSpec:
-    return spec("amp_unscale", ("w", "w"), F16="enable f16;" if gt == "f16" else "", G=gt,
-                FNS=load_source("float_fns"))
+    return _UNSCALE.spec((gt, "atomic<u32>"), G=gt, FNS=load_source("float_fns"))
 
 
 class GradScaler:
@@ -230,7 +230,8 @@ def _unscale(g: Tensor, flag: Tensor, inv_scale: float) -> None:
     dev = target.device
     n = target.numel()
     dev.dispatch(_kernel(target.dtype.storage), [target._storage.buffer, flag._storage.buffer],
-                 pack(n, target._offset, F32(inv_scale), 0), grid(-(-n // WORKGROUP), dev.max_workgroups))
+                 _UNSCALE.pack(numel=n, off=target._offset, inv_scale=inv_scale),
+                 grid(-(-n // WORKGROUP), dev.max_workgroups))
     if target is not g:
         ops.copy_(g, target)
     g._storage.version += 1

@@ -30,7 +30,10 @@ class Function:
     returning one gradient (or None) per forward argument; call ``MyFn.apply(*args)``.
 
     In-place changes to a tensor saved with ``ctx.save_for_backward`` are caught at backward.
+    ``name`` names the graph node in errors (default: the class name).
     """
+
+    name: str | None = None
 
     @staticmethod
     def forward(ctx: Context, *args, **kwargs) -> Tensor:
@@ -63,4 +66,4 @@ class Function:
                                        f"of shape {a.shape}")
             return grads
 
-        return record(cls.__name__, out, args, bw, ctx.saved_tensors)
+        return record(cls.name or cls.__name__, out, args, bw, ctx.saved_tensors)

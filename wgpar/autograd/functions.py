@@ -1,7 +1,8 @@
 """Differentiable versions of the kernel ops: each runs the raw op and records its backward.
 
-Tensor methods and wgpar's top-level functions call these; backward closures
-call the raw ops in wgpar.ops, so they record nothing themselves.
+Tensor methods (through wgpar.tensor's hook, with ``backward`` and ``retain_grad``) and wgpar's
+top-level functions call these; backward closures call the raw ops in wgpar.ops, so they record
+nothing themselves.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import math
 from .. import dtypes as _dt
 from .. import ops as raw
 from ..autocast_mode import get_autocast_dtype, is_autocast_enabled
-from ..ops.index import _as_index, index_add_rows, index_what
+from ..ops.index import as_index, index_add_rows, index_what
+from ..ops.registry import GRADS, SAVES
 from ..ops.shape import stack_dim
-from ..tensor import Tensor, _wrap_dim
-from .engine import record
+from ..tensor import Tensor, wrap_dim
+from .engine import backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
 
@@ -55,143 +57,64 @@ def autocast_full(t):
 _FULL_UNARY = frozenset({"exp", "log", "rsqrt"})
 
 
-# -- elementwise ------------------------------------------------------------------------------
-def binary(op: str, a, b) -> Tensor:
-    if op == "pow" and is_autocast_enabled():
-        a, b = autocast_full(a), autocast_full(b)
-    out = raw.binary(op, a, b)
-    if not (is_grad_enabled() and (_needs(a) or _needs(b))) or not out.dtype.is_float:
-        return out
-    y = out.detach()  # saved without its node: out -> node -> closure -> out would be a reference cycle
-    sa = a.shape if isinstance(a, Tensor) else ()
-    sb = b.shape if isinstance(b, Tensor) else ()
-
-    def ga(g):
-        return unbroadcast(g, sa) if _needs(a) else None
-
-    def gb(g):
-        return unbroadcast(g, sb) if _needs(b) else None
-
-    if op == "add":
-        bw = lambda g: (ga(g), gb(g))  # noqa: E731
-        saved = ()
-    elif op == "sub":
-        bw = lambda g: (ga(g), unbroadcast(raw.unary("neg", g), sb) if _needs(b) else None)  # noqa: E731
-        saved = ()
-    elif op == "mul":
-        def bw(g):
-            return (unbroadcast(raw.binary("mul", g, b), sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, a), sb) if _needs(b) else None)
-        saved = [x for x in (a, b) if isinstance(x, Tensor)]
-    elif op == "div":
-        def bw(g):
-            gq = raw.binary("div", g, b)
-            return (unbroadcast(gq, sa) if _needs(a) else None,
-                    unbroadcast(raw.unary("neg", raw.binary("mul", gq, y)), sb) if _needs(b) else None)
-        saved = [x for x in (b, y) if isinstance(x, Tensor)]
-    elif op == "pow":
-        def bw(g):
-            ra = rb = None
-            if _needs(a):  # b * a ** (b - 1)
-                bm1 = b - 1.0 if not isinstance(b, Tensor) else raw.binary("sub", b, 1.0)
-                ra = unbroadcast(raw.binary("mul", g, raw.binary("mul", b, raw.binary("pow", a, bm1))), sa)
-            if _needs(b):  # a ** b * log(a)
-                log_a = math.log(a) if not isinstance(a, Tensor) else raw.unary("log", a)
-                rb = unbroadcast(raw.binary("mul", g, raw.binary("mul", y, log_a)), sb)
-            return ra, rb
-        saved = [x for x in (a, b, y) if isinstance(x, Tensor)]
-    elif op in ("maximum", "minimum"):
-        def bw(g):
-            # PyTorch's rule: each side gets g, halved on ties, zeroed where it lost. A NaN pair is
-            # neither a tie nor a loss for either side, so both get g (the NaN came from somewhere).
-            def mask(cmp):
-                return raw.cast(raw.binary(cmp, a, b), g.dtype)
-
-            half = raw.binary("mul", mask("eq"), 0.5)
-            wa = raw.binary("sub", raw.binary("sub", 1.0, mask("lt" if op == "maximum" else "gt")), half)
-            wb = raw.binary("sub", raw.binary("sub", 1.0, mask("gt" if op == "maximum" else "lt")), half)
-            return (unbroadcast(raw.binary("mul", g, wa), sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, wb), sb) if _needs(b) else None)
-        saved = [x for x in (a, b) if isinstance(x, Tensor)]
-    elif op == "mod":  # a - floor(a / b) * b
-        def bw(g):
-            return (unbroadcast(g, sa) if _needs(a) else None,
-                    unbroadcast(raw.binary("mul", g, raw.unary("neg", raw.binary("floordiv", a, b))), sb)
-                    if _needs(b) else None)
-        saved = [x for x in (a, b) if isinstance(x, Tensor)]
-    else:
-        return out  # comparisons, floordiv: the gradient is zero (almost everywhere)
-    return record(op, out, [a, b], bw, saved)
-
-
-_UNARY_BW = {
-    "neg": lambda x, y, g: raw.unary("neg", g),
-    "abs": lambda x, y, g: raw.binary("mul", g, raw.unary("sign", x)),
-    "exp": lambda x, y, g: raw.binary("mul", g, y),
-    "log": lambda x, y, g: raw.binary("div", g, x),
-    "sqrt": lambda x, y, g: raw.binary("div", raw.binary("mul", g, 0.5), y),
-    "rsqrt": lambda x, y, g: raw.binary("mul", g, raw.binary("mul", raw.binary("pow", y, 3.0), -0.5)),
-    "tanh": lambda x, y, g: raw.binary("tanh_bwd", y, g),
-    "sigmoid": lambda x, y, g: raw.binary("sigmoid_bwd", y, g),
-    "relu": lambda x, y, g: raw.binary("relu_bwd", x, g),
-    "gelu": lambda x, y, g: raw.binary("gelu_bwd", x, g),
-    "gelu_tanh": lambda x, y, g: raw.binary("gelu_tanh_bwd", x, g),
-}
-_SAVES_INPUT = {"abs", "log", "relu", "gelu", "gelu_tanh"}
-
-
+# -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
 def unary(op: str, a: Tensor) -> Tensor:
     if op in _FULL_UNARY and is_autocast_enabled():
         a = autocast_full(a)
-    out = raw.unary(op, a)
-    if op not in _UNARY_BW or not (is_grad_enabled() and _needs(a)) or not out.dtype.is_float:
-        return out
-    fn = _UNARY_BW[op]
-    y = out.detach()  # no reference cycle through the node
-    saved = [a] if op in _SAVES_INPUT else ([y] if op not in ("neg",) else [])
-    return record(op, out, [a], lambda g: (fn(a, y, g),), saved)
+    return _elementwise(op, raw.unary(op, a), (a,))
+
+
+def binary(op: str, a, b) -> Tensor:
+    if op == "pow" and is_autocast_enabled():
+        a, b = autocast_full(a), autocast_full(b)
+    return _elementwise(op, raw.binary(op, a, b), (a, b))
 
 
 def where(cond: Tensor, a, b) -> Tensor:
-    out = raw.where(cond, a, b)
-    if not (is_grad_enabled() and (_needs(a) or _needs(b))):
-        return out
-    sa = a.shape if isinstance(a, Tensor) else ()
-    sb = b.shape if isinstance(b, Tensor) else ()
-
-    def bw(g):
-        return (None,
-                unbroadcast(raw.where(cond, g, 0.0), sa) if _needs(a) else None,
-                unbroadcast(raw.where(cond, 0.0, g), sb) if _needs(b) else None)
-
-    return record("where", out, [cond, a, b], bw, [cond])
+    return _elementwise("where", raw.where(cond, a, b), (cond, a, b))
 
 
 def clamp(a: Tensor, min=None, max=None) -> Tensor:
     out = raw.clamp(a, min, max)
-    if not (is_grad_enabled() and (_needs(a) or _needs(min) or _needs(max))):
+    if min is None:
+        return _elementwise("clamp_max", out, (a, max), "clamp")
+    if max is None:
+        return _elementwise("clamp_min", out, (a, min), "clamp")
+    return _elementwise("clamp", out, (a, min, max))
+
+
+def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None) -> Tensor:
+    """Record ``out = op(*operands)``: each operand that needs a gradient gets one fused kernel of its
+    gradient expression (registry.GRADS), summed down to its shape. The node keeps only what those
+    expressions read (registry.SAVES; its tensors saved, so an in-place change to one before backward
+    raises): an operand or output they do not read is freed as soon as nothing else uses it."""
+    for x in operands:  # the common case first, and cheaply: nothing to differentiate
+        if isinstance(x, Tensor) and x.requires_grad:
+            break
+    else:
         return out
+    grads = GRADS.get(op)
+    if grads is None or not is_grad_enabled() or not out.dtype.is_float:
+        return out
+    # y without its node: out -> node -> closure -> out would be a reference cycle
+    kept = {v: out.detach() if v == "y" else operands[int(v[1])] for v in SAVES[op]}
+    needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in operands)
+    shapes = tuple(x.shape if isinstance(x, Tensor) else () for x in operands)
 
-    def bw(g):  # PyTorch's rule: a gets g where min <= a <= max (so 0 at a NaN), a bound where it was taken
-        below = raw.binary("lt", a, min) if min is not None else None
-        above = raw.binary("gt", a, max) if max is not None else None
-        ga = gmin = gmax = None
-        if _needs(a):
-            ga = g
-            if min is not None:
-                ga = raw.where(raw.binary("ge", a, min), ga, 0.0)
-            if max is not None:
-                ga = raw.where(raw.binary("le", a, max), ga, 0.0)
-        if _needs(min):  # with min > max the result is max: min gets nothing
-            took = below if max is None else raw.binary("mul", below, raw.binary("lt", min, max))
-            gmin = unbroadcast(raw.where(took, g, 0.0), min.shape)
-        if _needs(max):
-            took = above if min is None else raw.binary("add", above, raw.binary("lt", max, min))
-            gmax = unbroadcast(raw.where(took, g, 0.0), max.shape)
-        return ga, gmin, gmax
+    def bw(g, mask=None):  # mask: a split backward computes each operand's gradient in its own half
+        result = []
+        for k, kernel in enumerate(grads):
+            if kernel is None or not needs[k] or (mask is not None and not mask[k]):
+                result.append(None)
+            elif kernel == "g":
+                result.append(unbroadcast(g, shapes[k]))
+            else:
+                args = [g if v == "g" else kept[v] for v in kernel.operands]
+                result.append(unbroadcast(raw.run_map(kernel.op, args), shapes[k]))
+        return tuple(result)
 
-    # Tensor bounds are saved too: changing one in place before backward would move the gradient.
-    return record("clamp", out, [a, min, max], bw, [x for x in (a, min, max) if isinstance(x, Tensor)])
+    saved = [t for t in kept.values() if isinstance(t, Tensor)]
+    return record(name or op, out, operands, bw, saved, partial=True)
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
@@ -261,7 +184,7 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def permute(a: Tensor, axes) -> Tensor:
     out = raw.permute(a, axes)
-    axes = [_wrap_dim(x, a.ndim) for x in axes]
+    axes = [wrap_dim(x, a.ndim) for x in axes]
     inv = [0] * len(axes)
     for i, x in enumerate(axes):
         inv[x] = i
@@ -311,9 +234,9 @@ def getitem(a: Tensor, key) -> Tensor:
 
 
 def _advanced_getitem(a: Tensor, key) -> Tensor:
-    from ..ops.index import _expand_key
+    from ..ops.index import expand_key
 
-    items = _expand_key(key, a.ndim)
+    items = expand_key(key, a.ndim)
     basic, pos, index = [], None, None
     d_out = 0
     for k in items:
@@ -330,10 +253,10 @@ def _advanced_getitem(a: Tensor, key) -> Tensor:
 
 def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | None = None) -> Tensor:
     """``raw.index_select`` (``negative`` and ``op`` as there) with its backward, a scatter-add of rows."""
-    d = _wrap_dim(dim, a.ndim)
+    d = wrap_dim(dim, a.ndim)
     n = a.shape[d]
     if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
-        index = _as_index(index, a.device, n, index_what(a, d, op), negative)
+        index = as_index(index, a.device, n, index_what(a, d, op), negative)
     out = raw.index_select(a, d, index, negative, op)
     # The index is saved: changing it in place before backward would send the gradient to other rows.
     return record(op or "index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),), [index])
@@ -344,7 +267,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
     out = raw.cat(tensors, dim)
     if not (is_grad_enabled() and any(_needs(t) for t in tensors)):
         return out
-    d = _wrap_dim(dim, tensors[0].ndim)
+    d = wrap_dim(dim, tensors[0].ndim)
     sizes = [t.shape[d] for t in tensors]
 
     def bw(g):
@@ -369,8 +292,8 @@ def _reduced_axes(a: Tensor, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(a.ndim))
     if isinstance(axis, (tuple, list)):
-        return tuple(sorted(_wrap_dim(x, a.ndim) for x in axis))
-    return (_wrap_dim(axis, a.ndim),)
+        return tuple(sorted(wrap_dim(x, a.ndim) for x in axis))
+    return (wrap_dim(axis, a.ndim),)
 
 
 def _keep_shape(a: Tensor, axes) -> tuple[int, ...]:
@@ -411,7 +334,7 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
     out = raw.softmax(a, axis, log)
     if not (is_grad_enabled() and _needs(a)):
         return out
-    ax = _wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
+    ax = wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
     y = out.detach()
 
     def bw(g):
@@ -451,3 +374,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return ga, gb
 
     return record("matmul", out, [a, b], bw, [a, b], partial=True)
+
+
+__all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
+           "setitem", "reshape", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
+           "index_select", "cat", "stack", "reduce", "softmax", "matmul", "unbroadcast", "backward", "retain_grad"]

@@ -6,18 +6,33 @@ one process; ``mpi``: ranks are processes started by mpiexec); ``launch.py``
 runs a per-rank program on every rank (``run_spmd``, ``init_process_group``);
 ``context.py`` is the single-controller MultiAdapterContext over the threaded
 backend. Everything above (AllReduceSync, DataParallel, the differentiable
-collectives in ``functional``, tensor parallelism in ``tensor_parallel/``, the
+collectives in ``functional``, FSDP in ``fsdp/``, tensor parallelism in ``tensor_parallel/``, the
 pipeline in ``pipeline/``) uses the ProcessGroup
 interface only, so it runs unchanged on any backend.
 """
 
-from . import functional, pipeline
+from . import fsdp, functional, pipeline
 from .allreduce import AllReduceSync
 from .backends.mpi import MPIGroup
 from .backends.threads import ThreadGroup, ThreadRank
 from .context import MultiAdapterContext
 from .data_parallel import DataParallel, DistributedDataParallel, broadcast_module, replicate
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
+from .fsdp import (
+    FSDP,
+    FSDPModule,
+    HostAdam,
+    HostAdamW,
+    HostSGD,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardingStrategy,
+    full_state_dict,
+    fully_shard,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+    sharded_state_dict,
+)
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
 from .launch import RankWorkers, default_backend, init_process_group, run_spmd
 from .pipeline import (
@@ -53,4 +68,7 @@ __all__ = ["ProcessGroup", "Work", "wait_all", "REDUCE_OPS", "run_spmd", "init_p
            "RowParallelLinear", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "parallelize_module", "MLP",
            "ParallelMLP", "CausalSelfAttention", "ParallelCausalSelfAttention", "GridGroups", "tensor_data_grid",
            "pipeline", "PipelineSchedule", "PipelineExecutor", "PipelineStage", "Schedule", "ScheduleError",
-           "split_module", "pipeline_mesh"]
+           "split_module", "pipeline_mesh",
+           "fsdp", "FSDP", "FSDPModule", "fully_shard", "ShardingStrategy", "MixedPrecisionPolicy",
+           "OffloadPolicy", "HostSGD", "HostAdam", "HostAdamW", "full_state_dict", "sharded_state_dict",
+           "save_sharded_checkpoint", "load_sharded_checkpoint"]

@@ -44,9 +44,9 @@ def _own_part(x: Tensor, group: ProcessGroup, dim: int, sizes: list[int]) -> Ten
 
 
 def _dim(x: Tensor, dim: int) -> int:
-    from ..tensor import _wrap_dim
+    from ..tensor import wrap_dim
 
-    return _wrap_dim(dim, x.ndim)
+    return wrap_dim(dim, x.ndim)
 
 
 class _AllReduce(Function):

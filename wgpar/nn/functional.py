@@ -11,9 +11,10 @@ from ..autocast_mode import is_autocast_enabled
 from ..autograd import functions as F
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled
+from ..autograd.nn_ops import CrossEntropy, Dropout
 from ..ops.elementwise import contiguous as _raw_contiguous
-from ..ops.index import _as_index, index_add_rows
-from ..runtime.kernels import F32, WORKGROUP, grid, load_source, pack, spec
+from ..ops.index import as_index, index_add_rows
+from ..ops.loss import class_targets
 from ..tensor import Tensor, check_same_device
 
 
@@ -61,19 +62,6 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return F.softmax(x, dim, log=True)
 
 
-def _dropout_kernel(x: Tensor, p: float, seed: int) -> Tensor:
-    src = _raw_contiguous(x)
-    out = Tensor.empty(x.shape, x.dtype, x.device)
-    n = x.numel()
-    if n:
-        threshold = min(int(p * 2**32), 2**32 - 1)
-        k = spec("dropout", ("w", "r"), F16="enable f16;" if x.dtype is _dt.float16 else "", T=x.dtype.storage)
-        x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          pack(n, src._offset, seed, threshold, F32(1.0 / (1.0 - p)), 0, 0, 0),
-                          grid(-(-n // WORKGROUP), x.device.max_workgroups))
-    return out
-
-
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero each element with probability p (a fresh mask per call, seeded by wgpar.manual_seed)."""
     if not 0.0 <= p <= 1.0:
@@ -84,11 +72,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         return F.binary("mul", x, 0.0)
     if not x.dtype.is_float:
         raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
-    seed = int(creation.generator().integers(0, 2**32))
-    out = _dropout_kernel(x, p, seed)
-    if not (is_grad_enabled() and x.requires_grad):
-        return out
-    return record("dropout", out, [x], lambda g: (_dropout_kernel(g, p, seed),))
+    return Dropout.apply(x, p, int(creation.generator().integers(0, 2**32)))
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
@@ -101,7 +85,7 @@ def embedding(indices, weight: Tensor) -> Tensor:
         return F.index_select(weight, 0, indices, op="embedding")
     host = np.asarray(indices)
     n = weight.shape[0]
-    idx = _as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
+    idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
     out = raw.index_select(weight, 0, idx, op="embedding")
     if not (is_grad_enabled() and weight.requires_grad):
         return out
@@ -181,44 +165,6 @@ def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
     raise ValueError(f"{what}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _ce_kernel(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
-    rows, cols = logits.shape
-    backward = gout is not None
-    out_dt = logits.dtype if backward else _dt.float32
-    out = Tensor.empty((rows, cols) if backward else (rows,), out_dt, logits.device)
-    g = gout if backward else target  # an unused binding still needs a buffer
-    f16 = _dt.float16 in (logits.dtype, out_dt, g.dtype)
-    k = spec("cross_entropy", ("w", "r", "r", "r"), F16="enable f16;" if f16 else "", O=out_dt.storage,
-             T=logits.dtype.storage, G=g.dtype.storage, BACKWARD="true" if backward else "false",
-             FNS=load_source("float_fns"))
-    logits.device.dispatch(
-        k, [out._storage.buffer, logits._storage.buffer, target._storage.buffer, g._storage.buffer],
-        pack(rows, cols, logits._offset, target._offset, g._offset, 0, 0, 0),
-        grid(rows, logits.device.max_workgroups))
-    return out
-
-
-def _targets(target, scores: Tensor, op: str) -> Tensor:
-    """Class targets [N] for scores [N, C] as int32, each checked to lie in [0, C) before narrowing.
-
-    Negative targets are errors (PyTorch's ignore_index is not supported).
-    """
-    if isinstance(target, Tensor):
-        if target.dtype.is_float:
-            raise TypeError(f"{op}: targets must be integer class indices, got {target.dtype.name}")
-        check_same_device(scores, target, op=op)
-        shape = target.shape
-    else:
-        target = np.asarray(target)
-        shape = target.shape
-    n, c = scores.shape
-    if shape != (n,):
-        raise ValueError(f"{op}: targets of shape {shape} for scores of shape {scores.shape}")
-    if n and c == 0:
-        raise ValueError(f"{op}: scores of shape {scores.shape} have no classes")
-    return _as_index(target, scores.device, c, f"{op} with {c} classes", noun="target")
-
-
 def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
     """Softmax cross entropy of logits [N, C] against int class targets [N] (one fused kernel).
 
@@ -230,34 +176,10 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         raise ValueError(f"cross_entropy: expected logits of shape [N, C], got {input.shape}")
     if not input.dtype.is_float:
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
-    tgt = _targets(target, input, "cross_entropy")
-    input = F.autocast_full(input)
-    n = input.shape[0]
-    logits = _raw_contiguous(input)
-    tgt = _raw_contiguous(tgt)
-    per_row = _ce_kernel(logits, tgt, None)
-    if reduction == "none":
-        if not (is_grad_enabled() and input.requires_grad):
-            return per_row
-        ones = creation.ones(1, device=input.device)
-
-        def bw_none(g):  # the kernel's gradient carries 1/n; rescale each row by n * g[row]
-            return (raw.binary("mul", _ce_kernel(logits, tgt, ones), raw.binary("mul", raw.unsqueeze(g, 1), float(n))),)
-
-        return record("cross_entropy", per_row, [input], bw_none, [input, tgt])
-    if reduction not in ("mean", "sum"):
+    if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    loss = raw.reduce(reduction, per_row)
-    if loss.dtype is not input.dtype:
-        loss = raw.cast(loss, input.dtype)
-    if not (is_grad_enabled() and input.requires_grad):
-        return loss
-
-    def bw(g):
-        grad = _ce_kernel(logits, tgt, g)  # (softmax - onehot) * g / n
-        return (grad if reduction == "mean" else raw.binary("mul", grad, float(n)),)
-
-    return record("cross_entropy", loss, [input], bw, [input, tgt])  # the kernel reads the targets again
+    tgt = class_targets(target, input, "cross_entropy")
+    return CrossEntropy.apply(F.autocast_full(input), tgt, reduction)
 
 
 def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
@@ -265,7 +187,7 @@ def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
     if log_probs.ndim != 2:
         raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
     n, c = log_probs.shape
-    tgt = _targets(target, log_probs, "nll_loss")
+    tgt = class_targets(target, log_probs, "nll_loss")
     log_probs = F.autocast_full(log_probs)
     # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
     rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)

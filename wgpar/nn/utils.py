@@ -2,70 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable
 
 from .. import dtypes as _dt
 from .. import ops
 from ..autograd.grad_mode import no_grad
+from ..ops.norm import norm_finish, norm_partials, scale_by_coefficient_
 from ..runtime import adapters as _adapters
 from ..runtime.device import Device
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, load_source, pack, spec
 from ..tensor import Tensor
-
-_CHUNK = 16 * WORKGROUP  # elements per workgroup in the first pass (at least)
-_MAX_GROUPS = 1024  # per gradient; longer gradients get longer chunks
-
-
-def _ord_text(norm_type: float) -> tuple[str, str, str]:
-    """(TERM, JOIN, ROOT) WGSL expressions for the norm's order."""
-    if math.isinf(norm_type):
-        return "a", "max_nan(x, y)", "raw"  # a NaN gradient gives a NaN norm, as in PyTorch
-    term = {1.0: "a", 2.0: "a * a"}.get(norm_type, "select(select(pow(a, p.ord), 0.0, a == 0.0), a, isnan_(a))")
-    root = {1.0: "raw", 2.0: "sqrt(raw)"}.get(norm_type, "pow(raw, p.inv_ord)")
-    root = f"select({root}, raw, isnan_(raw))"  # pow / sqrt of a NaN are up to the driver
-    return term, "x + y", root
-
-
-@functools.lru_cache(maxsize=64)
-def _kernels(gt: str, norm_type: float) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
-    term, join, root = _ord_text(norm_type)
-    f16 = "enable f16;" if gt == "f16" else ""
-    fns = load_source("float_fns")
-    return (spec("optim_norm", ("w", "r"), F16=f16, G=gt, TERM=term, JOIN=join, FNS=fns),
-            spec("optim_norm_final", ("w", "r"), JOIN=join, ROOT=root, FNS=fns),
-            spec("optim_scale", ("w", "r"), F16=f16, G=gt))
-
-
-def _fold(dev: Device, grads: list[Tensor], norm_type: float) -> Tensor:
-    """Fold ``grads`` (on ``dev``) into partial powers-sums (or maxima), one float per workgroup."""
-    plan = []
-    total = 0
-    for g in grads:
-        n = g.numel()
-        chunk = max(_CHUNK, -(-n // _MAX_GROUPS))
-        groups = -(-n // chunk)
-        plan.append((g, chunk, groups, total))
-        total += groups
-    partial = Tensor.empty((total,), _dt.float32, dev)
-    for g, chunk, groups, base in plan:
-        k = _kernels(g.dtype.storage, norm_type)[0]
-        dev.dispatch(k, [partial._storage.buffer, g._storage.buffer],
-                     pack(g.numel(), g._offset, base, chunk, F32(norm_type if math.isfinite(norm_type) else 1.0),
-                          0, 0, 0), grid(groups, dev.max_workgroups))
-    return partial
-
-
-def _finish(partial: Tensor, max_norm: float, norm_type: float) -> Tensor:
-    """[norm, clip coefficient, folded partials] from partials, on their device."""
-    dev = partial.device
-    out = Tensor.empty((3,), _dt.float32, dev)
-    k = _kernels("f32", norm_type)[1]
-    inv = 1.0 / norm_type if math.isfinite(norm_type) else 1.0
-    dev.dispatch(k, [out._storage.buffer, partial._storage.buffer],
-                 pack(partial.numel(), 0, F32(max_norm), F32(inv)), (1, 1))
-    return out
 
 
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
@@ -108,26 +54,22 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         by_dev.setdefault(f.device, []).append(f)
     dev0 = flats[0].device
     if len(by_dev) == 1:
-        summary = _finish(_fold(dev0, flats, norm_type), max_norm, norm_type)
+        summary = norm_finish(norm_partials(dev0, flats, norm_type), max_norm, norm_type)
         coefs = {dev0: summary}
     else:
         # Each device folds its own gradients; the folded values meet on the first device.
-        folded = [ops.to_device(_finish(_fold(d, fs, norm_type), max_norm, norm_type)[2:3], dev0)
+        folded = [ops.to_device(norm_finish(norm_partials(d, fs, norm_type), max_norm, norm_type)[2:3], dev0)
                   for d, fs in by_dev.items()]
-        summary = _finish(ops.cat(folded), max_norm, norm_type)
+        summary = norm_finish(ops.cat(folded), max_norm, norm_type)
         coefs = {d: summary if d is dev0 else ops.to_device(summary, d) for d in by_dev}
     total = Tensor(summary._storage, ())
     if error_if_nonfinite and not math.isfinite(total.item()):
         raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is "
                            f"{total.item()}; pass error_if_nonfinite=False to clip anyway")
     for g, f in zip(grads, flats):
-        k = _kernels(f.dtype.storage, norm_type)[2]
-        f.device.dispatch(k, [f._storage.buffer, coefs[f.device]._storage.buffer],
-                          pack(f.numel(), f._offset, 1, 0),
-                          grid(-(-f.numel() // WORKGROUP), f.device.max_workgroups))
+        scale_by_coefficient_(f, coefs[f.device])
         if f is not g:
             ops.copy_(g, f)
-        g._storage.version += 1
     return total
 
 

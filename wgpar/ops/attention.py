@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import dtypes as _dt
-from ..runtime.kernels import F32, MAX_LOOP, KernelSpec, load_source, pack, spec
+from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec, load_source
 from ..tensor import Tensor
-from .elementwise import binary, cast, contiguous, copy_, unary
+from .arith import binary
+from .elementwise import cast, contiguous, copy_, unary
 from .index import getitem
 from .reduce import reduce
 from .shape import permute, reshape, stack
@@ -191,6 +192,27 @@ def supported(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     return None
 
 
+# -- kernels ------------------------------------------------------------------------------------------
+# Every Params block starts with these 8 words ([6] = the first batch * head of a dispatch), then an
+# (offset, batch, head, row) layout in vec4 units per operand, then a few words. 256-thread workgroups
+# sized in the shaders: no WG override.
+def _layouts(*names: str) -> str:
+    return ", ".join(f"{n}_off: u32, {n}_sb: u32, {n}_sh: u32, {n}_st: u32" for n in names)
+
+
+_HEAD = "H: u32, Tq: u32, Tk: u32, causal: u32, {lo}_lo: u32, {lo}_hi: u32, bh0: u32, scale: f32, "
+_KERNELS = {
+    "fwd": Kernel("attention_fwd", "o: w, lse: w, q: r, k: r, v: r",
+                  _HEAD.format(lo="k") + _layouts("q", "k", "v", "o") + ", l_off: u32", constants=()),
+    "dq": Kernel("attention_bwd_dq", "dq: w, delta: w, q: r, k: r, v: r, dout: r, o: r, lse: r",
+                 _HEAD.format(lo="k") + _layouts("q", "k", "v", "g", "o", "r") + ", l_off: u32, d_off: u32, flags: u32",
+                 constants=()),
+    "dkv": Kernel("attention_bwd_dkv", "dk: w, dv: w, q: r, k: r, v: r, dout: r, lse: r, delta: r",
+                  _HEAD.format(lo="q") + _layouts("q", "k", "v", "g", "rk", "rv") +
+                  ", l_off: u32, d_off: u32, flags: u32", constants=()),
+}
+
+
 # -- operands ---------------------------------------------------------------------------------------
 def _vec4_layout(t: Tensor) -> tuple[Tensor, list[int]]:
     """``t`` (4-d, or a contiguous copy of it) with [offset, batch, head, row] strides in vec4 units."""
@@ -205,8 +227,7 @@ def _vec4_layout(t: Tensor) -> tuple[Tensor, list[int]]:
 def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     rm, cn = t.rows // 16, t.cols // 16
     cv, nc, nr, rr = output_layout(t.rows, dv)
-    f16 = "f16" in (dtype, out_dtype)
-    fills: dict[str, str | int] = {"ENABLE": "enable f16;" if f16 else "", "T": dtype, "DV": dv, "DP": dv + 1,
+    fills: dict[str, str | int] = {"T": dtype, "DV": dv, "DP": dv + 1,
                                    "CV": cv, "NC": nc, "NR": nr, "RR": rr, "BP": t.cols + 1,
                                    "PS": t.rows * (t.cols + 1), "FNS": load_source("float_fns")}
     if kind == "fwd":
@@ -221,9 +242,15 @@ def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str,
 
 @functools.lru_cache(maxsize=64)
 def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> KernelSpec:
-    family = {"fwd": "attention_fwd", "dq": "attention_bwd_dq", "dkv": "attention_bwd_dkv"}[kind]
-    access = ("w", "w") + ("r",) * (3 if kind == "fwd" else 6)
-    return spec(family, access, **_fills(kind, t, dv, dtype, out_dtype))
+    fills = _fills(kind, t, dv, dtype, out_dtype)
+    out_t, in_t = f"vec4<{out_dtype}>", f"vec4<{dtype}>"
+    if kind == "fwd":
+        types = (out_t, "f32", in_t, in_t, in_t)
+    elif kind == "dq":
+        types = (out_t, "f32", in_t, in_t, in_t, in_t, in_t, "f32")
+    else:
+        types = (out_t, out_t, in_t, in_t, in_t, in_t, "f32", "f32")
+    return _KERNELS[kind].spec(types, **fills)
 
 
 def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: int, bh: int) -> None:
@@ -233,7 +260,7 @@ def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: in
     for bh0 in range(0, bh, lim):
         words = list(head)
         words[6] = bh0
-        dev.dispatch(k, buffers, pack(words, rest), (n_x, min(lim, bh - bh0), 1))
+        dev.dispatch(k, buffers, k.params.pack_flat(words + rest), (n_x, min(lim, bh - bh0), 1))
 
 
 # -- forward ------------------------------------------------------------------------------------------
@@ -284,9 +311,9 @@ def _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t: Tile, causal: 
                    lo: int, hi: int, n_x: int) -> None:
     b, h, lq, d = q.shape
     kern = _kernel("fwd", t, d // 4, q.dtype.storage, out.dtype.storage)
-    head = [h, lq, k.shape[2], int(causal), lo, hi, 0, F32(scale)]
+    head = [h, lq, k.shape[2], int(causal), lo, hi, 0, scale]
     o4 = [out._offset // 4] + o_layout[1:]
-    rest = lq4 + lk4 + lv4 + o4 + [lse._offset, 0, 0, 0]
+    rest = lq4 + lk4 + lv4 + o4 + [lse._offset]
     bufs = [out._storage.buffer, lse._storage.buffer, q._storage.buffer, k._storage.buffer, v._storage.buffer]
     _dispatch(kern, q.device, bufs, head, rest, n_x, b * h)
 
@@ -316,9 +343,9 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     kern = _kernel("dq", t_dq, dv, q.dtype.storage, gq.dtype.storage)
     gq4 = [gq._offset // 4, h * lq * dv, lq * dv, dv]
     for n, (lo, hi) in enumerate(q_ranges):
-        head = [h, lq, lk, int(causal), lo, hi, 0, F32(scale)]
+        head = [h, lq, lk, int(causal), lo, hi, 0, scale]
         flags = (1 if n else 0) | (2 if n == 0 else 0)  # the first chunk writes dq and computes delta
-        rest = lq4 + lk4 + lv4 + lg4 + lo4 + gq4 + [lse._offset, delta._offset, flags, 0]
+        rest = lq4 + lk4 + lv4 + lg4 + lo4 + gq4 + [lse._offset, delta._offset, flags]
         _dispatch(kern, dev, [gq._storage.buffer, delta._storage.buffer, *bufs_common, out._storage.buffer,
                               lse._storage.buffer], head, rest, -(-lq // t_dq.rows), b * h)
 
@@ -326,8 +353,8 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
     gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
     for n, (lo, hi) in enumerate(k_ranges):
-        head = [h, lq, lk, int(causal), lo, hi, 0, F32(scale)]
-        rest = lq4 + lk4 + lv4 + lg4 + gk4 + gv4 + [lse._offset, delta._offset, 1 if n else 0, 0]
+        head = [h, lq, lk, int(causal), lo, hi, 0, scale]
+        rest = lq4 + lk4 + lv4 + lg4 + gk4 + gv4 + [lse._offset, delta._offset, 1 if n else 0]
         _dispatch(kern, dev, [gk._storage.buffer, gv._storage.buffer, *bufs_common, lse._storage.buffer,
                               delta._storage.buffer], head, rest, -(-lk // t_kv.rows), b * h)
     if gq.dtype is not q.dtype:

@@ -1,4 +1,5 @@
-"""Elementwise kernels: unary, binary, where, clamp, casts and strided copies.
+"""The elementwise engine: every op of ops/registry.py (by name) made into kernels and run, and the
+unary, where, clamp, cast and copy entry points (binary and in-place ops: arith.py).
 
 Two shader families serve them all: shaders/elementwise_block.wgsl when the
 output is contiguous and each operand is one contiguous block of memory
@@ -7,66 +8,30 @@ moving 4 elements per thread through vec4 loads and stores when sizes and
 offsets allow, and shaders/elementwise.wgsl (any strides) otherwise. The host
 picks the expression, the operand types and the indexing, then caches one
 pipeline per combination.
+
+``run_map`` into a fresh output is two steps: ``plan`` (cached by the op and the operands' dtypes,
+shapes, strides and devices: a ``MapPlan``) and ``launch`` (this call's buffers, offsets and scalars,
+one dispatch). Everything else (an ``out`` to write, zero sizes, operands to reject) takes the
+general path.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..errors import ZeroDivisionRuntimeError
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, dims, grid, load_source, pack, spec
+from ..runtime.device import Device
+from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, f32_bits, grid, load_source
 from ..storage import Storage
-from ..tensor import Tensor, _check_dtype_supported, check_same_device, contiguous_strides
+from ..tensor import Tensor, check_dtype_supported, check_same_device, contiguous_strides
+from .registry import BOOL, CAST, COMMON, FLOAT, OPS, WHERE
 
-# kind decides the types: arith (common type), true (float result), float (float unary),
-# cmp (bool result), where (condition + common type), copy (explicit output type)
-OPS: dict[str, tuple[str, str]] = {
-    "add": ("arith", "x0 + x1"),
-    "sub": ("arith", "x0 - x1"),
-    "mul": ("arith", "x0 * x1"),
-    "div": ("true", "div_(x0, x1)"),
-    "pow": ("true", "fpow(x0, x1)"),
-    "floordiv": ("arith", "floordiv_C(x0, x1)"),  # C( becomes the compute type: floordiv_f32(
-    "mod": ("arith", "mod_C(x0, x1)"),
-    "maximum": ("arith", "maximum_C(x0, x1)"),
-    "minimum": ("arith", "minimum_C(x0, x1)"),
-    "eq": ("cmp", "eq_C(x0, x1)"),
-    "ne": ("cmp", "ne_C(x0, x1)"),
-    "lt": ("cmp", "lt_C(x0, x1)"),
-    "le": ("cmp", "le_C(x0, x1)"),
-    "gt": ("cmp", "gt_C(x0, x1)"),
-    "ge": ("cmp", "ge_C(x0, x1)"),
-    "same": ("cmp", "same_C(x0, x1)"),  # equal or both NaN (max / min backward)
-    "neg": ("arith", "neg_C(x0)"),
-    "abs": ("arith", "abs_C(x0)"),
-    "relu": ("arith", "relu_C(x0)"),
-    "exp": ("float", "exp_(x0)"),
-    "log": ("float", "log_(x0)"),
-    "sqrt": ("float", "sqrt_(x0)"),
-    "rsqrt": ("float", "rsqrt_(x0)"),
-    "tanh": ("float", "tanh_(x0)"),
-    "sigmoid": ("float", "sigmoid_(x0)"),
-    "gelu": ("float", "gelu_(x0)"),
-    "gelu_tanh": ("float", "gelu_tanh_(x0)"),
-    "where": ("where", "select(x2, x1, nz_C(x0))"),  # C: the condition's compute type
-    "clamp": ("arith", "minimum_C(maximum_C(x0, x1), x2)"),
-    "clamp_min": ("arith", "maximum_C(x0, x1)"),
-    "clamp_max": ("arith", "minimum_C(x0, x1)"),
-    "copy": ("copy", "x0"),
-    "sign": ("arith", "sign_C(x0)"),
-    # fused backward kernels: x0 = forward input (or output), x1 = incoming gradient
-    "relu_bwd": ("arith", "relu_bwd_C(x0, x1)"),
-    "gelu_bwd": ("float", "x1 * gelu_grad_(x0)"),
-    "gelu_tanh_bwd": ("float", "x1 * gelu_tanh_grad_(x0)"),
-    "tanh_bwd": ("float", "x1 * (1.0 - x0 * x0)"),
-    "sigmoid_bwd": ("float", "x1 * x0 * (1.0 - x0)"),
-}
 # WGSL helpers the expressions call: shaders/float_fns.wgsl, then shaders/elementwise_fns.wgsl.
 _FNS = "float_fns", "elementwise_fns"
 
@@ -74,23 +39,24 @@ _FNS = "float_fns", "elementwise_fns"
 Operand = Tensor | int | float | bool
 
 
-def _is_scalar(x) -> bool:
+def is_scalar(x) -> bool:
+    """Whether ``x`` is a number an elementwise op takes as a scalar operand (Python or NumPy)."""
     return isinstance(x, (int, float, bool, np.integer, np.floating, np.bool_))
 
 
 def _check_operand(x, op: str) -> None:
-    if isinstance(x, Tensor) or _is_scalar(x):
+    if isinstance(x, Tensor) or is_scalar(x):
         return
     raise TypeError(f"{op}: unsupported operand of type {type(x).__name__}; use a wgpar.Tensor or a Python number")
 
 
-def _types(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[DType, list[str]]:
-    """(result dtype, compute type each operand is converted to)."""
-    kind = OPS[op][0]
-    tensors = [x for x in operands if isinstance(x, Tensor)]
-    if kind == "copy":
-        return out_dtype, [operands[0].dtype.compute if isinstance(operands[0], Tensor) else out_dtype.compute]
-    vals = operands[1:] if kind == "where" else operands
+def result_type(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[DType, list[str]]:
+    """(result dtype, compute type each operand is converted to), by the op's type rule (registry.py)."""
+    rule = OPS[op].types
+    if rule == CAST:
+        x = operands[0]
+        return out_dtype, [x.dtype.compute if isinstance(x, Tensor) else out_dtype.compute]
+    vals = operands[1:] if rule == WHERE else operands
     common: DType | None = None
     for x in vals:
         if isinstance(x, Tensor):
@@ -100,15 +66,13 @@ def _types(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[D
     for x in vals:
         if not isinstance(x, Tensor):
             common = _dt.promote_scalar(common, x)
-    if kind in ("true", "float") and not common.is_float:
+    if rule == FLOAT and not common.is_float:
         common = _dt.float32
-    if kind == "arith" and common is _dt.bool_:
+    if rule == COMMON and common is _dt.bool_:
         common = _dt.int32
-    if kind == "float" and not all(isinstance(x, Tensor) for x in operands) and not tensors:
-        common = _dt.float32
-    result = _dt.bool_ if kind == "cmp" else common
+    result = _dt.bool_ if rule == BOOL else common
     cts = [common.compute] * len(operands)
-    if kind == "where":
+    if rule == WHERE:
         c = operands[0]
         cts[0] = c.dtype.compute if isinstance(c, Tensor) else "i32"
     return (out_dtype or result), cts
@@ -132,7 +96,7 @@ def broadcast_strides(t: Tensor, shape: tuple[int, ...]) -> list[int]:
 
 def _scalar_bits(x, ctype: str) -> int:
     if ctype == "f32":
-        return int(np.array(float(x), dtype=np.float32).view(np.uint32))
+        return f32_bits(float(x))
     v = int(x)
     if not -(2**31) <= v < 2**31:
         raise OverflowError(f"scalar {v} does not fit int32")
@@ -141,34 +105,49 @@ def _scalar_bits(x, ctype: str) -> int:
 
 def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, compute: str,
           cmp_as_i32: bool) -> tuple[str, str]:
-    """(type stored, WGSL expression over x0..x2) for ``OPS[op]``."""
-    kind, expr = OPS[op]
-    expr = expr.replace("C(", f"{cts[0]}(")
+    """(type stored, WGSL expression over x0..x3) for ``OPS[op]``: its expression with ``{T}`` the first
+    operand's compute type, then converted for the output."""
+    rule = OPS[op].types
+    expr = OPS[op].expr.replace("{T}", cts[0])
     store = out_storage
-    if kind == "cmp" and cmp_as_i32:
+    if rule == BOOL and cmp_as_i32:
         expr = f"select(0i, 1i, {expr})"
         store = "i32"
-    elif kind == "cmp":
+    elif rule == BOOL:
         expr = f"select({store}(0), {store}(1), {expr})"
     elif out_is_bool:
-        expr = f"select(0i, 1i, nz_{cts[0] if kind == 'copy' else compute}({expr}))"
-    elif store == "i32" and (cts[0] if kind == "copy" else compute) == "f32":
+        expr = f"select(0i, 1i, nz_{cts[0] if rule == CAST else compute}({expr}))"
+    elif store == "i32" and (cts[0] if rule == CAST else compute) == "f32":
         expr = f"f2i_({expr})"  # saturating, NaN -> 0 (WGSL leaves i32(NaN) indeterminate)
     elif store == "f16" and cts[0] == "i32":
         expr = f"f32({expr})"  # through f32: the one f32 -> f16 rounding every float16 store uses
     return store, expr
 
 
-def _declare(sig: tuple, out_storage: str, width: int) -> tuple[int, list[str]]:
-    """(number of storage bindings, their declarations); binding 0 is the output."""
+def _buffers(sig: tuple, out_storage: str, width: int) -> tuple[tuple[str, str, str], ...]:
+    """The storage bindings (name, access, element type): binding 0 is the output ``bo``."""
     vec = (lambda t: f"vec4<{t}>") if width == 4 else (lambda t: t)
-    decl = [f"@group(0) @binding(0) var<storage, read_write> bo: array<{vec(out_storage)}>;"]
+    bufs = [("bo", "w", vec(out_storage))]
     seen = {0}
-    for s in sig:
-        if s is not None and s[0] not in seen:
+    for s in sorted((s for s in sig if s is not None), key=lambda s: s[0]):
+        if s[0] not in seen:
             seen.add(s[0])
-            decl.append(f"@group(0) @binding({s[0]}) var<storage, read> b{s[0]}: array<{vec(s[1])}>;")
-    return 1 + max((s[0] for s in sig if s is not None), default=0), decl
+            bufs.append((f"b{s[0]}", "r", vec(s[1])))
+    return tuple(bufs)
+
+
+# The parameter blocks of the two kernel families (their WGSL structs are generated from these):
+# per operand k (up to 4) an offset and, for a scalar, its bits; the strided kernel also takes the
+# shape and every operand's strides (st[2k], st[2k + 1] for operand k). What a plan fixes comes
+# first, what each call brings (off, sc) last, so a launch packs the plan's words and then its own.
+_MAP = Params("numel: u32, ndim: u32, off_o: u32, shape: array<vec4<u32>, 2>, str_o: array<vec4<i32>, 2>, "
+              "st: array<vec4<i32>, 8>, off: vec4<u32>, sc: vec4<u32>")
+_BLOCK = Params("n: u32, off_o: u32, dv: vec4<u32>, md: vec4<u32>, off: vec4<u32>, sc: vec4<u32>")
+_MAP_FIXED, _BLOCK_FIXED = 51, 10  # words before off
+_CONSTANTS = (("WG", WORKGROUP),)
+_MAP_PACK = _MAP.struct.pack
+_BLOCK_PACK = _BLOCK.struct.pack
+MAX_OPERANDS = 4
 
 
 @functools.cache
@@ -181,47 +160,43 @@ def _name(s) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _map_kernel(op: str, sig: tuple, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
-                compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
-    """Generate (once per signature) the strided kernel for ``run_map``.
+def _map_kernel(op: str, sig: tuple, *, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
+                compute: str, cmp_as_i32: bool) -> KernelSpec:
+    """Generate (once per signature) the strided kernel, shaders/elementwise.wgsl.
 
     ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
     binding 0 being the output buffer (an input that aliases it is read through it).
     """
-    n_buf, decl = _declare(sig, out_storage, 1)
-    names = [None if s is None else _name(s) for s in sig]
-    acc = [f"i{k}" for k, s in enumerate(sig) if s is not None]
+    tensors = [k for k, s in enumerate(sig) if s is not None]
     lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
-    lines += [f"  var {n}_ = i32(p.off{n[1:]});" for n in acc]
+    lines += [f"  var i{k}_ = i32(p.off[{k}]);" for k in tensors]
     lines += ["  for (var d = i32(p.ndim) - 1; d >= 0; d = d - 1) {",
               "    let s = p.shape[d / 4][d % 4];",
               "    let c = i32(rem % s);",
               "    rem = rem / s;",
               "    io_ = io_ + c * p.str_o[d / 4][d % 4];"]
-    lines += [f"    {n}_ = {n}_ + c * p.str{n[1:]}[d / 4][d % 4];" for n in acc]
-    lines += ["  }", "  let io = u32(io_);"] + [f"  let {n} = u32({n}_);" for n in acc]
+    lines += [f"    i{k}_ = i{k}_ + c * p.st[{2 * k} + d / 4][d % 4];" for k in tensors]
+    lines += ["  }", "  let io = u32(io_);"] + [f"  let i{k} = u32(i{k}_);" for k in tensors]
     loads = []
-    for k, (name, ct) in enumerate(zip(names, cts)):
-        if name is None:
+    for k, (s, ct) in enumerate(zip(sig, cts)):
+        if s is None:
             loads.append(f"  let x{k} = bitcast<{ct}>(p.sc[{k}]);")
         else:
-            loads.append(f"  let x{k} = {ct}({name}[i{k}]);")
+            loads.append(f"  let x{k} = {ct}({_name(s)}[i{k}]);")
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
-    return spec("elementwise", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, INDEX="\n".join(lines), FNS=_fns(),
-                LOADS="\n".join(loads), STORE=store, EXPR=expr)
+    fills = dict(INDEX="\n".join(lines), FNS=_fns(), LOADS="\n".join(loads), STORE=store, EXPR=expr)
+    return KernelSpec("elementwise", _buffers(sig, out_storage, 1), _MAP, tuple(sorted(fills.items())), _CONSTANTS)
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str, ...], out_storage: str,
-                  out_is_bool: bool, compute: str, cmp_as_i32: bool, f16: bool) -> KernelSpec:
+def _block_kernel(op: str, sig: tuple, width: int = 1, *, modes: tuple, cts: tuple[str, ...], out_storage: str,
+                  out_is_bool: bool, compute: str, cmp_as_i32: bool) -> KernelSpec:
     """Generate (once per signature) the kernel of shaders/elementwise_block.wgsl.
 
     ``sig`` as for ``_map_kernel``; ``modes`` names each tensor operand's indexing (see
     ``_block_mode``); ``width`` 4 moves a vec4 per thread (operands' arrays are vec4 arrays, and a
     "div" or "one" operand reads its one element out of one and splats it).
     """
-    n_buf, decl = _declare(sig, out_storage, width)
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
     unit = "" if width == 1 else " >> 2u"  # offsets come in elements
     index = {"full": f"(p.off[{{k}}]{unit}) + i", "mod": f"(p.off[{{k}}]{unit}) + i % p.md[{{k}}]",
@@ -247,8 +222,8 @@ def _block_kernel(op: str, sig: tuple, modes: tuple, width: int, cts: tuple[str,
                      for k, (s, m) in enumerate(zip(sig, modes)) if s is not None]
             body.append(f"  {{ {' '.join(loads + scalars)} r.{c} = {store}({expr}); }}")
         body.append("  bo[(p.off_o >> 2u) + i] = r;")
-    return spec("elementwise_block", tuple("w" if i == 0 else "r" for i in range(n_buf)), f16=f16,
-                BINDINGS="\n".join(decl), PARAMS=n_buf, FNS=_fns(), BODY="\n".join(body))
+    return KernelSpec("elementwise_block", _buffers(sig, out_storage, width), _BLOCK,
+                      (("BODY", "\n".join(body)), ("FNS", _fns())), _CONSTANTS)
 
 
 def _block_mode(t: Tensor, shape: tuple[int, ...], numel: int) -> tuple[str, int, int] | None:
@@ -273,6 +248,14 @@ def _block_mode(t: Tensor, shape: tuple[int, ...], numel: int) -> tuple[str, int
     return ("div", dv, md)
 
 
+def _block_modes(operands: list, shape: tuple[int, ...], numel: int) -> tuple | None:
+    """Each operand's block mode (None for a scalar); None when some tensor is no block of memory."""
+    modes = tuple(_block_mode(x, shape, numel) if isinstance(x, Tensor) else None for x in operands)
+    if any(m is None for x, m in zip(operands, modes) if isinstance(x, Tensor)):
+        return None
+    return modes
+
+
 def _vec_static(numel: int, modes: tuple) -> bool:
     """Whether every unit of 4 output elements maps to 4 consecutive elements (or one splat element)."""
     if numel % 4:
@@ -284,30 +267,32 @@ def _vec_static(numel: int, modes: tuple) -> bool:
 
 
 def _block_words(numel: int, width: int, out_offset: int, operands: list, modes: tuple, cts) -> list[int]:
-    words = [numel // width, out_offset, 0, 0] + [0] * 16
+    """The words of _BLOCK: n, off_o, then per operand dv, md, off, sc (4 each)."""
+    words = [numel // width, out_offset] + [0] * 16
     for k, (x, m) in enumerate(zip(operands, modes)):
         if m is None:
-            words[16 + k] = _scalar_bits(x, cts[k])
+            words[14 + k] = _scalar_bits(x, cts[k])
             continue
-        words[4 + k] = x._offset
-        words[8 + k] = m[1] // width if m[0] == "div" else 1
-        words[12 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
+        words[2 + k] = m[1] // width if m[0] == "div" else 1
+        words[6 + k] = m[2] // width if m[0] in ("full", "mod") else m[2]
+        words[10 + k] = x._offset
     return words
 
 
-def _vec_ok(out_offset: int, operands: list, modes: tuple) -> bool:
-    """The per-call half of the vec4 test: 4-aligned offsets of what is read as vec4s.
-
-    Those reads then never pass the tensor's end, so the last whole vec4 of its buffer; an element
-    read out of a vec4 array ("div", "one") may lie in a buffer's partial last vec4, so those
-    buffers must hold whole vec4s (the allocator's always do, but for the largest tensors).
-    """
-    if out_offset & 3:
-        return False
-    for x, m in zip(operands, modes):
-        if m is not None and (x._offset & 3 if m[0] in ("full", "mod") else x._storage.buffer.size & 15):
-            return False
-    return True
+def _map_words(numel: int, shape, out: Tensor | None, operands: list, cts) -> list[int]:
+    """The words of _MAP (a fresh contiguous output when ``out`` is None)."""
+    offs, scal, st = [0] * 4, [0] * 4, []
+    for k, x in enumerate(operands):
+        if isinstance(x, Tensor):
+            offs[k] = x._offset
+            st += dims(broadcast_strides(x, shape))
+        else:
+            scal[k] = _scalar_bits(x, cts[k])
+            st += dims([])
+    st += dims([]) * (MAX_OPERANDS - len(operands))
+    out_strides = contiguous_strides(shape) if out is None else out.strides
+    return [numel, len(shape), 0 if out is None else out._offset, *dims(shape, 1), *dims(out_strides), *st,
+            *offs, *scal]
 
 
 def _extent(t: Tensor) -> tuple[int, int]:
@@ -335,15 +320,6 @@ def _unalias(x: Tensor, out: Tensor) -> Tensor:
     return run_map("copy", [x], out_dtype=x.dtype)
 
 
-# The common case (a new output; tensor operands on one device whose broadcast reads are blocks of
-# memory, see _block_mode) skips the general checks after its first call: what they decide depends
-# only on the op, the operands' dtypes, shapes, strides and devices, and the scalars' types, which
-# make the key of this cache. Offsets (and so the vec4 choice) are looked at per call.
-_QUICK: dict[tuple, tuple | None] = {}
-_QUICK_MAX = 4096
-_BLOCK_PARAMS = struct.Struct("<20I")
-
-
 def _binding(buffers: list, buf) -> int:
     """The binding of ``buf`` (appended if new): operands on one buffer share a binding."""
     for k, b in enumerate(buffers):
@@ -353,16 +329,75 @@ def _binding(buffers: list, buf) -> int:
     return len(buffers) - 1
 
 
-def _block_modes(operands: list, shape: tuple[int, ...], numel: int) -> tuple | None:
-    modes = tuple(_block_mode(x, shape, numel) if isinstance(x, Tensor) else None for x in operands)
-    if any(m is None for x, m in zip(operands, modes) if isinstance(x, Tensor)):
-        return None
-    return modes
+def _signature(out: Tensor, operands: list) -> tuple[tuple, list]:
+    """(per operand None or (binding, storage type), the buffers in binding order; 0 is ``out``)."""
+    buffers = [out._storage.buffer]
+    sig = tuple(None if not isinstance(x, Tensor) else (_binding(buffers, x._storage.buffer), x.dtype.storage)
+                for x in operands)
+    return sig, buffers
 
 
-def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
+# -- plan and launch ------------------------------------------------------------------------------
+# How an operand enters a cached plan's kernel (MapPlan.reads).
+SCALAR = 0  # a number: its bits travel in the parameters
+UNITS = 1  # a block read at whole units ("full", "mod"): vec4 loads need a 4-aligned offset
+ELEMENT = 2  # a block read element by element ("div", "one"): from a vec4 array its buffer holds whole vec4s
+STRIDED = 3  # read through strides (the strided kernel)
+
+
+@dataclass(slots=True, eq=False)
+class MapPlan:
+    """How an elementwise op runs into a fresh output, for one signature of its operands.
+
+    Everything here follows from the op, the requested dtype, and per operand its dtype, shape,
+    strides and device (or a scalar's type): the plan's cache key. What remains per call is the
+    operands' buffers, offsets and scalar values, and (for the block kernel) whether the offsets
+    allow vec4 accesses.
+    """
+
+    device: Device
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    numel: int
+    reads: tuple[int, ...]  # SCALAR / UNITS / ELEMENT / STRIDED per operand
+    ctypes: tuple[str, ...]  # the compute type each operand is converted to
+    kernel: Callable[..., KernelSpec]  # (binding signature[, width 4]) -> kernel
+    kernels: dict  # (binding signature, vec4) -> kernel, filled as calls meet them
+    pack: Callable[..., bytes]  # packs the block or the strided kernel's parameters: words, offsets, scalars
+    vec4: bool  # sizes allow vec4 (block kernel); the offsets are checked per call
+    words: tuple  # the parameter words before the offsets, which do not change between calls, per width (1, 4)
+    groups: tuple  # the grid, per width (1, 4)
+
+    @property
+    def block(self) -> bool:
+        """Whether the block kernel runs (else the strided one)."""
+        return self.pack is _BLOCK_PACK
+
+
+_PLANS: dict[tuple, MapPlan | None] = {}
+_PLANS_MAX = 4096
+
+
+def plan(op: str, operands: list, out_dtype: DType | None = None) -> MapPlan | None:
+    """The cached plan for ``op`` over ``operands`` into a fresh output; None when the general path
+    must run (a zero-size result, operands it has to check or reject)."""
+    key: list = [op, out_dtype]
+    for x in operands:
+        key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
+    key = tuple(key)
+    try:
+        return _PLANS[key]
+    except KeyError:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        p = _PLANS[key] = _make_plan(op, operands, out_dtype)
+        return p
+
+
+def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | None:
     tensors = [x for x in operands if isinstance(x, Tensor)]
-    if not tensors or any(not isinstance(x, Tensor) and not _is_scalar(x) for x in operands):
+    if not tensors or any(not isinstance(x, Tensor) and not is_scalar(x) for x in operands):
         return None
     dev = tensors[0].device
     if any(t.device is not dev for t in tensors):
@@ -373,106 +408,72 @@ def _quick_entry(op: str, operands: list[Operand]) -> tuple | None:
     numel = math.prod(shape)
     if numel == 0:
         return None
-    modes = _block_modes(operands, shape, numel)
-    if modes is None:
-        return None
-    dtype, cts = _types(op, operands, None)
-    if op in _INT_DIVISION and cts[1] == "i32":
-        return None  # the divisor is checked for zeros first (run_map)
-    _check_dtype_supported(dtype, dev)
-    f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
-    kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=tuple(cts),
-                               out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
-                               cmp_as_i32=True, f16=f16)
-    kernels: dict[tuple, KernelSpec] = {}  # by (binding signature, width)
-    # The parameter words that do not change between calls (n, dv, md), for width 1 and 4 (where possible).
-    zeros = [0 if m is None else x for x, m in zip(operands, modes)]  # scalars' values do not matter here
-    words1 = _block_words(numel, 1, 0, zeros, modes, cts)
-    words4 = _block_words(numel, 4, 0, zeros, modes, cts) if _vec_static(numel, modes) else None
-    # Per operand: 0 a scalar, 1 a tensor read at unit offsets (its offset must be 4-aligned for vec4),
-    # 2 a tensor read element by element (its buffer must hold whole vec4s).
-    how = tuple(0 if m is None else 1 if m[0] in ("full", "mod") else 2 for m in modes)
-    heads = (words1[:4], words4[:4] if words4 else None)
-    mids = (words1[8:16], words4[8:16] if words4 else None)
+    dtype, cts = result_type(op, operands, out_dtype)
+    check_dtype_supported(dtype, dev)
+    cts = tuple(cts)
     lim = dev.max_workgroups
-    return (dtype, shape, contiguous_strides(shape), numel, tuple(cts), how, kernel, kernels, heads, mids,
-            grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim), dev)
+    groups = (grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim))
+    common = dict(out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
+                  cmp_as_i32=out_dtype is None)
+    modes = _block_modes(operands, shape, numel)
+    zeros = [x if isinstance(x, Tensor) else 0 for x in operands]  # scalars' values are per call
+    if modes is None:
+        fixed = _map_words(numel, shape, None, zeros, cts)[:_MAP_FIXED]
+        reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
+        kernel = functools.partial(_map_kernel, op, cts=cts, **common)
+        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, _MAP_PACK,
+                       False, (tuple(fixed), None), groups)
+    words1 = _block_words(numel, 1, 0, zeros, modes, cts)
+    vec4 = _vec_static(numel, modes)
+    words4 = _block_words(numel, 4, 0, zeros, modes, cts) if vec4 else None
+    fixed = (tuple(words1[:_BLOCK_FIXED]), tuple(words4[:_BLOCK_FIXED]) if vec4 else None)
+    reads = tuple(SCALAR if m is None else UNITS if m[0] in ("full", "mod") else ELEMENT for m in modes)
+    kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=cts, **common)
+    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, _BLOCK_PACK, vec4,
+                   fixed, groups)
 
 
-def _run_quick(op: str, operands: list[Operand]) -> Tensor | None:
-    key: list = [op]
-    for x in operands:
-        key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
-    key = tuple(key)
-    try:
-        entry = _QUICK[key]
-    except KeyError:
-        if len(_QUICK) >= _QUICK_MAX:
-            _QUICK.clear()
-        entry = _QUICK[key] = _quick_entry(op, operands)
-    if entry is None:
-        return None
-    dtype, shape, strides, numel, cts, how, kernel, kernels, heads, mids, groups1, groups4, dev = entry
-    out = Tensor(Storage(dev, dtype, numel), shape, strides)
+def launch(p: MapPlan, operands: list) -> Tensor:
+    """Run a plan: a fresh output, the operands' bindings, offsets and scalars, one dispatch."""
+    out = Tensor(Storage(p.device, p.dtype, p.numel), p.shape, p.strides)
     buffers = [out._storage.buffer]
-    vec = heads[1] is not None
+    vec = p.vec4
+    reads = p.reads
     sig = []
     offs = [0, 0, 0, 0]
     scal = [0, 0, 0, 0]
     for k, x in enumerate(operands):
-        h = how[k]
-        if h:
+        r = reads[k]
+        if r:
             b = x._storage.buffer
             sig.append((_binding(buffers, b), x._storage.dtype.storage))
             off = offs[k] = x._offset
-            if vec and (off & 3 if h == 1 else b.size & 15):
+            if vec and (off & 3 if r == UNITS else b.size & 15):
                 vec = False
         else:
             sig.append(None)
-            scal[k] = _scalar_bits(x, cts[k])
-    sig = (tuple(sig), vec)
-    kspec = kernels.get(sig)
+            scal[k] = _scalar_bits(x, p.ctypes[k])
+    key = (tuple(sig), vec)
+    kspec = p.kernels.get(key)
     if kspec is None:
-        kspec = kernels[sig] = kernel(sig[0], width=4 if vec else 1)
-    dev.dispatch(kspec, buffers, _BLOCK_PARAMS.pack(*heads[vec], *offs, *mids[vec], *scal), groups4 if vec else groups1)
+        kspec = p.kernels[key] = p.kernel(key[0], 4) if vec else p.kernel(key[0])
+    p.device.dispatch(kspec, buffers, p.pack(*p.words[vec], *offs, *scal), p.groups[vec])
     return out
 
 
-_INT_DIVISION = ("floordiv", "mod")
-
-
-def _check_divisor(op: str, divisor: Operand) -> None:
-    """Raise, as PyTorch does, if an integer ``//`` or ``%`` has a zero divisor.
-
-    A scalar is checked here. A tensor is checked on the host when its values' range is known
-    there (``_host_range``: tensors made from host data), else with one 4-byte readback of a
-    device-side "any zero" reduction. A flag written by the kernel and read at the next sync
-    would spare that readback but raise later, at an unrelated op and maybe in another thread;
-    integer division by a tensor is rare in training code, so the error stays at its op.
-    """
-    sym = "//" if op == "floordiv" else "%"
-    if not isinstance(divisor, Tensor):
-        if int(divisor) == 0:
-            raise ZeroDivisionRuntimeError(f"integer {sym} by zero (the divisor is the scalar {divisor!r})")
-        return
-    if divisor.numel() == 0:
-        return
-    rng = divisor._host_range
-    if rng is not None and (rng[0] > 0 or rng[1] < 0):
-        return
-    from .reduce import reduce
-
-    if reduce("max", run_map("eq", [divisor, 0])).item():
-        raise ZeroDivisionRuntimeError(f"integer {sym} by zero: the divisor tensor of shape {divisor.shape} "
-                                       f"on {divisor.device} holds a zero")
-
-
 def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dtype: DType | None = None) -> Tensor:
-    """Evaluate ``OPS[op]`` elementwise; writes into ``out`` (any strides) when given."""
-    if out is None and out_dtype is None:
-        quick = _run_quick(op, operands)
-        if quick is not None:
-            return quick
+    """Evaluate ``OPS[op]`` elementwise into a new tensor (of ``out_dtype`` when given), or into ``out``
+    (any strides, converted to its dtype). Integer divisors are not checked for zeros here (a zero
+    gives an undefined value): ``arith.binary`` and ``arith.inplace`` check them."""
+    if out is None:
+        p = plan(op, operands, out_dtype)
+        if p is not None:
+            return launch(p, operands)
+    return _run_general(op, operands, out, out_dtype)
+
+
+def _run_general(op: str, operands: list, out: Tensor | None, out_dtype: DType | None) -> Tensor:
+    """Everything a plan does not cover: checks that raise, an ``out`` to write, zero sizes."""
     for x in operands:
         _check_operand(x, op)
     tensors = [x for x in operands if isinstance(x, Tensor)]
@@ -480,69 +481,61 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
         check_same_device(out, *tensors, op=op)
     elif tensors:
         check_same_device(*tensors, op=op)
-    if not tensors:
-        shape = ()
-    elif all(t.shape == tensors[0].shape for t in tensors):
-        shape = tensors[0].shape
-    else:
-        shape = broadcast_shape(*(t.shape for t in tensors), op=op)
-    dtype, cts = _types(op, operands, out_dtype)
-    if op in _INT_DIVISION and cts[1] == "i32":
-        _check_divisor(op, operands[1])
+    shape = broadcast_shape(*(t.shape for t in tensors), op=op) if tensors else ()
+    dtype, cts = result_type(op, operands, out_dtype)
     if out is None:
-        dev = tensors[0].device if tensors else None
-        out = Tensor.empty(shape, dtype, dev)
+        out = Tensor.empty(shape, dtype, tensors[0].device if tensors else None)
     else:
-        if out.shape != shape and broadcast_shape(out.shape, shape, op=op) != out.shape:
-            raise ValueError(f"{op}: result of shape {shape} cannot be written into a tensor of shape {out.shape}")
-        shape = out.shape
-        if out_dtype is None and dtype is not out.dtype:
-            dtype = out.dtype
-        if any(n > 1 and s == 0 for n, s in zip(out.shape, out.strides)):
-            raise ValueError(f"{op}: cannot write into a broadcast (expanded) view of shape {out.shape}: "
-                             "several of its elements are one memory location; clone() it first")
-        operands = [_unalias(x, out) if isinstance(x, Tensor) else x for x in operands]
-        tensors = [x for x in operands if isinstance(x, Tensor)]
+        shape, dtype, operands = _into(op, out, shape, dtype, out_dtype, operands)
     numel = math.prod(shape)
     if numel == 0:
         return out
+    sig, buffers = _signature(out, operands)
+    kernel_args = dict(cts=tuple(cts), out_storage=out.dtype.storage, out_is_bool=out.dtype is _dt.bool_,
+                       compute=dtype.compute, cmp_as_i32=out_dtype is None)
     dev = out.device
-    f16 = dtype is _dt.float16 or any(t.dtype is _dt.float16 for t in tensors)
-
-    # Bindings: output first (read_write); an input on the output's buffer is read through it.
-    buffers = [out._storage.buffer]
-    sig: list[tuple[int, str] | None] = []
-    for x in operands:
-        if not isinstance(x, Tensor):
-            sig.append(None)
-            continue
-        sig.append((_binding(buffers, x._storage.buffer), x.dtype.storage))
     modes = _block_modes(operands, shape, numel) if out.is_contiguous() else None
     if modes is not None:
-        width = 4 if _vec_static(numel, modes) and _vec_ok(out._offset, operands, modes) else 1
-        kspec = _block_kernel(op, tuple(sig), tuple(m and m[0] for m in modes), width, tuple(cts),
-                              out.dtype.storage, out.dtype is _dt.bool_, dtype.compute, out_dtype is None, f16)
-        dev.dispatch(kspec, buffers, pack(_block_words(numel, width, out._offset, operands, modes, cts)),
-                     grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
-        return out
-    kspec = _map_kernel(op, tuple(sig), tuple(cts), out.dtype.storage, out.dtype is _dt.bool_,
-                        dtype.compute, out_dtype is None, f16)
-    offs = [x._offset if isinstance(x, Tensor) else 0 for x in operands] + [0] * (3 - len(operands))
-    scal = [_scalar_bits(x, ct) if not isinstance(x, Tensor) else 0 for x, ct in zip(operands, cts)]
-    scal += [0] * (4 - len(scal))
-    strides = [dims(broadcast_strides(x, shape)) if isinstance(x, Tensor) else dims([]) for x in operands]
-    strides += [dims([])] * (3 - len(operands))
-    params = pack(numel, len(shape), out._offset, offs[0], offs[1], offs[2], 0, 0, scal,
-                  dims(shape, 1), dims(out.strides), *strides)
-    dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
+        vec = _vec_static(numel, modes) and _vec_ok(out._offset, operands, modes)
+        width = 4 if vec else 1
+        kspec = _block_kernel(op, sig, width, modes=tuple(m and m[0] for m in modes), **kernel_args)
+        params = _BLOCK.pack_flat(_block_words(numel, width, out._offset, operands, modes, cts))
+        dev.dispatch(kspec, buffers, params, grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
+    else:
+        kspec = _map_kernel(op, sig, **kernel_args)
+        params = _MAP.pack_flat(_map_words(numel, shape, out, operands, cts))
+        dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
     return out
 
 
+def _vec_ok(out_offset: int, operands: list, modes: tuple) -> bool:
+    """The per-call half of the vec4 test: 4-aligned offsets of what is read as vec4s.
+
+    Those reads then never pass the tensor's end, so the last whole vec4 of its buffer; an element
+    read out of a vec4 array ("div", "one") may lie in a buffer's partial last vec4, so those
+    buffers must hold whole vec4s (the allocator's always do, but for the largest tensors).
+    """
+    if out_offset & 3:
+        return False
+    for x, m in zip(operands, modes):
+        if m is not None and (x._offset & 3 if m[0] in ("full", "mod") else x._storage.buffer.size & 15):
+            return False
+    return True
+
+
+def _into(op: str, out: Tensor, shape, dtype: DType, out_dtype: DType | None, operands: list):
+    """Check that the result fits ``out``; (out's shape, the dtype computed in, operands unaliased)."""
+    if out.shape != shape and broadcast_shape(out.shape, shape, op=op) != out.shape:
+        raise ValueError(f"{op}: result of shape {shape} cannot be written into a tensor of shape {out.shape}")
+    if out_dtype is None and dtype is not out.dtype:
+        dtype = out.dtype
+    if any(n > 1 and s == 0 for n, s in zip(out.shape, out.strides)):
+        raise ValueError(f"{op}: cannot write into a broadcast (expanded) view of shape {out.shape}: "
+                         "several of its elements are one memory location; clone() it first")
+    return out.shape, dtype, [_unalias(x, out) if isinstance(x, Tensor) else x for x in operands]
+
+
 # -- public entry points --------------------------------------------------------------------
-def binary(op: str, a: Operand, b: Operand) -> Tensor:
-    return run_map(op, [a, b])
-
-
 def unary(op: str, a: Tensor) -> Tensor:
     _check_operand(a, op)
     if not isinstance(a, Tensor):
@@ -567,9 +560,7 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
 
 
 def cast(a: Tensor, dtype: DType) -> Tensor:
-    from ..tensor import _check_dtype_supported
-
-    _check_dtype_supported(dtype, a.device)
+    check_dtype_supported(dtype, a.device)
     return run_map("copy", [a], out_dtype=dtype)
 
 
@@ -583,19 +574,9 @@ def copy_(dst: Tensor, src: Operand) -> Tensor:
 
 
 def fill_(dst: Tensor, value) -> Tensor:
-    if not _is_scalar(value):
+    if not is_scalar(value):
         raise TypeError(f"fill_: value must be a number, got {type(value).__name__}")
     return copy_(dst, value)
-
-
-def inplace(op: str, a: Tensor, b: Operand) -> Tensor:
-    """``a op= b`` in place; the result must keep a's shape and dtype."""
-    dtype, _ = _types(op, [a, b], None)
-    if dtype is not a.dtype and not (a.dtype.is_float and dtype.is_float):
-        raise TypeError(f"{op}_: result type {dtype.name} cannot be stored in place in a {a.dtype.name} tensor")
-    run_map(op, [a, b], out=a, out_dtype=a.dtype)
-    a._storage.version += 1
-    return a
 
 
 def contiguous(a: Tensor) -> Tensor:
@@ -615,5 +596,5 @@ def fill(shape, value, dtype: DType, device) -> Tensor:
     return out
 
 
-__all__ = ["binary", "unary", "where", "clamp", "cast", "copy_", "fill_", "inplace", "contiguous",
-           "clone", "fill", "run_map", "broadcast_shape", "contiguous_strides", "F32"]
+__all__ = ["unary", "where", "clamp", "cast", "copy_", "fill_", "contiguous", "clone", "fill", "run_map",
+           "result_type", "broadcast_shape", "contiguous_strides"]

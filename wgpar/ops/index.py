@@ -7,13 +7,17 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..runtime.kernels import WORKGROUP, grid, pack, spec
-from ..tensor import Tensor, _wrap_dim, check_same_device
+from ..runtime.kernels import WORKGROUP, Kernel, grid
+from ..tensor import Tensor, check_same_device, wrap_dim
 from .elementwise import contiguous, copy_
-from .shape import _view
+from .shape import view
+
+_GATHER = Kernel("gather", "out: w, x: r, idx: r", "outer: u32, n: u32, inner: u32, count: u32, off_x: u32, off_i: u32")
+_INDEX_ADD = Kernel("index_add", "out: w, g: r, csr: r", "outer: u32, n: u32, inner: u32, count: u32, off_g: u32")
 
 
-def _expand_key(key, ndim: int) -> list:
+def expand_key(key, ndim: int) -> list:
+    """An indexing key as one entry per dim (``...`` expanded, trailing dims as full slices; None kept)."""
     if not isinstance(key, tuple):
         key = (key,)
     consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
@@ -37,7 +41,7 @@ def _is_int(k) -> bool:
 
 
 def getitem(t: Tensor, key) -> Tensor:
-    items = _expand_key(key, t.ndim)
+    items = expand_key(key, t.ndim)
     shape, strides, offset = [], [], t._offset
     advanced: tuple[int, object] | None = None
     d = 0
@@ -66,10 +70,10 @@ def getitem(t: Tensor, key) -> Tensor:
         else:
             raise IndexError(f"unsupported index {k!r} of type {type(k).__name__}")
         d += 1
-    view = _view(t, shape, strides, offset)
+    basic = view(t, shape, strides, offset)
     if advanced is None:
-        return view
-    return index_select(view, advanced[0], advanced[1], negative=True, op="indexing")
+        return basic
+    return index_select(basic, advanced[0], advanced[1], negative=True, op="indexing")
 
 
 def setitem(t: Tensor, key, value) -> None:
@@ -82,7 +86,7 @@ def setitem(t: Tensor, key, value) -> None:
     copy_(target, value)
 
 
-def _as_index(index, dev, n: int, what: str, negative: bool = False, noun: str = "index") -> Tensor:
+def as_index(index, dev, n: int, what: str, negative: bool = False, noun: str = "index") -> Tensor:
     """``index`` as an int32 tensor on ``dev``, its values checked against a dimension of size ``n``.
 
     Values must lie in [0, n), or with ``negative`` in [-n, n) (negatives count from the end, as in
@@ -133,10 +137,10 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     Indices must lie in [0, n) as in ``torch.index_select``; ``negative`` also allows [-n, 0), counted
     from the end (advanced indexing ``t[[-1]]``). ``op`` names the caller in errors.
     """
-    d = _wrap_dim(dim, t.ndim)
+    d = wrap_dim(dim, t.ndim)
     if isinstance(index, Tensor):
         check_same_device(t, index, op="index_select")
-    idx = _as_index(index, t.device, t.shape[d], index_what(t, d, op), negative)
+    idx = as_index(index, t.device, t.shape[d], index_what(t, d, op), negative)
     out_shape = t.shape[:d] + idx.shape + t.shape[d + 1:]
     out = Tensor.empty(out_shape, t.dtype, t.device)
     total = out.numel()
@@ -145,10 +149,10 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     src = contiguous(t)
     idx = contiguous(idx)
     outer, inner = math.prod(t.shape[:d]), math.prod(t.shape[d + 1:])
-    f16 = "enable f16;" if t.dtype is _dt.float16 else ""
-    k = spec("gather", ("w", "r", "r"), F16=f16, T=t.dtype.storage)
+    k = _GATHER.spec((t.dtype.storage, t.dtype.storage, "i32"))
     t.device.dispatch(k, [out._storage.buffer, src._storage.buffer, idx._storage.buffer],
-                      pack(outer, t.shape[d], inner, idx.numel(), src._offset, idx._offset, 0, 0),
+                      _GATHER.pack(outer=outer, n=t.shape[d], inner=inner, count=idx.numel(), off_x=src._offset,
+                                   off_i=idx._offset),
                       grid(-(-total // WORKGROUP), t.device.max_workgroups))
     return out
 
@@ -171,9 +175,8 @@ def index_add_rows(grad: Tensor, dim: int, index: Tensor, n: int, host_index: np
     starts = np.concatenate([[0], np.cumsum(np.bincount(idx, minlength=n))])
     csr = Tensor.from_numpy(np.concatenate([starts, order]).astype(np.int32), device=grad.device)
     g = contiguous(grad)
-    f16 = "enable f16;" if grad.dtype is _dt.float16 else ""
-    k = spec("index_add", ("w", "r", "r"), F16=f16, T=grad.dtype.storage)
+    k = _INDEX_ADD.spec((grad.dtype.storage, grad.dtype.storage, "i32"), T=grad.dtype.storage)
     grad.device.dispatch(k, [out._storage.buffer, g._storage.buffer, csr._storage.buffer],
-                         pack(outer, n, inner, idx.size, g._offset, 0, 0, 0),
+                         _INDEX_ADD.pack(outer=outer, n=n, inner=inner, count=idx.size, off_g=g._offset),
                          grid(-(-out.numel() // WORKGROUP), grad.device.max_workgroups))
     return out

@@ -7,10 +7,8 @@ kernels of the composed form each way; ``nn.functional.layer_norm`` records them
 
 from __future__ import annotations
 
-import functools
-
 from .. import dtypes as _dt
-from ..runtime.kernels import F32, KernelSpec, grid, pack, spec
+from ..runtime.kernels import Kernel, KernelSpec, grid
 from ..tensor import Tensor
 
 
@@ -22,12 +20,17 @@ def threads_per_row(cols: int) -> int:
     return t
 
 
-@functools.lru_cache(maxsize=32)
+# 256-thread workgroups sized in the shaders (their shared arrays): no WG override.
+_FWD = Kernel("layer_norm_fwd", "y: w, stats: w, x: r, w: r, b: r",  # absent w / b: x bound, never read
+              "rows: u32, cols: u32, off_x: u32, off_w: u32, off_b: u32, flags: u32, eps: f32", constants=())
+_BWD = Kernel("layer_norm_bwd", "dx: w, gxh: w, x: r, w: r, dy: r, stats: r",
+              "rows: u32, cols: u32, off_x: u32, off_w: u32, off_dy: u32, flags: u32", constants=())
+
+
 def _kernel(backward: bool, dtype: str, tpr: int) -> KernelSpec:
-    f16 = "enable f16;" if dtype == "f16" else ""
     if backward:
-        return spec("layer_norm_bwd", ("w", "w", "r", "r", "r", "r"), F16=f16, T=dtype, TPR=tpr)
-    return spec("layer_norm_fwd", ("w", "w", "r", "r", "r"), F16=f16, T=dtype, TPR=tpr)
+        return _BWD.spec((dtype, "f32", dtype, dtype, dtype, "f32"), T=dtype, TPR=tpr)
+    return _FWD.spec((dtype, "f32", dtype, dtype, dtype), T=dtype, TPR=tpr)
 
 
 def _groups(rows: int, tpr: int, dev) -> tuple[int, int]:
@@ -49,8 +52,8 @@ def layer_norm_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, ep
     flags = (1 if weight is not None else 0) | (2 if bias is not None else 0)
     dev.dispatch(_kernel(False, x.dtype.storage, tpr),
                  [y._storage.buffer, stats._storage.buffer, x._storage.buffer, w._storage.buffer, b._storage.buffer],
-                 pack(rows, cols, x._offset, w._offset if weight is not None else 0,
-                      b._offset if bias is not None else 0, flags, F32(eps), 0), _groups(rows, tpr, dev))
+                 _FWD.pack(rows=rows, cols=cols, off_x=x._offset, off_w=w._offset if weight is not None else 0,
+                           off_b=b._offset if bias is not None else 0, flags=flags, eps=eps), _groups(rows, tpr, dev))
     return y, stats
 
 
@@ -70,7 +73,8 @@ def layer_norm_backward(x: Tensor, weight: Tensor | None, stats: Tensor, dy: Ten
     dev.dispatch(_kernel(True, x.dtype.storage, tpr),
                  [dx._storage.buffer, gxh._storage.buffer, x._storage.buffer, w._storage.buffer, dy._storage.buffer,
                   stats._storage.buffer],
-                 pack(rows, cols, x._offset, w._offset if weight is not None else 0, dy._offset, flags, 0, 0),
+                 _BWD.pack(rows=rows, cols=cols, off_x=x._offset, off_w=w._offset if weight is not None else 0,
+                           off_dy=dy._offset, flags=flags),
                  _groups(rows, tpr, dev))
     return dx, gxh if want_xhat_grad else None
 

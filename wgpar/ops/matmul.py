@@ -18,12 +18,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import dtypes as _dt
-from ..runtime.kernels import MAX_LOOP, KernelSpec, pack, spec
+from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
-from .elementwise import broadcast_shape, fill, inplace
-from .shape import _narrow, expand, reshape, squeeze
+from .arith import inplace
+from .elementwise import broadcast_shape, fill
+from .shape import expand, narrow, reshape, squeeze
 
 _TILE = 64  # the general kernel's output tile
+_GENERAL = Kernel("matmul", "c: w, a: r, b: r",
+                  "M: u32, N: u32, K: u32, z0: u32, off_a: u32, off_b: u32, off_c: u32, m0: u32, "
+                  "sa_b: i32, sa_m: i32, sa_k: i32, n0: u32, sb_b: i32, sb_k: i32, sb_n: i32", constants=())
+# The fast kernel's tile sizes are override constants, set per Tiling (see _generate).
+_FAST = Kernel("matmul_fast", "c: w, a: r, b: r",
+               "M: u32, N: u32, K: u32, z0: u32, off_a: u32, off_b: u32, off_c: u32, m0: u32, "
+               "sa_b: u32, lda: u32, sb_b: u32, ldb: u32, sc_b: u32, ldc: u32, n0: u32", constants=())
 # Each BK-deep step of K costs about BK + 2 loop iterations (inner loops of constant length are
 # unrolled): a longer K is split into parts whose products are summed.
 _MAX_K = MAX_LOOP
@@ -169,7 +177,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         for k0 in range(0, K, _MAX_K):
             kk = min(_MAX_K, K - k0)
             part = Tensor.empty(batch + (M, N), out_dt, a.device)
-            _run(plan(_narrow(a3, 2, k0, kk), _narrow(b3, 1, k0, kk), out_dt), part)
+            _run(plan(narrow(a3, 2, k0, kk), narrow(b3, 1, k0, kk), out_dt), part)
             out = part if out is None else inplace("add", out, part)
     if a_vec:
         out = squeeze(out, -2)
@@ -238,12 +246,11 @@ def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int,
 
 def _run_general(p: Plan, out: Tensor) -> None:
     a, b = p.a.t, p.b.t
-    f16 = "enable f16;" if _dt.float16 in (a.dtype, b.dtype, out.dtype) else ""
-    k = spec("matmul", ("w", "r", "r"), F16=f16, TC=out.dtype.storage, TA=a.dtype.storage,
-             TB=b.dtype.storage, PARAMS=3)
+    k = _GENERAL.spec((out.dtype.storage, a.dtype.storage, b.dtype.storage), TC=out.dtype.storage)
     for z0, m0, n0, groups in _tiles(p, _TILE, _TILE, out.device.max_workgroups):
-        params = pack(p.M, p.N, p.K, z0, p.a.offset, p.b.offset, out._offset, m0,
-                      p.a.sz, p.a.si, p.a.sj, n0, p.b.sz, p.b.si, p.b.sj, 0)
+        params = _GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=out._offset,
+                               m0=m0, sa_b=p.a.sz, sa_m=p.a.si, sa_k=p.a.sj, n0=n0, sb_b=p.b.sz, sb_k=p.b.si,
+                               sb_n=p.b.sj)
         out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups)
 
 
@@ -251,8 +258,9 @@ def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
     a, b = p.a.t, p.b.t
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage)
     for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
-        params = pack(p.M, p.N, p.K, z0, p.a.offset // 4, p.b.offset // 4, out._offset // 4, m0,
-                      p.a.sz // 4, p.lda // 4, p.b.sz // 4, p.ldb // 4, p.M * p.N // 4, p.N // 4, n0, 0)
+        params = _FAST.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
+                            off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
+                            ldb=p.ldb // 4, sc_b=p.M * p.N // 4, ldc=p.N // 4, n0=n0)
         out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups)
 
 
@@ -329,7 +337,6 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
             for h in range(gb):
                 write.append(f"  c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
                              f"vec4<{tc}>({acc[g * 4 + i][h]});")
-    f16 = "f16" in (ta, tb, tc)
 
     def stores(kbase: str) -> str:
         return "\n".join(line.replace("KB", kbase) for line in store)
@@ -340,8 +347,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
     else:
         prologue, cur, head, tail = "", "0u", stores("0u") + "\n    workgroupBarrier();", ""
     slabs = 2 if t.double else 1
-    return spec("matmul_fast", ("w", "r", "r"), ENABLE="enable f16;" if f16 else "", TA=ta, TB=tb, TC=tc,
-                PARAMS=3, SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn,
-                BM=t.bm, BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk, DECL="\n".join(decl),
-                LOAD="\n".join(load), PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
-                COMPUTE="\n".join(comp), WRITE="\n".join(write))
+    consts = dict(SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn, BM=t.bm,
+                  BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
+    return _FAST.spec((f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"), constants=consts, DECL="\n".join(decl),
+                      LOAD="\n".join(load), PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
+                      COMPUTE="\n".join(comp), WRITE="\n".join(write))

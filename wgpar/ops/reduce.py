@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
+
 from .. import dtypes as _dt
-from ..runtime.kernels import F32, MAX_LOOP, WORKGROUP, grid, load_source, pack, spec
-from ..tensor import Tensor, _wrap_dim
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, load_source
+from ..tensor import Tensor, wrap_dim
 from .elementwise import contiguous, fill, run_map
 from .shape import permute, reshape
 
@@ -14,9 +17,16 @@ _NEG_INF = "bitcast<f32>(0xff800000u)"
 _POS_INF = "bitcast<f32>(0x7f800000u)"
 _ARG = {"argmax": ">", "argmin": "<"}
 
+_ROWS = Kernel("reduce", "out: w, x: r", "rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32")
+_COLS = Kernel("reduce_cols", "out: w, x: r", "outer: u32, n: u32, inner: u32, off: u32, scale: f32")
+_SOFTMAX = Kernel("softmax", "y: w, x: r", "rows: u32, cols: u32, off_x: u32, off_y: u32",
+                  constants=(("WG", WORKGROUP), ("W", 1)))
 
+
+@functools.lru_cache(maxsize=64)
 def _kernel_text(op: str, ctype: str) -> dict[str, str]:
-    """The fills of reduce.wgsl / reduce_cols.wgsl for ``op``: INIT, COMBINE, FINAL (and FNS)."""
+    """The fills of reduce.wgsl / reduce_cols.wgsl for ``op``: INIT, COMBINE, FINAL (and FNS). Cached:
+    callers unpack it, never change it."""
     fns = {"FNS": load_source("float_fns")}
     if op in ("sum", "mean"):
         return {"INIT": f"{ctype}(0)", "COMBINE": "*acc = *acc + v;",
@@ -42,11 +52,11 @@ def _axes(axis, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     if isinstance(axis, (tuple, list)):
-        axes = tuple(_wrap_dim(a, ndim) for a in axis)
+        axes = tuple(wrap_dim(a, ndim) for a in axis)
         if len(set(axes)) != len(axes):
             raise ValueError(f"repeated axis in {tuple(axis)}")
         return tuple(sorted(axes))
-    return (_wrap_dim(axis, ndim),)
+    return (wrap_dim(axis, ndim),)
 
 
 def _out_dtype(op: str, dt: _dt.DType) -> _dt.DType:
@@ -106,8 +116,7 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     compute type, f32 for mean, so an integer mean never wraps)."""
     ctype = ctype or ("f32" if op == "mean" else x.dtype.compute)
     text = _kernel_text(op, ctype)
-    f16 = "enable f16;" if (x.dtype is _dt.float16 or out_dt is _dt.float16) else ""
-    scale = F32(1.0 / n)
+    scale = 1.0 / n
     dev = x.device
     if inner > 1:
         # Few outputs over a long axis (a bias gradient: [4096, 4096] summed over rows gives 4096 threads)
@@ -121,14 +130,12 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
                                   _dt.float32 if ctype == "f32" else _dt.int32, ctype)
             second = _reduce_block(op, first, outer, g, inner, out_dt)
             if op == "mean":  # the second pass averaged over g, not over n
-                from .elementwise import binary
-
-                second = binary("mul", second, float(g) / n)
+                second = run_map("mul", [second, float(g) / n])
             return second
         out = Tensor.empty((outer * inner,), out_dt, dev)
-        k = spec("reduce_cols", ("w", "r"), F16=f16, O=out_dt.storage, T=x.dtype.storage, C=ctype, **text)
+        k = _COLS.spec((out_dt.storage, x.dtype.storage), O=out_dt.storage, C=ctype, **text)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, inner, x._offset, scale, 0, 0, 0),
+                     _COLS.pack(outer=outer, n=n, inner=inner, off=x._offset, scale=scale),
                      grid(-(-(outer * inner) // WORKGROUP), dev.max_workgroups))
         return out
     # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
@@ -145,54 +152,51 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     partial_dt = out_dt if groups == 1 else (_dt.float32 if ctype == "f32" else _dt.int32)
     first_op = "sum" if op == "mean" and groups > 1 else op
     out = Tensor.empty((outer * groups,), partial_dt, dev)
-    k = spec("reduce", ("w", "r"), F16=f16, O=partial_dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
-             **_kernel_text(first_op, ctype))
+    k = _row_kernel(partial_dt.storage, x.dtype.storage, ctype, vec, first_op)
     dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                 pack(outer, n, x._offset, chunk, groups, scale, 0, 0), grid(outer * groups, dev.max_workgroups))
+                 _ROWS.pack(rows=outer, cols=n, off=x._offset, chunk=chunk, groups=groups, scale=scale),
+                 grid(outer * groups, dev.max_workgroups))
     if groups == 1:
         return out
     second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
     if op == "mean":  # the second pass averaged the partial sums over `groups`, not over n
-        from .elementwise import binary
-
-        second = binary("mul", second, float(groups) / n)
+        second = run_map("mul", [second, float(groups) / n])
     return second
 
 
-def _row_loop(t: str, ctype: str, vec: bool) -> dict[str, str]:
-    """reduce.wgsl's X (element array type) and LOOP: scalar loads, or vec4 loads of 4 columns."""
+@functools.lru_cache(maxsize=256)
+def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str) -> KernelSpec:
+    """reduce.wgsl for ``op``; x is read one element per step, or (``vec``) one vec4 of 4 columns."""
     if not vec:
-        return {"X": t, "LOOP": ("    let base = p.off + row * p.cols;\n"
-                                 "    for (var c = start + lid; c < end; c = c + 256u) {\n"
-                                 f"      fold(&acc, &ai, {ctype}(x[base + c]), i32(c));\n    }}")}
-    folds = "\n".join(f"      fold(&acc, &ai, {ctype}(v.{e}), i32(4u * c + {j}u));" for j, e in enumerate("xyzw"))
-    return {"X": f"vec4<{t}>", "LOOP": ("    let base = (p.off + row * p.cols) >> 2u;\n"
-                                        "    for (var c = (start >> 2u) + lid; c < (end >> 2u); c = c + 256u) {\n"
-                                        f"      let v = x[base + c];\n{folds}\n    }}")}
+        loop = ("    let base = p.off + row * p.cols;\n"
+                "    for (var c = start + lid; c < end; c = c + WG) {\n"
+                f"      fold(&acc, &ai, {ctype}(x[base + c]), i32(c));\n    }}")
+    else:
+        folds = "\n".join(f"      fold(&acc, &ai, {ctype}(v.{e}), i32(4u * c + {j}u));" for j, e in enumerate("xyzw"))
+        loop = ("    let base = (p.off + row * p.cols) >> 2u;\n"
+                "    for (var c = (start >> 2u) + lid; c < (end >> 2u); c = c + WG) {\n"
+                f"      let v = x[base + c];\n{folds}\n    }}")
+    return _ROWS.spec((out_t, f"vec4<{t}>" if vec else t), O=out_t, C=ctype, LOOP=loop, **_kernel_text(op, ctype))
 
 
 def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int, vec: bool) -> Tensor:
     """argmax/argmin of long rows: per chunk the extreme value and its (first) index, then the first
     chunk holding the row's extreme picks the index, so ties still resolve to the first index."""
-    from ..creation import arange
-    from .elementwise import binary, where
-
     dev = x.device
     ctype = x.dtype.compute
-    f16 = "enable f16;" if x.dtype is _dt.float16 else ""
     part_dt = _dt.float32 if ctype == "f32" else _dt.int32
     parts = []
     for first_op, dt in (("max" if op == "argmax" else "min", part_dt), (op, _dt.int32)):
         out = Tensor.empty((outer * groups,), dt, dev)
-        k = spec("reduce", ("w", "r"), F16=f16, O=dt.storage, C=ctype, **_row_loop(x.dtype.storage, ctype, vec),
-                 **_kernel_text(first_op, ctype))
+        k = _row_kernel(dt.storage, x.dtype.storage, ctype, vec, first_op)
         dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     pack(outer, n, x._offset, chunk, groups, F32(1.0), 0, 0),
+                     _ROWS.pack(rows=outer, cols=n, off=x._offset, chunk=chunk, groups=groups, scale=1.0),
                      grid(outer * groups, dev.max_workgroups))
         parts.append(reshape(out, (outer, groups)))
     values, indices = parts
     best = reshape(_reduce_block(op, values, outer, groups, 1, _dt.int32), (outer, 1))
-    picked = where(binary("eq", arange(groups, device=dev), best), indices, n)
+    columns = Tensor.from_numpy(np.arange(groups, dtype=np.int32), device=dev)
+    picked = run_map("where", [run_map("eq", [columns, best]), indices, n])
     return _reduce_block("min", picked, outer, groups, 1, _dt.int32)
 
 
@@ -206,14 +210,12 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
     if x.ndim == 0:
         x = reshape(x, (1,))
         return reshape(softmax(x, 0, log), ())
-    d = _wrap_dim(axis, x.ndim)
+    d = wrap_dim(axis, x.ndim)
     if 3 * -(-x.shape[d] // WORKGROUP) > MAX_LOOP:  # the row kernel (three passes) would loop too long
-        from .elementwise import binary, unary
-
-        z = binary("sub", x, reduce("max", x, d, keepdims=True))
-        lse = unary("log", reduce("sum", unary("exp", z), d, keepdims=True))
-        out = binary("sub", z, lse)
-        return out if log else unary("exp", out)
+        z = run_map("sub", [x, reduce("max", x, d, keepdims=True)])
+        lse = run_map("log", [reduce("sum", run_map("exp", [z]), d, keepdims=True)])
+        out = run_map("sub", [z, lse])
+        return out if log else run_map("exp", [out])
     last = x.ndim - 1
     moved = permute(x, [i for i in range(x.ndim) if i != d] + [d]) if d != last else x
     src = contiguous(moved)
@@ -221,16 +223,16 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
     cols = src.shape[-1] if src.ndim else 1
     rows = src.numel() // cols if cols else 0
     if rows and cols:
-        f16 = "enable f16;" if x.dtype is _dt.float16 else ""
         t = x.dtype.storage
         vec = cols % 4 == 0 and src._offset % 4 == 0  # vec4 loads and stores (the output is fresh)
-        k = spec("softmax", ("w", "r"), F16=f16, LOG="true" if log else "false", W=4 if vec else 1,
-                 X=f"vec4<{t}>" if vec else t, F="vec4<f32>" if vec else "f32",
-                 HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
-                 HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
-                 BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
+        xt = f"vec4<{t}>" if vec else t
+        k = _SOFTMAX.spec((xt, xt), constants={"W": 4 if vec else 1}, LOG="true" if log else "false", X=xt,
+                          F="vec4<f32>" if vec else "f32", HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
+                          HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
+                          BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
-                          pack(rows, cols, src._offset, 0), grid(rows, x.device.max_workgroups))
+                          _SOFTMAX.pack(rows=rows, cols=cols, off_x=src._offset, off_y=0),
+                          grid(rows, x.device.max_workgroups))
     if d != last:
         inv = [0] * x.ndim
         order = [i for i in range(x.ndim) if i != d] + [d]

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..tensor import Tensor, _norm_shape, _wrap_dim, check_same_device
+from ..tensor import Tensor, check_same_device, normalize_shape, wrap_dim
 from .elementwise import contiguous, copy_
 
 
-def _view(t: Tensor, shape, strides, offset=None) -> Tensor:
+def view(t: Tensor, shape, strides, offset=None) -> Tensor:
+    """A tensor over t's storage with the given shape, strides and offset (t's offset by default)."""
     return Tensor(t._storage, tuple(shape), tuple(strides), t._offset if offset is None else offset)
 
 
@@ -24,7 +25,7 @@ def _infer(shape: Sequence[int], numel: int, src: tuple[int, ...]) -> tuple[int,
         if rest == 0 or numel % rest:
             raise ValueError(f"reshape: cannot reshape tensor of shape {src} into {tuple(shape)}")
         shape[shape.index(-1)] = numel // rest
-    shape_t = _norm_shape(shape)
+    shape_t = normalize_shape(shape)
     if math.prod(shape_t) != numel:
         raise ValueError(f"reshape: cannot reshape tensor of shape {src} ({numel} elements) into {shape_t}")
     return shape_t
@@ -65,28 +66,28 @@ def reshape(t: Tensor, shape) -> Tensor:
     if strides is None:
         t = contiguous(t)
         strides = _view_strides(t, shape)
-    return _view(t, shape, strides)
+    return view(t, shape, strides)
 
 
 def flatten(t: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if t.ndim == 0:
         return reshape(t, (1,))
-    s, e = _wrap_dim(start_dim, t.ndim), _wrap_dim(end_dim, t.ndim)
+    s, e = wrap_dim(start_dim, t.ndim), wrap_dim(end_dim, t.ndim)
     return reshape(t, t.shape[:s] + (math.prod(t.shape[s:e + 1]),) + t.shape[e + 1:])
 
 
 def permute(t: Tensor, axes) -> Tensor:
-    axes = tuple(_wrap_dim(a, t.ndim) for a in axes)
+    axes = tuple(wrap_dim(a, t.ndim) for a in axes)
     if sorted(axes) != list(range(t.ndim)):
         raise ValueError(f"permute: {axes} is not a permutation of the {t.ndim} dims of shape {t.shape}")
-    return _view(t, [t.shape[a] for a in axes], [t.strides[a] for a in axes])
+    return view(t, [t.shape[a] for a in axes], [t.strides[a] for a in axes])
 
 
 def transpose(t: Tensor, d0: int, d1: int) -> Tensor:
     if t.ndim < 2 and d0 in (-2, -1) and d1 in (-2, -1):
         return t
     axes = list(range(t.ndim))
-    a, b = _wrap_dim(d0, t.ndim), _wrap_dim(d1, t.ndim)
+    a, b = wrap_dim(d0, t.ndim), wrap_dim(d1, t.ndim)
     axes[a], axes[b] = axes[b], axes[a]
     return permute(t, axes)
 
@@ -122,25 +123,25 @@ def expand(t: Tensor, shape) -> Tensor:
             out_strides.append(0)
         else:
             raise ValueError(f"expand: cannot expand shape {t.shape} to {shape}")
-    return _view(t, out_shape, out_strides)
+    return view(t, out_shape, out_strides)
 
 
 def squeeze(t: Tensor, dim=None) -> Tensor:
     if dim is None:
         keep = [i for i, n in enumerate(t.shape) if n != 1]
     else:
-        ds = {_wrap_dim(d, t.ndim) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+        ds = {wrap_dim(d, t.ndim) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
         keep = [i for i, n in enumerate(t.shape) if not (i in ds and n == 1)]
-    return _view(t, [t.shape[i] for i in keep], [t.strides[i] for i in keep])
+    return view(t, [t.shape[i] for i in keep], [t.strides[i] for i in keep])
 
 
 def unsqueeze(t: Tensor, dim: int) -> Tensor:
-    d = _wrap_dim(dim, t.ndim + 1)
+    d = wrap_dim(dim, t.ndim + 1)
     shape, strides = list(t.shape), list(t.strides)
     stride = strides[d] * shape[d] if d < t.ndim else 1
     shape.insert(d, 1)
     strides.insert(d, stride)
-    return _view(t, shape, strides)
+    return view(t, shape, strides)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -154,7 +155,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     ref = tensors[0]
     if any(x.ndim == 0 for x in tensors):
         raise ValueError("cat: zero-dimensional tensors cannot be concatenated; use stack()")
-    d = _wrap_dim(dim, ref.ndim)
+    d = wrap_dim(dim, ref.ndim)
     for x in tensors[1:]:
         if x.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, ref.shape)) if i != d):
             raise ValueError(f"cat: shapes {ref.shape} and {x.shape} differ outside dim {d}")
@@ -170,16 +171,17 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     for x in tensors:
         n = x.shape[d]
         if n and x.numel():
-            copy_(_narrow(out, d, start, n), x)
+            copy_(narrow(out, d, start, n), x)
         start += n
     out._storage.version = 0
     return out
 
 
-def _narrow(t: Tensor, d: int, start: int, length: int) -> Tensor:
+def narrow(t: Tensor, d: int, start: int, length: int) -> Tensor:
+    """The view of ``length`` entries of dim ``d`` from ``start``."""
     shape = list(t.shape)
     shape[d] = length
-    return _view(t, shape, t.strides, t._offset + start * t.strides[d])
+    return view(t, shape, t.strides, t._offset + start * t.strides[d])
 
 
 def stack_dim(tensors: Sequence[Tensor], dim: int) -> int:
@@ -189,7 +191,7 @@ def stack_dim(tensors: Sequence[Tensor], dim: int) -> int:
     shapes = {x.shape for x in tensors}
     if len(shapes) > 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
-    return _wrap_dim(dim, tensors[0].ndim + 1)
+    return wrap_dim(dim, tensors[0].ndim + 1)
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:

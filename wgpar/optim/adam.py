@@ -7,21 +7,22 @@ import math
 from typing import Any
 
 from .. import ops
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
+from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, check_number
+
+_ADAM = Kernel("optim_adam", "param: w, grad: r, exp_avg: w, exp_avg_sq: w, max_exp_avg_sq: w",
+               "numel: u32, off_p: u32, off_g: u32, fresh: u32, weight_decay: f32, decay: f32, one_minus_beta1: f32, "
+               "beta2: f32, one_minus_beta2: f32, neg_step_size: f32, bc2_sqrt: f32, eps: f32, maximize: u32")
 
 
 @functools.lru_cache(maxsize=64)
 def _kernel(pt: str, gt: str, amsgrad: bool) -> KernelSpec:
-    f16 = "enable f16;" if "f16" in (pt, gt) else ""
     if not amsgrad:
-        return spec("optim_adam", ("w", "r", "w", "w"), F16=f16, P=pt, G=gt, PARAMS=4, AMS_BINDING="",
-                    DENOM_SQ="  let vd = vq;")
-    return spec("optim_adam", ("w", "r", "w", "w", "w"), F16=f16, P=pt, G=gt, PARAMS=5,
-                AMS_BINDING=f"@group(0) @binding(4) var<storage, read_write> max_exp_avg_sq: array<{pt}>;",
-                DENOM_SQ=("  let vd = max(select(f32(max_exp_avg_sq[i]), 0.0, fresh), vq);\n"
-                          f"  max_exp_avg_sq[i] = {pt}(vd);"))
+        return _ADAM.spec((pt, gt, pt, pt), without=("max_exp_avg_sq",), P=pt, DENOM_SQ="  let vd = vq;")
+    return _ADAM.spec((pt, gt, pt, pt, pt), P=pt,
+                      DENOM_SQ=("  let vd = max(select(f32(max_exp_avg_sq[i]), 0.0, fresh), vq);\n"
+                                f"  max_exp_avg_sq[i] = {pt}(vd);"))
 
 
 class Adam(Optimizer):
@@ -84,11 +85,11 @@ class Adam(Optimizer):
         bias_correction1 = 1 - beta1 ** step
         bias_correction2 = 1 - beta2 ** step
         step_size = lr / bias_correction1
-        params = pack(p.numel(), p._offset, grad._offset, int(fresh),
-                      F32(0.0 if decoupled else wd), F32(1 - lr * wd if decoupled else 1.0),
-                      F32(1 - beta1), F32(beta2), F32(1 - beta2), F32(-step_size),
-                      F32(math.sqrt(bias_correction2)), F32(float(group["eps"])),
-                      int(bool(group["maximize"])), 0, 0, 0)
+        params = _ADAM.pack(numel=p.numel(), off_p=p._offset, off_g=grad._offset, fresh=int(fresh),
+                            weight_decay=0.0 if decoupled else wd, decay=1 - lr * wd if decoupled else 1.0,
+                            one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
+                            neg_step_size=-step_size, bc2_sqrt=math.sqrt(bias_correction2),
+                            eps=float(group["eps"]), maximize=int(bool(group["maximize"])))
         for t in moments:
             t._storage.version += 1
         k = _kernel(p.dtype.storage, grad.dtype.storage, amsgrad)

@@ -118,6 +118,20 @@ class Optimizer:
     def _validate(self, group: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _check_gradless(self, i: int, p: Parameter) -> None:
+        """Raise for a parameter without device memory that has no gradient (step calls this).
+
+        Such a parameter never gets a device gradient, so skipping it as gradient-less would
+        silently train nothing: FSDP frees the parameters it replaced by shards (an optimizer built
+        before ``fully_shard`` holds those), and keeps offloaded shards on the host.
+        """
+        if p.untyped_storage().is_freed:
+            raise ValueError(
+                f"{type(self).__name__}: params[{i}] (shape {p.shape}) has no device memory: its storage was freed "
+                "(a parameter FSDP replaced by its shard, or a shard FSDP offloaded to the host); build the "
+                "optimizer from model.parameters() after fully_shard, and step offloaded shards with a host "
+                "optimizer (wgpar.distributed.fsdp.HostAdamW)")
+
     # -- stepping -------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to None (the default, frees memory) or to zeros in place."""
@@ -135,8 +149,9 @@ class Optimizer:
                 loss = closure()
         with no_grad():
             for group in self.param_groups:
-                for p in group["params"]:
+                for i, p in enumerate(group["params"]):
                     if p.grad is None:
+                        self._check_gradless(i, p)
                         continue
                     self._step_param(p, group)
         return loss

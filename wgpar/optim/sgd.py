@@ -5,10 +5,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..runtime.kernels import F32, WORKGROUP, KernelSpec, grid, pack, spec
+from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, check_number
 
+_SGD = Kernel("optim_sgd", "param: w, grad: r, buf: w",
+              "numel: u32, off_p: u32, off_g: u32, first: u32, neg_lr: f32, momentum: f32, one_minus_dampening: f32, "
+              "weight_decay: f32, maximize: u32")
 _MOMENTUM = """  var b = g;
   if (p.first == 0u) {{ b = f32(buf[i]) * p.momentum + p.one_minus_dampening * g; }}  // buf.mul_(m).add_(g, alpha=1-d)
   buf[i] = {P}(b);
@@ -17,13 +20,10 @@ _MOMENTUM = """  var b = g;
 
 @functools.lru_cache(maxsize=64)
 def _kernel(pt: str, gt: str, momentum: bool, nesterov: bool) -> KernelSpec:
-    f16 = "enable f16;" if "f16" in (pt, gt) else ""
     if not momentum:
-        return spec("optim_sgd", ("w", "r"), F16=f16, P=pt, G=gt, PARAMS=2, BUF_BINDING="", MOMENTUM="")
+        return _SGD.spec((pt, gt), without=("buf",), P=pt, MOMENTUM="")
     use = "g = g + p.momentum * f32({P}(b));" if nesterov else "g = f32({P}(b));"
-    return spec("optim_sgd", ("w", "r", "w"), F16=f16, P=pt, G=gt, PARAMS=3,
-                BUF_BINDING=f"@group(0) @binding(2) var<storage, read_write> buf: array<{pt}>;",
-                MOMENTUM=_MOMENTUM.format(P=pt, use=use.format(P=pt)))
+    return _SGD.spec((pt, gt, pt), P=pt, MOMENTUM=_MOMENTUM.format(P=pt, use=use.format(P=pt)))
 
 
 class SGD(Optimizer):
@@ -70,9 +70,9 @@ class SGD(Optimizer):
             buf._storage.version += 1
         k = _kernel(p.dtype.storage, grad.dtype.storage, momentum != 0, bool(group["nesterov"]))
         n = p.numel()
-        params = pack(n, p._offset, grad._offset, first, F32(-float(group["lr"])), F32(momentum),
-                      F32(1.0 - float(group["dampening"])), F32(float(group["weight_decay"])),
-                      int(bool(group["maximize"])), 0, 0, 0)
+        params = _SGD.pack(numel=n, off_p=p._offset, off_g=grad._offset, first=first, neg_lr=-float(group["lr"]),
+                           momentum=momentum, one_minus_dampening=1.0 - float(group["dampening"]),
+                           weight_decay=float(group["weight_decay"]), maximize=int(bool(group["maximize"])))
         p.device.dispatch(k, buffers, params, grid(-(-n // WORKGROUP), p.device.max_workgroups))
 
 

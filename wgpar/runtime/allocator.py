@@ -7,6 +7,11 @@ buffer on this device goes through one queue, in order; the one exception,
 ``queue.write_buffer`` (which runs before still-unsubmitted work), is handled
 by the device flushing before any host upload.
 
+An optional limit caps ``reserved_bytes`` (what a device with that much memory could hold):
+a buffer that would pass it is refused like a real out-of-memory error, so the cache is released
+and the allocation retried once before OutOfMemoryError. ``wgpar.set_memory_limit`` sets it per
+device, ``WGPAR_MEMORY_LIMIT`` for every device (tests and examples show what fits in less memory).
+
 Memory really goes back to wgpu only in :meth:`CachingAllocator.release_cache`,
 which the device calls after its queue is idle, and which drops buffers
 instead of destroying them: destroying a buffer that queued work still uses
@@ -81,6 +86,7 @@ class CachingAllocator:
         self.num_buffer_creates = 0
         self.num_cache_hits = 0
         self.num_ooms = 0
+        self.memory_limit: int | None = None  # cap on reserved_bytes; see set_limit
         # Called before the one retry after an out-of-memory error: must return every cached buffer
         # to wgpu for real (the device waits for its queue, drops the cache, and polls).
         self.reclaim: Callable[[], object] = self.release_cache
@@ -111,15 +117,34 @@ class CachingAllocator:
             self.peak_allocated_bytes = self.allocated_bytes
         self.num_allocs += 1
 
+    def set_limit(self, nbytes: int | None) -> int | None:
+        """Cap ``reserved_bytes`` at ``nbytes`` (None: no cap); returns the previous cap.
+
+        Buffers already held stay; only new ones are refused past the cap.
+        """
+        if nbytes is not None:
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                raise ValueError(f"{self._name}: the memory limit must be a number of bytes >= 0 or None, "
+                                 f"got {nbytes!r}")
+        prev, self.memory_limit = self.memory_limit, nbytes
+        return prev
+
+    def _create_within_limit(self, size: int) -> wgpu.GPUBuffer:
+        limit = self.memory_limit
+        if limit is not None and self.reserved_bytes + size > limit:
+            raise MemoryError(f"not enough memory left under the limit of {limit} bytes")
+        return self._create(size)
+
     def _create_with_retry(self, size: int, nbytes: int) -> wgpu.GPUBuffer:
         try:
-            return create_with_retry(lambda: self._create(size), self.reclaim)
+            return create_with_retry(lambda: self._create_within_limit(size), self.reclaim)
         except OutOfMemoryError as exc:
             self.num_ooms += 1
+            limit = "" if self.memory_limit is None else f"; memory limit {self.memory_limit} bytes"
             raise OutOfMemoryError(
                 f"{self._name}: out of memory allocating {nbytes} bytes (block {size} bytes) after releasing "
                 f"the cache; {self.allocated_bytes} bytes allocated by tensors, {self.reserved_bytes} bytes "
-                f"reserved ({exc})") from None
+                f"reserved{limit} ({exc})") from None
 
     def free(self, block: Block) -> None:
         buf, block.buffer = block.buffer, None

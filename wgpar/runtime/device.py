@@ -19,7 +19,7 @@ import wgpu
 from ..errors import BindingLimitError, OutOfMemoryError, WgparError
 from .allocator import STORAGE_USAGE, Block, CachingAllocator, create_with_retry
 from .config import CONFIG
-from .kernels import PARAM_SLOT, KernelSpec
+from .kernels import PARAM_SLOT, KernelSpec, dump_wgsl
 
 _ARENA_SLOTS = 1024
 _LARGE_UPLOAD = 1 << 20  # bytes; smaller uploads use queue.write_buffer
@@ -68,6 +68,7 @@ class Device:
         self.allocator = CachingAllocator(self._create_storage, min(self.max_binding, self.max_buffer),
                                           self._forget_buffers, name=str(self))
         self.allocator.reclaim = self.empty_cache
+        self.allocator.set_limit(CONFIG.memory_limit)
         self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
         self._bind_groups: dict[tuple, Any] = {}
         self._staging: dict[int, wgpu.GPUBuffer] = {}
@@ -174,21 +175,26 @@ class Device:
         hit = self._pipelines.get(kspec)
         if hit is not None:
             return hit
+        access = kspec.access
         entries = [
             {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
              "buffer": {"type": wgpu.BufferBindingType.read_only_storage if a == "r"
                         else wgpu.BufferBindingType.storage}}
-            for i, a in enumerate(kspec.access)
+            for i, a in enumerate(access)
         ]
-        entries.append({"binding": len(kspec.access), "visibility": wgpu.ShaderStage.COMPUTE,
+        entries.append({"binding": len(access), "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True,
                                    "min_binding_size": 0}})
+        source = kspec.source()
+        if CONFIG.dump_wgsl:
+            dump_wgsl(CONFIG.dump_wgsl, kspec, source)
         try:
-            module = self._dev.create_shader_module(label=kspec.label, code=kspec.source())
+            module = self._dev.create_shader_module(label=kspec.label, code=source)
             layout = self._dev.create_bind_group_layout(label=kspec.label, entries=entries)
             pl = self._dev.create_pipeline_layout(label=kspec.label, bind_group_layouts=[layout])
             pipeline = self._dev.create_compute_pipeline(
-                label=kspec.label, layout=pl, compute={"module": module, "entry_point": "main"})
+                label=kspec.label, layout=pl,
+                compute={"module": module, "entry_point": "main", "constants": dict(kspec.constants)})
         except Exception as exc:
             raise WgparError(f"{self}: building kernel {kspec.label} failed: {exc}") from exc
         self._pipelines[kspec] = (pipeline, layout)

@@ -1,25 +1,31 @@
-"""WGSL kernel sources: load, specialise, and pack their parameters.
+"""WGSL kernels: each declares its interface once; the shader header and the parameter packing follow.
 
-Every kernel family lives in one ``.wgsl`` file under ``shaders/``; a file is
-a template whose ``{{NAME}}`` placeholders are filled per specialisation
-(element types, the op's expression, a fast path). Parameters travel in a
-uniform struct at the last binding, read through a dynamic offset into the
-device's parameter arena, so one cached bind group serves every call with the
-same buffers.
+A kernel family lives in one ``.wgsl`` file under ``shaders/`` that holds only its code. Its
+interface is declared once, in Python next to the code that launches it (:class:`Kernel`): the
+storage buffers (name, access), the parameter block (name and WGSL type of each field) and the
+WGSL ``override`` constants (the workgroup size, tile sizes). From that declaration come the
+shader header (``enable f16;`` when f16 is used, the buffer bindings, ``struct Params`` and its
+uniform binding, the ``override`` declarations), the bind group layout, the bytes of each call's
+parameters (:meth:`Params.pack`) and the ``constants=`` of the pipeline. A file's ``{{NAME}}``
+placeholders take per-specialisation code (an op's expression, a loop body). Parameters travel
+through a dynamic offset into the device's parameter arena, so one cached bind group serves every
+call with the same buffers. ``WGPAR_DUMP_WGSL=dir`` writes every shader built (``Device``).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-WORKGROUP = 256
+WORKGROUP = 256  # threads per workgroup of the 1-D kernels: their override constant WG
 MAX_DIMS = 8
 PARAM_SLOT = 256  # bytes per dispatch in the arena; a multiple of every uniform offset alignment
 # Most loop iterations one shader invocation may run. lavapipe (llvmpipe) silently leaves its loops
@@ -46,26 +52,187 @@ def load_source(family: str) -> str:
         raise FileNotFoundError(f"wgpar shader {family!r} not found at {path}") from None
 
 
+# -- the parameter block --------------------------------------------------------------------------
+# WGSL type -> (struct format of its words, words, alignment in words)
+_SCALARS = {"u32": "I", "i32": "i", "f32": "f"}
+_ARRAY = re.compile(r"array<vec4<(u32|i32|f32)>,\s*(\d+)>")
+_VEC4 = re.compile(r"vec4<(u32|i32|f32)>")
+
+
+def _layout(wgsl_type: str) -> tuple[str, int, int]:
+    if wgsl_type in _SCALARS:
+        return _SCALARS[wgsl_type], 1, 1
+    m = _VEC4.fullmatch(wgsl_type)
+    if m:
+        return _SCALARS[m.group(1)], 4, 4
+    m = _ARRAY.fullmatch(wgsl_type)
+    if m:
+        return _SCALARS[m.group(1)], 4 * int(m.group(2)), 4
+    raise ValueError(f"parameter type {wgsl_type!r}: use u32, i32, f32, vec4<T> or array<vec4<T>, N>")
+
+
+def _split_decl(text: str) -> list[tuple[str, str]]:
+    """``"rows: u32, off: vec4<u32>"`` -> [("rows", "u32"), ("off", "vec4<u32>")] (commas inside <> kept)."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            item = text[start:i].strip()
+            start = i + 1
+            if item:
+                name, _, typ = item.partition(":")
+                out.append((name.strip(), typ.strip()))
+    return out
+
+
+class Params:
+    """A kernel's parameter block, declared once as WGSL fields: ``Params("rows: u32, scale: f32")``.
+
+    ``wgsl()`` is the ``struct Params`` (vec4 and array fields aligned to 16 bytes, the size padded
+    to 16); ``pack(**values)`` gives the bytes of one call, each field by name (a vector field takes
+    a sequence of its words). ``struct`` packs the flat words in declaration order, padding
+    implied: for the hottest callers, which pre-flatten their words.
+    """
+
+    def __init__(self, decl: str) -> None:
+        self.decl = decl
+        self.fields = tuple(_split_decl(decl))
+        fmt, self._words, lines, used = "<", [], [], 0
+        for name, typ in self.fields:
+            code, n, align = _layout(typ)
+            pad = -used % align
+            if pad:
+                fmt += f"{4 * pad}x"
+                lines += [f"  _pad{used + k}: u32," for k in range(pad)]
+                used += pad
+            fmt += f"{n}{code}" if n > 1 else code
+            lines.append(f"  {name}: {typ},")
+            self._words.append((name, n, code))
+            used += n
+        tail = -used % 4
+        fmt += f"{4 * tail}x" if tail else ""
+        lines += [f"  _pad{used + k}: u32," for k in range(tail)]
+        self.size = 4 * (used + tail)
+        if self.size > PARAM_SLOT:
+            raise ValueError(f"kernel parameters {decl!r} take {self.size} bytes, more than the {PARAM_SLOT}-byte slot")
+        self.struct = struct.Struct(fmt)
+        self._bits = struct.Struct(fmt.replace("i", "I").replace("f", "I"))
+        self._body = "\n".join(lines)
+
+    def wgsl(self) -> str:
+        return f"struct Params {{\n{self._body}\n}}"
+
+    def flat(self, values: Mapping[str, object]) -> list:
+        """The words of ``values`` in declaration order (every field must be given, no other)."""
+        words: list = []
+        for name, n, _ in self._words:
+            try:
+                v = values[name]
+            except KeyError:
+                raise TypeError(f"kernel parameters {self.decl!r}: no value for {name!r}") from None
+            if n == 1:
+                words.append(v)
+            elif len(v) != n:
+                raise ValueError(f"kernel parameter {name!r} takes {n} words, got {len(v)}")
+            else:
+                words.extend(v)
+        if len(values) != len(self._words):
+            extra = sorted(set(values) - {w[0] for w in self._words})
+            raise TypeError(f"kernel parameters {self.decl!r}: unknown {extra}")
+        return words
+
+    def pack(self, **values) -> bytes:
+        return self.pack_flat(self.flat(values))
+
+    def pack_flat(self, words: Sequence) -> bytes:
+        try:
+            return self.struct.pack(*words)
+        except (struct.error, OverflowError):  # a negative u32, a float beyond f32's range, ...
+            bits, k = [], 0
+            for _, n, code in self._words:
+                for v in words[k:k + n]:
+                    bits.append(f32_bits(float(v)) if code == "f" else int(v) & 0xFFFFFFFF)
+                k += n
+            return self._bits.pack(*bits)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Params) and other.fields == self.fields
+
+    def __hash__(self) -> int:
+        return hash(self.fields)
+
+    def __repr__(self) -> str:
+        return f"Params({self.decl!r})"
+
+
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
+def f32_bits(x: float) -> int:
+    """The bits of ``x`` rounded to float32 (as NumPy's cast rounds: beyond the range, an infinity)."""
+    try:
+        return _U32.unpack(_F32.pack(x))[0]
+    except OverflowError:  # beyond float32's range: round to inf as a cast would
+        with np.errstate(over="ignore"):
+            return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+# -- kernels --------------------------------------------------------------------------------------
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_SPECS_MAX = 1024  # specialisations remembered per kernel
+_F16 = re.compile(r"\bf16\b")
+_COMMENT = re.compile(r"//[^\n]*")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KernelSpec:
-    """One specialised kernel: its family file, fills and binding access modes.
+    """One specialised kernel: its family file, buffers, parameter block, fills and constants.
 
-    ``access`` lists the storage bindings in order, ``"r"`` (read-only) or
-    ``"w"`` (read-write); the parameter uniform is the binding after them.
+    ``buffers`` lists the storage bindings in order as (name, access, element type), access
+    ``"r"`` (read-only) or ``"w"`` (read-write); the parameter uniform ``p`` is the binding after
+    them. ``constants`` are the WGSL ``override`` values the pipeline is built with.
     """
 
     family: str
-    fills: tuple[tuple[str, str], ...]
-    access: tuple[str, ...]
-    f16: bool = False
+    buffers: tuple[tuple[str, str, str], ...]
+    params: Params
+    fills: tuple[tuple[str, str], ...] = ()
+    constants: tuple[tuple[str, int], ...] = ()
+    _hash: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Hashed on every dispatch (the device's pipeline cache): once here, not field by field there.
+        object.__setattr__(self, "_hash", hash((self.family, self.buffers, self.params, self.fills, self.constants)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, KernelSpec) and self._hash == other._hash and
+                                 (self.family, self.buffers, self.params, self.fills, self.constants) ==
+                                 (other.family, other.buffers, other.params, other.fills, other.constants))
+
+    @property
+    def access(self) -> tuple[str, ...]:
+        return tuple(b[1] for b in self.buffers)
 
     @property
     def label(self) -> str:
-        tag = ",".join(f"{k}={v}" for k, v in self.fills if len(v) < 24)
+        tag = ",".join([f"{k}={v}" for k, v in self.fills if len(v) < 24] +
+                       [f"{n}:{t}" for n, _, t in self.buffers])
         return f"wgpar:{self.family}[{tag}]"
+
+    def header(self) -> str:
+        """The declarations generated from the interface: bindings, Params, overrides."""
+        lines = [f"@group(0) @binding({i}) var<storage, {'read_write' if a == 'w' else 'read'}> {n}: array<{t}>;"
+                 for i, (n, a, t) in enumerate(self.buffers)]
+        lines += [self.params.wgsl(), f"@group(0) @binding({len(self.buffers)}) var<uniform> p: Params;"]
+        lines += [f"override {k}: u32;" for k, _ in self.constants]
+        return "\n".join(lines)
 
     def source(self) -> str:
         fills = dict(self.fills)
@@ -76,49 +243,79 @@ class KernelSpec:
             except KeyError:
                 raise KeyError(f"{self.label}: no fill for {{{{{m.group(1)}}}}}") from None
 
-        body = _PLACEHOLDER.sub(sub, load_source(self.family))
-        return ("enable f16;\n" if self.f16 else "") + body
+        code = self.header() + "\n\n" + _PLACEHOLDER.sub(sub, load_source(self.family))
+        uses_f16 = _F16.search(_COMMENT.sub("", code))  # a comment mentioning f16 must not enable it
+        return ("enable f16;\n" if uses_f16 else "") + code
 
 
-def spec(family: str, access: tuple[str, ...], f16: bool = False, **fills: str | int) -> KernelSpec:
-    return KernelSpec(family, tuple(sorted((k, str(v)) for k, v in fills.items())), access, f16)
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel family's interface, declared once next to the code that launches it.
 
-
-class F32(float):
-    """Marks a parameter word as an f32 (plain ints pack as u32/i32)."""
-
-
-def _f32_bits(x: float) -> int:
-    try:
-        return _U32.unpack(_F32.pack(x))[0]
-    except OverflowError:  # beyond float32's range: round to inf as a cast would
-        with np.errstate(over="ignore"):
-            return int(np.array(x, dtype=np.float32).view(np.uint32))
-
-
-_F32 = struct.Struct("<f")
-_U32 = struct.Struct("<I")
-
-
-def pack(*words: int | float | F32 | list | tuple) -> bytes:
-    """Pack parameter words (ints as 32-bit two's complement, F32 as f32 bits).
-
-    On the path of every dispatch: plain ``struct``, one call when every word
-    is already a non-negative int (the common case), word by word otherwise.
+    Arguments:
+        family: the shader file, ``shaders/<family>.wgsl``.
+        buffers: the storage bindings in order, ``"out: w, x: r"`` (w: read-write, r: read-only).
+        params: the parameter block's fields, ``"rows: u32, scale: f32"`` (see :class:`Params`).
+        constants: the ``override`` constants and their values (default: the workgroup size WG).
     """
-    flat: list = []
-    for w in words:
-        if isinstance(w, (list, tuple)):
-            flat.extend(w)
-        else:
-            flat.append(w)
-    if len(flat) * 4 > PARAM_SLOT:
-        raise ValueError(f"kernel parameters of {len(flat) * 4} bytes exceed the {PARAM_SLOT}-byte slot")
-    fmt = f"<{len(flat)}I"
-    try:
-        return struct.pack(fmt, *flat)
-    except struct.error:  # floats, negative ints, NumPy scalars
-        return struct.pack(fmt, *(_f32_bits(v) if isinstance(v, float) else int(v) & 0xFFFFFFFF for v in flat))
+
+    family: str
+    buffers: str
+    params: str
+    constants: tuple[tuple[str, int], ...] = (("WG", WORKGROUP),)
+
+    @functools.cached_property
+    def _buffers(self) -> tuple[tuple[str, str], ...]:
+        return tuple((n, a) for n, a in _split_decl(self.buffers))
+
+    @functools.cached_property
+    def param_block(self) -> Params:
+        return Params(self.params)
+
+    @functools.cached_property
+    def _specs(self) -> dict:
+        return {}
+
+    def spec(self, types: Sequence[str], without: Sequence[str] = (), constants: Mapping[str, int] | None = None,
+             **fills: str | int) -> KernelSpec:
+        """Specialise: the element type of each buffer (in order, those in ``without`` left out, so
+        their bindings do not exist), code for the file's placeholders, and constants that differ
+        from the declared ones. Made once per distinct call (ops call this per dispatch)."""
+        key = (tuple(types), tuple(without), tuple(constants.items()) if constants else (), tuple(fills.items()))
+        hit = self._specs.get(key)
+        if hit is None:
+            if len(self._specs) >= _SPECS_MAX:
+                self._specs.clear()
+            hit = self._specs[key] = self._make(types, without, constants, fills)
+        return hit
+
+    def _make(self, types, without, constants, fills) -> KernelSpec:
+        bufs = [b for b in self._buffers if b[0] not in without]
+        if len(types) != len(bufs):
+            raise ValueError(f"kernel {self.family}: {len(types)} element types for buffers {[b[0] for b in bufs]}")
+        consts = dict(self.constants)
+        consts.update(constants or {})
+        return KernelSpec(self.family, tuple((n, a, t) for (n, a), t in zip(bufs, types)), self.param_block,
+                          tuple(sorted((k, str(v)) for k, v in fills.items())), tuple(sorted(consts.items())))
+
+    def pack(self, **values) -> bytes:
+        return self.param_block.pack(**values)
+
+
+def dump_wgsl(directory: str, kspec: KernelSpec, source: str) -> Path:
+    """Write ``source`` to ``directory/<family>-<hash of source and constants>.wgsl`` (WGPAR_DUMP_WGSL).
+
+    The file starts with comments naming the kernel and the override constants it is built with.
+    """
+    consts = ", ".join(f"{k}={v}" for k, v in kspec.constants)
+    digest = hashlib.sha1(f"{source}\n{consts}".encode()).hexdigest()[:12]
+    path = Path(directory) / f"{kspec.family}-{digest}.wgsl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{id(kspec)}.tmp")  # several devices may build one kernel at once
+        tmp.write_text(f"// {kspec.label}\n// override constants: {consts or 'none'}\n{source}")
+        tmp.replace(path)
+    return path
 
 
 def dims(values, fill: int = 0) -> list[int]:

@@ -19,11 +19,13 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import wgpu
 
-from .device import Device
+if TYPE_CHECKING:  # only for annotations: device.py imports this module
+    from .device import Device
 
 
 class TransferTimeout(TimeoutError):

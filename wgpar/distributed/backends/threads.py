@@ -448,12 +448,12 @@ class ThreadRank(ProcessGroup):
         down, _ = self._download(tensor)
         target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
         up = self._pool.up(round4(output.nbytes))
-        n = tensor.numel()
+        n, dtype = tensor.numel(), tensor.dtype  # the input was copied at launch: do not keep it alive
 
         def complete():
             try:
-                mine = self._mapped(down, kind, tensor.dtype, n)
-                target = self._upload_view(up, kind, tensor.dtype, output.numel())
+                mine = self._mapped(down, kind, dtype, n)
+                target = self._upload_view(up, kind, dtype, output.numel())
                 parts = self._exchange(kind, (meta, mine), _share_all_payloads(kind))
             except BaseException:
                 self._give_back(down, up)
@@ -475,17 +475,18 @@ class ThreadRank(ProcessGroup):
         down, _ = self._download(tensor)
         target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
         up = self._pool.up(round4(output.nbytes))
+        n, dtype = tensor.numel(), tensor.dtype  # the input was copied at launch: do not keep it alive
 
         def complete():
             try:
-                mine = self._mapped(down, kind, tensor.dtype, tensor.numel())
-                target = self._upload_view(up, kind, tensor.dtype, output.numel())
+                mine = self._mapped(down, kind, dtype, n)
+                target = self._upload_view(up, kind, dtype, output.numel())
                 parts = self._exchange(kind, (meta, mine), _share_all_payloads(kind))
             except BaseException:
                 self._give_back(down, up)
                 raise
             self._shared_phase(kind, (down, up), reduce_into, [p[lo:hi] for p in parts], [target], op,
-                               tensor.dtype is _dt.bool_)
+                               dtype is _dt.bool_)
             del mine, target, parts
             self._give_back(down)
             return self._commit(up, target_t, output)

@@ -1,0 +1,162 @@
+"""FSDP: train an MLP whose training state is several times one device's memory limit.
+
+    python examples/fsdp.py --devices 4 --strategy FULL_SHARD
+    python examples/fsdp.py --devices 4 --offload --layers 64     # the parameters alone exceed the limit
+    python examples/fsdp.py --devices 2 --width 8192 --layers 48 --memory-limit-mib 0   # a real GPU, no limit
+
+Every rank builds the model block by block and shards each block (fully_shard) as soon as it
+exists, so the whole model is never on one device; each device gets a memory limit
+(wgpar.set_memory_limit) that DataParallel's full replica, gradients and AdamW moments would
+exceed. The task is synthetic (labels from a fixed random linear teacher), so the loss falls. At
+the end a per-device table shows what FSDP used against what DataParallel would need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import wgpar
+from wgpar import nn, optim
+from wgpar.distributed import MultiAdapterContext, fully_shard
+from wgpar.distributed.fsdp import HostAdamW, OffloadPolicy, memory_estimate
+from wgpar.nn import functional as F
+
+MIB = 1 << 20
+
+
+class Block(nn.Module):
+    """x + gelu(x @ W.T + b): residual, so a deep stack still trains."""
+
+    def __init__(self, width: int, device) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width, device=device)
+
+    def forward(self, x):
+        return x + F.gelu(self.linear(x))
+
+
+def build_block(width: int, layers: int, seed: int, device) -> nn.Module:
+    """One block, the same values on every rank (a local generator: ranks build in parallel)."""
+    block = Block(width, device)
+    g = np.random.default_rng(seed)
+    bound = 1 / np.sqrt(width * layers)  # the residual stream's variance stays O(1) in depth
+    block.load_state_dict({"linear.weight": g.uniform(-bound, bound, (width, width)).astype(np.float32),
+                           "linear.bias": g.uniform(-bound, bound, width).astype(np.float32)})
+    return block
+
+
+def build(group, args) -> nn.Module:
+    """This rank's model: each block sharded as soon as it is built (peak: one block unsharded)."""
+    kw = dict(strategy=args.strategy, persist_threshold=0, prefetch=args.prefetch,
+              offload_policy=OffloadPolicy() if args.offload else None)
+    blocks = []
+    for i in range(args.layers):
+        block = build_block(args.width, args.layers, 1000 + i, group.device)
+        blocks.append(fully_shard(block, group, **kw))
+    head = nn.Linear(args.width, args.classes, device=group.device)
+    g = np.random.default_rng(7)
+    head.load_state_dict({"weight": (g.standard_normal((args.classes, args.width)) * 0.02).astype(np.float32),
+                          "bias": np.zeros(args.classes, np.float32)})
+    model = nn.Sequential(*blocks, fully_shard(head, group, **kw))
+    return fully_shard(model, group, **kw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", type=int, default=4)
+    ap.add_argument("--strategy", default="FULL_SHARD",
+                    choices=["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"])
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--offload", action="store_true", help="shards and AdamW state in host memory")
+    ap.add_argument("--memory-limit-mib", type=float, default=None,
+                    help="per-device limit (default: what FSDP needs plus a margin; 0: none)")
+    args = ap.parse_args()
+
+    ctx = MultiAdapterContext(args.devices, timeout=600)
+    n = args.devices
+    block_params = args.width * args.width + args.width
+    params = args.layers * block_params + args.classes * (args.width + 1)
+    # The estimate needs the layout only: a model of the same shapes, never trained, on a spare device.
+    spare = wgpar.device(n)
+    shapes = nn.Sequential(*[Block(args.width, spare) for _ in range(args.layers)],
+                           nn.Linear(args.width, args.classes, device=spare))
+    est = memory_estimate(shapes, n, args.strategy, persist_threshold=0, prefetch=args.prefetch,
+                          offload=args.offload, optimizer="adamw")
+    del shapes
+    wgpar.empty_cache(spare)
+    activations = 8 * (-(-args.batch // n)) * args.width * 4 * args.layers  # saved per layer, with slack
+    if args.memory_limit_mib is None:
+        limit = int((est.total + activations + 2 * block_params * 4) * 1.3)
+    else:
+        limit = int(args.memory_limit_mib * MIB) or None
+    if limit:
+        for d in ctx.devices:
+            wgpar.set_memory_limit(limit + wgpar.memory_reserved(d), d)
+    print(f"{n} ranks, {args.strategy}{' + offload' if args.offload else ''}, model {params / 1e6:.2f} M "
+          f"parameters ({params * 4 / MIB:.1f} MiB)")
+    if limit:
+        print(f"memory limit per device {limit / MIB:.1f} MiB: the parameters are {params * 4 / limit:.1f}x it, "
+              f"DataParallel's parameters + gradients + AdamW moments {est.data_parallel / limit:.1f}x it")
+
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((args.width, args.classes)).astype(np.float32)
+    models = ctx.run(lambda r: build(ctx.comm(r), args))
+    make_opt = HostAdamW if args.offload else optim.AdamW
+    opts = [make_opt(m.parameters(), lr=args.lr) for m in models]
+    for d in ctx.devices:
+        wgpar.reset_peak_memory_stats(d)
+
+    def step(r: int, x: np.ndarray, y: np.ndarray) -> float:
+        lo, hi = r * len(x) // n, (r + 1) * len(x) // n
+        opts[r].zero_grad()
+        loss = F.cross_entropy(models[r](wgpar.tensor(x[lo:hi], device=ctx.devices[r])), y[lo:hi])
+        (loss * ((hi - lo) * n / len(x))).backward()  # gradients are averaged over ranks: weight by batch share
+        opts[r].step()
+        share = loss.detach().reshape(1) * ((hi - lo) / len(x))
+        return ctx.comm(r).all_reduce(share, "sum").item()
+
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    bar = tqdm(total=args.steps, unit="step") if tqdm else None
+    t0 = time.perf_counter()
+    first = last = None
+    for i in range(args.steps):
+        x = rng.standard_normal((args.batch, args.width)).astype(np.float32)
+        y = (x @ teacher).argmax(1).astype(np.int32)
+        last = ctx.run(step, [x] * n, [y] * n)[0]
+        first = last if first is None else first
+        if bar:
+            bar.update(1)
+            bar.set_postfix(loss=f"{last:.4f}")
+        elif i % 10 == 0:
+            print(f"step {i:4d}  loss {last:.4f}")
+    if bar:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    print(f"loss {first:.4f} -> {last:.4f} in {args.steps} steps, {elapsed / args.steps * 1e3:.0f} ms per step")
+
+    print("\nper device, MiB      allocated  peak allocated  reserved  limit  | DataParallel would need")
+    for r, d in enumerate(ctx.devices):
+        s = wgpar.memory_stats(d)
+        lim = f"{limit / MIB:6.1f}" if limit else "     -"
+        print(f"rank {r} ({d.index})        {s['allocated_bytes'] / MIB:9.2f}  {s['peak_allocated_bytes'] / MIB:14.2f}"
+              f"  {s['reserved_bytes'] / MIB:8.2f}  {lim}  | {est.data_parallel / MIB:.2f} + activations")
+    print(f"estimate: {est}")
+    for d in ctx.devices:
+        wgpar.set_memory_limit(None, d)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()

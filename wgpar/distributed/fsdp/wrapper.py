@@ -1,0 +1,226 @@
+"""``FSDP(model, ctx)``: the single-controller form, one line for a whole model (like ``DataParallel``).
+
+The driver thread holds the wrapper; every step is handed to the ranks' threads with
+``MultiAdapterContext.run``. Construction reads the model's values to the host once, makes each
+rank a structural copy whose parameters have no memory, and applies ``fully_shard`` bottom-up on
+every rank (units chosen by ``auto_wrap``) with each rank's rows taken from the host copy, so the
+model's memory ends up split across the devices (the original's memory is freed as it is sharded).
+Batches are split along dim 0 as evenly as possible and each rank's loss is weighted by its share
+(gradients are summed, not averaged), so training equals single-device training on the whole batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import ops
+from ...autograd.grad_mode import no_grad
+from ...creation import full
+from ...nn.module import Module
+from ...nn.parameter import Parameter
+from ...tensor import Tensor
+from ..context import MultiAdapterContext
+from ..group import split_sizes
+from . import checkpoint as ckpt
+from .api import _fully_shard
+from .param import freed_tensor
+from .policies import PERSIST_THRESHOLD, AutoWrap, MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, plan_units
+
+
+def _empty_replica(module: Module, device) -> Module:
+    """A structural copy of ``module`` whose parameters have no memory (FSDP fills their shards) and
+    whose buffers are copied to ``device``."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = Parameter(freed_tensor(tuple(p.shape), p.dtype, device), p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = ops.to_device(b, device) if b.device is not device else ops.clone(b)
+    return copy.deepcopy(module, memo)
+
+
+class FSDP:
+    """Fully sharded data-parallel training of ``module`` over the ranks of a MultiAdapterContext.
+
+    ``fsdp(x, *rest)`` returns the per-rank outputs (batch-like arguments split along dim 0);
+    ``fsdp.loss(fn, outputs, *targets)``, ``fsdp.backward(losses)``, ``fsdp.step(opts)`` or
+    ``fsdp.train_step(x, y, loss_fn, opts)`` train; ``fsdp.modules[r]`` is rank r's sharded model
+    (an FSDPModule), ``fsdp.optimizers(factory)`` makes one optimizer per rank over its shards.
+
+    Arguments:
+        module: the model (any device); its memory is freed as it is sharded.
+        context: a MultiAdapterContext.
+        auto_wrap: which sub-modules become units (see ``plan_units``; default: each direct child
+            that has parameters).
+        strategy, mp_policy, offload_policy, shard_size, prefetch, persist_threshold,
+        reshard_after_forward: as for ``fully_shard``.
+    """
+
+    def __init__(self, module: Module, context: MultiAdapterContext, *, auto_wrap: AutoWrap = None,
+                 strategy: ShardingStrategy | str = ShardingStrategy.FULL_SHARD,
+                 mp_policy: MixedPrecisionPolicy | None = None, offload_policy: OffloadPolicy | None = None,
+                 shard_size: int | None = None, prefetch: int = 1, persist_threshold: int = PERSIST_THRESHOLD,
+                 reshard_after_forward: bool | None = None) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"FSDP wraps a wgpar.nn.Module, got {type(module).__name__}")
+        self.context = context
+        self.strategy = ShardingStrategy.parse(strategy)
+        units = [name for name, _ in plan_units(module, auto_wrap)]
+        host = {id(p): p.numpy() for p in module.parameters()}
+        names = [n for n, _ in module.named_parameters()]
+        source = dict(module.named_parameters())
+        replicas = [module] + [_empty_replica(module, d) for d in context.devices[1:]]
+        kw = dict(strategy=self.strategy, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
+                  offload_policy=offload_policy, shard_size=shard_size, prefetch=prefetch,
+                  persist_threshold=persist_threshold, sync_module_states=False)
+
+        def shard(rank: int) -> Module:
+            m = replicas[rank]
+            if rank == 0 and m.device is not None and m.device is not context.devices[0]:
+                m.to(context.devices[0])
+            mine = dict(m.named_parameters())
+            values = {id(mine[n]): host[id(source[n])] for n in names}
+            mods = dict(m.named_modules())
+            for name in units:
+                _fully_shard(mods[name], context.comm(rank), **kw, values=lambda p: values.get(id(p)))
+            m.set_gradient_divide_factor(1.0)  # each rank's loss is weighted by its batch share
+            m.lazy_init()
+            return m
+
+        self.modules: list[Module] = context.run(shard)
+        self._sizes: list[int] | None = None
+
+    @property
+    def module(self) -> Module:
+        """Rank 0's sharded model."""
+        return self.modules[0]
+
+    @property
+    def world_size(self) -> int:
+        return self.context.world_size
+
+    # -- batches ----------------------------------------------------------------------------
+    def _batch_sizes(self, x) -> list[int]:
+        n = len(x)
+        if n < self.world_size:
+            raise ValueError(f"FSDP: a batch of {n} rows cannot feed {self.world_size} ranks")
+        return split_sizes(n, self.world_size)
+
+    @staticmethod
+    def _split(arg, sizes: Sequence[int]) -> list:
+        if not isinstance(arg, (Tensor, np.ndarray)):
+            return [arg] * len(sizes)
+        bounds = np.cumsum([0, *sizes])
+        return [arg[int(bounds[r]):int(bounds[r + 1])] for r in range(len(sizes))]
+
+    def _to_rank(self, piece, rank: int):
+        dev = self.context.devices[rank]
+        if isinstance(piece, Tensor):
+            return piece if piece.device is dev else ops.to_device(piece, dev)
+        if isinstance(piece, np.ndarray):
+            return Tensor.from_numpy(piece, device=dev)
+        return piece
+
+    def _per_rank(self, items: Sequence, what: str) -> list:
+        items = list(items)
+        if len(items) != self.world_size:
+            raise ValueError(f"FSDP.{what}: needs one per rank ({self.world_size}), got {len(items)}")
+        return items
+
+    # -- steps -------------------------------------------------------------------------------
+    def forward(self, x, *rest) -> list:
+        sizes = self._batch_sizes(x)
+        self._sizes = sizes
+        args = [self._split(a, sizes) for a in (x, *rest)]
+        return self.context.run(lambda r, *a: self.modules[r](*(self._to_rank(p, r) for p in a)), *args)
+
+    __call__ = forward
+
+    def loss(self, fn: Callable, outputs: Sequence, *targets) -> list[Tensor]:
+        """Per-rank ``fn(output_r, *targets_r)``; targets are split like the inputs were."""
+        if self._sizes is None:
+            raise RuntimeError("FSDP.loss: call forward first")
+        args = [self._split(t, self._sizes) for t in targets]
+        return self.context.run(lambda r, out, *a: fn(out, *(self._to_rank(p, r) for p in a)),
+                                self._per_rank(outputs, "loss"), *args)
+
+    def _backward_rank(self, rank: int, loss: Tensor) -> None:
+        if loss.numel() != 1:
+            raise ValueError(f"rank {rank}: the loss must be a scalar, got shape {loss.shape}")
+        loss.backward(full(loss.shape, self._sizes[rank] / sum(self._sizes), dtype=loss.dtype, device=loss.device))
+        # No rank steps before every rank finished backward (a failure after the reductions stops all).
+        self.context.comm(rank).barrier(label="fsdp:backward")
+
+    def backward(self, losses: Sequence[Tensor]) -> None:
+        """Backward on every rank (each weighted by its share of the batch); gradients end in the shards."""
+        if self._sizes is None:
+            raise RuntimeError("FSDP.backward: call forward first")
+        self.context.run(self._backward_rank, self._per_rank(losses, "backward"))
+
+    def optimizers(self, factory: Callable) -> list:
+        """One optimizer per rank over its shards: ``factory(modules[r].parameters())``."""
+        return [factory(m.parameters()) for m in self.modules]
+
+    def step(self, optimizers: Sequence) -> None:
+        self.context.run(lambda r, opt: opt.step(), self._per_rank(optimizers, "step"))
+
+    def zero_grad(self) -> None:
+        for m in self.modules:
+            m.zero_grad()
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Backward passes inside accumulate gradients locally; the next one outside reduces them all."""
+        stack = contextlib.ExitStack()
+        for m in self.modules:
+            stack.enter_context(m.no_sync())
+        return stack
+
+    def train_step(self, x, y, loss_fn: Callable, optimizers: Sequence) -> Tensor:
+        """zero_grad, forward, loss, backward (gathers and reductions), step, on every rank.
+
+        Returns the batch's mean loss as a 0-d tensor on rank 0's device.
+        """
+        optimizers = self._per_rank(optimizers, "train_step")
+        sizes = self._batch_sizes(x)
+        self._sizes = sizes
+        xs, ys = self._split(x, sizes), self._split(y, sizes)
+        total = sum(sizes)
+
+        def work(rank: int, xr, yr, opt):
+            opt.zero_grad()
+            loss = loss_fn(self.modules[rank](self._to_rank(xr, rank)), self._to_rank(yr, rank))
+            self._backward_rank(rank, loss)
+            opt.step()
+            with no_grad():
+                share = ops.binary("mul", loss.detach().reshape(()).float(), sizes[rank] / total)
+            return self.context.comm(rank).all_reduce(share, "sum", label="fsdp:loss")
+
+        return self.context.run(work, xs, ys, optimizers)[0]
+
+    def train(self, mode: bool = True) -> FSDP:
+        for m in self.modules:
+            m.train(mode)
+        return self
+
+    def eval(self) -> FSDP:
+        return self.train(False)
+
+    # -- state -------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        """The whole model's parameters and buffers as NumPy arrays (gathered unit by unit)."""
+        return self.context.run(lambda r: ckpt.full_state_dict(self.modules[r], rank0_only=True))[0]
+
+    def save_checkpoint(self, path: str | os.PathLike, optimizers: Sequence | None = None) -> None:
+        """A sharded checkpoint: one safetensors file per rank plus index.json (see checkpoint.py)."""
+        opts = self._per_rank(optimizers, "save_checkpoint") if optimizers is not None else [None] * self.world_size
+        self.context.run(lambda r, o: ckpt.save_sharded_checkpoint(self.modules[r], path, o), opts)
+
+    def load_checkpoint(self, path: str | os.PathLike, optimizers: Sequence | None = None) -> None:
+        """Load a sharded checkpoint saved on any number of ranks."""
+        opts = self._per_rank(optimizers, "load_checkpoint") if optimizers is not None else [None] * self.world_size
+        self.context.run(lambda r, o: ckpt.load_sharded_checkpoint(self.modules[r], path, o), opts)

@@ -1,0 +1,196 @@
+"""The elementwise ops, one entry each: name, type rule, WGSL expression, gradients, API and test data.
+
+Everything else about an op follows from its entry: the kernels (ops/elementwise.py compiles the
+expression), the backward (autograd/functions.py runs each gradient expression as one fused kernel
+and saves what the expressions read), the Tensor method, operator and in-place forms
+(autograd/methods.py), the top-level ``wgpar.<name>`` function and ``__all__`` (functional.py),
+and the parametrised tests (tests/test_registry.py: forward against NumPy in float64, gradients
+against finite differences and PyTorch).
+
+Expressions are WGSL over the operands ``x0``, ``x1``, ``x2`` (converted to their compute type)
+and call the helpers of shaders/float_fns.wgsl and shaders/elementwise_fns.wgsl; ``{T}`` stands
+for the compute type (f32 or i32) where a helper exists per type (``maximum_{T}``). A gradient
+is an expression per operand over the same operands, the output ``y`` and the incoming gradient
+``g`` (all converted to f32), or None where the op has no gradient for that operand. ``"g"``
+alone passes the gradient through without a kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# How the result type follows from the operands' types.
+COMMON = "common"  # the promoted type (bool arithmetic gives int32)
+FLOAT = "float"  # the promoted type, float32 if that is not a float type
+BOOL = "bool"  # bool (comparisons)
+WHERE = "where"  # the promoted type of x1, x2; x0 is a condition in its own type
+CAST = "cast"  # the type asked for (copies and casts)
+
+_VARS = re.compile(r"\b(x[0-3]|y|g)\b")
+_erf = np.vectorize(math.erf)
+
+
+@dataclass(frozen=True)
+class Check:
+    """How the generated tests exercise an op.
+
+    ``ref`` computes the op in NumPy float64; ``domain`` names each operand's test values: "any"
+    (normal), "pos" (at least 0.5), "nonzero" (|x| at least 0.5), "away0" (|x| at least 0.05,
+    off a kink at 0), "int" (int32), "intnz" (nonzero int32); ``torch`` is the function compared
+    with PyTorch (a dotted name under ``torch``; "" for the op's api name).
+    """
+
+    ref: object
+    domain: tuple[str, ...] = ("any", "any")
+    torch: str | None = ""
+    rtol: float = 2e-6
+    atol: float = 1e-6
+
+
+@dataclass(frozen=True)
+class Op:
+    """One elementwise op.
+
+    Arguments:
+        name: the op's name (the key of ``OPS``, the node name in the autograd graph).
+        types: the result type rule: COMMON, FLOAT, BOOL, WHERE or CAST.
+        expr: its WGSL expression over x0.. (see the module docstring).
+        grads: one gradient expression (or None) per operand; empty: not differentiable.
+        api: the public name of the Tensor method and ``wgpar.<api>`` function; None for ops used
+            only inside wgpar (or exposed by hand-written front ends, as where and clamp are).
+        function: whether ``wgpar.<api>`` exists (False: a method only).
+        dunder: the operator it implements (``"add"``: ``__add__`` and ``__radd__``; unary ``"neg"``:
+            ``__neg__``; comparisons have no reflected form).
+        inplace: also an in-place method ``<api>_`` and operator ``__i<dunder>__``.
+        alpha: the method and function take PyTorch's ``alpha`` (other * alpha).
+        check: test data for the generated tests.
+    """
+
+    name: str
+    types: str
+    expr: str
+    grads: tuple[str | None, ...] = ()
+    api: str | None = ""
+    function: bool = True
+    dunder: str | None = None
+    inplace: bool = False
+    alpha: bool = False
+    check: Check | None = None
+    arity: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.api == "":
+            object.__setattr__(self, "api", self.name)
+        arity = 1 + max(int(v[1]) for v in _VARS.findall(self.expr) if v[0] == "x")
+        object.__setattr__(self, "arity", arity)
+        if self.grads and len(self.grads) != arity:
+            raise ValueError(f"op {self.name}: {len(self.grads)} gradients for {arity} operands")
+
+    @property
+    def differentiable(self) -> bool:
+        return any(g is not None for g in self.grads)
+
+
+@dataclass(frozen=True)
+class GradKernel:
+    """A gradient expression made into an elementwise op of its own: ``operands`` names what it
+    reads ("g", "x0".., "y") in the order its expression numbers them x0, x1, .."""
+
+    op: str
+    operands: tuple[str, ...]
+
+
+OPS: dict[str, Op] = {}
+GRADS: dict[str, tuple[GradKernel | str | None, ...]] = {}  # per operand: a kernel, "g" (pass through) or None
+SAVES: dict[str, tuple[str, ...]] = {}  # what the gradients read besides g: operands ("x0"..) and the output "y"
+
+
+def _define(op: Op) -> None:
+    OPS[op.name] = op
+    if not op.grads:
+        return
+    kernels: list[GradKernel | str | None] = []
+    for k, expr in enumerate(op.grads):
+        if expr is None or expr.strip() == "g":
+            kernels.append(expr and "g")
+            continue
+        names = tuple(v for v in ("g", "x0", "x1", "x2", "x3", "y") if re.search(rf"\b{v}\b", expr))
+        renamed = _VARS.sub(lambda m, names=names: f"x{names.index(m.group(1))}", expr)
+        grad = Op(f"{op.name}.grad{k}", FLOAT, renamed, api=None)
+        OPS[grad.name] = grad
+        kernels.append(GradKernel(grad.name, tuple(names)))
+    GRADS[op.name] = tuple(kernels)
+    SAVES[op.name] = tuple(sorted({v for k in kernels if isinstance(k, GradKernel) for v in k.operands} - {"g"}))
+
+
+for _op in (
+    # -- arithmetic -------------------------------------------------------------------------------
+    Op("add", COMMON, "x0 + x1", ("g", "g"), dunder="add", inplace=True, alpha=True, check=Check(np.add)),
+    Op("sub", COMMON, "x0 - x1", ("g", "neg_{T}(g)"), dunder="sub", inplace=True, alpha=True,
+       check=Check(np.subtract)),
+    Op("mul", COMMON, "x0 * x1", ("g * x1", "g * x0"), dunder="mul", inplace=True, check=Check(np.multiply)),
+    Op("div", FLOAT, "div_(x0, x1)", ("div_(g, x1)", "-(div_(g, x1) * y)"), dunder="truediv", inplace=True,
+       check=Check(np.divide, ("any", "nonzero"))),
+    Op("pow", FLOAT, "fpow(x0, x1)", ("g * (x1 * fpow(x0, x1 - 1.0))", "g * (y * log_(x0))"), dunder="pow",
+       inplace=True, check=Check(np.power, ("pos", "any"), rtol=1e-5)),
+    Op("floordiv", COMMON, "floordiv_{T}(x0, x1)", api="floor_divide", dunder="floordiv",
+       check=Check(np.floor_divide, ("int", "intnz"))),
+    Op("mod", COMMON, "mod_{T}(x0, x1)", ("g", "g * neg_{T}(floordiv_{T}(x0, x1))"), api="remainder",
+       dunder="mod", check=Check(np.mod, ("any", "nonzero"), rtol=1e-5, atol=1e-5)),
+    Op("maximum", COMMON, "maximum_{T}(x0, x1)",
+       ("g * ((1.0 - select(0.0, 1.0, lt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))",
+        "g * ((1.0 - select(0.0, 1.0, gt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))"),
+       check=Check(np.maximum)),
+    Op("minimum", COMMON, "minimum_{T}(x0, x1)",
+       ("g * ((1.0 - select(0.0, 1.0, gt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))",
+        "g * ((1.0 - select(0.0, 1.0, lt_{T}(x0, x1))) - select(0.0, 0.5, eq_{T}(x0, x1)))"),
+       check=Check(np.minimum)),
+    # -- comparisons: IEEE results for NaN operands (elementwise_fns.wgsl) ---------------------------
+    Op("eq", BOOL, "eq_{T}(x0, x1)", dunder="eq", check=Check(np.equal, ("int", "int"))),
+    Op("ne", BOOL, "ne_{T}(x0, x1)", dunder="ne", check=Check(np.not_equal, ("int", "int"))),
+    Op("lt", BOOL, "lt_{T}(x0, x1)", dunder="lt", check=Check(np.less)),
+    Op("le", BOOL, "le_{T}(x0, x1)", dunder="le", check=Check(np.less_equal)),
+    Op("gt", BOOL, "gt_{T}(x0, x1)", dunder="gt", check=Check(np.greater)),
+    Op("ge", BOOL, "ge_{T}(x0, x1)", dunder="ge", check=Check(np.greater_equal)),
+    Op("same", BOOL, "same_{T}(x0, x1)", api=None),  # equal or both NaN: what a max / min reduction picked
+    # -- unary ------------------------------------------------------------------------------------
+    Op("neg", COMMON, "neg_{T}(x0)", ("neg_{T}(g)",), dunder="neg", check=Check(np.negative, ("any",))),
+    Op("abs", COMMON, "abs_{T}(x0)", ("g * sign_{T}(x0)",), dunder="abs", check=Check(np.abs, ("away0",))),
+    Op("sign", COMMON, "sign_{T}(x0)", check=Check(np.sign, ("any",))),  # torch: sign(nan) is 0
+    Op("relu", COMMON, "relu_{T}(x0)", ("relu_bwd_{T}(x0, g)",), check=Check(lambda x: np.maximum(x, 0), ("away0",))),
+    Op("exp", FLOAT, "exp_(x0)", ("g * y",), check=Check(np.exp, ("any",), rtol=1e-5)),
+    Op("log", FLOAT, "log_(x0)", ("div_(g, x0)",), check=Check(np.log, ("pos",), rtol=1e-5)),
+    Op("sqrt", FLOAT, "sqrt_(x0)", ("div_(g * 0.5, y)",), check=Check(np.sqrt, ("pos",), rtol=1e-5)),
+    Op("rsqrt", FLOAT, "rsqrt_(x0)", ("g * (fpow(y, 3.0) * -0.5)",),
+       check=Check(lambda x: 1 / np.sqrt(x), ("pos",), rtol=1e-5)),
+    Op("tanh", FLOAT, "tanh_(x0)", ("g * (1.0 - y * y)",), check=Check(np.tanh, ("any",), rtol=1e-5)),
+    Op("sigmoid", FLOAT, "sigmoid_(x0)", ("g * y * (1.0 - y)",),
+       check=Check(lambda x: 1 / (1 + np.exp(-x)), ("any",), rtol=1e-5)),
+    Op("softplus", FLOAT, "softplus_(x0)", ("g * sigmoid_(x0)",),
+       check=Check(lambda x: np.logaddexp(0.0, x), ("any",), torch="nn.functional.softplus", rtol=1e-5)),
+    Op("gelu", FLOAT, "gelu_(x0)", ("g * gelu_grad_(x0)",),
+       check=Check(lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), ("any",), torch="nn.functional.gelu",
+                   rtol=1e-5)),
+    # PyTorch's gelu(approximate="tanh"); reached through nn.functional.gelu and nn.GELU.
+    Op("gelu_tanh", FLOAT, "gelu_tanh_(x0)", ("g * gelu_tanh_grad_(x0)",), api=None,
+       check=Check(lambda x: 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))), ("any",),
+                   rtol=1e-5)),
+    # -- selection, clamping, copies (front ends by hand: wgpar.where, Tensor.clamp, Tensor.to) ----
+    Op("where", WHERE, "select(x2, x1, nz_{T}(x0))",  # {T}: the condition's compute type
+       (None, "select(0.0, g, nz_{T}(x0))", "select(g, 0.0, nz_{T}(x0))"), api=None),
+    # PyTorch's clamp rule: x gets g where min <= x <= max (so 0 at a NaN), a bound where it was taken
+    # (with min > max the result is max: min gets nothing).
+    Op("clamp", COMMON, "minimum_{T}(maximum_{T}(x0, x1), x2)",
+       ("select(0.0, g, ge_{T}(x0, x1) && le_{T}(x0, x2))", "select(0.0, g, lt_{T}(x0, x1) && lt_{T}(x1, x2))",
+        "select(0.0, g, gt_{T}(x0, x2) || lt_{T}(x2, x1))"), api=None),
+    Op("clamp_min", COMMON, "maximum_{T}(x0, x1)",
+       ("select(0.0, g, ge_{T}(x0, x1))", "select(0.0, g, lt_{T}(x0, x1))"), api=None),
+    Op("clamp_max", COMMON, "minimum_{T}(x0, x1)",
+       ("select(0.0, g, le_{T}(x0, x1))", "select(0.0, g, gt_{T}(x0, x1))"), api=None),
+    Op("copy", CAST, "x0", api=None),
+):
+    _define(_op)
