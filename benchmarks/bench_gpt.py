@@ -7,7 +7,7 @@ by one wait for the GPU; peak memory is the device's peak allocation during them
 from the same weights; the first losses are printed side by side as a check. The reference is
 PyTorch eager on CUDA in FP32 with TF32 off (``--amp``: torch.autocast float16 + GradScaler next to
 wgpar's autocast + GradScaler) when torch with CUDA is importable, else PyTorch on the CPU, else
-wgpar alone. ``--parallel dp|tp|pipeline --devices N`` times examples/train_gpt.py's strategy instead (wgpar
+wgpar alone. ``--parallel dp|tp|fsdp|pipeline --devices N`` times examples/train_gpt.py's strategy instead (wgpar
 only; the one-device row of the same size is the baseline).
 
 A second table times the fused attention kernels alone (forward, forward + backward) at the model's
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--amp", action="store_true", help="float16 autocast + GradScaler on both sides")
-    ap.add_argument("--parallel", choices=["single", "dp", "tp", "pipeline"], default="single")
+    ap.add_argument("--parallel", choices=["single", "dp", "tp", "fsdp", "pipeline"], default="single")
     ap.add_argument("--devices", type=int, default=2, help="ranks for dp / tp")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index (single)")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")

@@ -4,6 +4,7 @@
     python examples/train_gpt.py --preset small --amp              # float16 autocast + GradScaler
     python examples/train_gpt.py --parallel dp --devices 2         # DistributedDataParallel over 2 ranks
     python examples/train_gpt.py --parallel tp --devices 2         # heads and MLP split over 2 ranks
+    python examples/train_gpt.py --parallel fsdp --devices 2       # every block one FSDP unit
     python examples/train_gpt.py --parallel pipeline --devices 2   # one stage per rank, 1F1B
     python examples/train_gpt.py --data corpus.txt --steps 2000 --ckpt-every 500
     python examples/train_gpt.py --resume                          # continue from out-gpt/ exactly
@@ -37,6 +38,7 @@ import numpy as np
 import wgpar
 from wgpar import nn, optim
 from wgpar.amp import GradScaler
+from wgpar.distributed import fully_shard
 from wgpar.models import GPT, GPTConfig, preset
 from wgpar.models.gpt import decay_groups, lm_loss, sample, untie
 from wgpar.optim import lr_scheduler
@@ -152,18 +154,21 @@ class Trainer:
 
 
 def finish_step(rep: Replica, scaler: GradScaler, args, group=None, summed: set[int] | None = None,
-                counted: set[int] | None = None) -> None:
+                counted: set[int] | None = None, clip: Callable[[], object] | None = None) -> None:
     """Unscale (AMP), clip, step (skipped on inf / NaN), advance the schedule. With a ``group`` whose
     ranks hold different parameters (tensor or pipeline parallelism), the ranks agree on skipping and clip
     by the norm of the whole model: ``summed`` parameters' squares are summed over the ranks, ``counted``
-    ones (replicated) are counted once, others (a copy another rank counts) only scaled."""
+    ones (replicated) are counted once, others (a copy another rank counts) only scaled; ``clip``, if given,
+    replaces that clipping (FSDP clips over the shards itself)."""
     scaler.unscale_(rep.opt)
     if group is not None and args.amp:
         for flag in scaler.found_inf_per_device(rep.opt).values():
             group.all_reduce(flag, "max", label="found_inf")
     if args.grad_clip > 0:
         params = list(rep.net.parameters())
-        if group is None:
+        if clip is not None:  # the strategy's own (FSDP: the norm over every rank's shards)
+            clip()
+        elif group is None:
             nn.utils.clip_grad_norm_(params, args.grad_clip)
         else:
             clip_distributed(params, summed or set(), counted or set(), args.grad_clip, group)
@@ -398,18 +403,63 @@ def pipeline(cfg: GPTConfig, args) -> Trainer:
                    on_resume=on_resume)
 
 
-def _not_yet(name: str, issue: str):
-    def build(cfg: GPTConfig, args) -> Trainer:
-        raise SystemExit(f"--parallel {name} is not available yet: {issue} has not landed in this wgpar; "
-                         "use --parallel single, dp or tp")
-    return build
+def fully_sharded(cfg: GPTConfig, args) -> Trainer:
+    """FSDP (FULL_SHARD): each block is one unit whose parameters, gradients and AdamW state every rank
+    holds 1/N of; a block's weights are gathered right before it runs (forward, then again in backward)
+    and freed right after; gradients are reduce-scattered into the shards. The embeddings and the final
+    LayerNorm (the root's parameters) form one more unit."""
+    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
+    n = ctx.world_size
+    if args.batch_size % n:
+        raise SystemExit(f"--parallel fsdp: --batch-size {args.batch_size} must divide by the {n} ranks")
+    models = [build_model(cfg, args, d) for d in ctx.devices]
+
+    def setup(r: int) -> Replica:
+        model, group = models[r], ctx.comm(r)
+        for block in model.blocks:
+            fully_shard(block, group)
+        fully_shard(model, group)
+        return make_replica(model, args)  # over model.parameters(): this rank's shards
+
+    reps = ctx.run(setup)
+    scaler = GradScaler(enabled=args.amp)
+
+    def work(r: int, micro):
+        rep = reps[r]
+        rep.opt.zero_grad()
+        total = None
+        for i, (x, y) in enumerate(micro):
+            sync = rep.model.no_sync() if i < len(micro) - 1 else contextlib.nullcontext()
+            with sync:
+                loss = _micro_step(rep.model, x, y, scaler, args, len(micro))
+            total = loss if total is None else total + loss
+        # The shards differ per rank: agree on skipping, and clip by the whole model's norm.
+        finish_step(rep, scaler, args, ctx.comm(r), clip=lambda: rep.model.clip_grad_norm_(args.grad_clip))
+        return total
+
+    def step(micro):
+        share = args.batch_size // n
+        per_rank = [[(x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]) for x, y in micro]
+                    for r in range(n)]
+        totals = ctx.run(work, per_rank)
+        scaler.update()
+        return lambda: sum(t.item() for t in totals) / (len(micro) * n)
+
+    # Every rank must run a sharded forward (each gather needs them all): the same input on each.
+    def evaluate(x, y):
+        return ctx.run(lambda r: _evaluate(reps[r].model, x, y, args))[0]
+
+    def generate(prompt, k, seed):  # identical weights, logits and seeded draws: every rank samples alike
+        return ctx.run(lambda r: _sample(reps[r].model, prompt, k, seed))[0]
+
+    return Trainer(step, evaluate, generate, reps, scaler, ctx.devices, sharded=True, close=ctx.close)
 
 
 STRATEGIES: dict[str, Callable[[GPTConfig, argparse.Namespace], Trainer]] = {
     "single": single,
     "dp": data_parallel,
     "tp": tensor_parallel,
-    "fsdp": _not_yet("fsdp", "FSDP (issue 10)"),
+    "fsdp": fully_sharded,
     "pipeline": pipeline,
 }
 

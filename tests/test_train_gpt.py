@@ -48,11 +48,11 @@ def test_tiny_loss_falls_over_30_steps(gpt, corpus, tmp_path):
     assert r["final_val"] < np.log(256) - 1.0  # from ~5.5 nats (uniform over bytes) towards the data
 
 
-PARALLEL = ("dp", "tp", "pipeline")
+PARALLEL = ("dp", "tp", "fsdp", "pipeline")
 
 
 def test_parallel_strategies_give_the_same_loss_curve(gpt, corpus, tmp_path):
-    """20 steps with active clipping on 2 devices: DDP (batch split over the ranks), TP (heads and MLP split,
+    """20 steps with active clipping on 2 devices: DDP (batch split over the ranks), FSDP, TP (heads and MLP split,
     norm over the shards) and the pipeline (one stage per rank, 2 micro-batches, tied embedding gradients
     summed across the stages) follow the single-device curve."""
     args = ["--steps", "20", "--batch-size", "2", "--grad-clip", "0.5", "--eval-every", "0", "--no-save",
@@ -94,9 +94,14 @@ def test_resume_continues_exactly(gpt, corpus, tmp_path, mode):
     assert resumed["final_val"] == whole["final_val"]
 
 
-def test_fsdp_not_built_yet_says_so(gpt, corpus, tmp_path):
-    with pytest.raises(SystemExit, match="--parallel fsdp is not available yet"):
-        _run(gpt, corpus, tmp_path, "--steps", "1", "--parallel", "fsdp")
+def test_fsdp_shards_and_resumes(gpt, corpus, tmp_path):
+    """--parallel fsdp: one checkpoint file per rank; resuming from step 2 of 4 gives steps 3-4 bit for bit."""
+    args = ["--steps", "4", "--eval-every", "0", "--no-save", "--parallel", "fsdp", "--devices", "2"]
+    whole = _run(gpt, corpus, tmp_path, *args, "--ckpt-every", "2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-rank0.safetensors", "ckpt-rank1.safetensors"]
+    resumed = _run(gpt, corpus, tmp_path, *args, "--resume")
+    assert resumed["start"] == 2
+    assert [resumed["losses"][s] for s in (3, 4)] == [whole["losses"][s] for s in (3, 4)]
 
 
 def test_unigram_baseline_and_batches(gpt):
