@@ -43,6 +43,25 @@ def test_autocast_op_rules(rng):
     assert lin.weight.dtype is f and lin.weight.grad.dtype is f and x.grad.dtype is f
 
 
+def test_gradients_keep_their_inputs_dtype(rng):
+    """A float16 branch added into a float32 one gets float16 gradients, as in PyTorch (so the branch's
+    matmuls run the float16 kernels in backward); the values equal torch's."""
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 6)).astype(np.float32)
+    x = wgpar.tensor(a, requires_grad=True)
+    h = (x.to(wgpar.float16) @ wgpar.tensor(w).to(wgpar.float16))  # a float16 branch
+    h.retain_grad()
+    out = (h + x @ wgpar.tensor(w)) * 3.0  # float16 + float32: float32
+    out.sum().backward()
+    tx = torch.tensor(a, requires_grad=True)
+    th = tx.half() @ torch.tensor(w).half()
+    th.retain_grad()
+    ((th + tx @ torch.tensor(w)) * 3.0).sum().backward()
+    assert h.grad.dtype is wgpar.float16 and th.grad.dtype is torch.float16
+    np.testing.assert_array_equal(h.grad.numpy(), th.grad.numpy())
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=2e-3, atol=2e-3)
+
+
 def test_autocast_is_thread_local_and_a_decorator():
     seen = []
 
