@@ -197,7 +197,11 @@ def _say(line: str) -> None:
 def fault_program(group, mode: str, token: str) -> None:
     # ``token`` only marks this job's processes in the process table.
     t = wgpar.ones(8, device=group.device)
-    group.all_reduce(t)  # everyone is up
+    try:
+        group.all_reduce(t)  # everyone is up
+    except CollectiveError as exc:  # rank 1 may fail before a slow rank has left this one (a loaded machine)
+        _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
+        raise
     _say(f"UP {group.rank} {time.time():.3f}")
     if group.rank == 1:
         if mode == "raise":

@@ -61,7 +61,8 @@ def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
     """Launch mpiexec in a session of its own; stdout and stderr go to files (jobs that run at once
     must not block on a full pipe) and stay apart: the ranks' lines interleave, but each print of a
     whole line stays whole."""
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # keep the caller's
+    full_env = dict(os.environ, PYTHONPATH=path, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
                     WGPAR_MPI_CHUNK_KB="64")  # small chunks: the conformance sizes span many of them
     full_env.update(env or {})
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
