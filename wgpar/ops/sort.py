@@ -12,6 +12,9 @@ from .elementwise import contiguous, fill
 from .shape import narrow, permute, reshape
 
 _SORT = Kernel("sort", "idx: w, x: r", "rows: u32, n: u32, P: u32, k: u32, j: u32, off: u32, first: u32")
+_SORT_BLOCK = Kernel("sort_block", "idx: w, x: r", "rows: u32, n: u32, P: u32, klo: u32, khi: u32, off: u32, "
+                                                   "first: u32")
+_BLOCK = 2 * WORKGROUP  # positions per workgroup of sort_block.wgsl
 _TAKE = Kernel("take_along", "out: w, x: r, idx: r", "outer: u32, n: u32, inner: u32, count: u32, off_x: u32, "
                                                      "off_i: u32")
 _NO_NAN = "fn no_nan(v: i32) -> bool { return false; }"
@@ -57,18 +60,28 @@ def argsort(x: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
         fills = {"T": "f32", "NAN": "isnan_", "FNS": load_source("float_fns")}
     else:
         fills = {"T": "i32", "NAN": "no_nan", "FNS": _NO_NAN}
-    kspec = _SORT.spec(("i32", x.dtype.storage), LT=">" if descending else "<",
-                       NAN_FIRST="an" if descending else "bn", **fills)
-    groups = grid(-(-(rows * size // 2) // WORKGROUP), dev.max_workgroups)
-    first = 1
-    k = 2
+    fills.update(LT=">" if descending else "<", NAN_FIRST="an" if descending else "bn")
+    buffers = [idx._storage.buffer, src._storage.buffer]
+    step = _SORT.spec(("i32", x.dtype.storage), **fills)
+    block = _SORT_BLOCK.spec(("i32", x.dtype.storage), **fills)
+    step_grid = grid(-(-(rows * size // 2) // WORKGROUP), dev.max_workgroups)
+    block_grid = grid(-(-(rows * size) // _BLOCK), dev.max_workgroups)
+
+    def in_blocks(klo: int, khi: int, first: int) -> None:
+        dev.dispatch(block, buffers, _SORT_BLOCK.pack(rows=rows, n=n, P=size, klo=klo, khi=khi, off=src._offset,
+                                                      first=first), block_grid)
+
+    # The network's steps with j < _BLOCK stay within a block: those run in workgroup memory, one
+    # dispatch per merge; only the steps with a longer reach go through global memory, one each.
+    in_blocks(2, min(size, _BLOCK), 1)
+    k = 2 * _BLOCK
     while k <= size:
         j = k // 2
-        while j >= 1:
-            dev.dispatch(kspec, [idx._storage.buffer, src._storage.buffer],
-                         _SORT.pack(rows=rows, n=n, P=size, k=k, j=j, off=src._offset, first=first), groups)
-            first = 0
+        while j >= _BLOCK:
+            dev.dispatch(step, buffers, _SORT.pack(rows=rows, n=n, P=size, k=k, j=j, off=src._offset, first=0),
+                         step_grid)
             j //= 2
+        in_blocks(k, k, 0)
         k *= 2
     if size != n:
         idx = contiguous(narrow(idx, 1, 0, n))
