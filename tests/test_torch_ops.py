@@ -56,6 +56,19 @@ def test_sort_ties_nan_and_infinities_like_torch(rng, descending):
         np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
 
 
+@pytest.mark.parametrize("shape", [(1, 5000), (1001, 3), (3, 512), (2, 513), (130, 9)])
+def test_sort_paths_long_rows_and_many_short_ones(rng, shape):
+    """Rows longer than a workgroup's block (global steps, then in-block merges) and many short rows
+    sharing blocks, a last block left partly empty; with ties and NaN."""
+    a = rng.integers(-20, 20, size=shape).astype(np.float32)
+    a[rng.random(shape) < 0.05] = np.nan
+    x, tx = _pair(a)
+    for descending in (False, True):
+        got, want = x.sort(-1, descending), tx.sort(dim=-1, descending=descending, stable=True)
+        np.testing.assert_array_equal(got.values.numpy(), want.values.numpy())
+        np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
+
+
 def test_sort_integer_bool_and_half(dev, rng):
     a = rng.integers(-2**31, 2**31, size=(5, 77), dtype=np.int64).astype(np.int32)
     a[:, :5] = [-2**31, 2**31 - 1, 0, -1, -2**31]
