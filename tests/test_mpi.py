@@ -166,10 +166,10 @@ def test_conformance_and_data_parallel_under_mpiexec(conformance_jobs, name):
         np.testing.assert_array_equal(got[f"0.{k}"], threads[k], err_msg=f"MPI vs threads: {k}")
         np.testing.assert_allclose(got[f"0.{k}"], single[k], rtol=1e-5, atol=1e-5, err_msg=f"MPI vs one device: {k}")
 
-    # Tensor parallelism and the pipeline run on MPI ranks unchanged, bit for bit as on thread ranks.
+    # Tensor parallelism, the pipeline and FSDP run on MPI ranks unchanged, bit for bit as on thread ranks.
     strategies = run_spmd(mpi_runner.train_strategies, n, backend="threads", args=(seed,), timeout=60)
     for r in range(n):
-        mine = {k[len(f"{r}."):] for k in got.files if k.startswith(f"{r}.tp.") or k.startswith(f"{r}.pipe.")}
+        mine = {k[len(f"{r}."):] for k in got.files if k.startswith((f"{r}.tp.", f"{r}.pipe.", f"{r}.fsdp."))}
         assert mine == set(strategies[r]), (r, sorted(mine), sorted(strategies[r]))
         for k in mine:
             np.testing.assert_array_equal(got[f"{r}.{k}"], strategies[r][k], err_msg=f"rank {r} {k}: MPI vs threads")
