@@ -120,6 +120,24 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
+class Flatten(Module):
+    """Flatten dims ``start_dim`` .. ``end_dim`` into one (by default all but the batch dim), as ``torch.nn.Flatten``.
+
+    Arguments:
+        start_dim, end_dim: the first and last dims flattened (negative counts from the end).
+    """
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
 class Sequential(Module):
     def __init__(self, *modules: Module) -> None:
         super().__init__()
