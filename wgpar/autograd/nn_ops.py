@@ -122,44 +122,58 @@ class AvgPool2d(Function):
 
 
 class BatchNorm(Function):
-    """Batch norm of contiguous x [N, C, inner] with given statistics: ``(x - mean) * invstd * weight + bias``.
+    """Batch norm of contiguous x [N, C, inner] with given statistics: ``(x - mean - shift) * invstd * weight + bias``.
 
-    ``apply(x, weight, bias, mean, invstd, batch_stats)``: mean and invstd float32 [C]; weight and
-    bias [C] or None. With ``batch_stats`` the statistics are x's own (training), so the input
-    gradient includes their dependence on x; otherwise they are constants (running statistics).
+    ``apply(x, weight, bias, mean, shift, invstd, batch_stats)``: mean, invstd and shift (or None)
+    float32 [C] (``ops.batch_norm.batch_stats``: the batch's mean is mean + shift); weight and bias
+    [C] or None. With ``batch_stats`` the statistics are x's own (training), so the input gradient
+    includes their dependence on x; otherwise they are constants (running statistics).
     """
 
     name = "batch_norm"
 
     @staticmethod
-    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
-                batch_stats: bool) -> Tensor:
+    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
+                shift: Tensor | None, invstd: Tensor, batch_stats: bool) -> Tensor:
         scale = invstd if weight is None else raw.binary("mul", invstd, weight)
-        ctx.x, ctx.mean, ctx.invstd, ctx.scale, ctx.batch_stats = x, mean, invstd, scale, batch_stats
-        ctx.weight_dtype = None if weight is None else weight.dtype
+        ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale, ctx.batch_stats = x, mean, shift, invstd, scale, batch_stats
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (weight, bias))
         ctx.save_for_backward(x, weight)
-        return bn.affine(x, scale, m=mean, k3=bias)
+        offset = bias
+        if shift is not None:
+            offset = raw.binary("mul", shift, scale) if bias is None else raw.binary("sub", bias,
+                                                                                   raw.binary("mul", shift, scale))
+            offset = raw.unary("neg", offset) if bias is None else offset
+        return bn.affine(x, scale, m=mean, k3=offset)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
-        x, mean, invstd, scale = ctx.x, ctx.mean, ctx.invstd, ctx.scale
+        x, mean, shift, invstd, scale = ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         g = raw.contiguous(g)
         gx = gw = gb = None
         if need_w or need_b or (need_x and ctx.batch_stats):
             sums = bn.channel_sums(x, "vb", "vb * (va - m)", b=g, mean=mean)  # sum g, sum g * (x - mean)
             s_g, s_gx = bn.column(sums, 0), bn.column(sums, 1)
+            if shift is not None:  # sum g * (x - mean - shift)
+                s_gx = raw.binary("sub", s_gx, raw.binary("mul", s_g, shift))
             if need_w:
-                gw = raw.binary("mul", s_gx, invstd)
-                gw = gw if gw.dtype is ctx.weight_dtype else raw.cast(gw, ctx.weight_dtype)
+                gw = _as(raw.binary("mul", s_gx, invstd), ctx.dtypes[0])
             if need_b:
-                gb = s_g
+                gb = _as(s_g, ctx.dtypes[1])
         if need_x:
             if ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
                 count = x.shape[0] * x.shape[2]
-                k2 = raw.binary("mul", raw.binary("mul", scale, raw.binary("mul", invstd, invstd)), -1.0 / count)
-                gx = bn.affine(x, raw.binary("mul", k2, s_gx), m=mean,
-                               k3=raw.binary("mul", scale, raw.binary("mul", s_g, -1.0 / count)), g=g, k1=scale)
+                k2 = raw.binary("mul", raw.binary("mul", raw.binary("mul", scale, invstd), invstd),
+                                raw.binary("mul", s_gx, -1.0 / count))
+                k3 = raw.binary("mul", scale, raw.binary("mul", s_g, -1.0 / count))
+                if shift is not None:
+                    k3 = raw.binary("sub", k3, raw.binary("mul", shift, k2))
+                gx = bn.affine(x, k2, m=mean, k3=k3, g=g, k1=scale)
             else:
                 gx = bn.affine(g, scale)
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None
+
+
+def _as(t: Tensor, dtype: _dt.DType) -> Tensor:
+    return t if t.dtype is dtype else raw.cast(t, dtype)

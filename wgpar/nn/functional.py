@@ -247,19 +247,20 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         if n * inner <= 1:
             raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
                              f"shape {input.shape}")
-        mean, var = batch_stats(raw.contiguous(x3))
+        mean, shift, var = batch_stats(raw.contiguous(x3))
         if running_mean is not None or running_var is not None:
             with no_grad():
                 if running_mean is not None:
-                    _lerp_(running_mean, mean, momentum)
+                    _lerp_(running_mean, raw.binary("add", mean, shift), momentum)
                 if running_var is not None:
                     _lerp_(running_var, raw.binary("mul", var, n * inner / (n * inner - 1)), momentum)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
         mean, var = (raw.cast(t, _dt.float32) for t in (running_mean, running_var))
+        shift = None
     invstd = raw.unary("rsqrt", raw.binary("add", var, float(eps)))
-    y = BatchNorm.apply(F.contiguous(x3), weight, bias, mean, invstd, bool(training))
+    y = BatchNorm.apply(F.contiguous(x3), weight, bias, mean, shift, invstd, bool(training))
     return F.reshape(y, input.shape)
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import operator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 
 from .. import creation
 from .. import dtypes as _dt
@@ -139,23 +142,97 @@ class Flatten(Module):
 
 
 class Sequential(Module):
+    """Modules called in order, each on the previous one's output, as ``torch.nn.Sequential``.
+
+    ``Sequential(a, b, c)`` names them "0", "1", "2"; ``Sequential(OrderedDict(name=module, ...))``
+    keeps the names. Indexing (ints, negative ints, slices), ``len``, iteration, ``append``,
+    ``extend``, ``insert`` and ``pop`` work as on a list (inserting and deleting renumber, as torch).
+
+    Arguments:
+        modules: the Modules, or one OrderedDict of them.
+    """
+
     def __init__(self, *modules: Module) -> None:
         super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            for name, m in modules[0].items():
+                self.add_module(name, _checked(m, f"Sequential entry {name!r}"))
+            return
         for i, m in enumerate(modules):
-            if not isinstance(m, Module):
-                raise TypeError(f"Sequential takes Modules, got {type(m).__name__} at position {i}")
-            self.add_module(str(i), m)
+            self.add_module(str(i), _checked(m, f"Sequential position {i}"))
 
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
+    def _index(self, i: int) -> int:
+        n = len(self._modules)
+        i = operator.index(i)
+        if not -n <= i < n:
+            raise IndexError(f"Sequential index {i} is out of range for {n} modules")
+        return i % n
+
+    def __getitem__(self, i: int | slice) -> Module:
+        if isinstance(i, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[i]))
+        return list(self._modules.values())[self._index(i)]
+
+    def __setitem__(self, i: int, module: Module) -> None:
+        key = list(self._modules)[self._index(i)]
+        self._modules[key] = _checked(module, "Sequential.__setitem__")
+
+    def __delitem__(self, i: int | slice) -> None:
+        keys = list(self._modules)
+        for key in (keys[i] if isinstance(i, slice) else [keys[self._index(i)]]):
+            del self._modules[key]
+        self._renumber()
+
+    def _renumber(self) -> None:
+        mods = list(self._modules.values())
+        self._modules.clear()
+        self._modules.update((str(k), m) for k, m in enumerate(mods))
 
     def __len__(self) -> int:
         return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._modules.values()))
+
+    def append(self, module: Module) -> Sequential:
+        """Add ``module`` at the end (named by its position); returns self."""
+        self.add_module(str(len(self._modules)), _checked(module, "Sequential.append"))
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> Sequential:
+        """Append every module of ``modules``; returns self."""
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module: Module) -> Sequential:
+        """Put ``module`` before position ``index`` (as list.insert; the modules are renumbered); returns self."""
+        n = len(self._modules)
+        index = operator.index(index)
+        if not -n <= index <= n:
+            raise IndexError(f"Sequential.insert: index {index} is out of range for {n} modules")
+        mods = list(self._modules.values())
+        mods.insert(index, _checked(module, "Sequential.insert"))
+        self._modules.clear()
+        self._modules.update((str(k), m) for k, m in enumerate(mods))
+        return self
+
+    def pop(self, index: int = -1) -> Module:
+        """Remove and return the module at ``index`` (the rest renumbered)."""
+        m = self[index]
+        del self[index]
+        return m
+
+
+def _checked(m, where: str) -> Module:
+    if not isinstance(m, Module):
+        raise TypeError(f"{where}: Sequential takes Modules, got {type(m).__name__}")
+    return m
 
 
 class CrossEntropyLoss(Module):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..hooks import RemovableHandle, add_hook
 from ..tensor import Tensor
 from .parameter import Parameter
@@ -38,6 +40,8 @@ class Module:
         elif isinstance(value, Module):
             self._modules[name] = value
         else:
+            if isinstance(value, (list, tuple, dict)):
+                _warn_if_holds_modules(self, name, value)
             object.__setattr__(self, name, value)
             return
         self.__dict__.pop(name, None)
@@ -117,6 +121,18 @@ class Module:
             yield b
 
     # -- modes ----------------------------------------------------------------------------
+    def apply(self, fn: Callable[[Module], Any]) -> Module:
+        """Call ``fn(module)`` on every sub-module (children first, recursively), then on self; returns
+        self. Typically used to initialise weights: ``model.apply(init_fn)``.
+
+        Arguments:
+            fn: the function to call on each module.
+        """
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
     def train(self, mode: bool = True) -> Module:
         for m in self.modules():
             object.__setattr__(m, "training", mode)
@@ -137,15 +153,24 @@ class Module:
 
     # -- devices --------------------------------------------------------------------------
     def to(self, device=None, dtype=None) -> Module:
-        """Move (or convert) every parameter and buffer in place of the old ones; returns self."""
+        """Move (or convert) every parameter and buffer in place of the old ones; returns self.
+        ``dtype`` converts floating-point tensors only (an integer buffer keeps its type)."""
         for m in self.modules():
             for k, p in list(m._parameters.items()):
                 if p is not None:
                     m._parameters[k] = Parameter(p.detach().to(device=device, dtype=dtype), p.requires_grad)
             for k, b in list(m._buffers.items()):
                 if b is not None:
-                    m._buffers[k] = b.to(device=device, dtype=dtype)
+                    m._buffers[k] = b.to(device=device, dtype=dtype if b.dtype.is_float else None)
         return self
+
+    def half(self) -> Module:
+        """Convert floating-point parameters and buffers to float16 in place (``to(wgpar.float16)``)."""
+        return self.to(dtype=_dt.float16)
+
+    def float(self) -> Module:
+        """Convert floating-point parameters and buffers to float32 in place (``to(wgpar.float32)``)."""
+        return self.to(dtype=_dt.float32)
 
     @property
     def device(self):
@@ -268,6 +293,26 @@ class Module:
             sub = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({k}): {sub}")
         return "\n".join(lines) + ("\n)" if len(lines) > 1 else ")")
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_if_holds_modules(owner: Module, name: str, value: list | tuple | dict) -> None:
+    """Warn (once per class and attribute) that Modules kept in a plain container are not registered:
+    their parameters would be missing from parameters(), state_dict(), to() and train(), silently."""
+    items = value.values() if isinstance(value, dict) else value
+    if not any(isinstance(v, Module) for v in items):
+        return
+    key = (type(owner).__qualname__, name)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    kind = type(value).__name__
+    container = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList (or nn.Sequential)"
+    warnings.warn(f"{type(owner).__name__}.{name} is a {kind} holding Modules: they are not registered, so their "
+                  f"parameters are missing from parameters(), state_dict(), to() and train(); use {container}",
+                  UserWarning, stacklevel=3)
 
 
 def _hook_name(hook) -> str:

@@ -73,8 +73,11 @@ def channel_sums(a: Tensor, term1: str, term2: str, b: Tensor | None = None, mea
     return reshape(part, (c, 2)) if groups == 1 else reduce("sum", part, 2)
 
 
-def batch_stats(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(mean, biased variance), float32 [C] each, of contiguous ``x`` [N, C, inner] over dims 0 and 2.
+def batch_stats(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean, shift, biased variance), float32 [C] each, of contiguous ``x`` [N, C, inner] over dims 0
+    and 2. The batch's mean is mean + shift: ``mean`` is the float32 sum divided by the count, within a
+    rounding of it, and ``shift`` the mean of x - mean, which normalising with (x - mean) - shift takes
+    out (an input far from 0 with a small spread would lose its digits in a float32 mean).
 
     Arguments:
         x: a float tensor with N * inner >= 1.
@@ -82,9 +85,9 @@ def batch_stats(x: Tensor) -> tuple[Tensor, Tensor]:
     count = x.shape[0] * x.shape[2]
     mean = run_map("mul", [column(channel_sums(x, "va", "0.0"), 0), 1.0 / count])
     d = channel_sums(x, "(va - m) * (va - m)", "va - m", mean=mean)
-    shift = run_map("mul", [column(d, 1), 1.0 / count])  # the mean's rounding error, taken out of the variance
+    shift = run_map("mul", [column(d, 1), 1.0 / count])
     var = run_map("sub", [run_map("mul", [column(d, 0), 1.0 / count]), run_map("mul", [shift, shift])])
-    return mean, run_map("clamp_min", [var, 0.0])
+    return mean, shift, run_map("clamp_min", [var, 0.0])
 
 
 def affine(x: Tensor, k2: Tensor, m: Tensor | None = None, k3: Tensor | None = None, g: Tensor | None = None,
