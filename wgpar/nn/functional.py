@@ -26,6 +26,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def relu(x: Tensor) -> Tensor:
+    """``max(x, 0)`` elementwise (NaN stays NaN)."""
     return F.unary("relu", x)
 
 
@@ -34,18 +35,22 @@ def gelu(x: Tensor) -> Tensor:
 
 
 def tanh(x: Tensor) -> Tensor:
+    """``tanh(x)`` elementwise."""
     return F.unary("tanh", x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
+    """``1 / (1 + exp(-x))`` elementwise."""
     return F.unary("sigmoid", x)
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN)."""
     return F.softmax(x, dim, log=False)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel."""
     return F.softmax(x, dim, log=True)
 
 
@@ -292,6 +297,7 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """Squared error ``(input - target) ** 2``, reduced by "mean" (default), "sum" or not ("none")."""
     if isinstance(target, Tensor) and input.shape != target.shape:
         raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
     d = F.binary("sub", input, target)

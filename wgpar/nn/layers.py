@@ -46,26 +46,40 @@ class Linear(Module):
 
 
 class ReLU(Module):
+    """``max(x, 0)`` elementwise (NaN stays NaN), as ``torch.nn.ReLU``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
 
 
 class GELU(Module):
+    """GELU ``x * Phi(x)`` elementwise (the exact form), as ``torch.nn.GELU``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.gelu(x)
 
 
 class Tanh(Module):
+    """``tanh(x)`` elementwise, as ``torch.nn.Tanh``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.tanh(x)
 
 
 class Sigmoid(Module):
+    """``1 / (1 + exp(-x))`` elementwise, as ``torch.nn.Sigmoid``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.sigmoid(x)
 
 
 class Softmax(Module):
+    """Softmax along ``dim`` (one kernel per call; a NaN makes its row NaN), as ``torch.nn.Softmax``.
+
+    Arguments:
+        dim: the dim whose entries sum to 1.
+    """
+
     def __init__(self, dim: int = -1) -> None:
         super().__init__()
         self.dim = dim
@@ -75,6 +89,16 @@ class Softmax(Module):
 
 
 class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` dims (mean 0, variance 1), then scale and shift,
+    as ``torch.nn.LayerNorm``.
+
+    Arguments:
+        normalized_shape: an int or the trailing shape normalised over.
+        eps: added to the variance.
+        elementwise_affine: learn a weight (ones) and bias (zeros) of that shape.
+        device, dtype: of the parameters.
+    """
+
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, device=None,
                  dtype=_dt.float32) -> None:
         super().__init__()
@@ -96,6 +120,15 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
+    """A lookup table: integer indices of any shape pick rows of ``weight`` [num_embeddings, embedding_dim]
+    (initialised N(0, 1)), as ``torch.nn.Embedding``; an index out of range raises.
+
+    Arguments:
+        num_embeddings: the rows.
+        embedding_dim: the size of each row.
+        device, dtype: of the weight.
+    """
+
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=_dt.float32) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
@@ -110,6 +143,13 @@ class Embedding(Module):
 
 
 class Dropout(Module):
+    """Inverted dropout in training mode: zero each element with probability ``p`` and scale the rest by
+    1 / (1 - p); the identity in eval mode. As ``torch.nn.Dropout``; masks come from wgpar.manual_seed.
+
+    Arguments:
+        p: the probability of zeroing an element, in [0, 1].
+    """
+
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
@@ -236,6 +276,13 @@ def _checked(m, where: str) -> Module:
 
 
 class CrossEntropyLoss(Module):
+    """Softmax cross-entropy of logits [N, C] against integer class targets [N] (one fused kernel each way),
+    as ``torch.nn.CrossEntropyLoss``.
+
+    Arguments:
+        reduction: "mean", "sum" or "none" (the [N] losses).
+    """
+
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = reduction
@@ -245,6 +292,12 @@ class CrossEntropyLoss(Module):
 
 
 class MSELoss(Module):
+    """Squared error between input and target of one shape, as ``torch.nn.MSELoss``.
+
+    Arguments:
+        reduction: "mean", "sum" or "none".
+    """
+
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = reduction
