@@ -200,3 +200,13 @@ def test_conv2d_mixed_dtypes_and_layer_arguments_raise():
         nn.Conv2d(3, 4, 3, groups=2)
     with pytest.raises(ValueError, match=r"padding_mode='zeros'"):
         nn.Conv2d(3, 4, 3, padding_mode="reflect")
+
+
+def test_an_empty_batch_gives_empty_outputs_and_zero_gradients():
+    x = wgpar.zeros(0, 3, 5, 5, requires_grad=True)
+    conv = nn.Conv2d(3, 4, 3)
+    y = conv(x)
+    assert y.shape == (0, 4, 3, 3)
+    y.sum().backward()
+    assert x.grad.shape == (0, 3, 5, 5)
+    assert not conv.weight.grad.numpy().any() and not conv.bias.grad.numpy().any()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..runtime.kernels import WORKGROUP, Kernel, grid
 from ..tensor import Tensor
 from .arith import inplace
-from .elementwise import contiguous, copy_, run_map
+from .elementwise import contiguous, copy_, fill, run_map
 from .matmul import matmul
 from .reduce import reduce
 from .shape import narrow, permute, reshape, transpose
@@ -85,6 +85,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
         groups: input and output channels split into this many independent groups.
     """
     o = weight.shape[0]
+    if win.n == 0:
+        return Tensor.empty((0, o, win.oh, win.ow), x.dtype, x.device)
     g, og, kg = groups, o // groups, weight.numel() // o
     x = contiguous(x)
     w3 = reshape(contiguous(weight), (g, og, kg))
@@ -134,4 +136,7 @@ def conv2d_backward(x: Tensor, weight: Tensor, g: Tensor, win: Window, groups: i
         if need_x:
             gcols = matmul(transpose(w3, -2, -1), gy)  # [G, Kg, nb * L]
             col2im_into(gx, gcols, win, n0, nb)
+    if win.n == 0:  # no images: nothing flowed into the weight and bias
+        gw = fill((gr, og, kg), 0.0, weight.dtype, weight.device) if need_w else None
+        gb = fill((o,), 0.0, g.dtype, g.device) if need_b else None
     return gx, None if gw is None else reshape(gw, weight.shape), gb
