@@ -210,3 +210,17 @@ def test_an_empty_batch_gives_empty_outputs_and_zero_gradients():
     y.sum().backward()
     assert x.grad.shape == (0, 3, 5, 5)
     assert not conv.weight.grad.numpy().any() and not conv.bias.grad.numpy().any()
+
+
+def test_conv_runs_in_float16_inside_autocast(rng, dev):
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = wgpar.tensor(rng.standard_normal((2, 3, 5, 6)).astype(np.float32))
+    want = conv(x).numpy()
+    with wgpar.autocast():
+        y = conv(x)
+    assert y.dtype is wgpar.float16
+    assert_close(y.numpy(), want, rtol=1e-2, atol=1e-2)
+    y.float().sum().backward()
+    assert conv.weight.grad.dtype is wgpar.float32 and conv.bias.grad.dtype is wgpar.float32

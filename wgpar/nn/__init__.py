@@ -1,10 +1,13 @@
 """Neural-network building blocks: Module, Parameter, layers, losses, functional, init."""
 
 from . import functional, init, utils
+from .attention import CausalSelfAttention, MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
+from .containers import ModuleDict, ModuleList
 from .conv import Conv1d, Conv2d
 from .layers import (
                      GELU,
+                     MLP,
                      CrossEntropyLoss,
                      Dropout,
                      Embedding,
@@ -24,5 +27,6 @@ from .pooling import AvgPool2d, MaxPool2d
 from .utils import clip_grad_norm_
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LayerNorm",
-           "Embedding", "Dropout", "Sequential", "CrossEntropyLoss", "MSELoss", "functional", "init", "utils",
+           "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
+           "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
            "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten"]
