@@ -66,4 +66,6 @@ class Function:
                                        f"of shape {a.shape}")
             return grads
 
-        return record(cls.name or cls.__name__, out, args, bw, ctx.saved_tensors)
+        # save_for_backward takes None (an optional input), as torch's does; only tensors are checked
+        saved = [t for t in ctx.saved_tensors if t is not None]
+        return record(cls.name or cls.__name__, out, args, bw, saved)

@@ -1,16 +1,24 @@
-"""The kernel-backed ops of wgpar.nn as autograd Functions: cross-entropy and dropout.
+"""The kernel-backed ops of wgpar.nn with their backward: cross-entropy, dropout, convolution,
+pooling and batch norm.
 
-Their kernels live in ops/ (loss.py, dropout.py); these classes give them their backward.
+Their kernels live in ops/ (loss.py, dropout.py, conv.py, pool.py, batch_norm.py); these give them
+their backward.
 """
 
 from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops as raw
+from ..ops import batch_norm as bn
+from ..ops.conv import conv2d, conv2d_backward
 from ..ops.dropout import dropout
 from ..ops.loss import cross_entropy_grad, cross_entropy_rows
+from ..ops.pool import avg_pool2d, max_pool2d, max_pool2d_backward
+from ..ops.window import Window
 from ..tensor import Tensor
+from .engine import record
 from .function import Context, Function
+from .grad_mode import is_grad_enabled
 
 
 class CrossEntropy(Function):
@@ -65,3 +73,107 @@ class Dropout(Function):
     @staticmethod
     def backward(ctx: Context, g: Tensor):
         return dropout(g, ctx.p, ctx.seed), None, None
+
+
+class Conv2d(Function):
+    """2-d convolution (im2col + matmul; ops/conv.py), its input gradient through col2im.
+
+    ``apply(x, weight, bias, window, groups)`` with sizes and dtypes checked by the caller; bias may be None.
+    """
+
+    name = "conv2d"
+
+    @staticmethod
+    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+        ctx.win, ctx.groups = win, groups
+        ctx.save_for_backward(x, weight)
+        return conv2d(x, weight, bias, win, groups)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gx, gw, gb = conv2d_backward(x, weight, g, ctx.win, ctx.groups, need_x, need_w, need_b)
+        return gx, gw, gb, None, None
+
+
+def max_pool2d_with_indices(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
+    """Max pooling and the int32 index of each output in its input plane; the gradient flows to
+    the recorded indices."""
+    out, idx = max_pool2d(x, win)
+    if is_grad_enabled() and x.requires_grad:
+        record("max_pool2d", out, [x], lambda g: (max_pool2d_backward(g, idx, win),), [idx])
+    return out, idx
+
+
+class AvgPool2d(Function):
+    """2-d average pooling; ``apply(x, window, count_include_pad, divisor_override)``."""
+
+    name = "avg_pool2d"
+
+    @staticmethod
+    def forward(ctx: Context, x: Tensor, win: Window, count_include_pad: bool, divisor: int | None) -> Tensor:
+        ctx.args = win, count_include_pad, divisor
+        return avg_pool2d(x, win, count_include_pad, divisor)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor):
+        return avg_pool2d(g, *ctx.args, backward=True), None, None, None
+
+
+class BatchNorm(Function):
+    """Batch norm of contiguous x [N, C, inner] with given statistics: ``(x - mean - shift) * invstd * weight + bias``.
+
+    ``apply(x, weight, bias, mean, shift, invstd, batch_stats)``: mean, invstd and shift (or None)
+    float32 [C] (``ops.batch_norm.batch_stats``: the batch's mean is mean + shift); weight and bias
+    [C] or None. With ``batch_stats`` the statistics are x's own (training), so the input gradient
+    includes their dependence on x; otherwise they are constants (running statistics).
+    """
+
+    name = "batch_norm"
+
+    @staticmethod
+    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
+                shift: Tensor | None, invstd: Tensor, batch_stats: bool) -> Tensor:
+        scale = invstd if weight is None else raw.binary("mul", invstd, weight)
+        ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale, ctx.batch_stats = x, mean, shift, invstd, scale, batch_stats
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (weight, bias))
+        ctx.save_for_backward(x, weight)
+        offset = bias
+        if shift is not None:
+            offset = raw.binary("mul", shift, scale) if bias is None else raw.binary("sub", bias,
+                                                                                   raw.binary("mul", shift, scale))
+            offset = raw.unary("neg", offset) if bias is None else offset
+        return bn.affine(x, scale, m=mean, k3=offset)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor):
+        x, mean, shift, invstd, scale = ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        g = raw.contiguous(g)
+        gx = gw = gb = None
+        if need_w or need_b or (need_x and ctx.batch_stats):
+            sums = bn.channel_sums(x, "vb", "vb * (va - m)", b=g, mean=mean)  # sum g, sum g * (x - mean)
+            s_g, s_gx = bn.column(sums, 0), bn.column(sums, 1)
+            if shift is not None:  # sum g * (x - mean - shift)
+                s_gx = raw.binary("sub", s_gx, raw.binary("mul", s_g, shift))
+            if need_w:
+                gw = _as(raw.binary("mul", s_gx, invstd), ctx.dtypes[0])
+            if need_b:
+                gb = _as(s_g, ctx.dtypes[1])
+        if need_x:
+            if ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
+                count = x.shape[0] * x.shape[2]
+                k2 = raw.binary("mul", raw.binary("mul", raw.binary("mul", scale, invstd), invstd),
+                                raw.binary("mul", s_gx, -1.0 / count))
+                k3 = raw.binary("mul", scale, raw.binary("mul", s_g, -1.0 / count))
+                if shift is not None:
+                    k3 = raw.binary("sub", k3, raw.binary("mul", shift, k2))
+                gx = bn.affine(x, k2, m=mean, k3=k3, g=g, k1=scale)
+            else:
+                gx = bn.affine(g, scale)
+        return gx, gw, gb, None, None, None, None
+
+
+def _as(t: Tensor, dtype: _dt.DType) -> Tensor:
+    return t if t.dtype is dtype else raw.cast(t, dtype)

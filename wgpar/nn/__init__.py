@@ -2,13 +2,16 @@
 
 from . import functional, init, utils
 from .attention import CausalSelfAttention, MultiheadAttention
+from .batchnorm import BatchNorm1d, BatchNorm2d
 from .containers import ModuleDict, ModuleList
+from .conv import Conv1d, Conv2d
 from .layers import (
                      GELU,
                      MLP,
                      CrossEntropyLoss,
                      Dropout,
                      Embedding,
+                     Flatten,
                      LayerNorm,
                      Linear,
                      MSELoss,
@@ -20,9 +23,10 @@ from .layers import (
 )
 from .module import Module
 from .parameter import Parameter
+from .pooling import AvgPool2d, MaxPool2d
 from .utils import clip_grad_norm_
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LayerNorm",
            "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
            "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
-           "clip_grad_norm_"]
+           "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten"]

@@ -10,11 +10,13 @@ from .. import ops as raw
 from ..autocast_mode import is_autocast_enabled
 from ..autograd import functions as F
 from ..autograd.engine import record
-from ..autograd.grad_mode import is_grad_enabled
-from ..autograd.nn_ops import CrossEntropy, Dropout
+from ..autograd.grad_mode import is_grad_enabled, no_grad
+from ..autograd.nn_ops import AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, max_pool2d_with_indices
+from ..ops.batch_norm import batch_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import as_index, index_add_rows
 from ..ops.loss import class_targets
+from ..ops.window import pair, window
 from ..tensor import Tensor, check_same_device
 
 
@@ -33,6 +35,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def relu(x: Tensor) -> Tensor:
+    """``max(x, 0)`` elementwise (NaN stays NaN)."""
     return F.unary("relu", x)
 
 
@@ -47,18 +50,22 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 def tanh(x: Tensor) -> Tensor:
+    """``tanh(x)`` elementwise."""
     return F.unary("tanh", x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
+    """``1 / (1 + exp(-x))`` elementwise."""
     return F.unary("sigmoid", x)
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN)."""
     return F.softmax(x, dim, log=False)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel."""
     return F.softmax(x, dim, log=True)
 
 
@@ -73,6 +80,215 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not x.dtype.is_float:
         raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
     return Dropout.apply(x, p, int(creation.generator().integers(0, 2**32)))
+
+
+def _batched(x, nd: int, op: str) -> tuple[Tensor, bool]:
+    """``x`` with a batch dim (added when x has ``nd + 1`` dims, as torch takes unbatched inputs)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: input must be a wgpar.Tensor, got {type(x).__name__}")
+    if x.ndim not in (nd + 1, nd + 2):
+        dims = "[N, C, L] or [C, L]" if nd == 1 else "[N, C, H, W] or [C, H, W]"
+        raise ValueError(f"{op}: expected an input of shape {dims}, got {x.shape}")
+    if not x.dtype.is_float:
+        raise TypeError(f"{op}: needs a float input, got {x.dtype.name}")
+    return (F.unsqueeze(x, 0), True) if x.ndim == nd + 1 else (x, False)
+
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, nd: int) -> Tensor:
+    op = f"conv{nd}d"
+    x, unbatched = _batched(x, nd, op)
+    if not isinstance(weight, Tensor) or weight.ndim != nd + 2:
+        raise ValueError(f"{op}: weight must be a Tensor of {nd + 2} dims [out, in / groups, *kernel], got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    check_same_device(x, weight, *(() if bias is None else (bias,)), op=op)
+    if is_autocast_enabled():  # convolutions run in float16 inside autocast, as torch's
+        x, weight, bias = (F.autocast_lower(t) for t in (x, weight, bias))
+    for t in (weight, bias):
+        if t is not None and t.dtype is not x.dtype:
+            raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
+                            f"({bias.dtype.name if bias is not None else 'none'}) must have one dtype")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    c, o = x.shape[1], weight.shape[0]
+    if c % groups or o % groups or weight.shape[1] * groups != c:
+        raise ValueError(f"{op}: input of shape {x.shape} ({c} channels) and weight of shape {weight.shape} do not "
+                         f"fit groups={groups}: need in_channels = weight.shape[1] * groups and out_channels "
+                         f"divisible by groups")
+    if bias is not None and bias.shape != (o,):
+        raise ValueError(f"{op}: bias of shape {bias.shape} for {o} output channels")
+    if nd == 1:  # a row of one: [N, C, 1, L] with a 1 x k kernel
+        x, weight = F.unsqueeze(x, 2), F.unsqueeze(weight, 2)
+        stride, dilation = (1, _single(stride, "stride", op)), (1, _single(dilation, "dilation", op))
+        if not isinstance(padding, str):
+            padding = (0, _single(padding, "padding", op))
+    kernel = weight.shape[2:]
+    sh, sw = pair(stride, "stride", op)
+    dh, dw = pair(dilation, "dilation", op)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            if (sh, sw) != (1, 1):
+                raise ValueError(f"{op}: padding='same' needs stride 1, got stride {stride}")
+            totals = [d * (k - 1) for d, k in zip((dh, dw), kernel)]
+            padding = tuple((t // 2, t - t // 2) for t in totals)  # the odd one after, as torch pads
+        else:
+            raise ValueError(f"{op}: padding must be an int, a tuple, 'valid' or 'same', got {padding!r}")
+    win = window(x.shape, kernel, (sh, sw), padding, (dh, dw), op)
+    y = Conv2d.apply(x, weight, bias, win, groups)
+    if nd == 1:
+        y = F.squeeze(y, 2)
+    return F.squeeze(y, 0) if unbatched else y
+
+
+def _single(v, what: str, op: str):
+    if not isinstance(v, (tuple, list)):
+        return v
+    if len(v) != 1:
+        raise ValueError(f"{op}: {what} must be an int or a 1-tuple, got {tuple(v)}")
+    return v[0]
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """1-d convolution (cross-correlation, as torch) of ``input`` [N, C, L] (or [C, L]) with ``weight``
+    [O, C / groups, k]: [N, O, L_out]. Runs as a 2-d convolution of height 1 (im2col + matmul).
+
+    Arguments:
+        input: the input, float.
+        weight: the filters, input's dtype.
+        bias: [O] or None.
+        stride, dilation: an int (or 1-tuple), >= 1.
+        padding: zeros on both sides: an int, 'valid' (none) or 'same' (output length L, stride 1).
+        groups: split channels into this many independent groups (groups = C: depthwise).
+    """
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """2-d convolution (cross-correlation, as torch) of ``input`` [N, C, H, W] (or [C, H, W]) with
+    ``weight`` [O, C / groups, kh, kw]: [N, O, H_out, W_out]. Runs as im2col + the tuned matmul
+    (docs/design.md, "Convolution").
+
+    Arguments:
+        input: the input, float.
+        weight: the filters, input's dtype.
+        bias: [O] or None.
+        stride, dilation: an int or a pair, >= 1.
+        padding: zeros on both sides of each dim: an int, a pair, 'valid' or 'same' (stride 1).
+        groups: split channels into this many independent groups (groups = C: depthwise).
+    """
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def _pool_window(x: Tensor, kernel_size, stride, padding, dilation, ceil_mode: bool, op: str):
+    stride = kernel_size if stride is None or (isinstance(stride, (tuple, list)) and not stride) else stride
+    win = window(x.shape, kernel_size, stride, padding, dilation, op, ceil_mode)
+    for k, d, pad in ((win.kh, win.dh, win.ph), (win.kw, win.dw, win.pw)):
+        if pad > ((k - 1) * d + 1) // 2:
+            raise ValueError(f"{op}: padding {pad} is more than half the kernel's extent {(k - 1) * d + 1}")
+    return win
+
+
+def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """2-d max pooling of ``input`` [N, C, H, W] (or [C, H, W]); a NaN in a window gives NaN, as in torch.
+
+    Arguments:
+        input: a float tensor.
+        kernel_size: the window, an int or a pair.
+        stride: the step (default: kernel_size).
+        padding: implicit -inf on both sides, at most half the kernel.
+        dilation: spacing of the window's taps.
+        ceil_mode: round the output size up (windows starting inside the input or the left padding).
+        return_indices: also return each output's int32 index h * W + w in its plane (torch: int64).
+    """
+    x, unbatched = _batched(input, 2, "max_pool2d")
+    win = _pool_window(x, kernel_size, stride, padding, dilation, ceil_mode, "max_pool2d")
+    out, idx = max_pool2d_with_indices(x, win)
+    if unbatched:
+        out, idx = F.squeeze(out, 0), raw.squeeze(idx, 0)
+    return (out, idx) if return_indices else out
+
+
+def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """2-d average pooling of ``input`` [N, C, H, W] (or [C, H, W]), with torch's divisors.
+
+    Arguments:
+        input: a float tensor.
+        kernel_size: the window, an int or a pair.
+        stride: the step (default: kernel_size).
+        padding: implicit zeros on both sides, at most half the kernel.
+        ceil_mode: round the output size up.
+        count_include_pad: count the padding in the divisor.
+        divisor_override: divide every window by this instead.
+    """
+    x, unbatched = _batched(input, 2, "avg_pool2d")
+    if divisor_override is not None and (isinstance(divisor_override, bool) or not isinstance(divisor_override, int)
+                                         or divisor_override < 1):
+        raise ValueError(f"avg_pool2d: divisor_override must be a positive int, got {divisor_override!r}")
+    win = _pool_window(x, kernel_size, stride, padding, 1, ceil_mode, "avg_pool2d")
+    out = AvgPool2d.apply(x, win, bool(count_include_pad), divisor_override)
+    return F.squeeze(out, 0) if unbatched else out
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
+               bias: Tensor | None = None, training: bool = False, momentum: float | Tensor = 0.1,
+               eps: float = 1e-5) -> Tensor:
+    """Batch normalisation over every dim but the channels (dim 1) of ``input`` [N, C, ...].
+
+    Training normalises with the batch's mean and biased variance and, where running statistics are
+    given, updates them in place: ``running = (1 - momentum) * running + momentum * batch`` with the
+    unbiased variance, as torch. Otherwise the running statistics normalise.
+
+    Arguments:
+        input: a float tensor of at least 2 dims.
+        running_mean, running_var: [C] buffers (None: training keeps none).
+        weight, bias: the affine [C] parameters, or None.
+        training: use (and record) the batch's statistics.
+        momentum: the running statistics' update factor (a float, or a one-element tensor).
+        eps: added to the variance.
+    """
+    if not isinstance(input, Tensor) or input.ndim < 2:
+        raise ValueError(f"batch_norm: expected a Tensor [N, C, ...], got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    if not input.dtype.is_float:
+        raise TypeError(f"batch_norm: needs a float input, got {input.dtype.name}")
+    n, c = input.shape[:2]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and t.shape != (c,):
+            raise ValueError(f"batch_norm: {name} of shape {t.shape} for an input of shape {input.shape} "
+                             f"({c} channels)")
+    check_same_device(input, *(t for t in (running_mean, running_var, weight, bias) if t is not None), op="batch_norm")
+    inner = input.numel() // (n * c) if n * c else 0
+    x3 = F.reshape(input, (n, c, inner))
+    if training:
+        if n * inner <= 1:
+            raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
+                             f"shape {input.shape}")
+        mean, shift, var = batch_stats(raw.contiguous(x3))
+        if running_mean is not None or running_var is not None:
+            with no_grad():
+                if running_mean is not None:
+                    _lerp_(running_mean, raw.binary("add", mean, shift), momentum)
+                if running_var is not None:
+                    _lerp_(running_var, raw.binary("mul", var, n * inner / (n * inner - 1)), momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
+        mean, var = (raw.cast(t, _dt.float32) for t in (running_mean, running_var))
+        shift = None
+    invstd = raw.unary("rsqrt", raw.binary("add", var, float(eps)))
+    y = BatchNorm.apply(F.contiguous(x3), weight, bias, mean, shift, invstd, bool(training))
+    return F.reshape(y, input.shape)
+
+
+def _lerp_(running: Tensor, value: Tensor, factor: float | Tensor) -> None:
+    """``running += (value - running) * factor`` in place, on the device."""
+    raw.inplace("add", running, raw.binary("mul", raw.binary("sub", value, running), factor))
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
@@ -147,6 +363,7 @@ def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, 
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """Squared error ``(input - target) ** 2``, reduced by "mean" (default), "sum" or not ("none")."""
     if isinstance(target, Tensor) and input.shape != target.shape:
         raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
     input, target = F.autocast_full(input), F.autocast_full(target)

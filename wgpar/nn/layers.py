@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import operator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 
 from .. import creation
 from .. import dtypes as _dt
@@ -43,6 +46,8 @@ class Linear(Module):
 
 
 class ReLU(Module):
+    """``max(x, 0)`` elementwise (NaN stays NaN), as ``torch.nn.ReLU``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
 
@@ -64,16 +69,26 @@ class GELU(Module):
 
 
 class Tanh(Module):
+    """``tanh(x)`` elementwise, as ``torch.nn.Tanh``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.tanh(x)
 
 
 class Sigmoid(Module):
+    """``1 / (1 + exp(-x))`` elementwise, as ``torch.nn.Sigmoid``."""
+
     def forward(self, x: Tensor) -> Tensor:
         return F.sigmoid(x)
 
 
 class Softmax(Module):
+    """Softmax along ``dim`` (one kernel per call; a NaN makes its row NaN), as ``torch.nn.Softmax``.
+
+    Arguments:
+        dim: the dim whose entries sum to 1.
+    """
+
     def __init__(self, dim: int = -1) -> None:
         super().__init__()
         self.dim = dim
@@ -83,6 +98,16 @@ class Softmax(Module):
 
 
 class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` dims (mean 0, variance 1), then scale and shift,
+    as ``torch.nn.LayerNorm``.
+
+    Arguments:
+        normalized_shape: an int or the trailing shape normalised over.
+        eps: added to the variance.
+        elementwise_affine: learn a weight (ones) and bias (zeros) of that shape.
+        device, dtype: of the parameters.
+    """
+
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, device=None,
                  dtype=_dt.float32) -> None:
         super().__init__()
@@ -104,6 +129,15 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
+    """A lookup table: integer indices of any shape pick rows of ``weight`` [num_embeddings, embedding_dim]
+    (initialised N(0, 1)), as ``torch.nn.Embedding``; an index out of range raises.
+
+    Arguments:
+        num_embeddings: the rows.
+        embedding_dim: the size of each row.
+        device, dtype: of the weight.
+    """
+
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=_dt.float32) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
@@ -118,6 +152,13 @@ class Embedding(Module):
 
 
 class Dropout(Module):
+    """Inverted dropout in training mode: zero each element with probability ``p`` and scale the rest by
+    1 / (1 - p); the identity in eval mode. As ``torch.nn.Dropout``; masks come from wgpar.manual_seed.
+
+    Arguments:
+        p: the probability of zeroing an element, in [0, 1].
+    """
+
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
@@ -131,24 +172,116 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
+class Flatten(Module):
+    """Flatten dims ``start_dim`` .. ``end_dim`` into one (by default all but the batch dim), as ``torch.nn.Flatten``.
+
+    Arguments:
+        start_dim, end_dim: the first and last dims flattened (negative counts from the end).
+    """
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
 class Sequential(Module):
+    """Modules called in order, each on the previous one's output, as ``torch.nn.Sequential``.
+
+    ``Sequential(a, b, c)`` names them "0", "1", "2"; ``Sequential(OrderedDict(name=module, ...))``
+    keeps the names. Indexing (ints, negative ints, slices), ``len``, iteration, ``append``,
+    ``extend``, ``insert`` and ``pop`` work as on a list (inserting and deleting renumber, as torch).
+
+    Arguments:
+        modules: the Modules, or one OrderedDict of them.
+    """
+
     def __init__(self, *modules: Module) -> None:
         super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            for name, m in modules[0].items():
+                self.add_module(name, _checked(m, f"Sequential entry {name!r}"))
+            return
         for i, m in enumerate(modules):
-            if not isinstance(m, Module):
-                raise TypeError(f"Sequential takes Modules, got {type(m).__name__} at position {i}")
-            self.add_module(str(i), m)
+            self.add_module(str(i), _checked(m, f"Sequential position {i}"))
 
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
+    def _index(self, i: int) -> int:
+        n = len(self._modules)
+        i = operator.index(i)
+        if not -n <= i < n:
+            raise IndexError(f"Sequential index {i} is out of range for {n} modules")
+        return i % n
+
+    def __getitem__(self, i: int | slice) -> Module:
+        if isinstance(i, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[i]))
+        return list(self._modules.values())[self._index(i)]
+
+    def __setitem__(self, i: int, module: Module) -> None:
+        key = list(self._modules)[self._index(i)]
+        self._modules[key] = _checked(module, "Sequential.__setitem__")
+
+    def __delitem__(self, i: int | slice) -> None:
+        keys = list(self._modules)
+        for key in (keys[i] if isinstance(i, slice) else [keys[self._index(i)]]):
+            del self._modules[key]
+        self._renumber()
+
+    def _renumber(self) -> None:
+        mods = list(self._modules.values())
+        self._modules.clear()
+        self._modules.update((str(k), m) for k, m in enumerate(mods))
 
     def __len__(self) -> int:
         return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._modules.values()))
+
+    def append(self, module: Module) -> Sequential:
+        """Add ``module`` at the end (named by its position); returns self."""
+        self.add_module(str(len(self._modules)), _checked(module, "Sequential.append"))
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> Sequential:
+        """Append every module of ``modules``; returns self."""
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module: Module) -> Sequential:
+        """Put ``module`` before position ``index`` (as list.insert; the modules are renumbered); returns self."""
+        n = len(self._modules)
+        index = operator.index(index)
+        if not -n <= index <= n:
+            raise IndexError(f"Sequential.insert: index {index} is out of range for {n} modules")
+        mods = list(self._modules.values())
+        mods.insert(index, _checked(module, "Sequential.insert"))
+        self._modules.clear()
+        self._modules.update((str(k), m) for k, m in enumerate(mods))
+        return self
+
+    def pop(self, index: int = -1) -> Module:
+        """Remove and return the module at ``index`` (the rest renumbered)."""
+        m = self[index]
+        del self[index]
+        return m
+
+
+def _checked(m, where: str) -> Module:
+    if not isinstance(m, Module):
+        raise TypeError(f"{where}: Sequential takes Modules, got {type(m).__name__}")
+    return m
 
 
 class MLP(Module):
@@ -176,6 +309,13 @@ class MLP(Module):
 
 
 class CrossEntropyLoss(Module):
+    """Softmax cross-entropy of logits [N, C] against integer class targets [N] (one fused kernel each way),
+    as ``torch.nn.CrossEntropyLoss``.
+
+    Arguments:
+        reduction: "mean", "sum" or "none" (the [N] losses).
+    """
+
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = reduction
@@ -185,6 +325,12 @@ class CrossEntropyLoss(Module):
 
 
 class MSELoss(Module):
+    """Squared error between input and target of one shape, as ``torch.nn.MSELoss``.
+
+    Arguments:
+        reduction: "mean", "sum" or "none".
+    """
+
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = reduction

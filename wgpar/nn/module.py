@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,6 +40,8 @@ class Module:
         elif isinstance(value, Module):
             self._modules[name] = value
         else:
+            if isinstance(value, (list, tuple, dict)):
+                _warn_if_holds_modules(self, name, value)
             object.__setattr__(self, name, value)
             return
         self.__dict__.pop(name, None)
@@ -62,13 +65,16 @@ class Module:
         self._buffers[name] = tensor
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Register ``param`` (or None: a declared, absent parameter) under ``name``."""
         self._parameters[name] = param
 
     def add_module(self, name: str, module: Module | None) -> None:
+        """Register ``module`` as the child ``name`` (as assigning the attribute does)."""
         self._modules[name] = module
 
     # -- traversal ------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """(dotted name, module) for self ("") and every sub-module, depth first, each module once."""
         stack = [(prefix, self)]
         seen = set()
         while stack:
@@ -80,20 +86,24 @@ class Module:
             stack[0:0] = [(f"{name}.{k}" if name else k, c) for k, c in m._modules.items() if c is not None]
 
     def modules(self) -> Iterator[Module]:
+        """Self and every sub-module, as ``named_modules``."""
         for _, m in self.named_modules():
             yield m
 
     def children(self) -> Iterator[Module]:
+        """The direct sub-modules."""
         for m in self._modules.values():
             if m is not None:
                 yield m
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
+        """(name, module) of the direct sub-modules."""
         for k, m in self._modules.items():
             if m is not None:
                 yield k, m
 
     def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, parameter) of every parameter, each once (a shared one under its first name)."""
         seen = set()
         mods = self.named_modules(prefix) if recurse else [(prefix, self)]
         for mname, m in mods:
@@ -104,34 +114,53 @@ class Module:
                 yield (f"{mname}.{k}" if mname else k), p
 
     def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Every parameter once (what an optimizer takes); only self's with ``recurse=False``."""
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
     def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        """(dotted name, buffer) of every registered buffer that is not None."""
         for mname, m in self.named_modules(prefix):
             for k, b in m._buffers.items():
                 if b is not None:
                     yield (f"{mname}.{k}" if mname else k), b
 
     def buffers(self) -> Iterator[Tensor]:
+        """Every registered buffer that is not None."""
         for _, b in self.named_buffers():
             yield b
 
     # -- modes ----------------------------------------------------------------------------
+    def apply(self, fn: Callable[[Module], Any]) -> Module:
+        """Call ``fn(module)`` on every sub-module (children first, recursively), then on self; returns
+        self. Typically used to initialise weights: ``model.apply(init_fn)``.
+
+        Arguments:
+            fn: the function to call on each module.
+        """
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
     def train(self, mode: bool = True) -> Module:
+        """Set training mode (``mode=False``: eval mode) on self and every sub-module; returns self."""
         for m in self.modules():
             object.__setattr__(m, "training", mode)
         return self
 
     def eval(self) -> Module:
+        """Eval mode (dropout off, batch norm on its running statistics); returns self."""
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's gradient: to None (the default), or to zeros in place."""
         from .utils import zero_grad_
 
         zero_grad_(self.parameters(), set_to_none)
 
     def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Set ``requires_grad`` on every parameter (False freezes them); returns self."""
         for p in self.parameters():
             p.requires_grad_(requires_grad)  # refuses integer parameters, as in PyTorch
         return self
@@ -229,6 +258,7 @@ class Module:
 
     # -- calling --------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        """The computation; subclasses define it and callers call the module (which runs the hooks)."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args, **kwargs):
@@ -295,6 +325,7 @@ class Module:
         return add_hook(self._forward_hooks, (hook, with_kwargs), prepend)
 
     def extra_repr(self) -> str:
+        """The text inside the parentheses of the module's repr (its settings)."""
         return ""
 
     def __repr__(self) -> str:
@@ -310,6 +341,26 @@ def _replace_data(p: Tensor, new: Tensor) -> None:
     if new is p:
         return
     p._storage, p._shape, p._strides, p._offset = new._storage, new._shape, new._strides, new._offset
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_if_holds_modules(owner: Module, name: str, value: list | tuple | dict) -> None:
+    """Warn (once per class and attribute) that Modules kept in a plain container are not registered:
+    their parameters would be missing from parameters(), state_dict(), to() and train(), silently."""
+    items = value.values() if isinstance(value, dict) else value
+    if not any(isinstance(v, Module) for v in items):
+        return
+    key = (type(owner).__qualname__, name)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    kind = type(value).__name__
+    container = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList (or nn.Sequential)"
+    warnings.warn(f"{type(owner).__name__}.{name} is a {kind} holding Modules: they are not registered, so their "
+                  f"parameters are missing from parameters(), state_dict(), to() and train(); use {container}",
+                  UserWarning, stacklevel=3)
 
 
 def _hook_name(hook) -> str:

@@ -111,6 +111,7 @@ class AdamW(Adam):
                          decoupled_weight_decay=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Optimizer.load_state_dict; every group keeps AdamW's decoupled weight decay."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             group["decoupled_weight_decay"] = True

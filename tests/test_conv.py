@@ -1,0 +1,226 @@
+"""Conv1d / Conv2d: forward against a NumPy float64 reference, gradients against finite differences
+and PyTorch, on awkward sizes (odd channels, non-square, stride, padding, dilation, groups)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar import nn
+from wgpar.nn import functional as F
+from wgpar.ops import conv as conv_ops
+from wgpar.ops.window import window
+
+from . import gradcheck
+from .helpers import assert_close
+
+
+def conv2d_ref(x, w, b=None, stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1):
+    """Cross-correlation in float64, straight from the definition."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (pt, pb), (pl, pr) = padding
+    sh, sw = stride
+    dh, dw = dilation
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    xg = xp.reshape(n, groups, cg, *xp.shape[2:])
+    wg = w.reshape(groups, o // groups, cg, kh, kw)
+    y = np.zeros((n, groups, o // groups, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xg[:, :, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            y += np.einsum("ngcpq,goc->ngopq", patch, wg[:, :, :, i, j])
+    y = y.reshape(n, o, oh, ow)
+    return y if b is None else y + b.astype(np.float64)[None, :, None, None]
+
+
+# (N, C, H, W, O, kernel, stride, padding, dilation, groups)
+CASES = [
+    (2, 3, 7, 9, 5, (3, 2), (2, 1), (1, 0), (1, 2), 1),
+    (3, 4, 6, 5, 8, 3, 1, 1, 1, 4),        # groups, square kernel, 'same'-like padding
+    (2, 6, 5, 5, 6, 3, 2, 2, 2, 6),        # depthwise, stride 2, dilation 2
+    (1, 5, 11, 4, 7, (1, 3), (3, 1), (0, 2), 1, 1),
+    (4, 1, 8, 8, 3, 2, 2, 0, 1, 1),        # one input channel, windows that tile
+    (2, 6, 9, 7, 9, (2, 3), (1, 2), (1, 1), (3, 1), 3),
+]
+
+
+def _norm(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_conv2d_forward_matches_numpy(case, rng):
+    n, c, h, w, o, k, s, p, d, g = case
+    kh, kw = _norm(k)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((o, c // g, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    got = F.conv2d(wgpar.tensor(x), wgpar.tensor(wt), wgpar.tensor(b), s, p, d, g).numpy()
+    ph, pw = _norm(p)
+    want = conv2d_ref(x, wt, b, _norm(s), ((ph, ph), (pw, pw)), _norm(d), g)
+    assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_gradients_match_finite_differences(rng):
+    x = rng.standard_normal((2, 4, 5, 4))
+    w = rng.standard_normal((6, 2, 3, 2))
+    b = rng.standard_normal(6)
+    kw = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2)
+    gradcheck.check(lambda x, w, b: F.conv2d(x, w, b, **kw),
+                    lambda x, w, b: conv2d_ref(x, w, b, (2, 1), ((1, 1), (1, 1)), (1, 2), 2), [x, w, b], rng)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_conv2d_matches_torch(case, rng):
+    torch = pytest.importorskip("torch")
+    n, c, h, w, o, k, s, p, d, g = case
+    kh, kw = _norm(k)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((n, c, h, w), (o, c // g, kh, kw), (o,))]
+    ours = [wgpar.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    y = F.conv2d(*ours, s, p, d, g)
+    yt = torch.nn.functional.conv2d(*theirs, s, p, d, g)
+    assert_close(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-4)
+    gy = rng.standard_normal(yt.shape).astype(np.float32)
+    y.backward(wgpar.tensor(gy))
+    yt.backward(torch.tensor(gy))
+    for a, t, name in zip(ours, theirs, ("input", "weight", "bias")):
+        assert_close(a.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4, what=name)
+
+
+@pytest.mark.parametrize("padding", [0, 2, "same", "valid"])
+def test_conv1d_matches_torch(padding, rng):
+    torch = pytest.importorskip("torch")
+    stride = 1 if padding == "same" else 2
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((3, 4, 13), (6, 2, 4), (6,))]
+    ours = [wgpar.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    y = F.conv1d(*ours, stride=stride, padding=padding, dilation=3, groups=2)
+    with warnings.catch_warnings():  # torch's note that 'same' with an even kernel copies its input
+        warnings.simplefilter("ignore")
+        yt = torch.nn.functional.conv1d(*theirs, stride=stride, padding=padding, dilation=3, groups=2)
+    assert_close(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-4)
+    gy = rng.standard_normal(yt.shape).astype(np.float32)
+    y.backward(wgpar.tensor(gy))
+    yt.backward(torch.tensor(gy))
+    for a, t in zip(ours, theirs):
+        assert_close(a.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_same_padding_and_unbatched_input_match_torch(rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((3, 6, 7)).astype(np.float32)  # [C, H, W]
+    w = rng.standard_normal((4, 3, 4, 3)).astype(np.float32)  # even kernel height: one more row after
+    y = F.conv2d(wgpar.tensor(x), wgpar.tensor(w), padding="same", dilation=(1, 2)).numpy()
+    yt = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding="same", dilation=(1, 2)).numpy()
+    assert y.shape == yt.shape == (4, 6, 7)
+    assert_close(y, yt, rtol=1e-4, atol=1e-5)
+
+
+def test_batches_past_the_workspace_run_in_chunks(rng, monkeypatch):
+    """Patches beyond WORKSPACE_BYTES go image by image; forward and every gradient stay the same."""
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((5, 3, 6, 7), (4, 3, 3, 3), (4,))]
+
+    def run():
+        ts = [wgpar.tensor(a, requires_grad=True) for a in arrays]
+        y = F.conv2d(*ts, stride=1, padding=1)
+        (y * y).sum().backward()
+        return [y.numpy()] + [t.grad.numpy() for t in ts]
+
+    whole = run()
+    per_image = 3 * 9 * 6 * 7 * 4
+    monkeypatch.setattr(conv_ops, "WORKSPACE_BYTES", 2 * per_image)  # chunks of 2, 2 and 1 images
+    assert conv_ops.chunks(window((5, 3, 6, 7), 3, 1, 1, 1, "t"), wgpar.tensor(arrays[0])) == \
+        [(0, 2), (2, 2), (4, 1)]
+    for a, b in zip(run(), whole):
+        assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_layers_init_shapes_and_training(rng):
+    torch = pytest.importorskip("torch")
+    wgpar.manual_seed(int(rng.integers(1 << 30)))
+    conv = nn.Conv2d(3, 8, (3, 5), stride=2, padding=1, groups=1)
+    assert conv.weight.shape == (8, 3, 3, 5) and conv.bias.shape == (8,)
+    bound = 1 / np.sqrt(3 * 15)  # torch: kaiming_uniform(a=sqrt 5) and the bias both give 1 / sqrt(fan_in)
+    assert np.abs(conv.weight.numpy()).max() <= bound and np.abs(conv.bias.numpy()).max() <= bound
+    assert repr(conv) == repr(torch.nn.Conv2d(3, 8, (3, 5), stride=2, padding=1))
+    assert repr(nn.Conv1d(4, 4, 3, groups=4, bias=False)) == repr(torch.nn.Conv1d(4, 4, 3, groups=4, bias=False))
+    x = wgpar.tensor(rng.standard_normal((2, 3, 9, 11)).astype(np.float32))
+    assert conv(x).shape == (2, 8, 5, 5)
+    depthwise = nn.Conv1d(4, 8, 3, padding="same", groups=4)
+    assert depthwise(wgpar.tensor(rng.standard_normal((2, 4, 10)).astype(np.float32))).shape == (2, 8, 10)
+
+
+def test_conv2d_float16_forward(rng, dev):
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    x = rng.standard_normal((2, 3, 6, 5)).astype(np.float16)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float16)
+    y = F.conv2d(wgpar.tensor(x, dtype=wgpar.float16), wgpar.tensor(w, dtype=wgpar.float16), padding=1)
+    assert y.dtype is wgpar.float16
+    assert_close(y.numpy(), conv2d_ref(x, w, padding=((1, 1), (1, 1))), rtol=2e-2, atol=2e-2)
+
+
+def test_conv_nan_propagates(rng):
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    x[0, 1, 2, 2] = np.nan
+    y = F.conv2d(wgpar.tensor(x), wgpar.tensor(np.ones((1, 2, 3, 3), np.float32))).numpy()
+    assert np.isnan(y).all()  # every 3x3 window of the 5x5 input covers the centre
+
+
+@pytest.mark.parametrize("args, match", [
+    (dict(x=(2, 3, 5, 5), w=(4, 2, 3, 3)), r"groups=1"),
+    (dict(x=(2, 4, 5, 5), w=(3, 2, 3, 3), groups=2), r"divisible by groups"),
+    (dict(x=(2, 3, 2, 5), w=(4, 3, 3, 3)), r"smaller than the 3x3 kernel"),
+    (dict(x=(2, 3, 5, 5, 1), w=(4, 3, 3, 3)), r"\[N, C, H, W\] or \[C, H, W\]"),
+    (dict(x=(2, 3, 5, 5), w=(4, 3, 3, 3), stride=0), r"stride must be >= 1"),
+    (dict(x=(2, 3, 5, 5), w=(4, 3, 3, 3), padding=-1), r"padding must be >= 0"),
+    (dict(x=(2, 3, 5, 5), w=(4, 3, 3, 3), stride=2, padding="same"), r"'same' needs stride 1"),
+    (dict(x=(2, 3, 5, 5), w=(4, 3, 3, 3), bias=(3,)), r"bias of shape \(3,\) for 4 output channels"),
+])
+def test_conv2d_bad_arguments_raise_clearly(args, match):
+    x = wgpar.zeros(*args["x"])
+    w = wgpar.zeros(*args["w"])
+    b = wgpar.zeros(*args["bias"]) if "bias" in args else None
+    with pytest.raises(ValueError, match=match):
+        F.conv2d(x, w, b, stride=args.get("stride", 1), padding=args.get("padding", 0), groups=args.get("groups", 1))
+
+
+def test_conv2d_mixed_dtypes_and_layer_arguments_raise():
+    with pytest.raises(TypeError, match=r"one dtype"):
+        F.conv2d(wgpar.zeros(1, 2, 4, 4), wgpar.zeros(3, 2, 3, 3, dtype=wgpar.int32))
+    with pytest.raises(ValueError, match=r"divisible by groups"):
+        nn.Conv2d(3, 4, 3, groups=2)
+    with pytest.raises(ValueError, match=r"padding_mode='zeros'"):
+        nn.Conv2d(3, 4, 3, padding_mode="reflect")
+
+
+def test_an_empty_batch_gives_empty_outputs_and_zero_gradients():
+    x = wgpar.zeros(0, 3, 5, 5, requires_grad=True)
+    conv = nn.Conv2d(3, 4, 3)
+    y = conv(x)
+    assert y.shape == (0, 4, 3, 3)
+    y.sum().backward()
+    assert x.grad.shape == (0, 3, 5, 5)
+    assert not conv.weight.grad.numpy().any() and not conv.bias.grad.numpy().any()
+
+
+def test_conv_runs_in_float16_inside_autocast(rng, dev):
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = wgpar.tensor(rng.standard_normal((2, 3, 5, 6)).astype(np.float32))
+    want = conv(x).numpy()
+    with wgpar.autocast():
+        y = conv(x)
+    assert y.dtype is wgpar.float16
+    assert_close(y.numpy(), want, rtol=1e-2, atol=1e-2)
+    y.float().sum().backward()
+    assert conv.weight.grad.dtype is wgpar.float32 and conv.bias.grad.dtype is wgpar.float32

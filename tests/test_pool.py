@@ -1,0 +1,129 @@
+"""MaxPool2d / AvgPool2d: forward against NumPy float64 and PyTorch, gradients against finite
+differences and PyTorch, NaN propagation and the indices as torch picks them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpar
+from wgpar import nn
+from wgpar.nn import functional as F
+
+from . import gradcheck
+from .helpers import assert_close
+
+
+def windows(x, k, s, p, d, fill):
+    """[N, C, oh, ow, kh * kw] windows of x padded with ``fill`` (no ceil_mode), in float64."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k, s, p, d
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    oh = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    taps = [xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            for i in range(kh) for j in range(kw)]
+    return np.stack(taps, -1)
+
+
+# (shape, kernel, stride, padding, dilation)
+CASES = [
+    ((2, 3, 7, 9), (3, 3), (2, 2), (1, 1), (1, 1)),
+    ((1, 5, 8, 6), (2, 3), (1, 2), (0, 1), (2, 1)),
+    ((3, 2, 5, 5), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((2, 1, 9, 4), (4, 1), (3, 1), (2, 0), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_max_pool2d_forward_matches_numpy(case, rng):
+    shape, k, s, p, d = case
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = F.max_pool2d(wgpar.tensor(x), k, s, p, d).numpy()
+    assert_close(got, windows(x, k, s, p, d, -np.inf).max(-1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=str)
+def test_avg_pool2d_forward_matches_numpy(case, rng):
+    shape, k, s, p, _ = case
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = F.avg_pool2d(wgpar.tensor(x), k, s, p).numpy()  # count_include_pad: always kh * kw here
+    assert_close(got, windows(x, k, s, p, (1, 1), 0.0).mean(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_pool_gradients_match_finite_differences(rng):
+    x = rng.permutation(60).reshape(1, 3, 4, 5) / 7.0  # distinct values: max has a gradient everywhere
+    gradcheck.check(lambda t: F.max_pool2d(t, (2, 3), (1, 2), (1, 1)),
+                    lambda a: windows(a, (2, 3), (1, 2), (1, 1), (1, 1), -np.inf).max(-1), [x], rng)
+    gradcheck.check(lambda t: F.avg_pool2d(t, 3, 2, 1),
+                    lambda a: windows(a, (3, 3), (2, 2), (1, 1), (1, 1), 0.0).mean(-1), [x], rng)
+
+
+MAX_KWARGS = [
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(2, 3), stride=(1, 2), dilation=2, ceil_mode=True),
+    dict(kernel_size=3, stride=2, ceil_mode=True, padding=1),
+    dict(kernel_size=2),
+]
+
+
+@pytest.mark.parametrize("kwargs", MAX_KWARGS, ids=str)
+def test_max_pool2d_matches_torch_with_nan_and_ties(kwargs, rng):
+    torch = pytest.importorskip("torch")
+    x = np.round(rng.standard_normal((2, 3, 9, 8)), 1).astype(np.float32)  # rounded: ties
+    x[0, 1, 2, 3] = np.nan
+    x[1, 2, 4:6, 4:6] = np.nan  # several NaNs in one window: the last one gets the gradient
+    x[1, 0, :, :3] = -np.inf
+    ours, theirs = wgpar.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    y, idx = F.max_pool2d(ours, **kwargs, return_indices=True)
+    yt, idxt = torch.nn.functional.max_pool2d(theirs, **kwargs, return_indices=True)
+    np.testing.assert_array_equal(y.numpy(), yt.detach().numpy())  # NaN where torch has NaN
+    np.testing.assert_array_equal(idx.numpy(), idxt.numpy())
+    gy = rng.standard_normal(yt.shape).astype(np.float32)
+    y.backward(wgpar.tensor(gy))
+    yt.backward(torch.tensor(gy))
+    assert_close(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 1), ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=(3, 2), divisor_override=5),
+], ids=str)
+def test_avg_pool2d_matches_torch(kwargs, rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    ours, theirs = wgpar.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    y = F.avg_pool2d(ours, **kwargs)
+    yt = torch.nn.functional.avg_pool2d(theirs, **kwargs)
+    assert_close(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    gy = rng.standard_normal(yt.shape).astype(np.float32)
+    y.backward(wgpar.tensor(gy))
+    yt.backward(torch.tensor(gy))
+    assert_close(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_pool_layers_and_unbatched_input(rng):
+    x = rng.standard_normal((3, 6, 7)).astype(np.float32)
+    mp = nn.MaxPool2d(2)
+    assert mp.stride == 2 and mp(wgpar.tensor(x)).shape == (3, 3, 3)
+    assert_close(mp(wgpar.tensor(x)).numpy(), windows(x[None], (2, 2), (2, 2), (0, 0), (1, 1), -np.inf).max(-1)[0])
+    out, idx = nn.MaxPool2d(3, 1, 1, return_indices=True)(wgpar.tensor(x[None]))
+    assert out.shape == idx.shape == (1, 3, 6, 7) and idx.dtype is wgpar.int32
+    ap = nn.AvgPool2d((2, 3), stride=1)
+    assert ap(wgpar.tensor(x[None])).shape == (1, 3, 5, 5)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x: F.max_pool2d(x, 2, padding=2), r"padding 2 is more than half"),
+    (lambda x: F.avg_pool2d(x, 3, padding=2), r"padding 2 is more than half"),
+    (lambda x: F.max_pool2d(x, 9), r"smaller than the 9x9 kernel"),
+    (lambda x: F.max_pool2d(x.reshape(2, 3, 5, 5, 1), 2), r"\[N, C, H, W\] or \[C, H, W\]"),
+    (lambda x: F.avg_pool2d(x, 2, divisor_override=0), r"divisor_override must be a positive int"),
+    (lambda x: F.max_pool2d(x, 0), r"kernel_size must be >= 1"),
+])
+def test_pool_bad_arguments_raise_clearly(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(wgpar.zeros(2, 3, 5, 5))
+    with pytest.raises(TypeError, match=r"kernel_size must be an int or a pair"):
+        F.max_pool2d(wgpar.zeros(1, 1, 4, 4), 2.5)

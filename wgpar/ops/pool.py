@@ -1,0 +1,88 @@
+"""2-d max and average pooling and their input gradients (shaders/max_pool2d*.wgsl, avg_pool2d.wgsl).
+
+Every kernel runs one thread per output element (forward) or per input element (backward, which
+gathers over the windows holding it: no atomics, a fixed order of summation). Max pooling records
+each output's index in its plane (int32), as ``torch.nn.functional.max_pool2d`` with
+``return_indices``, and backward routes the gradient through it.
+"""
+
+from __future__ import annotations
+
+from .. import dtypes as _dt
+from ..runtime.kernels import WORKGROUP, Kernel, grid, load_source
+from ..tensor import Tensor
+from .elementwise import contiguous
+from .window import Window
+
+_WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, " \
+          "oh: u32, ow: u32"
+_MAX = Kernel("max_pool2d", "out: w, idx: w, x: r", f"total: u32, off_x: u32, {_WINDOW}")
+_MAX_BWD = Kernel("max_pool2d_bwd", "gx: w, g: r, idx: r", f"total: u32, off_g: u32, off_idx: u32, {_WINDOW}")
+_AVG = Kernel("avg_pool2d", "out: w, x: r",
+              f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}")
+
+
+def _groups(total: int, dev) -> tuple[int, int]:
+    return grid(-(-total // WORKGROUP), dev.max_workgroups)
+
+
+def max_pool2d(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
+    """(values, indices) [N, C, oh, ow] of max pooling ``x`` [N, C, H, W]; indices are int32 positions
+    h * W + w in each plane. A NaN in a window wins it (torch's rule).
+
+    Arguments:
+        x: a float tensor.
+        win: the window (``window.window``, with dilation).
+    """
+    x = contiguous(x)
+    shape = (win.n, win.c, win.oh, win.ow)
+    out = Tensor.empty(shape, x.dtype, x.device)
+    idx = Tensor.empty(shape, _dt.int32, x.device)
+    total = out.numel()
+    k = _MAX.spec((x.dtype.storage, "i32", x.dtype.storage), T=x.dtype.storage, FNS=load_source("float_fns"))
+    x.device.dispatch(k, [out._storage.buffer, idx._storage.buffer, x._storage.buffer],
+                      _MAX.pack(total=total, off_x=x._offset, **win.params()), _groups(total, x.device))
+    return out, idx
+
+
+def max_pool2d_backward(g: Tensor, idx: Tensor, win: Window) -> Tensor:
+    """The input gradient [N, C, H, W] of ``max_pool2d`` for the output gradient ``g``.
+
+    Arguments:
+        g: the output's gradient [N, C, oh, ow].
+        idx: the indices ``max_pool2d`` returned.
+        win: the forward's window.
+    """
+    g = contiguous(g)
+    idx = contiguous(idx)
+    gx = Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
+    total = gx.numel()
+    k = _MAX_BWD.spec((g.dtype.storage, g.dtype.storage, "i32"), T=g.dtype.storage)
+    g.device.dispatch(k, [gx._storage.buffer, g._storage.buffer, idx._storage.buffer],
+                      _MAX_BWD.pack(total=total, off_g=g._offset, off_idx=idx._offset, **win.params()),
+                      _groups(total, g.device))
+    return gx
+
+
+def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_override: int | None = None,
+               backward: bool = False) -> Tensor:
+    """Average pooling of ``x`` [N, C, H, W] (window without dilation), or with ``backward`` the input
+    gradient [N, C, H, W] for ``x`` the output's gradient [N, C, oh, ow].
+
+    Arguments:
+        x: the input, or the output's gradient.
+        win: the window.
+        count_include_pad: whether padded positions count in the divisor.
+        divisor_override: a fixed divisor instead.
+        backward: compute the input gradient.
+    """
+    x = contiguous(x)
+    shape = (win.n, win.c, win.h, win.w) if backward else (win.n, win.c, win.oh, win.ow)
+    out = Tensor.empty(shape, x.dtype, x.device)
+    total = out.numel()
+    k = _AVG.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage, BACKWARD="true" if backward else "false")
+    x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
+                      _AVG.pack(total=total, off_x=x._offset, include_pad=int(count_include_pad),
+                                divisor=divisor_override or 0, **win.params()),
+                      _groups(total, x.device))
+    return out
