@@ -2,7 +2,6 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export XDG_RUNTIME_DIR ?= /tmp
 DEMO ?= examples/data_parallel.py
 
 .PHONY: setup demo test bench lint clean
