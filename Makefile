@@ -34,7 +34,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_matmul.py
 
 lint: setup
-	$(BIN)/ruff check wgpar tests examples benchmarks
+	$(BIN)/ruff check wgpar tests examples benchmarks tools
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
