@@ -14,10 +14,10 @@ its share. With --backend every rank runs the same per-rank program
 (DistributedDataParallel) on thread ranks or MPI processes, and reads its share
 of each batch through a DistributedSampler and its own DataLoader, which uploads
 the next batches to the rank's device in the background. Both see the same
-samples in every step (one seed, one permutation per epoch), so their losses
-agree to float rounding, except that the per-rank program's last batch of an
-epoch repeats a sample where the data does not divide among the ranks (torch's
-rule); threads and MPI give the same bits.
+samples in every step (one seed, one permutation per epoch), but for the
+per-rank program's last batch of an epoch, which repeats a sample where the
+data does not divide among the ranks (torch's rule): so their losses are close,
+not equal. Threads and MPI give the same bits.
 
 Then it trains the same model on one device with the same seed, for
 comparison, and prints both times, the speed-up and per-device memory.
