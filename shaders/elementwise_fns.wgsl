@@ -107,6 +107,16 @@ fn gelu_(x: f32) -> f32 { return select(0.5 * x * (1.0 + erf_(x * 0.707106781186
 fn gelu_grad_(x: f32) -> f32 {
   return 0.5 * (1.0 + erf_(x * 0.7071067811865476)) + x * 0.3989422804014327 * exp(-0.5 * x * x);
 }
+// GELU's tanh approximation (PyTorch's approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+fn gelu_tanh_(x: f32) -> f32 {
+  let inner = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  return select(0.5 * x * (1.0 + tanh_(inner)), x, isnan_(x));
+}
+// Its derivative, written as PyTorch's backward writes it.
+fn gelu_tanh_grad_(x: f32) -> f32 {
+  let t = tanh_(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x);
+}
 // log(1 + y), accurate for small y (Kahan: the rounding of 1 + y divides out); WGSL has no log1p.
 fn log1p_(y: f32) -> f32 {
   let u = 1.0 + y;

@@ -32,6 +32,7 @@ from wgpar.distributed import (  # noqa: E402
     ParallelMLP,
     PipelineSchedule,
     PipelineStage,
+    fully_shard,
     run_spmd,
     split_module,
 )
@@ -83,9 +84,9 @@ def train_ddp(group, seed: int) -> dict[str, np.ndarray]:
 
 
 def train_strategies(group, seed: int) -> dict[str, np.ndarray]:
-    """Tensor parallelism (an MLP split over every rank, 3 SGD steps) and a pipeline (one stage per
-    rank, 1F1B, 3 micro-batches, 3 SGD steps), written against the ProcessGroup only: the test runs
-    this on thread ranks too and wants the same bits."""
+    """Tensor parallelism (an MLP split over every rank, 3 SGD steps), a pipeline (one stage per
+    rank, 1F1B, 3 micro-batches, 3 SGD steps) and FSDP (3 AdamW steps), written against the
+    ProcessGroup only: the test runs this on thread ranks too and wants the same bits."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     with wgpar.rng_stream(seed):  # this thread's own generator (thread ranks build at once)
@@ -117,6 +118,24 @@ def train_strategies(group, seed: int) -> dict[str, np.ndarray]:
         if last:
             out[f"pipe.loss{k}"] = loss.numpy()
     out.update({f"pipe.{i}": p.numpy() for i, p in enumerate(stage.parameters())})
+
+    # FSDP: every Linear a unit (sharded even when tiny), the root too; 3 AdamW steps on this rank's rows.
+    with wgpar.rng_stream(seed + 2):
+        model = nn.Sequential(nn.Linear(6, 11, device=group.device), nn.GELU(), nn.Linear(11, 5, device=group.device))
+    for unit in (model[0], model[2]):
+        fully_shard(unit, group, persist_threshold=0)
+    fully_shard(model, group, persist_threshold=0)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+    X = rng.standard_normal((3, 4 * group.world_size, 6)).astype(np.float32)
+    Y = rng.integers(0, 5, (3, 4 * group.world_size))
+    for k in range(3):
+        opt.zero_grad()
+        rows = slice(4 * group.rank, 4 * group.rank + 4)
+        loss = F.cross_entropy(model(wgpar.tensor(X[k, rows], device=group.device)), Y[k, rows].astype(np.int32))
+        loss.backward()
+        opt.step()
+        out[f"fsdp.loss{k}"] = loss.numpy()
+    out.update({f"fsdp.{i}": p.numpy() for i, p in enumerate(model.parameters())})  # this rank's shards
     return out
 
 
@@ -197,7 +216,11 @@ def _say(line: str) -> None:
 def fault_program(group, mode: str, token: str) -> None:
     # ``token`` only marks this job's processes in the process table.
     t = wgpar.ones(8, device=group.device)
-    group.all_reduce(t)  # everyone is up
+    try:
+        group.all_reduce(t)  # everyone is up
+    except CollectiveError as exc:  # rank 1 may fail before a slow rank has left this one (a loaded machine)
+        _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
+        raise
     _say(f"UP {group.rank} {time.time():.3f}")
     if group.rank == 1:
         if mode == "raise":

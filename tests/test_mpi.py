@@ -61,7 +61,8 @@ def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
     """Launch mpiexec in a session of its own; stdout and stderr go to files (jobs that run at once
     must not block on a full pipe) and stay apart: the ranks' lines interleave, but each print of a
     whole line stays whole."""
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # keep the caller's
+    full_env = dict(os.environ, PYTHONPATH=path, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
                     WGPAR_MPI_CHUNK_KB="64")  # small chunks: the conformance sizes span many of them
     full_env.update(env or {})
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
@@ -165,10 +166,10 @@ def test_conformance_and_data_parallel_under_mpiexec(conformance_jobs, name):
         np.testing.assert_array_equal(got[f"0.{k}"], threads[k], err_msg=f"MPI vs threads: {k}")
         np.testing.assert_allclose(got[f"0.{k}"], single[k], rtol=1e-5, atol=1e-5, err_msg=f"MPI vs one device: {k}")
 
-    # Tensor parallelism and the pipeline run on MPI ranks unchanged, bit for bit as on thread ranks.
+    # Tensor parallelism, the pipeline and FSDP run on MPI ranks unchanged, bit for bit as on thread ranks.
     strategies = run_spmd(mpi_runner.train_strategies, n, backend="threads", args=(seed,), timeout=60)
     for r in range(n):
-        mine = {k[len(f"{r}."):] for k in got.files if k.startswith(f"{r}.tp.") or k.startswith(f"{r}.pipe.")}
+        mine = {k[len(f"{r}."):] for k in got.files if k.startswith((f"{r}.tp.", f"{r}.pipe.", f"{r}.fsdp."))}
         assert mine == set(strategies[r]), (r, sorted(mine), sorted(strategies[r]))
         for k in mine:
             np.testing.assert_array_equal(got[f"{r}.{k}"], strategies[r][k], err_msg=f"rank {r} {k}: MPI vs threads")

@@ -172,3 +172,60 @@ def test_layers_match_torch(rng):
                  rtol=1e-5, atol=1e-6)
     assert_close(F.layer_norm(wgpar.tensor(x), 6).numpy(),
                  torch.nn.functional.layer_norm(torch.tensor(x), (6,)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_forward_and_backward_match_torch(rng, approximate):
+    """Both GELUs against torch in float64, over the range where the approximations differ, NaN passing."""
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([rng.uniform(-8, 8, 997), [0.0, -3.0, 3.0, np.nan]]).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    t = wgpar.tensor(x, requires_grad=True)
+    y = nn.GELU(approximate)(t)
+    y.backward(wgpar.tensor(g))
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx, approximate=approximate)
+    ty.backward(torch.tensor(g, dtype=torch.float64))
+    assert_close(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(t.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert np.isnan(y.numpy()[-1]) and np.isnan(t.grad.numpy()[-1])
+    if approximate == "tanh":  # it really is the other function: the two differ by up to ~5e-4
+        exact = F.gelu(wgpar.tensor(x[:-1])).numpy()
+        assert np.abs(exact - y.numpy()[:-1]).max() > 1e-4
+    with pytest.raises(ValueError, match="approximate"):
+        nn.GELU("fast")
+
+
+@pytest.mark.parametrize("shape,norm,affine,dtype", [
+    ((5, 7, 64), (64,), True, "float32"), ((3, 700), (700,), True, "float32"), ((4, 3, 5), (3, 5), True, "float32"),
+    ((6, 9), (9,), False, "float32"), ((33, 16), (16,), True, "float16")], ids=str)
+def test_fused_layer_norm_matches_torch(shape, norm, affine, dtype, rng):
+    """The fused kernels (every threads-per-row width: 1 to 128 here) against torch in float64, gradients of
+    the input, weight and bias included; a NaN spreads over its own row only."""
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal(shape).astype(np.float32) * 3 + 1
+    g = rng.standard_normal(shape).astype(np.float32)
+    m = nn.LayerNorm(norm, elementwise_affine=affine, dtype=dtype)
+    if affine:
+        with wgpar.no_grad():
+            m.weight.copy_(wgpar.tensor(rng.standard_normal(norm).astype(np.float32)))
+            m.bias.copy_(wgpar.tensor(rng.standard_normal(norm).astype(np.float32)))
+    t = wgpar.tensor(x, dtype=dtype, requires_grad=True)
+    y = m(t)
+    assert y.grad_fn.name == "layer_norm" and y.dtype is t.dtype
+    y.backward(wgpar.tensor(g, dtype=dtype))
+    tx = torch.tensor(t.numpy().astype(np.float64), requires_grad=True)
+    tw = torch.tensor(m.weight.numpy().astype(np.float64), requires_grad=True) if affine else None
+    tb = torch.tensor(m.bias.numpy().astype(np.float64), requires_grad=True) if affine else None
+    ty = torch.nn.functional.layer_norm(tx, norm, tw, tb)
+    ty.backward(torch.tensor(g, dtype=torch.float64))
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    assert_close(y.numpy(), ty.detach().numpy(), **tol)
+    assert_close(t.grad.numpy(), tx.grad.numpy(), **tol)
+    if affine:
+        assert_close(m.weight.grad.numpy(), tw.grad.numpy(), **tol)
+        assert_close(m.bias.grad.numpy(), tb.grad.numpy(), **tol)
+    x2 = x.reshape(-1, *norm).copy()
+    x2[1].flat[2] = np.nan
+    out = m(wgpar.tensor(x2, dtype=dtype)).numpy()
+    assert np.isnan(out[1]).all() and not np.isnan(out[0]).any()

@@ -257,6 +257,10 @@ def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
         for t, ig in zip(node.inputs, in_grads):
             if t is None or ig is None:
                 continue
+            if ig.dtype is not t.dtype and t.dtype.is_float:
+                # As in PyTorch, a gradient has its input's dtype: a float16 branch added into a float32
+                # one (autocast) gets float16 gradients, so its matmuls stay on the float16 kernels.
+                ig = ops.cast(ig, t.dtype)
             if t._node is None:
                 k = id(t)
                 leaf_pending[k] = ig if k not in leaf_pending else ops.binary("add", leaf_pending[k], ig)

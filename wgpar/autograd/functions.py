@@ -11,6 +11,7 @@ import math
 
 from .. import dtypes as _dt
 from .. import ops as raw
+from ..autocast_mode import get_autocast_dtype, is_autocast_enabled
 from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.registry import GRADS, SAVES
 from ..ops.shape import stack_dim
@@ -34,12 +35,38 @@ def unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     return raw.reshape(g, shape)
 
 
+# -- autocast (wgpar/autocast_mode.py; the rules: docs/design.md "AMP") ---------------------------------
+def autocast_lower(t):
+    """Inside autocast, a float32 tensor cast to the autocast dtype (a recorded cast: its gradient
+    comes back float32); anything else unchanged."""
+    if not (isinstance(t, Tensor) and t.dtype is _dt.float32 and is_autocast_enabled()):
+        return t
+    if not t.device.has_f16:
+        raise TypeError(f"autocast(dtype=float16): {t.device} has no shader-f16 feature, so it cannot run float16 "
+                        "kernels; train without autocast (--amp) on this adapter")
+    return cast(t, get_autocast_dtype())
+
+
+def autocast_full(t):
+    """Inside autocast, a float16 tensor cast to float32 (ops that need the range: softmax, norms, losses)."""
+    if isinstance(t, Tensor) and t.dtype is _dt.float16 and is_autocast_enabled():
+        return cast(t, _dt.float32)
+    return t
+
+
+_FULL_UNARY = frozenset({"exp", "log", "rsqrt"})
+
+
 # -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
 def unary(op: str, a: Tensor) -> Tensor:
+    if op in _FULL_UNARY and is_autocast_enabled():
+        a = autocast_full(a)
     return _elementwise(op, raw.unary(op, a), (a,))
 
 
 def binary(op: str, a, b) -> Tensor:
+    if op == "pow" and is_autocast_enabled():
+        a, b = autocast_full(a), autocast_full(b)
     return _elementwise(op, raw.binary(op, a, b), (a, b))
 
 
@@ -274,6 +301,8 @@ def _keep_shape(a: Tensor, axes) -> tuple[int, ...]:
 
 
 def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    if op == "sum" and is_autocast_enabled():
+        a = autocast_full(a)
     out = raw.reduce(op, a, axis, keepdims)
     if op in ("argmax", "argmin") or not (is_grad_enabled() and _needs(a)):
         return out
@@ -300,6 +329,8 @@ def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
 
 def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
+    if is_autocast_enabled():
+        a = autocast_full(a)
     out = raw.softmax(a, axis, log)
     if not (is_grad_enabled() and _needs(a)):
         return out
@@ -320,6 +351,8 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
 
 # -- matmul -----------------------------------------------------------------------------------
 def matmul(a: Tensor, b: Tensor) -> Tensor:
+    if is_autocast_enabled():
+        a, b = autocast_lower(a), autocast_lower(b)
     if not (is_grad_enabled() and (_needs(a) or _needs(b))):
         return raw.matmul(a, b)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):

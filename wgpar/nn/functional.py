@@ -5,11 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from .. import creation
+from .. import dtypes as _dt
 from .. import ops as raw
+from ..autocast_mode import is_autocast_enabled
 from ..autograd import functions as F
+from ..autograd.engine import record
+from ..autograd.grad_mode import is_grad_enabled
 from ..autograd.nn_ops import CrossEntropy, Dropout
+from ..ops.elementwise import contiguous as _raw_contiguous
+from ..ops.index import as_index, index_add_rows
 from ..ops.loss import class_targets
-from ..tensor import Tensor
+from ..tensor import Tensor, check_same_device
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -17,16 +23,27 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: input of shape {x.shape} does not match weight of shape {weight.shape} "
                          f"(in_features {weight.shape[-1]})")
+    lead = x.shape[:-1]
+    if x.ndim > 2:  # [batch, seq, in] as one [batch * seq, in] product: the weight's gradient is then one
+        x = F.reshape(x, (-1, x.shape[-1]))  # matmul over all rows, not a product per batch entry summed after
     y = F.matmul(x, F.transpose(weight, 0, 1))
-    return F.binary("add", y, bias) if bias is not None else y
+    if bias is not None:
+        y = F.binary("add", y, F.autocast_lower(bias) if is_autocast_enabled() else bias)
+    return F.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
 
 
 def relu(x: Tensor) -> Tensor:
     return F.unary("relu", x)
 
 
-def gelu(x: Tensor) -> Tensor:
-    return F.unary("gelu", x)
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU: ``x * Phi(x)`` exactly (``approximate="none"``) or with PyTorch's tanh approximation
+    (``approximate="tanh"``, GPT-2's ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)."""
+    if approximate == "none":
+        return F.unary("gelu", x)
+    if approximate == "tanh":
+        return F.unary("gelu_tanh", x)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
 def tanh(x: Tensor) -> Tensor:
@@ -59,15 +76,37 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape."""
-    return F.index_select(weight, 0, indices, op="embedding")
+    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape.
+
+    Indices given as host data (a NumPy array or list) are checked and sorted for the backward on the
+    host, so neither direction reads anything back from the device.
+    """
+    if isinstance(indices, Tensor):
+        return F.index_select(weight, 0, indices, op="embedding")
+    host = np.asarray(indices)
+    n = weight.shape[0]
+    idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
+    out = raw.index_select(weight, 0, idx, op="embedding")
+    if not (is_grad_enabled() and weight.requires_grad):
+        return out
+    return record("embedding", out, [weight], lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims, then scale by ``weight`` and shift by ``bias``.
+
+    One fused kernel each way (wgpar/ops/layer_norm.py) when weight and bias (if given) have x's dtype;
+    the composed ops otherwise. Inside autocast it runs in float32.
+    """
     shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
     if tuple(x.shape[-len(shape):]) != shape:
         raise ValueError(f"layer_norm: input of shape {x.shape} does not end with normalized_shape {shape}")
+    x = F.autocast_full(x)
+    params = [t for t in (weight, bias) if t is not None]
+    if x.dtype.is_float and all(t.shape == shape and t.dtype is x.dtype for t in params):
+        check_same_device(x, *params, op="layer_norm")
+        return _layer_norm_fused(x, shape, weight, bias, eps)
     axes = tuple(range(x.ndim - len(shape), x.ndim))
     mu = F.reduce("mean", x, axes, keepdims=True)
     xc = F.binary("sub", x, mu)
@@ -80,9 +119,37 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     return y
 
 
+def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+                      eps: float) -> Tensor:
+    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward
+
+    cols = int(np.prod(shape))
+    rows = x.numel() // cols if cols else 0
+    x2 = raw.reshape(_raw_contiguous(x), (rows, cols))
+    w = None if weight is None else raw.reshape(_raw_contiguous(weight), (cols,))
+    b = None if bias is None else raw.reshape(_raw_contiguous(bias), (cols,))
+    y2, stats = layer_norm_forward(x2, w, b, eps)
+    y = raw.reshape(y2, x.shape)
+    if not (is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in (weight, bias)))):
+        return y
+
+    def bw(g):
+        g2 = raw.reshape(_raw_contiguous(g), (rows, cols))
+        want_w = weight is not None and weight.requires_grad
+        dx, gxh = layer_norm_backward(x2, w, stats, g2, want_w)
+        gw = raw.reshape(raw.reduce("sum", gxh, 0), shape) if want_w else None
+        gb = raw.reshape(raw.reduce("sum", g2, 0), shape) if bias is not None and bias.requires_grad else None
+        if gw is not None and gw.dtype is not weight.dtype:
+            gw = raw.cast(gw, weight.dtype)
+        return raw.reshape(dx, x.shape), gw, gb
+
+    return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])
+
+
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     if isinstance(target, Tensor) and input.shape != target.shape:
         raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
+    input, target = F.autocast_full(input), F.autocast_full(target)
     d = F.binary("sub", input, target)
     sq = F.binary("mul", d, d)
     return _reduce(sq, reduction, "mse_loss")
@@ -111,7 +178,8 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return CrossEntropy.apply(input, class_targets(target, input, "cross_entropy"), reduction)
+    tgt = class_targets(target, input, "cross_entropy")
+    return CrossEntropy.apply(F.autocast_full(input), tgt, reduction)
 
 
 def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
@@ -120,9 +188,115 @@ def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
         raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
     n, c = log_probs.shape
     tgt = class_targets(target, log_probs, "nll_loss")
+    log_probs = F.autocast_full(log_probs)
     # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
     rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)
     flat_index = raw.binary("add", rows, tgt)
     flat_index._host_range = (0, n * c - 1)  # every target was checked above
     picked = F.index_select(F.reshape(log_probs, (-1,)), 0, flat_index)
     return _reduce(F.unary("neg", picked), reduction, "nll_loss")
+
+
+# -- attention ----------------------------------------------------------------------------------------
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """``softmax(query @ key^T * scale + mask) @ value`` (torch.nn.functional.scaled_dot_product_attention).
+
+    query [..., L, E], key [..., S, E], value [..., S, Ev] with equal leading dims ([batch, heads] or
+    [batch]). ``is_causal`` lets query i see keys j <= i (torch's top-left alignment when L != S);
+    ``attn_mask`` is a bool mask (True: attend) or a float mask added to the scores, broadcast to
+    [..., L, S]; ``dropout_p`` drops attention weights (apply it only in training, as torch's
+    modules do); ``scale`` defaults to 1 / sqrt(E).
+
+    Without a mask or dropout, 3-d or 4-d operands with E == Ev a multiple of 4 (up to 256) run the
+    fused kernels (wgpar/ops/attention.py): no [L, S] matrix in memory, forward or backward.
+    Everything else runs the composed reference (matmul, mask, softmax, matmul). Inside autocast the
+    operands are float16 and the probabilities accumulate in float32.
+
+    Arguments:
+        query, key, value: the operands.
+        attn_mask: None, or a bool / float Tensor (or array) broadcastable to [..., L, S].
+        dropout_p: probability of zeroing an attention weight.
+        is_causal: apply the causal mask (not together with ``attn_mask``).
+        scale: the score scale.
+    """
+    from ..ops import attention as fused
+
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a wgpar.Tensor, got {type(t).__name__}")
+        if t.ndim < 2 or not t.dtype.is_float:
+            raise ValueError(f"scaled_dot_product_attention: {name} must be a float tensor of at least 2 dims, "
+                             f"got shape {t.shape} ({t.dtype.name})")
+    check_same_device(query, key, value, op="scaled_dot_product_attention")
+    if key.shape[:-2] != query.shape[:-2] or value.shape[:-2] != query.shape[:-2] or key.shape[-1] != query.shape[-1] \
+            or value.shape[-2] != key.shape[-2]:
+        raise ValueError(f"scaled_dot_product_attention: shapes query {query.shape}, key {key.shape}, value "
+                         f"{value.shape} do not fit [..., L, E], [..., S, E], [..., S, Ev]")
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal=True, not both")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    scale = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
+    if is_autocast_enabled():
+        query, key, value = F.autocast_lower(query), F.autocast_lower(key), F.autocast_lower(value)
+    if not (query.dtype is key.dtype is value.dtype):
+        query, key, value = (F.cast(t, _dt.float32) if t.dtype is not _dt.float32 else t for t in (query, key, value))
+    path = fused.forced_path()
+    why = "an attn_mask or dropout" if (attn_mask is not None or dropout_p > 0.0) else (
+        f"{query.ndim}-d operands" if query.ndim not in (3, 4) else None)
+    if why is None:
+        q4, k4, v4 = ((t if t.ndim == 4 else F.unsqueeze(t, 1)) for t in (query, key, value))
+        why = fused.supported(q4, k4, v4)
+    if path == "fused" and why is not None:
+        raise ValueError(f"scaled_dot_product_attention: the fused kernels cannot run {why}")
+    if why is not None or path == "reference":
+        return _attention_reference(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    out = _attention_fused(q4, k4, v4, bool(is_causal), scale)
+    return out if query.ndim == 4 else F.squeeze(out, 1)
+
+
+def _attention_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    from ..ops.attention import attention_backward, attention_forward
+
+    out, lse = attention_forward(q, k, v, causal, scale)
+    if not (is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return out
+    y = out.detach()  # no out -> node -> closure -> out cycle
+
+    def bw(g):
+        return attention_backward(q, k, v, y, lse, g, causal, scale)
+
+    return record("scaled_dot_product_attention", out, [q, k, v], bw, [q, k, v, y, lse])
+
+
+def _attention_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask, dropout_p: float, is_causal: bool,
+                         scale: float) -> Tensor:
+    lq, lk = q.shape[-2], k.shape[-2]
+    scores = F.binary("mul", F.matmul(q, F.transpose(k, -2, -1)), scale)
+    if is_causal:
+        scores = F.where(_causal_mask(lq, lk, q.device), scores, float("-inf"))
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            attn_mask = Tensor.from_numpy(np.asarray(attn_mask), device=q.device)
+        if attn_mask.dtype is _dt.bool_:
+            scores = F.where(attn_mask, scores, float("-inf"))
+        else:
+            scores = F.binary("add", scores, attn_mask)
+    weights = F.softmax(scores, -1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p, True)
+    return F.matmul(weights, v)
+
+
+_MASKS: dict = {}
+
+
+def _causal_mask(lq: int, lk: int, device) -> Tensor:
+    key = (lq, lk, device)
+    mask = _MASKS.get(key)
+    if mask is None:
+        if len(_MASKS) > 16:
+            _MASKS.clear()
+        mask = _MASKS[key] = Tensor.from_numpy(np.tril(np.ones((lq, lk), dtype=bool)), device=device)
+    return mask

@@ -1,4 +1,4 @@
-"""Layers: Linear, activations, LayerNorm, Embedding, Dropout, Sequential."""
+"""Layers: Linear, activations, LayerNorm, Embedding, Dropout, Sequential, the transformer MLP."""
 
 from __future__ import annotations
 
@@ -48,8 +48,19 @@ class ReLU(Module):
 
 
 class GELU(Module):
+    """GELU, exact or (``approximate="tanh"``) with PyTorch's tanh approximation."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
     def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(x)
+        return F.gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return "" if self.approximate == "none" else f"approximate={self.approximate!r}"
 
 
 class Tanh(Module):
@@ -138,6 +149,30 @@ class Sequential(Module):
 
     def __len__(self) -> int:
         return len(self._modules)
+
+
+class MLP(Module):
+    """The transformer MLP: ``fc2(act(fc1(x)))``, d_model -> hidden -> d_model.
+
+    ``wgpar.distributed.ParallelMLP`` splits it over ranks (fc1 by columns, fc2 by rows).
+
+    Arguments:
+        d_model: input and output features.
+        hidden: the inner width (4 * d_model in GPT-2).
+        bias: whether both layers have a bias.
+        activation: a parameter-free module (default GELU).
+        device, dtype: of the parameters.
+    """
+
+    def __init__(self, d_model: int, hidden: int, bias: bool = True, activation: Module | None = None, device=None,
+                 dtype=_dt.float32) -> None:
+        super().__init__()
+        self.fc1 = Linear(d_model, hidden, bias, device=device, dtype=dtype)
+        self.act = activation if activation is not None else GELU()
+        self.fc2 = Linear(hidden, d_model, bias, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class CrossEntropyLoss(Module):

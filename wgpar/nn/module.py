@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..hooks import RemovableHandle, add_hook
 from ..tensor import Tensor
 from .parameter import Parameter
@@ -137,15 +138,49 @@ class Module:
 
     # -- devices --------------------------------------------------------------------------
     def to(self, device=None, dtype=None) -> Module:
-        """Move (or convert) every parameter and buffer in place of the old ones; returns self."""
+        """Move and/or convert every parameter and buffer in place; returns self (as torch.nn.Module.to).
+
+        ``m.to(dev)``, ``m.to(wgpar.float16)``, ``m.to(dev, dtype)``. Parameters stay the same objects
+        (their data is replaced, as torch's ``param.data = ...``), so optimizers built before keep working
+        and a parameter shared by several modules (tied weights) stays one parameter. ``dtype`` converts
+        floating-point tensors only; integer buffers keep their type. Gradients move and convert with
+        their parameters.
+
+        Arguments:
+            device: a Device, an index or ``"wgpu:N"`` (or a dtype, when it is the only argument).
+            dtype: a floating-point dtype.
+        """
+        if dtype is None and device is not None and _is_dtype(device):
+            device, dtype = None, device
+        if dtype is not None:
+            dtype = _dt.as_dtype(dtype)
+            if not dtype.is_float:
+                raise TypeError(f"Module.to only accepts floating point dtypes, got {dtype.name}")
+
+        def convert(t: Tensor) -> Tensor:
+            return t.to(device=device, dtype=dtype if t.dtype.is_float else None)
+
+        done: set[int] = set()
         for m in self.modules():
-            for k, p in list(m._parameters.items()):
-                if p is not None:
-                    m._parameters[k] = Parameter(p.detach().to(device=device, dtype=dtype), p.requires_grad)
+            for p in m._parameters.values():
+                if p is None or id(p) in done:
+                    continue
+                done.add(id(p))
+                _replace_data(p, convert(p.detach()))
+                if p.grad is not None:
+                    p.grad = convert(p.grad)
             for k, b in list(m._buffers.items()):
                 if b is not None:
-                    m._buffers[k] = b.to(device=device, dtype=dtype)
+                    m._buffers[k] = convert(b)
         return self
+
+    def half(self) -> Module:
+        """Convert floating-point parameters and buffers to float16 in place (``to(wgpar.float16)``)."""
+        return self.to(dtype=_dt.float16)
+
+    def float(self) -> Module:
+        """Convert floating-point parameters and buffers to float32 in place (``to(wgpar.float32)``)."""
+        return self.to(dtype=_dt.float32)
 
     @property
     def device(self):
@@ -268,6 +303,17 @@ class Module:
             sub = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({k}): {sub}")
         return "\n".join(lines) + ("\n)" if len(lines) > 1 else ")")
+
+
+def _is_dtype(x) -> bool:
+    return isinstance(x, (_dt.DType, type, np.dtype)) or (isinstance(x, str) and _dt.is_dtype_name(x))
+
+
+def _replace_data(p: Tensor, new: Tensor) -> None:
+    """Point ``p`` at ``new``'s memory (torch's ``param.data = new``): same object, new storage."""
+    if new is p:
+        return
+    p._storage, p._shape, p._strides, p._offset = new._storage, new._shape, new._strides, new._offset
 
 
 def _hook_name(hook) -> str:

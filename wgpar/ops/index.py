@@ -157,9 +157,13 @@ def index_select(t: Tensor, dim: int, index, negative: bool = False, op: str | N
     return out
 
 
-def index_add_rows(grad: Tensor, dim: int, index: Tensor, n: int) -> Tensor:
-    """Sum ``grad`` rows back into a dim of size ``n`` by ``index`` (index_select's backward)."""
-    idx = index.numpy().reshape(-1).astype(np.int64)
+def index_add_rows(grad: Tensor, dim: int, index: Tensor, n: int, host_index: np.ndarray | None = None) -> Tensor:
+    """Sum ``grad`` rows back into a dim of size ``n`` by ``index`` (index_select's backward).
+
+    The kernel wants the index sorted into CSR form on the host: ``host_index`` (the values ``index``
+    was uploaded from) spares the readback of ``index``, which would wait for the GPU mid-backward.
+    """
+    idx = (index.numpy() if host_index is None else np.asarray(host_index)).reshape(-1).astype(np.int64)
     idx = np.where(idx < 0, idx + n, idx)
     d = dim
     outer, inner = math.prod(grad.shape[:d]), math.prod(grad.shape[d + index.ndim:])

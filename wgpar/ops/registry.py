@@ -175,6 +175,10 @@ for _op in (
     Op("gelu", FLOAT, "gelu_(x0)", ("g * gelu_grad_(x0)",),
        check=Check(lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), ("any",), torch="nn.functional.gelu",
                    rtol=1e-5)),
+    # PyTorch's gelu(approximate="tanh"); reached through nn.functional.gelu and nn.GELU.
+    Op("gelu_tanh", FLOAT, "gelu_tanh_(x0)", ("g * gelu_tanh_grad_(x0)",), api=None,
+       check=Check(lambda x: 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))), ("any",),
+                   rtol=1e-5)),
     # -- selection, clamping, copies (front ends by hand: wgpar.where, Tensor.clamp, Tensor.to) ----
     Op("where", WHERE, "select(x2, x1, nz_{T}(x0))",  # {T}: the condition's compute type
        (None, "select(0.0, g, nz_{T}(x0))", "select(g, 0.0, nz_{T}(x0))"), api=None),

@@ -156,7 +156,10 @@ class MPIGroup(ProcessGroup):
         self._hdr = comm.Dup()  # collective headers, run_spmd's results
         self._p2p = comm.Dup()  # send / recv headers (tag: the caller's tag)
         self._p2p_data = comm.Dup()  # send / recv payloads
-        self.tag_ub = int(comm.Get_attr(MPI.TAG_UB))
+        # MPI defines TAG_UB on COMM_WORLD only (Open MPI returns None on a split communicator); every
+        # MPI allows at least 32767.
+        ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        self.tag_ub = int(ub) if ub is not None else 32767
         self.world_ranks = tuple(comm.allgather(w.rank))  # each member's rank in the job
         per_host = CONFIG.mpi_ranks_per_host
         if per_host:  # pretend every ``per_host`` consecutive world ranks are a host (tests, benchmarks)

@@ -8,7 +8,7 @@ a dimension is split. Written against one rank's ProcessGroup and the
 differentiable collectives only, so it runs on any backend.
 """
 
-from .blocks import MLP, CausalSelfAttention, ParallelCausalSelfAttention, ParallelMLP
+from .blocks import MLP, CausalSelfAttention, ParallelCausalSelfAttention, ParallelMLP, tp_plan
 from .grid import GridGroups, tensor_data_grid
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .plan import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
@@ -16,4 +16,4 @@ from .sharding import shard_sizes
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelStyle", "ColwiseParallel", "RowwiseParallel",
            "parallelize_module", "MLP", "ParallelMLP", "CausalSelfAttention", "ParallelCausalSelfAttention",
-           "GridGroups", "tensor_data_grid", "shard_sizes"]
+           "GridGroups", "tensor_data_grid", "shard_sizes", "tp_plan"]
