@@ -2,7 +2,6 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export XDG_RUNTIME_DIR ?= /tmp
 DEMO ?= examples/data_parallel.py
 
 .PHONY: setup demo test bench lint clean
@@ -35,7 +34,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_matmul.py
 
 lint: setup
-	$(BIN)/ruff check wgpar tests examples benchmarks
+	$(BIN)/ruff check wgpar tests examples benchmarks tools
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache

@@ -13,9 +13,9 @@ the end a per-device table shows what FSDP used against what DataParallel would 
 
 from __future__ import annotations
 
-import argparse
 import time
 
+import common  # examples/common.py: a script's own directory is on sys.path
 import numpy as np
 
 import wgpar
@@ -23,8 +23,9 @@ from wgpar import nn, optim
 from wgpar.distributed import MultiAdapterContext, fully_shard
 from wgpar.distributed.fsdp import HostAdamW, OffloadPolicy, memory_estimate
 from wgpar.nn import functional as F
+from wgpar.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-MIB = 1 << 20
+MIB = common.MIB
 
 
 class Block(nn.Module):
@@ -64,22 +65,37 @@ def build(group, args) -> nn.Module:
     return fully_shard(model, group, **kw)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--devices", type=int, default=4)
+def build_parser():
+    ap = common.parser(__doc__)
+    ap.add_argument("--devices", type=common.at_least(1), default=4, help="ranks (logical devices on one adapter)")
     ap.add_argument("--strategy", default="FULL_SHARD",
-                    choices=["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"])
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--prefetch", type=int, default=1)
+                    choices=["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"],
+                    help="what each rank keeps (HYBRID_SHARD: shard within groups, replicate across them)")
+    ap.add_argument("--width", type=common.at_least(1), default=128, help="features of every block")
+    ap.add_argument("--layers", type=common.at_least(1), default=16, help="residual blocks")
+    ap.add_argument("--classes", type=common.at_least(2), default=10, help="output classes of the synthetic task")
+    ap.add_argument("--batch", type=common.at_least(1), default=32,
+                    help="samples per step over all ranks (each rank gets batch // devices)")
+    ap.add_argument("--steps", type=common.at_least(1), default=30, help="training steps")
+    ap.add_argument("--lr", type=common.positive_float, default=3e-3, help="AdamW's learning rate")
+    ap.add_argument("--prefetch", type=common.at_least(0), default=1,
+                    help="units whose gather starts ahead of the one computing")
     ap.add_argument("--offload", action="store_true", help="shards and AdamW state in host memory")
     ap.add_argument("--memory-limit-mib", type=float, default=None,
                     help="per-device limit (default: what FSDP needs plus a margin; 0: none)")
-    args = ap.parse_args()
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.batch < args.devices:
+        ap.error(f"--batch {args.batch} cannot feed --devices {args.devices}: every rank needs a sample")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
 
     ctx = MultiAdapterContext(args.devices, timeout=600)
     n = args.devices
@@ -107,34 +123,36 @@ def main() -> None:
         print(f"memory limit per device {limit / MIB:.1f} MiB: the parameters are {params * 4 / limit:.1f}x it, "
               f"DataParallel's parameters + gradients + AdamW moments {est.data_parallel / limit:.1f}x it")
 
-    rng = np.random.default_rng(0)
-    teacher = rng.standard_normal((args.width, args.classes)).astype(np.float32)
     models = ctx.run(lambda r: build(ctx.comm(r), args))
     make_opt = HostAdamW if args.offload else optim.AdamW
     opts = [make_opt(m.parameters(), lr=args.lr) for m in models]
     for d in ctx.devices:
         wgpar.reset_peak_memory_stats(d)
 
-    def step(r: int, x: np.ndarray, y: np.ndarray) -> float:
-        lo, hi = r * len(x) // n, (r + 1) * len(x) // n
-        opts[r].zero_grad()
-        loss = F.cross_entropy(models[r](wgpar.tensor(x[lo:hi], device=ctx.devices[r])), y[lo:hi])
-        (loss * ((hi - lo) * n / len(x))).backward()  # gradients are averaged over ranks: weight by batch share
-        opts[r].step()
-        share = loss.detach().reshape(1) * ((hi - lo) / len(x))
-        return ctx.comm(r).all_reduce(share, "sum").item()
+    # The task: labels from a fixed random linear teacher. Each rank reads its share of every batch
+    # (DistributedSampler) through its own DataLoader, which uploads the next batches to its device in
+    # the background.
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((args.width, args.classes)).astype(np.float32)
+    per_rank = args.batch // n
+    x = rng.standard_normal((args.steps * per_rank * n, args.width)).astype(np.float32)
+    data = TensorDataset(x, (x @ teacher).argmax(1).astype(np.int32))
+    loaders = [iter(DataLoader(data, batch_size=per_rank, sampler=DistributedSampler(data, n, r, shuffle=False),
+                               device=ctx.devices[r])) for r in range(n)]
 
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    bar = tqdm(total=args.steps, unit="step") if tqdm else None
+    def step(r: int, xb, yb) -> float:
+        opts[r].zero_grad()
+        loss = F.cross_entropy(models[r](xb), yb)
+        loss.backward()  # gradients averaged over the ranks: every rank's share is the same size
+        opts[r].step()
+        return ctx.comm(r).all_reduce(loss.detach().reshape(1), "mean").item()
+
+    bar = common.progress(args.steps)
     t0 = time.perf_counter()
     first = last = None
     for i in range(args.steps):
-        x = rng.standard_normal((args.batch, args.width)).astype(np.float32)
-        y = (x @ teacher).argmax(1).astype(np.int32)
-        last = ctx.run(step, [x] * n, [y] * n)[0]
+        batches = [next(it) for it in loaders]
+        last = ctx.run(step, [b[0] for b in batches], [b[1] for b in batches])[0]
         first = last if first is None else first
         if bar:
             bar.update(1)

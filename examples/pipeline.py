@@ -13,21 +13,18 @@ the measured bubble says little there; on several GPUs it is the real one.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
+import itertools
 import time
 
+import common  # examples/common.py and train_mlp.py: a script's own directory is on sys.path
 import numpy as np
+from train_mlp import load_digits
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from train_mlp import load_digits  # noqa: E402
-
-import wgpar  # noqa: E402
-from wgpar import nn, optim  # noqa: E402
-from wgpar.distributed import MultiAdapterContext, PipelineExecutor  # noqa: E402
-from wgpar.nn import functional as F  # noqa: E402
+import wgpar
+from wgpar import nn, optim
+from wgpar.distributed import MultiAdapterContext, PipelineExecutor
+from wgpar.nn import functional as F
+from wgpar.utils.data import DataLoader, TensorDataset
 
 
 def deep_mlp(layers: int, width: int, device) -> list[nn.Module]:
@@ -47,20 +44,34 @@ def accuracy(pipe: PipelineExecutor, x: np.ndarray, y: np.ndarray) -> float:
     return float((h.argmax(dim=1).numpy() == y).mean())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--devices", type=int, default=None,
+def build_parser():
+    ap = common.parser(__doc__)
+    ap.add_argument("--devices", type=common.at_least(1), default=None,
                     help="pipeline ranks (default: all adapters, or 2 logical devices on a single adapter)")
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved", "zb"], default="1f1b")
-    ap.add_argument("--microbatches", type=int, default=4)
-    ap.add_argument("--stages-per-rank", type=int, default=2, help="for --schedule interleaved")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved", "zb"], default="1f1b",
+                    help="the pipeline schedule (zb: zero bubble, backward split into input and weight gradients)")
+    ap.add_argument("--microbatches", type=common.at_least(1), default=4, help="micro-batches per batch")
+    ap.add_argument("--stages-per-rank", type=common.at_least(1), default=2, help="for --schedule interleaved")
+    ap.add_argument("--layers", type=common.at_least(2), default=8, help="Linear layers of the MLP")
+    ap.add_argument("--width", type=common.at_least(1), default=128, help="hidden units per layer")
+    ap.add_argument("--epochs", type=common.at_least(1), default=5, help="passes over the training set")
+    ap.add_argument("--batch-size", type=common.at_least(1), default=64, help="samples per step")
+    ap.add_argument("--lr", type=common.positive_float, default=2e-3, help="Adam's learning rate")
+    ap.add_argument("--seed", type=common.at_least(0), default=0,
+                    help="seeds the weights, the train/test split and the shuffles")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.batch_size < args.microbatches:
+        ap.error(f"--batch-size {args.batch_size} cannot be cut into --microbatches {args.microbatches}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     n = args.devices or max(2, len(wgpar.adapter_names()))
     ctx = MultiAdapterContext(n)
     wgpar.manual_seed(args.seed)
@@ -76,45 +87,42 @@ def main() -> None:
               f"{', '.join(type(m).__name__ for m in st.module.children())}")
 
     opts = pipe.optimizers(lambda ps: optim.Adam(ps, lr=args.lr))
-    rng = np.random.default_rng(args.seed)
-    batches = [b for b in range(0, len(xtr), args.batch_size) if len(xtr) - b >= args.microbatches]
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    bar = tqdm(total=args.epochs * len(batches), unit="step", leave=False) if tqdm else None
+    # Host batches: the executor cuts each into micro-batches and uploads them to the first stage's device.
+    loader = DataLoader(TensorDataset(xtr, ytr), batch_size=args.batch_size, shuffle=True, generator=args.seed)
+    steps = len(loader) - (0 < len(xtr) % args.batch_size < args.microbatches)  # less a last batch too small
+    bar = common.progress(args.epochs * steps)
     t0 = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
-        order = rng.permutation(len(xtr))
+        if bar:
+            bar.set_description(f"epoch {epoch}/{args.epochs}")
         total = None
-        for start in batches:
-            idx = order[start:start + args.batch_size]
-            loss = pipe.train_step(xtr[idx], ytr[idx], opts)
+        for step, (xb, yb) in enumerate(loader, 1):
+            if len(xb) < args.microbatches:  # a last batch too small to cut into micro-batches
+                continue
+            loss = pipe.train_step(xb, yb, opts)
             total = loss if total is None else total + loss  # on the device: no readback per step
             if bar:
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{total.item() / step:.4f}")
                 bar.update(1)
-        msg = (f"epoch {epoch:3d}  loss {total.item() / len(batches):.4f}  "
-               f"test accuracy {accuracy(pipe, xte, yte) * 100:.2f}%")
-        bar.write(msg) if bar else print(msg)
+        common.report(bar, f"epoch {epoch:3d}  loss {total.item() / steps:.4f}  "
+                           f"test accuracy {accuracy(pipe, xte, yte) * 100:.2f}%")
     if bar:
         bar.close()
     elapsed = time.perf_counter() - t0
-    print(f"{plan.name} on {n} devices: {args.epochs * len(batches) / elapsed:.1f} steps/s, "
+    print(f"{plan.name} on {n} devices: {args.epochs * steps / elapsed:.1f} steps/s, "
           f"test accuracy {accuracy(pipe, xte, yte) * 100:.2f}%")
 
     for r in pipe.ranks:  # synchronise after every action, so that its time includes the device's work
         r.profile = True
     bubbles = []
-    for start in batches[:5]:
-        idx = order[start:start + args.batch_size]
-        pipe.train_step(xtr[idx], ytr[idx], opts)
+    for xb, yb in itertools.islice(loader, 5):
+        pipe.train_step(xb, yb, opts)
         bubbles.append(pipe.measured_bubble())
     print(f"bubble: measured {np.median(bubbles):.1%} (median of {len(bubbles)} steps), schedule's model "
           f"{plan.bubble_fraction():.1%}")
     for r, d in enumerate(ctx.devices):
-        s = wgpar.memory_stats(d)
-        print(f"rank {r} memory: allocated={s['allocated_bytes']} peak={s['peak_allocated_bytes']} "
-              f"reserved={s['reserved_bytes']}")
+        print(common.memory_line(f"rank {r}", d))
     ctx.close()
 
 

@@ -2,22 +2,26 @@
 
     python examples/train_mlp.py --device 0 --epochs 15 --batch-size 64 --lr 3e-3
 
-Prints loss and test accuracy per epoch, then the device and its memory_stats.
+A DataLoader shuffles the training set every epoch (seeded) and uploads the next batches to the
+device on a background thread while the current step runs. Prints loss and test accuracy per epoch,
+then the device and its memory_stats.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
+import common  # examples/common.py: a script's own directory is on sys.path
 import numpy as np
 
 import wgpar
 from wgpar import nn
 from wgpar.nn import functional as F
+from wgpar.utils.data import DataLoader, TensorDataset
 
 
 def load_digits(seed: int):
+    """(x_train, y_train, x_test, y_test): 80% / 20% of the 1797 digits, standardised, split by ``seed``."""
     try:
         from sklearn.datasets import load_digits as sk_load
     except ImportError:
@@ -48,64 +52,69 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device) -> float:
 
 
 def train(device, epochs: int, batch_size: int, lr: float, seed: int = 0, progress: bool = True):
+    """Train ``make_model`` on ``device``; returns the model and per epoch (epoch, loss, accuracy, seconds)."""
     wgpar.manual_seed(seed)
     xtr, ytr, xte, yte = load_digits(seed)
     model = make_model(device)
     opt = wgpar.optim.Adam(model.parameters(), lr=lr)
-    rng = np.random.default_rng(seed)
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=epochs * -(-len(xtr) // batch_size), unit="step", leave=False)
-        except ImportError:
-            bar = None
+    loader = DataLoader(TensorDataset(xtr, ytr), batch_size=batch_size, shuffle=True, generator=seed, device=device)
+    bar = common.progress(epochs * len(loader), progress)
     history = []
     for epoch in range(1, epochs + 1):
-        order = rng.permutation(len(xtr))
+        t0 = time.perf_counter()
+        if bar:
+            bar.set_description(f"epoch {epoch}/{epochs}")
         running = None
-        for start in range(0, len(xtr), batch_size):
-            idx = order[start:start + batch_size]
-            xb = wgpar.tensor(xtr[idx], device=device)
-            loss = F.cross_entropy(model(xb), ytr[idx])
+        for step, (xb, yb) in enumerate(loader, 1):
+            loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            # Sum losses on the device: a readback per step would stall the GPU.
+            # Sum losses on the device; read the running mean back only every 10 steps (a readback waits
+            # for the GPU to finish everything queued).
             running = loss.detach() if running is None else running + loss.detach()
-            if bar is not None:
+            if bar:
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{running.item() / step:.4f}")
                 bar.update(1)
-        n_batches = -(-len(xtr) // batch_size)
-        mean_loss = running.item() / n_batches
+        mean_loss = running.item() / len(loader)
+        seconds = time.perf_counter() - t0  # training only, as data_parallel.py times it
         acc = accuracy(model, xte, yte, device)
-        history.append((epoch, mean_loss, acc))
-        msg = f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {acc * 100:.2f}%"
-        if bar is not None:
-            bar.write(msg)
-        else:
-            print(msg)
-    if bar is not None:
+        history.append((epoch, mean_loss, acc, seconds))
+        common.report(bar, f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {acc * 100:.2f}%")
+    if bar:
         bar.close()
     return model, history
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", type=int, default=0, help="wgpar device index (see wgpar.devices())")
-    ap.add_argument("--epochs", type=int, default=15)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+def build_parser():
+    ap = common.parser(__doc__)
+    ap.add_argument("--device", type=common.at_least(0), default=0,
+                    help="wgpar device index (one per adapter: see wgpar.devices())")
+    ap.add_argument("--epochs", type=common.at_least(1), default=15, help="passes over the training set")
+    ap.add_argument("--batch-size", type=common.at_least(1), default=64, help="samples per step")
+    ap.add_argument("--lr", type=common.positive_float, default=3e-3, help="Adam's learning rate")
+    ap.add_argument("--seed", type=common.at_least(0), default=0,
+                    help="seeds the weights, the train/test split and the shuffles")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    common.check_device_index(ap, args.device)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     device = wgpar.device(args.device)
-    print(f"device: {device!r}")
+    print(f"device: {device}")
     t0 = time.perf_counter()
     _, history = train(device, args.epochs, args.batch_size, args.lr, args.seed)
     wgpar.synchronize(device)
     print(f"final test accuracy {history[-1][2] * 100:.2f}% in {time.perf_counter() - t0:.1f} s")
-    stats = wgpar.memory_stats(device)
-    print("memory_stats: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
+    print(common.memory_line(f"wgpu:{device.index}", device))
 
 
 if __name__ == "__main__":

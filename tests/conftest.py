@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # lavapipe's WSI complains without it
-
 import numpy as np
 import pytest
 

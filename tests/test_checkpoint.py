@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 
 import numpy as np
@@ -285,3 +287,20 @@ def test_save_refuses_containers_inside_themselves_and_deep_nesting(tmp_path, de
     wgpar.save(same, path)
     assert [t.tolist() for t in wgpar.load(path)[:2]] == [[1.0], [1.0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]  # nothing half-written
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_checkpoints_are_written_with_the_users_umask(tmp_path, dev, umask):
+    from wgpar.distributed.fsdp import save_sharded_checkpoint
+    from wgpar.nn import Linear
+
+    old = os.umask(umask)
+    try:
+        wgpar.save({"w": wgpar.ones(3, device=dev)}, tmp_path / "model.safetensors")
+        save_sharded_checkpoint(Linear(3, 2, device=dev), tmp_path / "sharded")
+    finally:
+        os.umask(old)
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["model.safetensors", "sharded/index.json", "sharded/rank00000-of-00001.safetensors"]  # no temp
+    for name in files:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name

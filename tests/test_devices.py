@@ -198,3 +198,39 @@ def test_environment_configuration(monkeypatch):
         monkeypatch.delenv(name)
     c = config.load()
     assert (c.adapter, c.backend, c.submit_threshold) == (None, None, 512)
+
+
+def _import_and_compute(env: dict) -> subprocess.CompletedProcess:
+    code = ("import os, wgpar; print((wgpar.ones(3) * 2).numpy().tolist()); "
+            "print(os.environ['XDG_RUNTIME_DIR'])")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_RUNTIME_DIR is a Linux desktop variable")
+def test_without_xdg_runtime_dir_wgpar_sets_a_private_one_and_prints_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    out = _import_and_compute(env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no "error: XDG_RUNTIME_DIR is invalid or not set" from the Vulkan stack
+    result, path = out.stdout.split("\n")[:2]
+    assert result == "[2.0, 2.0, 2.0]"
+    assert path == str(tmp_path / f"wgpar-runtime-{os.getuid()}")
+    assert (tmp_path / f"wgpar-runtime-{os.getuid()}").stat().st_mode & 0o777 == 0o700
+
+
+def test_xdg_runtime_dir_default_is_private_and_never_overrides_the_user(tmp_path, monkeypatch):
+    from wgpar.runtime.config import ensure_xdg_runtime_dir
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/mine")
+    assert ensure_xdg_runtime_dir() is None and os.environ["XDG_RUNTIME_DIR"] == "/mine"
+    if not sys.platform.startswith("linux"):
+        return
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    shared = tmp_path / f"wgpar-runtime-{os.getuid()}"
+    shared.mkdir(mode=0o755)  # the usual path exists but is not private: a fresh private directory instead
+    shared.chmod(0o755)
+    fresh = ensure_xdg_runtime_dir()
+    assert fresh is not None and fresh != str(shared) and fresh.startswith(str(tmp_path))
+    assert os.environ["XDG_RUNTIME_DIR"] == fresh and os.stat(fresh).st_mode & 0o777 == 0o700

@@ -1,7 +1,7 @@
 """The import layers of docs/design.md, enforced: a module imports only from its own layer or below,
 and the core (everything below distributed) has no import cycle.
 
-runtime -> tensor -> ops -> autograd -> nn / optim -> distributed. Every import
+runtime -> tensor -> ops -> autograd -> nn / optim (and utils) -> distributed. Every import
 counts, also those inside functions (a lazy import is still a dependency).
 """
 
@@ -21,7 +21,7 @@ LAYERS = [
     ("wgpar.ops", 2), ("wgpar.creation", 2),
     ("wgpar.autograd", 3),
     ("wgpar.nn", 4), ("wgpar.optim", 4), ("wgpar.amp", 4), ("wgpar.models", 4), ("wgpar.checkpoint", 4),
-    ("wgpar.functional", 4),
+    ("wgpar.functional", 4), ("wgpar.utils", 4),
     ("wgpar.distributed", 5), ("wgpar.parallel", 5),
 ]
 NAMES = {0: "runtime", 1: "tensor", 2: "ops", 3: "autograd", 4: "nn/optim", 5: "distributed"}

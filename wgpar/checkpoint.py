@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import reprlib
+import secrets
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -177,15 +177,35 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     arrays: dict[str, np.ndarray] = {}
     tree = _encode(obj, [], arrays)
     metadata = {"wgpar.format": str(_FORMAT), _TREE: json.dumps(tree)}
-    data = stn.save(arrays, metadata=metadata)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    write_atomic(Path(path), stn.save(arrays, metadata=metadata))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file next to ``path`` and rename it over ``path``.
+
+    A crash never leaves a half-written file under the final name, and the file gets the
+    permissions a plain ``open(path, "wb")`` would give (0o666 less the umask; ``tempfile.mkstemp``
+    would make it 0o600, unreadable to the user's group).
+
+    Arguments:
+        path: the file to write.
+        data: its contents.
+    """
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"could not create a temporary file next to {path}")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -226,4 +246,4 @@ def load(path: str | os.PathLike, device=None) -> Any:
     return _decode(tree, tensors, path)
 
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "write_atomic"]

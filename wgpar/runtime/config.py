@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
+import sys
+import tempfile
 from dataclasses import dataclass
 
 
@@ -66,3 +69,28 @@ def load() -> Config:
 
 
 CONFIG = load()
+
+
+def ensure_xdg_runtime_dir() -> str | None:
+    """Give ``XDG_RUNTIME_DIR`` a private default when it is unset (Linux), before any adapter is opened.
+
+    Vulkan loaders and Mesa's window-system code look for it and print "error: XDG_RUNTIME_DIR is invalid
+    or not set" several times per process without it (scripts run outside a desktop session, ssh, cron,
+    containers). wgpar draws nothing on screen, so any private directory will do:
+    ``<tempdir>/wgpar-runtime-<uid>``, made 0700 (a fresh one if that path is someone else's or not
+    private). Returns the directory set, or None when nothing was changed.
+    """
+    if not sys.platform.startswith("linux") or os.environ.get("XDG_RUNTIME_DIR"):
+        return None
+    uid = os.getuid()
+    path = os.path.join(tempfile.gettempdir(), f"wgpar-runtime-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+            path = tempfile.mkdtemp(prefix="wgpar-runtime-")
+    except OSError:  # an unwritable temporary directory: leave the variable alone
+        return None
+    os.environ["XDG_RUNTIME_DIR"] = path
+    return path

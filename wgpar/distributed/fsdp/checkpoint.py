@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...autograd.grad_mode import no_grad
+from ...checkpoint import write_atomic
 from ...nn.module import Module
 from ...tensor import Tensor
 from ..group import ProcessGroup
@@ -144,17 +144,6 @@ def sharded_state_dict(model: Module) -> dict[str, LocalShard]:
     return out
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _to_host(value: Any) -> Any:
     if isinstance(value, Tensor):
         return value.numpy()
@@ -215,9 +204,9 @@ def save_sharded_checkpoint(model: Module, path: str | os.PathLike, optimizer=No
             meta["optim"][name] = {"scalars": scalars,
                                    "arrays": sorted(k.split("/")[-1] for k in arrays if k.startswith(f"optim/{name}/"))}
     data = stn.save(arrays, metadata={_META: json.dumps(meta)})
-    _atomic_write(directory / f"rank{rank:05d}-of-{world:05d}.safetensors", data)
+    write_atomic(directory / f"rank{rank:05d}-of-{world:05d}.safetensors", data)
     if rank == 0:
-        _atomic_write(directory / "index.json", json.dumps(index, indent=1).encode())
+        write_atomic(directory / "index.json", json.dumps(index, indent=1).encode())
     group = _dp_group(model)
     if group is not None and group.world_size > 1:
         group.barrier(label="fsdp:checkpoint")  # every file is complete before anyone reads them

@@ -1,0 +1,32 @@
+"""docs/api.md is what tools/gen_api.py makes of the current docstrings."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("gen_api", ROOT / "tools" / "gen_api.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_api_overview_is_up_to_date():
+    tool = _tool()
+    text = tool.render()
+    assert tool.render() == text  # the same twice: no addresses or set orders in it
+    assert (ROOT / "docs" / "api.md").read_text() == text, "docs/api.md is out of date: run python tools/gen_api.py"
+
+
+def test_the_overview_covers_every_section_and_the_readme_links_it():
+    text = (ROOT / "docs" / "api.md").read_text()
+    for section in ("wgpar", "wgpar.Tensor", "wgpar.nn", "wgpar.optim", "wgpar.utils.data", "wgpar.distributed"):
+        assert f"\n## {section}\n" in text
+    for name in ("wgpar.tensor(", "`.backward(", "class `wgpar.nn.Linear(", "class `wgpar.utils.data.DataLoader(",
+                 "class `wgpar.distributed.fsdp.FSDP("):
+        assert name in text, name
+    assert "(docs/api.md)" in (ROOT / "README.md").read_text()

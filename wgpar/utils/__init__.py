@@ -1,0 +1,5 @@
+"""Utilities beside the core: ``wgpar.utils.data`` (datasets, samplers, DataLoader)."""
+
+from . import data
+
+__all__ = ["data"]
