@@ -4,6 +4,7 @@ demo's report (announced single-device run with its time, MiB, the honest speed-
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import re
 import sys
@@ -15,6 +16,14 @@ import wgpar
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NAMES = ["train_mlp", "data_parallel", "pipeline", "fsdp"]
+
+
+@pytest.fixture(autouse=True)
+def collect_garbage():
+    """A DataParallel model lives in reference cycles (its gradient hooks): free it before the next test
+    counts device memory."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
