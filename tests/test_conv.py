@@ -139,8 +139,8 @@ def test_batches_past_the_workspace_run_in_chunks(rng, monkeypatch):
     monkeypatch.setattr(conv_ops, "WORKSPACE_BYTES", 2 * per_image)  # chunks of 2, 2 and 1 images
     assert conv_ops.chunks(window((5, 3, 6, 7), 3, 1, 1, 1, "t"), wgpar.tensor(arrays[0])) == \
         [(0, 2), (2, 2), (4, 1)]
-    for a, b in zip(run(), whole):
-        assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(run(), whole):  # the weight's gradient sums the chunks in another order
+        assert_close(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
 
 
 def test_conv_layers_init_shapes_and_training(rng):
