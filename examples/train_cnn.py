@@ -16,6 +16,7 @@ import numpy as np
 import wgpar
 from wgpar import nn
 from wgpar.nn import functional as F
+from wgpar.utils.data import DataLoader, TensorDataset
 
 # About 99% test accuracy in about a minute on lavapipe (README, "Examples").
 DEFAULTS = dict(epochs=4, batch_size=64, lr=3e-3, width=16)
@@ -66,8 +67,10 @@ def train(device, epochs: int, batch_size: int, lr: float, seed: int = 0, width:
         xtr, ytr = xtr[:limit], ytr[:limit]
     model = make_model(device, width)
     opt = wgpar.optim.Adam(model.parameters(), lr=lr)
-    rng = np.random.default_rng(seed)
-    n_batches = -(-len(xtr) // batch_size)
+    # BatchNorm needs two values per channel: a lone last image is left out (drop_last then).
+    loader = DataLoader(TensorDataset(xtr, ytr), batch_size=batch_size, shuffle=True, generator=seed,
+                        drop_last=len(xtr) % batch_size == 1, device=device)
+    n_batches = len(loader)
     bar = None
     if progress:
         try:
@@ -78,13 +81,9 @@ def train(device, epochs: int, batch_size: int, lr: float, seed: int = 0, width:
             bar = None
     history = []
     for epoch in range(1, epochs + 1):
-        order = rng.permutation(len(xtr))
         running, steps = None, 0
-        for start in range(0, len(xtr), batch_size):
-            idx = order[start:start + batch_size]
-            if len(idx) < 2:  # BatchNorm needs two values per channel: a lone last image is left out
-                continue
-            loss = F.cross_entropy(model(wgpar.tensor(xtr[idx], device=device)), ytr[idx])
+        for xb, yb in loader:  # uploaded on the loader's thread while the previous step runs
+            loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
