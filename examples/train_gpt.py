@@ -227,17 +227,18 @@ def single(cfg: GPTConfig, args) -> Trainer:
                    [rep], scaler, [dev])
 
 
-def data_parallel(cfg: GPTConfig, args) -> Trainer:
-    """DistributedDataParallel: every rank a replica on its share of each micro-batch; gradients averaged
-    by the bucketed all-reduce during the last micro-batch's backward (the others accumulate locally)."""
-    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
+def _ranks_share_the_batch(ctx, args) -> None:
+    if args.batch_size % ctx.world_size:
+        raise SystemExit(f"--parallel {args.parallel}: --batch-size {args.batch_size} must divide by the "
+                         f"{ctx.world_size} ranks")
+
+
+def _split_batch_step(ctx, reps: list[Replica], scaler: GradScaler, args, finish: Callable[[int, Replica], None]):
+    """The step of the strategies that split every micro-batch over the ranks (dp, fsdp): each rank accumulates
+    its share without communicating (no_sync) until the last micro-batch, whose backward reduces the
+    gradients; then ``finish(rank, replica)`` clips and steps."""
     n = ctx.world_size
-    if args.batch_size % n:
-        raise SystemExit(f"--parallel dp: --batch-size {args.batch_size} must divide by the {n} ranks")
-    models = [build_model(cfg, args, d) for d in ctx.devices]
-    reps = ctx.run(lambda r: make_replica(models[r], args, wgpar.distributed.DistributedDataParallel(
-        models[r], ctx.comm(r), op="mean")))
-    scaler = GradScaler(enabled=args.amp)
+    share = args.batch_size // n
 
     def work(r: int, micro):
         rep = reps[r]
@@ -248,17 +249,29 @@ def data_parallel(cfg: GPTConfig, args) -> Trainer:
             with sync:
                 loss = _micro_step(rep.net, x, y, scaler, args, len(micro))
             total = loss if total is None else total + loss
-        finish_step(rep, scaler, args)
+        finish(r, rep)
         return total
 
     def step(micro):
-        share = args.batch_size // n
         per_rank = [[(x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]) for x, y in micro]
                     for r in range(n)]
         totals = ctx.run(work, per_rank)
         scaler.update()
         return lambda: sum(t.item() for t in totals) / (len(micro) * n)  # equal shares: the batch mean
 
+    return step
+
+
+def data_parallel(cfg: GPTConfig, args) -> Trainer:
+    """DistributedDataParallel: every rank a replica on its share of each micro-batch; gradients averaged
+    by the bucketed all-reduce during the last micro-batch's backward (the others accumulate locally)."""
+    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
+    _ranks_share_the_batch(ctx, args)
+    models = [build_model(cfg, args, d) for d in ctx.devices]
+    reps = ctx.run(lambda r: make_replica(models[r], args, wgpar.distributed.DistributedDataParallel(
+        models[r], ctx.comm(r), op="mean")))
+    scaler = GradScaler(enabled=args.amp)
+    step = _split_batch_step(ctx, reps, scaler, args, lambda r, rep: finish_step(rep, scaler, args))
     return Trainer(step, lambda x, y: _evaluate(reps[0].model, x, y, args),
                    lambda p, k, s: _sample(reps[0].model, p, k, s), reps, scaler, ctx.devices, close=ctx.close)
 
@@ -409,9 +422,7 @@ def fully_sharded(cfg: GPTConfig, args) -> Trainer:
     and freed right after; gradients are reduce-scattered into the shards. The embeddings and the final
     LayerNorm (the root's parameters) form one more unit."""
     ctx = wgpar.distributed.MultiAdapterContext(args.devices)
-    n = ctx.world_size
-    if args.batch_size % n:
-        raise SystemExit(f"--parallel fsdp: --batch-size {args.batch_size} must divide by the {n} ranks")
+    _ranks_share_the_batch(ctx, args)
     models = [build_model(cfg, args, d) for d in ctx.devices]
 
     def setup(r: int) -> Replica:
@@ -423,27 +434,9 @@ def fully_sharded(cfg: GPTConfig, args) -> Trainer:
 
     reps = ctx.run(setup)
     scaler = GradScaler(enabled=args.amp)
-
-    def work(r: int, micro):
-        rep = reps[r]
-        rep.opt.zero_grad()
-        total = None
-        for i, (x, y) in enumerate(micro):
-            sync = rep.model.no_sync() if i < len(micro) - 1 else contextlib.nullcontext()
-            with sync:
-                loss = _micro_step(rep.model, x, y, scaler, args, len(micro))
-            total = loss if total is None else total + loss
-        # The shards differ per rank: agree on skipping, and clip by the whole model's norm.
-        finish_step(rep, scaler, args, ctx.comm(r), clip=lambda: rep.model.clip_grad_norm_(args.grad_clip))
-        return total
-
-    def step(micro):
-        share = args.batch_size // n
-        per_rank = [[(x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]) for x, y in micro]
-                    for r in range(n)]
-        totals = ctx.run(work, per_rank)
-        scaler.update()
-        return lambda: sum(t.item() for t in totals) / (len(micro) * n)
+    # The shards differ per rank: agree on skipping, and clip by the whole model's norm.
+    step = _split_batch_step(ctx, reps, scaler, args, lambda r, rep: finish_step(
+        rep, scaler, args, ctx.comm(r), clip=lambda: rep.model.clip_grad_norm_(args.grad_clip)))
 
     # Every rank must run a sharded forward (each gather needs them all): the same input on each.
     def evaluate(x, y):
