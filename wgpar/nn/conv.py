@@ -16,8 +16,9 @@ from .parameter import Parameter
 class _ConvNd(Module):
     _nd = 0
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride, padding, dilation, groups: int,
-                 bias: bool, padding_mode: str, device, dtype) -> None:
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None,
+                 dtype=_dt.float32) -> None:
         super().__init__()
         name = type(self).__name__
         if in_channels < 1 or out_channels < 1 or groups < 1:
@@ -81,12 +82,6 @@ class Conv1d(_ConvNd):
 
     _nd = 1
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None,
-                 dtype=_dt.float32) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, device, dtype)
-
     def forward(self, x: Tensor) -> Tensor:
         return F.conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
@@ -106,12 +101,6 @@ class Conv2d(_ConvNd):
     """
 
     _nd = 2
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None,
-                 dtype=_dt.float32) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, device, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
