@@ -537,7 +537,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-iters", type=int, help="validation batches per evaluation (preset default)")
     ap.add_argument("--log-every", type=int, default=10, help="steps between loss readbacks for the bar")
     ap.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
-    ap.add_argument("--out", type=Path, default=Path("out-gpt"), help="checkpoint directory")
+    ap.add_argument("--out", type=Path, default=Path("out-gpt"),
+                    help="checkpoint directory, relative to the current directory (default: out-gpt/)")
     ap.add_argument("--no-save", action="store_true", help="write no checkpoint at the end")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     ap.add_argument("--sample-tokens", type=int, default=200, help="bytes to generate at the end (0: none)")
@@ -582,6 +583,8 @@ def main(argv: list[str] | None = None) -> dict:
     log = print if args.no_progress else (lambda *a: bar.write(" ".join(map(str, a))) if bar else print(*a))
     start = load_checkpoint(trainer, args.out, cfg, args) if args.resume else 0
     trainer.on_resume(start)
+    if args.resume:
+        print(f"resumed from {args.out.resolve()} at step {start} of {args.steps}")
     tokens_per_step = args.batch_size * args.block_size * args.grad_accum
     print(f"GPT {args.preset}: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.n_layer} layers, {cfg.n_head} heads, "
           f"{cfg.n_embd} wide, context {cfg.block_size}; --parallel {args.parallel} on "
@@ -629,6 +632,7 @@ def main(argv: list[str] | None = None) -> dict:
         final = evaluate(args.steps)
         if not args.no_save:
             save_checkpoint(trainer, args.out, args.steps, cfg, args)
+            print(f"checkpoint written to {args.out.resolve()} (--resume continues from it, --no-save skips it)")
         verdict = "below" if final < baseline else "NOT below"
         print(f"final val loss {final:.4f} nats/byte, {verdict} the unigram baseline {baseline:.4f} "
               f"({baseline - final:+.3f})")

@@ -19,6 +19,7 @@ import wgpu
 from ..errors import AdapterNotFoundError, HostDeviceError
 from .config import CONFIG
 from .device import Device
+from .llvm_clash import load_triton_first
 
 _NATIVE = ("vulkan", "metal", "d3d12")
 _TYPE_ORDER = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
@@ -40,6 +41,7 @@ def _physical() -> list[wgpu.GPUAdapter]:
     global _adapters
     if _adapters is not None:
         return _adapters
+    load_triton_first()  # before the Vulkan loader brings Mesa's LLVM in (see llvm_clash.py)
     found = list(wgpu.gpu.enumerate_adapters_sync())
     if not found:
         raise AdapterNotFoundError(
