@@ -16,20 +16,61 @@ from .tensor import Tensor, normalize_shape
 
 _rng_lock = threading.Lock()
 _rng = np.random.default_rng()
-_local = threading.local()  # a thread's own generator inside rng_stream
+# (number of driver seedings, the last seed): an unseeded process's seed is its generator's entropy.
+_process_seed: tuple[int, int] = (0, _rng.bit_generator.seed_seq.entropy)
+_local = threading.local()  # a thread's own generator inside rng_stream; a rank thread's own generator
+
+
+class _RankGenerator:
+    """A thread rank's generator (None: none yet) and the count of driver seedings when it was made."""
+
+    __slots__ = ("rng", "epoch")
+
+    def __init__(self) -> None:
+        self.rng: np.random.Generator | None = None
+        self.epoch = 0
+
+
+def own_generator_for_thread() -> None:
+    """Give the calling thread (a thread rank) a generator of its own, as a process of its own would have.
+
+    ``manual_seed`` there seeds that generator only. Until the rank seeds it, and again after each
+    ``manual_seed`` on another thread (the driver), it restarts from the driver's last seed, as
+    ``torch.manual_seed`` seeds every device's generator; the driver's own stream is never touched.
+    """
+    _local.rank = _RankGenerator()
 
 
 def manual_seed(seed: int) -> None:
-    """Seed wgpar's random number generator (rand, randn, and layer initialisation)."""
-    global _rng
+    """Seed wgpar's random number generator (rand, randn, dropout and layer initialisation).
+
+    In a thread rank (``run_spmd``, ``MultiAdapterContext.run``) it seeds that rank's own generator, so
+    ranks seeded alike draw alike and a rank draws what a process seeded alike would. Elsewhere it seeds
+    the process's generator, and every rank restarts from this seed at its next draw.
+    """
+    global _rng, _process_seed
+    rank = getattr(_local, "rank", None)
+    if rank is not None:
+        rank.rng, rank.epoch = np.random.default_rng(seed), _process_seed[0]
+        return
     with _rng_lock:
         _rng = np.random.default_rng(seed)
+        _process_seed = (_process_seed[0] + 1, seed)
 
 
 def generator() -> np.random.Generator:
-    """The generator this thread draws from: its own inside ``rng_stream``, else the seeded global one."""
+    """The generator this thread draws from: its own inside ``rng_stream``, a thread rank's own, else the
+    process's (seeded by ``manual_seed``)."""
     own = getattr(_local, "rng", None)
-    return own if own is not None else _rng
+    if own is not None:
+        return own
+    rank = getattr(_local, "rank", None)
+    if rank is None:
+        return _rng
+    epoch, seed = _process_seed
+    if rank.rng is None or rank.epoch != epoch:
+        rank.rng, rank.epoch = np.random.default_rng(seed), epoch
+    return rank.rng
 
 
 @contextlib.contextmanager

@@ -12,11 +12,18 @@ bucket and leaves each ``param.grad`` as a view into its bucket; the first
 hook of a backward queues it to run when that backward ends (autograd's
 ``queue_callback``), so after ``loss.backward()`` the gradients are reduced.
 
-Gradient accumulation: a second backward without ``zero_grad`` adds its
-gradient to the reduced one (each step's local gradients are reduced once;
-what was already reduced is set aside in ``prepare`` and added back after the
-reduction). Inside ``no_sync()`` nothing is communicated: local gradients
-accumulate and are reduced, in full, by the next synchronised backward.
+Gradient accumulation follows PyTorch's rules whatever the loop order: a
+backward adds its gradient to whatever ``.grad`` holds when it reaches the
+parameter, so ``zero_grad`` (to None or to zeros, before or after the
+forward) resets it, and nothing but backward touches ``.grad`` (a forward
+between backward and ``step`` leaves it alone). Each local gradient is reduced
+once: when a backward finds ``.grad`` still holding a reduced gradient (a view
+into a bucket that finish left there), it sets that reduced part aside, keeps
+its own local sum apart, shows ``.grad`` as their sum, and adds the reduced
+part back after reducing only the local one (summing already reduced values
+again would count them N times with ``op="sum"``). Inside ``no_sync()``
+nothing is communicated: local gradients accumulate and are reduced, in full,
+by the next synchronised backward.
 """
 
 from __future__ import annotations
@@ -80,9 +87,15 @@ class AllReduceSync:
         self.overlap = True  # False: every bucket waits for finish() (to measure what overlap buys)
         self.launched_in_backward = 0  # buckets of the last backward whose transfer overlapped it
         self._sync = True
-        self._step_open = False  # prepare() ran and finish() has not yet
-        self._finish_queued = False
-        self._set_aside: dict[int, Tensor] = {}  # id(param) -> already-reduced gradient (accumulation)
+        self._in_pass = False  # a backward reached a parameter and its end-of-pass callback has not run
+        self._pending = False  # a synchronised backward ran and finish() has not yet
+        # Accumulation onto reduced gradients, per id(param): what finish left in .grad (the bucket view),
+        # the reduced part set aside, the local sum apart from it, and the sum shown as .grad (with its
+        # storage version, so an in-place change by the user is noticed).
+        self._reduced: dict[int, Tensor] = {}
+        self._aside: dict[int, Tensor] = {}
+        self._local: dict[int, Tensor] = {}
+        self._shown: dict[int, tuple[Tensor, int]] = {}
         params = [p for p in params if p.requires_grad]
         for p in params:
             if p.device is not group.device:
@@ -108,6 +121,7 @@ class AllReduceSync:
             self._buckets.append(b)
             for j, p in enumerate(members):
                 self._where[id(p)] = (b, j)
+                p.register_hook(lambda g, p=p: self._before_accumulate(p))
                 p.register_post_accumulate_grad_hook(self._hook)
 
     def bucket_sizes(self) -> list[int]:
@@ -123,42 +137,82 @@ class AllReduceSync:
         finally:
             self._sync = prev
 
-    # -- per step -------------------------------------------------------------------------
+    # -- per backward ----------------------------------------------------------------------
     def prepare(self) -> None:
-        """Call before each backward: resets the buckets and sets already-reduced gradients aside."""
+        """Reset the per-backward bookkeeping; gradients are left alone. Each backward does it when it first
+        reaches a parameter; DistributedDataParallel's forward calls it too, because a backward that raised
+        never ended its pass: its buckets (dropped here once complete) and its flags stay behind."""
         for b in self._buckets:
             if b.work is not None:
                 if not b.work.is_completed():
                     raise RuntimeError(f"AllReduceSync on rank {self.group.rank}: bucket {b.index} of the previous "
                                        "backward is still in flight; call finish() first")
-                b.work = None  # a step that failed before finish(): its gradients are dropped
+                b.work = None
             b.ready = 0
-            for i, p in enumerate(b.params):
-                if b.holds(i):  # reduced by an earlier finish and not zeroed: accumulate on top of it
-                    self._set_aside[id(p)] = ops.clone(p.grad)
-                    p.grad = None
         self.launched_in_backward = 0
-        self._step_open = True
-        self._finish_queued = False
+        self._in_pass = False
+
+    def _forget(self, key: int) -> None:
+        self._aside.pop(key, None)
+        self._local.pop(key, None)
+        self._shown.pop(key, None)
+
+    def _local_part(self, p: Tensor) -> Tensor | None:
+        """The part of ``p.grad`` no reduction has counted yet (None: nothing); sets a reduced part aside."""
+        key, g = id(p), p.grad
+        if g is None:  # zero_grad(): everything before is gone
+            self._forget(key)
+            return None
+        if g is self._reduced.get(key):  # the reduced gradient (in-place changes by the user included)
+            self._forget(key)
+            self._aside[key] = ops.clone(g)  # the bucket is about to be overwritten
+            return None
+        shown = self._shown.get(key)
+        if shown is not None and shown[0] is g and g._storage.version == shown[1]:
+            return self._local[key]
+        # Accumulated locally, or the user's own (or a shown sum they changed in place): all of it is local.
+        self._forget(key)
+        return g
+
+    def _before_accumulate(self, p: Tensor) -> None:
+        # Backward adds this pass's gradient to .grad next: make .grad the local part alone.
+        with no_grad():
+            p.grad = self._local_part(p)
 
     def _hook(self, param: Tensor) -> None:
-        b, _ = self._where[id(param)]
+        key = id(param)
+        aside = self._aside.get(key)
+        if aside is not None:  # .grad holds the local sum: show reduced + local, as PyTorch's .grad would
+            with no_grad():
+                self._local[key] = param.grad
+                shown = ops.binary("add", aside, param.grad)
+            self._shown[key] = (shown, shown._storage.version)
+            param.grad = shown
+        if not self._in_pass:  # the first parameter this backward reached
+            self.prepare()
+            self._in_pass = True
+            queue_callback(self._end_pass)
+        if self._sync:
+            self._pending = True
+        b, _ = self._where[key]
         b.ready += 1
-        if self._step_open and not self._finish_queued:
-            self._finish_queued = True
-            queue_callback(self.finish)
         if self._sync and self.overlap and b.ready == len(b.params) and b.work is None:
             self._launch(b)
             self.launched_in_backward += 1
+
+    def _end_pass(self) -> None:
+        self._in_pass = False
+        self.finish()
 
     def _launch(self, b: _Bucket) -> None:
         with no_grad():
             for i, p in enumerate(b.params):
                 view = b.view(i)
-                if p.grad is None:
+                local = self._local_part(p)
+                if local is None:
                     view.zero_()
                 else:
-                    ops.copy_(view, p.grad)
+                    ops.copy_(view, local)
         b.work = self.group.all_reduce(b.flat, self.op, async_op=True, label=f"bucket{b.index}")
 
     def finish(self) -> None:
@@ -167,9 +221,9 @@ class AllReduceSync:
         Inside ``no_sync()`` this does nothing: the gradients stay local. Called again after the step's
         gradients were reduced (backward queues it), it does nothing either.
         """
-        if not self._sync or not self._step_open:
+        if not self._sync or not self._pending:
             return
-        self._step_open = False
+        self._pending = False
         for b in self._buckets:  # parameters that got no gradient this step: their bucket goes now
             if b.work is None:
                 self._launch(b)
@@ -183,9 +237,11 @@ class AllReduceSync:
             for b in self._buckets:
                 for i, p in enumerate(b.params):
                     view = b.view(i)
-                    earlier = self._set_aside.pop(id(p), None)
+                    earlier = self._aside.get(id(p))
                     if earlier is not None:
                         ops.inplace("add", view, earlier)
+                    self._forget(id(p))
+                    self._reduced[id(p)] = view
                     p.grad = view
 
     def __repr__(self) -> str:

@@ -46,6 +46,36 @@ def replicate(module: Module, device) -> Module:
     return copy.deepcopy(module, memo)
 
 
+def batch_sizes(x, world_size: int, what: str) -> list[int]:
+    """Rows per rank for the batch ``x`` (a tensor or array whose dim 0 is the batch), first ranks one more."""
+    if not isinstance(x, (Tensor, np.ndarray)) or x.ndim == 0:
+        got = f"shape {tuple(x.shape)}" if isinstance(x, (Tensor, np.ndarray)) else type(x).__name__
+        raise TypeError(f"{what}: the first argument is the batch, a tensor or array whose dim 0 is split over "
+                        f"the ranks; got {got}")
+    n = x.shape[0]
+    if n < world_size:
+        raise ValueError(f"{what}: a batch of {n} rows cannot feed {world_size} ranks")
+    return split_sizes(n, world_size)
+
+
+def split_batch(arg, sizes: Sequence[int], what: str) -> list:
+    """Per-rank slices of ``arg`` along dim 0 (views: nothing is copied yet), as torch's DataParallel scatters
+    every tensor; anything but a tensor or array goes to every rank unchanged.
+
+    A tensor or array whose dim 0 is not the batch size is refused rather than guessed at: split, a table
+    of another length would silently give each rank the wrong rows.
+    """
+    if not isinstance(arg, (Tensor, np.ndarray)):
+        return [arg] * len(sizes)
+    n = sum(sizes)
+    if arg.ndim == 0 or arg.shape[0] != n:
+        raise ValueError(f"{what} of shape {tuple(arg.shape)} cannot be split like the batch of {n} rows: every "
+                         "tensor or array argument is split along dim 0, which must be the batch size (keep other "
+                         "tensors in the module, e.g. as a buffer)")
+    bounds = np.cumsum([0, *sizes])
+    return [arg[int(bounds[r]):int(bounds[r + 1])] for r in range(len(sizes))]
+
+
 def broadcast_module(module: Module, group: ProcessGroup, src: int = 0) -> None:
     """Overwrite every parameter and buffer of ``module`` with rank ``src``'s (all in flight at once)."""
     with no_grad():
@@ -97,9 +127,11 @@ class DistributedDataParallel(Module):
 class DataParallel:
     """Data-parallel training of ``module`` over the ranks of a MultiAdapterContext (thread ranks).
 
-    ``dp(x, *rest)`` returns the per-rank outputs (a list, rank order, each on its rank's device):
-    arrays and tensors whose first dim is the batch are split as evenly as possible, anything else
-    is passed to every replica unchanged. Compute a loss per rank with ``dp.loss(fn, outputs, *targets)``
+    ``dp(x, *rest)`` returns the per-rank outputs (a list, rank order, each on its rank's device).
+    ``x`` is the batch: its dim 0 is split as evenly as possible. As in torch's DataParallel, every
+    other tensor or array argument is split alike, so its dim 0 must be the batch size too (anything
+    else raises a ValueError naming the argument and its shape); other values go to every replica
+    unchanged. Compute a loss per rank with ``dp.loss(fn, outputs, *targets)``
     (targets are split the same way), then ``dp.backward(losses)``, then step every replica's optimizer
     (``dp.optimizers(factory)``, ``dp.step(opts)``). ``dp.train_step`` does all of that in one pass.
 
@@ -135,14 +167,6 @@ class DataParallel:
         return self.ranks[0].sync
 
     # -- splitting ------------------------------------------------------------------------
-    @staticmethod
-    def _split(arg, sizes: Sequence[int]) -> list:
-        """Per-rank slices along dim 0 (views: nothing is copied yet); non-batch args are repeated."""
-        if not isinstance(arg, (Tensor, np.ndarray)):
-            return [arg] * len(sizes)
-        bounds = np.cumsum([0, *sizes])
-        return [arg[int(bounds[r]):int(bounds[r + 1])] for r in range(len(sizes))]
-
     def _to_rank(self, piece, rank: int):
         """Move one slice to rank ``rank``'s device (called from that rank's thread, so uploads overlap)."""
         dev = self.context.devices[rank]
@@ -152,12 +176,6 @@ class DataParallel:
             return Tensor.from_numpy(piece, device=dev)
         return piece
 
-    def _batch_sizes(self, x) -> list[int]:
-        n = len(x)
-        if n < self.context.world_size:
-            raise ValueError(f"DataParallel: a batch of {n} rows cannot feed {self.context.world_size} ranks")
-        return split_sizes(n, self.context.world_size)
-
     def _check_per_rank(self, items: Sequence, what: str) -> list:
         items = list(items)
         if len(items) != self.context.world_size:
@@ -166,8 +184,8 @@ class DataParallel:
 
     # -- forward / loss / backward --------------------------------------------------------
     def forward(self, x, *rest) -> list:
-        sizes = self._batch_sizes(x)
-        args = [self._split(a, sizes) for a in (x, *rest)]
+        sizes = batch_sizes(x, self.context.world_size, "DataParallel")
+        args = [split_batch(a, sizes, f"DataParallel: argument {i}") for i, a in enumerate((x, *rest))]
         self._sizes = sizes
         return self.context.run(lambda r, *a: self.ranks[r](*(self._to_rank(p, r) for p in a)), *args)
 
@@ -177,7 +195,7 @@ class DataParallel:
         """Per-rank ``fn(output_r, *targets_r)``; targets are split like the inputs were."""
         if self._sizes is None:
             raise RuntimeError("DataParallel.loss: call forward first")
-        args = [self._split(t, self._sizes) for t in targets]
+        args = [split_batch(t, self._sizes, f"DataParallel.loss: target {i}") for i, t in enumerate(targets)]
         return self.context.run(lambda r, out, *a: fn(out, *(self._to_rank(p, r) for p in a)),
                                 self._check_per_rank(outputs, "loss"), *args)
 
@@ -223,8 +241,9 @@ class DataParallel:
         Returns the batch's mean loss as a 0-d tensor on rank 0's device.
         """
         optimizers = self._check_per_rank(optimizers, "train_step")
-        sizes = self._batch_sizes(x)
-        xs, ys = self._split(x, sizes), self._split(y, sizes)
+        sizes = batch_sizes(x, self.context.world_size, "DataParallel.train_step")
+        xs = split_batch(x, sizes, "DataParallel.train_step: x")
+        ys = split_batch(y, sizes, "DataParallel.train_step: target")
         self._sizes = sizes
         total = sum(sizes)
 

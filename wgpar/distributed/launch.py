@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..creation import own_generator_for_thread
 from ..runtime import adapters as _adapters
 from .backends.mpi_world import launched_by_mpi
 from .backends.threads import ThreadGroup
@@ -58,6 +59,7 @@ class RankWorkers:
 
     @staticmethod
     def _loop(inbox: queue.Queue) -> None:
+        own_generator_for_thread()  # ranks seed and draw apart, as processes do
         while True:
             item = inbox.get()
             if item is None:

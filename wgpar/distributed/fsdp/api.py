@@ -262,7 +262,8 @@ def fully_shard(module: Module, group: ProcessGroup, *,
 
     Arguments:
         module: the module; apply ``fully_shard`` to inner blocks first, the root last. Its parameters
-            must hold the same values on every rank (build them with one seed, load one state, or pass
+            must hold the same values on every rank (build them after ``wgpar.manual_seed`` with one seed on
+            every rank, thread ranks included: each has its own generator; load one state; or pass
             ``sync_module_states``); their memory is freed once sharded.
         group: this rank's ProcessGroup (``run_spmd`` passes it; ``ctx.comm(rank)``).
         strategy: FULL_SHARD (default), SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD (see ShardingStrategy).

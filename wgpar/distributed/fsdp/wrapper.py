@@ -5,8 +5,9 @@ The driver thread holds the wrapper; every step is handed to the ranks' threads 
 rank a structural copy whose parameters have no memory, and applies ``fully_shard`` bottom-up on
 every rank (units chosen by ``auto_wrap``) with each rank's rows taken from the host copy, so the
 model's memory ends up split across the devices (the original's memory is freed as it is sharded).
-Batches are split along dim 0 as evenly as possible and each rank's loss is weighted by its share
-(gradients are summed, not averaged), so training equals single-device training on the whole batch.
+Batches are split along dim 0 as evenly as possible (every tensor or array argument alike, as
+``DataParallel`` does) and each rank's loss is weighted by its share (gradients are summed, not
+averaged), so training equals single-device training on the whole batch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ...nn.module import Module
 from ...nn.parameter import Parameter
 from ...tensor import Tensor
 from ..context import MultiAdapterContext
-from ..group import split_sizes
+from ..data_parallel import batch_sizes, split_batch
 from . import checkpoint as ckpt
 from .api import _fully_shard
 from .param import freed_tensor
@@ -47,7 +48,8 @@ def _empty_replica(module: Module, device) -> Module:
 class FSDP:
     """Fully sharded data-parallel training of ``module`` over the ranks of a MultiAdapterContext.
 
-    ``fsdp(x, *rest)`` returns the per-rank outputs (batch-like arguments split along dim 0);
+    ``fsdp(x, *rest)`` returns the per-rank outputs (every tensor or array argument split along dim 0,
+    which must be the batch size, ``x``'s; as ``DataParallel``);
     ``fsdp.loss(fn, outputs, *targets)``, ``fsdp.backward(losses)``, ``fsdp.step(opts)`` or
     ``fsdp.train_step(x, y, loss_fn, opts)`` train; ``fsdp.modules[r]`` is rank r's sharded model
     (an FSDPModule), ``fsdp.optimizers(factory)`` makes one optimizer per rank over its shards.
@@ -105,19 +107,6 @@ class FSDP:
         return self.context.world_size
 
     # -- batches ----------------------------------------------------------------------------
-    def _batch_sizes(self, x) -> list[int]:
-        n = len(x)
-        if n < self.world_size:
-            raise ValueError(f"FSDP: a batch of {n} rows cannot feed {self.world_size} ranks")
-        return split_sizes(n, self.world_size)
-
-    @staticmethod
-    def _split(arg, sizes: Sequence[int]) -> list:
-        if not isinstance(arg, (Tensor, np.ndarray)):
-            return [arg] * len(sizes)
-        bounds = np.cumsum([0, *sizes])
-        return [arg[int(bounds[r]):int(bounds[r + 1])] for r in range(len(sizes))]
-
     def _to_rank(self, piece, rank: int):
         dev = self.context.devices[rank]
         if isinstance(piece, Tensor):
@@ -134,9 +123,9 @@ class FSDP:
 
     # -- steps -------------------------------------------------------------------------------
     def forward(self, x, *rest) -> list:
-        sizes = self._batch_sizes(x)
+        sizes = batch_sizes(x, self.world_size, "FSDP")
         self._sizes = sizes
-        args = [self._split(a, sizes) for a in (x, *rest)]
+        args = [split_batch(a, sizes, f"FSDP: argument {i}") for i, a in enumerate((x, *rest))]
         return self.context.run(lambda r, *a: self.modules[r](*(self._to_rank(p, r) for p in a)), *args)
 
     __call__ = forward
@@ -145,7 +134,7 @@ class FSDP:
         """Per-rank ``fn(output_r, *targets_r)``; targets are split like the inputs were."""
         if self._sizes is None:
             raise RuntimeError("FSDP.loss: call forward first")
-        args = [self._split(t, self._sizes) for t in targets]
+        args = [split_batch(t, self._sizes, f"FSDP.loss: target {i}") for i, t in enumerate(targets)]
         return self.context.run(lambda r, out, *a: fn(out, *(self._to_rank(p, r) for p in a)),
                                 self._per_rank(outputs, "loss"), *args)
 
@@ -186,9 +175,9 @@ class FSDP:
         Returns the batch's mean loss as a 0-d tensor on rank 0's device.
         """
         optimizers = self._per_rank(optimizers, "train_step")
-        sizes = self._batch_sizes(x)
+        sizes = batch_sizes(x, self.world_size, "FSDP.train_step")
         self._sizes = sizes
-        xs, ys = self._split(x, sizes), self._split(y, sizes)
+        xs, ys = split_batch(x, sizes, "FSDP.train_step: x"), split_batch(y, sizes, "FSDP.train_step: target")
         total = sum(sizes)
 
         def work(rank: int, xr, yr, opt):
