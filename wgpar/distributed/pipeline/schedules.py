@@ -141,10 +141,6 @@ class Schedule:
         if len(self.stage_to_rank) < 1 or any(not 0 <= r < self.num_ranks for r in self.stage_to_rank):
             raise ScheduleError(f"{self.name}: stage_to_rank {list(self.stage_to_rank)} must name ranks "
                                 f"0..{self.num_ranks - 1}")
-        for r, acts in enumerate(self.actions):
-            if not acts:  # its PipelineSchedule would hold no stage and take no part in the step
-                raise ScheduleError(f"{self.name}: rank {r} has no actions; every rank runs at least one stage "
-                                    f"(give it a stage, or build the schedule for {self.num_ranks - 1} ranks)")
         where: dict[Action, tuple[int, int]] = {}
         for r, acts in enumerate(self.actions):
             for i, a in enumerate(acts):
@@ -184,6 +180,10 @@ class Schedule:
                 if "W" in have and where[Action(s, "W", mb)][1] < where[Action(s, "I", mb)][1]:
                     raise ScheduleError(f"{self.name}: rank {r} runs {Action(s, 'W', mb).describe()} before its "
                                         f"input-gradient half {Action(s, 'I', mb)}")
+        for r, acts in enumerate(self.actions):
+            if not acts:  # its PipelineSchedule would hold no stage and take no part in the step
+                raise ScheduleError(f"{self.name}: rank {r} has no actions; every rank runs at least one stage "
+                                    f"(give it a stage, or build the schedule for {self.num_ranks - 1} ranks)")
         self.simulate()  # raises on a deadlock
         return self
 
