@@ -156,14 +156,11 @@ class Trainer:
 def finish_step(rep: Replica, scaler: GradScaler, args, group=None, summed: set[int] | None = None,
                 counted: set[int] | None = None, clip: Callable[[], object] | None = None) -> None:
     """Unscale (AMP), clip, step (skipped on inf / NaN), advance the schedule. With a ``group`` whose
-    ranks hold different parameters (tensor or pipeline parallelism), the ranks agree on skipping and clip
-    by the norm of the whole model: ``summed`` parameters' squares are summed over the ranks, ``counted``
+    ranks hold different parameters (tensor or pipeline parallelism), the ranks clip by the norm of the
+    whole model: ``summed`` parameters' squares are summed over the ranks, ``counted``
     ones (replicated) are counted once, others (a copy another rank counts) only scaled; ``clip``, if given,
     replaces that clipping (FSDP clips over the shards itself)."""
-    scaler.unscale_(rep.opt)
-    if group is not None and args.amp:
-        for flag in scaler.found_inf_per_device(rep.opt).values():
-            group.all_reduce(flag, "max", label="found_inf")
+    scaler.unscale_(rep.opt)  # ranks holding different parts of the model agree on skipping (GradScaler)
     if args.grad_clip > 0:
         params = list(rep.net.parameters())
         if clip is not None:  # the strategy's own (FSDP: the norm over every rank's shards)

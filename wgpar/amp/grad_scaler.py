@@ -9,12 +9,19 @@ halves the scale after a skipped step and doubles it after ``growth_interval`` c
 The scale is a host float rounded to float32 exactly as torch's float32 scale tensor rounds: the one
 readback per step (which torch's ``step`` also makes) already tells the host whether to skip, so
 keeping the scale on the device would only add a copy per step.
+
+Ranks that each hold a different part of one model (FSDP shards, pipeline stages, tensor-parallel
+slices) must skip together, or their parameters drift apart: their found-inf flags are all-reduced
+with "max" over the model's group before the step (PyTorch's ShardedGradScaler does it for FSDP).
+The group is ``process_group=`` if given, else the one the distributed layer recorded on the
+optimizer's parameters (``model_group_of``).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import numbers
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -26,6 +33,7 @@ from .. import ops
 from ..autograd import functions as F
 from ..autograd.grad_mode import no_grad
 from ..optim.optimizer import Optimizer
+from ..runtime.device import Device
 from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 
@@ -47,6 +55,23 @@ def _kernel(gt: str) -> KernelSpec:
     return _UNSCALE.spec((gt, "atomic<u32>"), G=gt, FNS=load_source("float_fns"))
 
 
+# The attribute through which the distributed layer (which this layer may not import) tells the scaler
+# that a parameter is one rank's part of a model spread over a group: PipelineSchedule sets it on its
+# stages' parameters. FSDP's shards are known by the FSDPParam it attaches (``_fsdp_param``): the group
+# over which its units shard and replicate.
+MODEL_GROUP_ATTR = "_model_group"
+
+
+def model_group_of(p: Tensor):
+    """The ProcessGroup of the ranks that hold the other parts of ``p``'s model, or None."""
+    group = p.__dict__.get(MODEL_GROUP_ATTR)
+    if group is not None:
+        return group
+    fsdp = p.__dict__.get("_fsdp_param")
+    unit = getattr(fsdp, "group", None)
+    return unit.comms.dp if unit is not None else None
+
+
 class GradScaler:
     """Dynamic loss scaling (torch.amp.GradScaler's contract, defaults and state_dict).
 
@@ -57,18 +82,31 @@ class GradScaler:
         backoff_factor: multiplies the scale after a step with inf / NaN gradients (< 1).
         growth_interval: clean steps between growths.
         enabled: False makes every method a pass-through (``step`` just steps).
+        process_group: this rank's ProcessGroup over the ranks that hold the other parts of the model
+            (tensor parallelism, or any split the library does not record): ``unscale_`` all-reduces the
+            found-inf flag over it with "max", so every rank skips (and backs off) together. Needs one
+            scaler per rank. Default: the group recorded on the optimizer's parameters (FSDP shards,
+            pipeline stages), so one scaler may serve every thread rank; none for a whole model.
     """
 
     def __init__(self, device: str = "wgpu", init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True) -> None:
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+                 process_group=None) -> None:
         if device != "wgpu":
             raise ValueError(f"GradScaler: device must be 'wgpu', got {device!r}")
         self._enabled = bool(enabled)
         if self._enabled:
+            if isinstance(init_scale, bool) or not isinstance(init_scale, numbers.Real) or \
+                    not (math.isfinite(init_scale) and init_scale > 0):
+                raise ValueError(f"GradScaler: init_scale must be a positive finite number, got {init_scale!r}")
             if growth_factor <= 1.0:
                 raise ValueError("The growth factor must be > 1.0.")
             if backoff_factor >= 1.0:
                 raise ValueError("The backoff factor must be < 1.0.")
+        if process_group is not None and not isinstance(getattr(process_group, "device", None), Device):
+            raise TypeError(f"GradScaler: process_group must be this rank's ProcessGroup, got "
+                            f"{type(process_group).__name__}")
+        self._process_group = process_group
         self._scale = _f32(init_scale)
         self._growth_factor = float(growth_factor)
         self._backoff_factor = float(backoff_factor)
@@ -106,25 +144,44 @@ class GradScaler:
             raise RuntimeError("unscale_() is being called after step().")
         inv_scale = _f32(1.0 / self._scale)
         found: dict = {}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        model_group = self._model_group(params)
+        if model_group is not None:  # every rank all-reduces, also one whose gradients are all None
+            found[model_group.device] = ops.fill((1,), 0, _dt.int32, model_group.device)
         with no_grad():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    g = p.grad
-                    if g is None or g.numel() == 0:
-                        continue
-                    if g.dtype is _dt.float16:
-                        raise ValueError("Attempting to unscale FP16 gradients.")
-                    flag = found.get(g.device)
-                    if flag is None:
-                        flag = found[g.device] = ops.fill((1,), 0, _dt.int32, g.device)
-                    _unscale(g, flag, inv_scale)
+            for p in params:
+                g = p.grad
+                if g is None or g.numel() == 0:
+                    continue
+                if g.dtype is _dt.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if model_group is not None and g.device is not model_group.device:
+                    raise ValueError(f"GradScaler: a gradient of shape {g.shape} is on {g.device} but rank "
+                                     f"{model_group.rank}'s group is on {model_group.device}: give each rank "
+                                     "its own GradScaler(process_group=that rank's group)")
+                flag = found.get(g.device)
+                if flag is None:
+                    flag = found[g.device] = ops.fill((1,), 0, _dt.int32, g.device)
+                _unscale(g, flag, inv_scale)
+            if model_group is not None:
+                model_group.all_reduce(found[model_group.device], "max", label="GradScaler found_inf")
         state["found_inf"] = found
         state["stage"] = OptState.UNSCALED
 
+    def _model_group(self, params: list[Tensor]):
+        """The group whose ranks must agree on skipping this optimizer's step (None: a whole model)."""
+        if self._process_group is not None:
+            return self._process_group
+        groups = {id(g): g for g in (model_group_of(p) for p in params) if g is not None}
+        if len(groups) > 1:
+            raise ValueError(f"GradScaler: the optimizer's parameters belong to {len(groups)} different "
+                             "distributed groups; pass process_group= (the group spanning every part of the "
+                             "model)")
+        return next(iter(groups.values()), None)
+
     def found_inf_per_device(self, optimizer: Optimizer) -> dict:
         """The device flags (int32 [1], nonzero: an inf / NaN was seen) that ``unscale_`` left for
-        ``optimizer``, by device. Ranks that hold different shards of one model (tensor parallelism)
-        all-reduce them with "max" between ``unscale_`` and ``step``, so that all ranks skip together."""
+        ``optimizer``, by device; already all-reduced over the model's group (``process_group``)."""
         return self._state(optimizer)["found_inf"]
 
     def step(self, optimizer: Optimizer, *args, **kwargs):
@@ -217,11 +274,22 @@ class GradScaler:
         if len(state_dict) == 0:
             raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled "
                                "instance of GradScaler.")
-        self._scale = _f32(state_dict["scale"])
+        missing = [k for k in _STATE_KEYS if k not in state_dict]
+        if missing:
+            raise KeyError(f"GradScaler.load_state_dict: the state dict lacks {missing} (it has "
+                           f"{sorted(state_dict)}; GradScaler.state_dict() gives all of {list(_STATE_KEYS)})")
+        scale = state_dict["scale"]
+        scale = scale.item() if isinstance(scale, Tensor) else scale
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"GradScaler.load_state_dict: 'scale' must be a positive finite number, got {scale!r}")
+        self._scale = _f32(scale)
         self._growth_factor = float(state_dict["growth_factor"])
         self._backoff_factor = float(state_dict["backoff_factor"])
         self._growth_interval = int(state_dict["growth_interval"])
         self._growth_tracker = int(state_dict["_growth_tracker"])
+
+
+_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
 def _unscale(g: Tensor, flag: Tensor, inv_scale: float) -> None:

@@ -144,7 +144,8 @@ class GPT(Module):
         """The model as a chain for pipeline parallelism (``split_module``): the embeddings, each block,
         then the final LayerNorm with the output layer; the last returns logits (``lm_loss`` is the
         loss_fn). The output layer still shares the token embedding's weight: a pipeline that puts them
-        on different devices gives the output layer its own copy (``untie``) and sums the two gradients."""
+        on different devices gives the output layer its own copy (``untie``) and sums the two gradients
+        after each step (PipelineExecutor refuses the tied weight across ranks, saying so)."""
         return [GPTInput(self), *self.blocks, GPTOutput(self)]
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:

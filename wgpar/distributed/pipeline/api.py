@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ... import creation
+from ...amp.grad_scaler import MODEL_GROUP_ATTR
 from ...tensor import Tensor
 from ..group import ProcessGroup, Work, split_sizes
 from .errors import PipelineError
@@ -79,6 +80,9 @@ class PipelineSchedule:
                                  f"owns {group.device}")
         self.stages = {s.stage_index: s for s in stages}
         self.group = group
+        for s in stages:  # a GradScaler then skips on every stage when one stage saw an inf
+            for p in s.parameters():
+                setattr(p, MODEL_GROUP_ATTR, group)
         self.schedule = schedule
         self.n_microbatches = n_microbatches
         self.loss_fn = loss_fn

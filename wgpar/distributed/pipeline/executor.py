@@ -3,18 +3,28 @@
 The driver thread holds the model; the executor cuts it into stages, puts stage s on the device of
 the rank the schedule gives it, and each ``step`` hands every rank's PipelineSchedule to that
 rank's persistent thread (``MultiAdapterContext.run``), which is what ``run_spmd`` would run.
+
+A stage that never returns holds its rank's thread: work handed to that thread later would only queue
+behind it. The executor keeps track of which ranks are inside a step, reports a rank still there when
+a step gives up (naming its stage and action), refuses new steps at once while it stays there, and
+makes the late step stop before it communicates again once it does return (the group may have been
+reset for new steps by then).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...nn.module import Module
 from ...tensor import Tensor
 from ..context import MultiAdapterContext
+from ..errors import RankError
 from .api import PipelineSchedule
-from .schedules import Schedule, build
+from .errors import PipelineError
+from .schedules import Schedule, ScheduleError, build
 from .stage import PipelineStage, split_module
 
 
@@ -30,18 +40,33 @@ class PipelineExecutor:
         boundaries: where stages start (block indices), instead of balancing by parameter count.
         stages_per_rank: stages per rank for "interleaved" (default 2).
         seed, profile: as for PipelineSchedule.
+        step_timeout: seconds a step may run before the ranks that have not returned are reported stuck
+            (default: the context's, twice its collective timeout plus a minute for GPU work).
     """
 
     def __init__(self, model: Module | Sequence[Module], context: MultiAdapterContext, n_microbatches: int,
                  schedule: str | Schedule = "1f1b", loss_fn: Callable | None = None,
                  boundaries: Sequence[int] | None = None, stages_per_rank: int = 2, seed: int | None = None,
-                 profile: bool = False) -> None:
+                 profile: bool = False, step_timeout: float | None = None) -> None:
         p = context.world_size
         if isinstance(schedule, str):
             schedule = build(schedule, p, n_microbatches, stages_per_rank)
+        elif not isinstance(schedule, Schedule):
+            raise TypeError(f"PipelineExecutor: schedule must be a name or a Schedule, got {type(schedule).__name__}")
+        if schedule.num_ranks != p:
+            raise ScheduleError(f"PipelineExecutor: the schedule {schedule.name!r} is for {schedule.num_ranks} ranks "
+                                f"but the context has {p}; build it for {p} ranks (or use a context of "
+                                f"{schedule.num_ranks})")
+        if step_timeout is not None and not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
+            raise ValueError(f"PipelineExecutor: step_timeout must be a positive number of seconds, got "
+                             f"{step_timeout!r}")
         self.context = context
         self.schedule = schedule
+        self.step_timeout = step_timeout
+        self._busy: dict[int, float] = {}  # rank -> when its current step began
+        self._busy_lock = threading.Lock()
         parts = split_module(model, schedule.num_stages, boundaries)
+        _refuse_shared_across_ranks(parts, schedule)
         self.stages = [PipelineStage(m, s, schedule.num_stages, context.devices[schedule.rank_of(s)])
                        for s, m in enumerate(parts)]
         by_rank = [[st for st in self.stages if schedule.rank_of(st.stage_index) == r] for r in range(p)]
@@ -81,7 +106,7 @@ class PipelineExecutor:
             return pipe.step(x if pipe.has_first else None, target if pipe.has_last else None,
                              losses if pipe.has_last else None)
 
-        return self.context.run(work)[self._last_rank]
+        return self._run(work)[self._last_rank]
 
     def train_step(self, x: Any, target: Any, optimizers: Sequence) -> Tensor:
         """zero_grad, step, then every rank's optimizer step, each on its rank's thread; returns the loss."""
@@ -95,7 +120,51 @@ class PipelineExecutor:
             opt.step()
             return loss
 
-        return self.context.run(work)[self._last_rank]
+        return self._run(work)[self._last_rank]
+
+    @property
+    def stuck(self) -> dict[int, str]:
+        """The ranks still inside a step that already failed, each with where it is (empty normally)."""
+        with self._busy_lock:
+            return {r: self._where(r) for r in self._busy}
+
+    def _where(self, r: int) -> str:
+        runner = self.ranks[r]._runner
+        a = runner.current
+        stages = sorted(self.ranks[r].stages)
+        who = f"rank {r} (stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))})"
+        if a is None:
+            return f"{who}, outside its actions"
+        return f"{who} in {a.describe()} for {time.perf_counter() - runner.current_since:.1f} s"
+
+    def _run(self, work: Callable[[int], Any]) -> list:
+        stuck = self.stuck
+        if stuck:
+            raise PipelineError("PipelineExecutor: " + "; ".join(
+                w.replace(" in ", " is still running ", 1) for w in stuck.values()) +
+                ", from an earlier step that failed; its thread has not returned, so no step can run on this "
+                "context until it does (then call context.reset()), or close the context")
+
+        def tracked(r: int):
+            with self._busy_lock:
+                self._busy[r] = time.perf_counter()
+            try:
+                return work(r)
+            finally:
+                with self._busy_lock:
+                    del self._busy[r]
+
+        try:
+            return self.context.run(tracked, timeout=self.step_timeout)
+        except RankError as exc:
+            stuck = self.stuck
+            if not stuck:
+                raise
+            for r, where in stuck.items():  # when it returns, it must not talk to a group reset since
+                self.ranks[r]._runner.cancelled = f"{where}: the step was given up on"
+            raise PipelineError("PipelineExecutor: " + "; ".join(f"{w} and has not returned" for w in stuck.values())
+                                + " (a stage that never returns); the other ranks stopped. The context "
+                                "cannot run steps until it returns") from exc
 
     def last_traces(self) -> list:
         return [r.last_trace for r in self.ranks]
@@ -109,3 +178,20 @@ class PipelineExecutor:
     def __repr__(self) -> str:
         return (f"PipelineExecutor({self.schedule.name}, stages={len(self.stages)}, ranks={len(self.ranks)}, "
                 f"microbatches={self.schedule.num_microbatches})")
+
+
+def _refuse_shared_across_ranks(parts: list[Module], schedule: Schedule) -> None:
+    """A parameter used by stages on two ranks cannot live on both devices (a GPT's tied embedding and
+    output layer): name it and say how to split it, instead of failing inside an op at the first step."""
+    seen: dict[int, tuple[int, str]] = {}
+    for s, part in enumerate(parts):
+        for name, p in part.named_parameters():
+            first = seen.setdefault(id(p), (s, name))
+            if schedule.rank_of(first[0]) != schedule.rank_of(s):
+                raise ValueError(
+                    f"PipelineExecutor: stage {first[0]}'s {first[1]!r} (rank {schedule.rank_of(first[0])}) and "
+                    f"stage {s}'s {name!r} (rank {schedule.rank_of(s)}) are one parameter (tied weights), which "
+                    "cannot be on two devices: give the later stage its own copy (for a GPT: "
+                    "wgpar.models.gpt.untie(blocks[-1])) and sum the two copies' gradients after each step "
+                    "(step(), then add them, then the optimizers; examples/train_gpt.py --parallel pipeline), or "
+                    "put both stages on one rank (boundaries= / a Schedule)")

@@ -77,6 +77,9 @@ class StageRunner:
         self.rank = group.rank
         self.actions = schedule.actions[self.rank]
         self.last = schedule.num_stages - 1
+        self.current: Action | None = None  # the action running now and since when (read by PipelineExecutor)
+        self.current_since = 0.0
+        self.cancelled: str | None = None  # set while a step this rank never finished is still running
         # _horizon[i]: the first action at or after i that sends (receives are posted up to it).
         n = len(self.actions)
         self._horizon = [n - 1] * (n + 1)
@@ -121,10 +124,13 @@ class StageRunner:
         saved_tape = current_tape()
         t0 = time.perf_counter()
         current: Action | None = None
+        self.cancelled = None
         try:
             step.post_receives(0)
             for i, a in enumerate(self.actions):
-                current = a
+                self.check_live()
+                current = self.current = a
+                self.current_since = time.perf_counter()
                 # Each action in its own call: its temporaries die with it, so the memory a step holds
                 # between actions is the micro-batches in flight and nothing else.
                 start = step.run(i, a) - t0
@@ -147,11 +153,18 @@ class StageRunner:
         except Exception as exc:
             raise self._fail(exc, current) from exc
         finally:
+            self.current = None
             step.close()
             if current_tape() is not saved_tape:
                 take_tape()
                 if saved_tape is not None:
                     install_tape(saved_tape)
+
+    def check_live(self) -> None:
+        """Raise if this step was given up on (its rank was reported stuck): the group may have been reset
+        for new steps since, so a late step must neither communicate nor touch gradients again."""
+        if self.cancelled is not None:
+            raise PipelineAbortedError(self.cancelled)
 
     def _forward(self, stage: PipelineStage, a: Action, x, targets, weights, loss_fn, rng_key, losses) -> _Micro:
         if a.stage == 0:
@@ -249,6 +262,7 @@ class _Step:
     def post_receives(self, nxt: int) -> None:
         """Post the receives of the actions from ``nxt`` up to the first one that sends, inclusive."""
         r = self.runner
+        r.check_live()
         while self.posted <= r._horizon[nxt]:
             src = r._source(r.actions[self.posted])
             if src is not None:
@@ -256,12 +270,14 @@ class _Step:
             self.posted += 1
 
     def _received(self, i: int, a: Action) -> Tensor:
+        self.runner.check_live()
         if i in self.recvs:
             return self.recvs.pop(i).wait()
         return self.local.pop(("act" if a.kind == "F" else "grad", a.stage, a.mb))
 
     def _send(self, t: Tensor, to_stage: int, mb: int, grad: bool) -> None:
         r = self.runner
+        r.check_live()
         peer = r._peer(to_stage)
         if peer is None:
             self.local[("grad" if grad else "act", to_stage, mb)] = t

@@ -13,12 +13,23 @@ fraction and the text timeline.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 KINDS = {"F": "forward", "B": "backward", "I": "input-gradient backward", "W": "weight-gradient backward"}
 DEFAULT_COSTS = {"F": 1, "B": 2, "I": 1, "W": 1}
+
+
+def _costs(costs: Mapping[str, float] | None) -> dict[str, float]:
+    """DEFAULT_COSTS updated by ``costs``, each a finite number >= 0 of a known kind."""
+    for kind, c in (costs or {}).items():
+        if kind not in DEFAULT_COSTS:
+            raise ValueError(f"costs: unknown action kind {kind!r}; the kinds are {', '.join(DEFAULT_COSTS)}")
+        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0 <= c < float("inf"):
+            raise ValueError(f"costs[{kind!r}] must be a finite number >= 0, got {c!r}")
+    return {**DEFAULT_COSTS, **(costs or {})}
 _ACTION = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
 
 
@@ -169,6 +180,10 @@ class Schedule:
                 if "W" in have and where[Action(s, "W", mb)][1] < where[Action(s, "I", mb)][1]:
                     raise ScheduleError(f"{self.name}: rank {r} runs {Action(s, 'W', mb).describe()} before its "
                                         f"input-gradient half {Action(s, 'I', mb)}")
+        for r, acts in enumerate(self.actions):
+            if not acts:  # its PipelineSchedule would hold no stage and take no part in the step
+                raise ScheduleError(f"{self.name}: rank {r} has no actions; every rank runs at least one stage "
+                                    f"(give it a stage, or build the schedule for {self.num_ranks - 1} ranks)")
         self.simulate()  # raises on a deadlock
         return self
 
@@ -185,7 +200,7 @@ class Schedule:
     def simulate(self, costs: Mapping[str, float] | None = None) -> list[list[Timed]]:
         """Start and end of every action, per rank, with ``costs`` per kind (default F=1, B=2, I=W=1)
         and free communication. Raises ScheduleError naming each stuck rank if the schedule deadlocks."""
-        cost = {**DEFAULT_COSTS, **(costs or {})}
+        cost = _costs(costs)
         end: dict[Action, float] = {}
         out: list[list[Timed]] = [[] for _ in self.actions]
         pc = [0] * self.num_ranks
@@ -226,7 +241,7 @@ class Schedule:
         timed = self.simulate(costs)
         span = max(t.end for rank in timed for t in rank)
         busy = sum(t.end - t.start for rank in timed for t in rank)
-        return 1.0 - busy / (self.num_ranks * span)
+        return 1.0 - busy / (self.num_ranks * span) if span > 0 else 0.0
 
     def peak_activations(self) -> dict[int, int]:
         """Per stage, the most micro-batches whose activations it holds at once (from a forward until
@@ -256,7 +271,7 @@ class Schedule:
     def timeline(self, costs: Mapping[str, float] | None = None) -> str:
         """One row per rank, one column per time unit (default F=1, B=2, I=W=1): which action runs, '.'
         for idle. Labels name the stage too when a rank runs several stages."""
-        cost = {**DEFAULT_COSTS, **(costs or {})}
+        cost = _costs(costs)
         timed = self.simulate(cost)
         multi = self.num_stages > self.num_ranks
 

@@ -21,6 +21,7 @@ import math
 
 from ... import creation
 from ... import dtypes as _dt
+from ...amp.grad_scaler import MODEL_GROUP_ATTR
 from ...autograd.functions import cat, getitem
 from ...autograd.grad_mode import no_grad
 from ...nn import functional as F
@@ -74,6 +75,14 @@ def _param(t: Tensor, like: Tensor) -> Parameter:
     return Parameter(t, like.requires_grad)
 
 
+def _record_group(layer: Module) -> Module:
+    """Record the group on the layer's parameters: a GradScaler then makes every rank skip when one rank's
+    slice saw an inf (the ranks hold different slices of one model)."""
+    for p in layer.parameters():
+        setattr(p, MODEL_GROUP_ATTR, layer.group)
+    return layer
+
+
 class ColumnParallelLinear(Module):
     """A Linear whose weight [out_features, in_features] is split on the output dim across the group's ranks.
 
@@ -107,6 +116,7 @@ class ColumnParallelLinear(Module):
             init.uniform_(self.bias, -bound, bound)
         else:
             self.bias = None
+        _record_group(self)
 
     def _setup(self, in_features: int, out_features: int, group: ProcessGroup, gather_output: bool, unit: int,
                chunks: int, device) -> None:
@@ -145,7 +155,7 @@ class ColumnParallelLinear(Module):
         self.weight = _param(take_shard(linear.weight, 0, self.ranges, group.device), linear.weight)
         b = linear.bias
         self.bias = None if b is None else _param(take_shard(b, 0, self.ranges, group.device), b)
-        return self
+        return _record_group(self)
 
     def forward(self, x: Tensor) -> Tensor:
         _check_input(x, self.in_features, self, "in_features")
@@ -197,6 +207,7 @@ class RowParallelLinear(Module):
         self.weight = Parameter(creation.empty(out_features, self.local_in_features, dtype=dtype, device=group.device))
         init.uniform_(self.weight, -bound, bound)
         self.bias = Parameter(creation.zeros(out_features, dtype=dtype, device=group.device)) if bias else None
+        _record_group(self)
 
     def _setup(self, in_features: int, out_features: int, group: ProcessGroup, input_is_parallel: bool, unit: int,
                device) -> None:
@@ -225,7 +236,7 @@ class RowParallelLinear(Module):
         self.weight = _param(take_shard(linear.weight, 1, self.ranges, group.device), linear.weight)
         b = linear.bias
         self.bias = None if b is None else _param(take_shard(b, 0, [(0, b.shape[0])], group.device), b)
-        return self
+        return _record_group(self)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.input_is_parallel:

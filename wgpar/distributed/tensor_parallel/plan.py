@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
+from ...nn.attention import CausalSelfAttention
 from ...nn.layers import Linear
 from ...nn.module import Module
 from ..group import ProcessGroup
@@ -42,17 +43,19 @@ class ColwiseParallel(ParallelStyle):
 
     Arguments:
         gather_output: all-gather the output (the next layer is not row-parallel).
-        unit: slices are multiples of it (an attention head's width).
+        unit: slices are multiples of it (an attention head's width). Default: what the module holding
+            the layer needs (a head for CausalSelfAttention's projections), else 1.
         chunks: the outputs are this many equal blocks split one by one (a fused q|k|v projection: 3).
+            Default: the layer's layout (3 for CausalSelfAttention's ``qkv``), else 1.
     """
 
     gather_output: bool = False
-    unit: int = 1
-    chunks: int = 1
+    unit: int | None = None
+    chunks: int | None = None
 
     def apply(self, module: Module, group: ProcessGroup, src_rank: int | None = 0, name: str = "") -> Module:
         return ColumnParallelLinear.from_linear(_linear(module, self, name), group, gather_output=self.gather_output,
-                                                unit=self.unit, chunks=self.chunks, src_rank=src_rank,
+                                                unit=_or1(self.unit), chunks=_or1(self.chunks), src_rank=src_rank,
                                                 label=name or "linear")
 
 
@@ -63,16 +66,59 @@ class RowwiseParallel(ParallelStyle):
     Arguments:
         input_is_parallel: the input is already this rank's slice (a colwise layer's output); False: each
             rank takes its slice of a replicated input.
-        unit: slices are multiples of it (an attention head's width).
+        unit: slices are multiples of it (an attention head's width). Default: what the module holding
+            the layer needs (a head for CausalSelfAttention's ``out_proj``), else 1.
     """
 
     input_is_parallel: bool = True
-    unit: int = 1
+    unit: int | None = None
 
     def apply(self, module: Module, group: ProcessGroup, src_rank: int | None = 0, name: str = "") -> Module:
         return RowParallelLinear.from_linear(_linear(module, self, name), group,
-                                             input_is_parallel=self.input_is_parallel, unit=self.unit,
+                                             input_is_parallel=self.input_is_parallel, unit=_or1(self.unit),
                                              src_rank=src_rank, label=name or "linear")
+
+
+def _or1(value: int | None) -> int:
+    return 1 if value is None else value
+
+
+def _layout(parent: Module, attr: str) -> dict[str, int]:
+    """What ``parent``'s forward needs of the split of its Linear ``attr``: ``chunks`` (exactly) and ``unit``
+    (a multiple of it). CausalSelfAttention reads q, k and v as three blocks of the fused ``qkv`` output and
+    its heads whole, so each block must be split by heads on its own, and ``out_proj`` by heads alike."""
+    if isinstance(parent, CausalSelfAttention):
+        if attr == "qkv":
+            return {"chunks": 3, "unit": parent.head_dim}
+        if attr == "out_proj":
+            return {"unit": parent.head_dim}
+    return {}
+
+
+def _fit(style: ParallelStyle, parent: Module, attr: str, name: str, key: str) -> ParallelStyle:
+    """``style`` with its unset ``unit`` / ``chunks`` taken from the layout ``parent`` needs; a set one that
+    contradicts it is refused (it would split q, k, v or heads across ranks: silently wrong outputs)."""
+    need = _layout(parent, attr)
+    if not need or not isinstance(style, (ColwiseParallel, RowwiseParallel)):
+        return style
+    hd = need["unit"]
+    chunks = need.get("chunks")
+    right = f"ColwiseParallel(unit={hd}, chunks={chunks})" if chunks is not None else f"RowwiseParallel(unit={hd})"
+    where = (f"parallelize_module: plan[{key!r}] on {name!r} ({type(parent).__name__}.{attr}, "
+             f"head_dim {hd}{', fused q|k|v' if chunks else ''})")
+    if isinstance(style, ColwiseParallel) != (chunks is not None):
+        raise ValueError(f"{where}: {type(parent).__name__} needs its fused qkv column-parallel and its out_proj "
+                         f"(which joins the heads) row-parallel; use {right}")
+    if chunks is not None and style.chunks is not None and style.chunks != chunks:
+        raise ValueError(f"{where}: chunks={style.chunks} would give one rank all of q and part of k; the "
+                         f"output is {chunks} blocks split one by one: use {right} (or leave chunks= unset)")
+    if style.unit is not None and (style.unit < 1 or style.unit % hd):
+        raise ValueError(f"{where}: unit={style.unit} would split a head across ranks; unit= must be a multiple "
+                         f"of {hd}: use {right} (or leave unit= unset)")
+    fields = {"unit": hd if style.unit is None else style.unit}
+    if chunks is not None:
+        fields["chunks"] = chunks
+    return replace(style, **fields)
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -124,6 +170,7 @@ def parallelize_module(module: Module, group: ProcessGroup, plan: ParallelStyle 
         parent = module
         for p in path:
             parent = parent._modules[p]
-        new = chosen[name][1].apply(parent._modules[attr], group, src_rank, name)
+        key, style = chosen[name]
+        new = _fit(style, parent, attr, name, key).apply(parent._modules[attr], group, src_rank, name)
         parent._modules[attr] = new  # in place: a Sequential keeps its order
     return module
