@@ -242,10 +242,14 @@ def _extreme(name: str):
 
 max, min = _extreme("max"), _extreme("min")
 
+split, chunk, unbind = composites.split, composites.chunk, composites.unbind
+tril, triu, flip, roll = composites.tril, composites.triu, composites.flip, composites.roll
+
 GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)
 globals().update({op.api: function(op) for op in OPS.values() if op.api and op.function})
 
 __all__ = ["matmul", "bmm", "einsum", "sort", "argsort", "topk", "var", "std", "masked_fill", "t",
            "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
-           "reshape", "transpose", "permute", "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
+           "reshape", "transpose", "permute", "split", "chunk", "unbind", "tril", "triu", "flip", "roll",
+           "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
            *GENERATED]

@@ -1,16 +1,31 @@
 """Ops built from the differentiable ops of functions.py, so their gradients come for free: var, std,
-repeat, masked_fill, t, bmm. Each costs a few kernels (var: mean, subtract, square, sum, divide)."""
+repeat, masked_fill, t, bmm, split / chunk / unbind, tril / triu, prod, logsumexp, norm, outer. Each costs a
+few kernels (var: mean, subtract, square, sum, divide). A few (flip, roll, diag, the norms) run raw ops and
+record a backward of their own where the composition would waste memory or get an edge wrong."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops as raw
 from ..ops.elementwise import broadcast_shape
 from ..tensor import Tensor, normalize_shape, wrap_dim
 from .engine import record
-from .functions import binary, cast, copy_, expand, matmul, reduce, reshape, transpose, where
+from .functions import (
+    binary,
+    cast,
+    copy_,
+    expand,
+    getitem,
+    matmul,
+    reduce,
+    reshape,
+    transpose,
+    where,
+)
 
 
 def _float_input(op: str, a) -> None:
@@ -130,4 +145,182 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
     return matmul(a, b)
 
 
-__all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg"]
+
+# -- splitting: views of the input, each differentiable on its own -----------------------------------
+def _tensor_input(op: str, a) -> None:
+    if not isinstance(a, Tensor):
+        raise TypeError(f"{op}: expected a wgpar.Tensor, got {type(a).__name__}")
+
+
+def _slice(a: Tensor, d: int, start: int, stop: int) -> Tensor:
+    return getitem(a, (slice(None),) * d + (slice(start, stop),))
+
+
+def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
+    """``a`` cut along ``dim`` into pieces of ``split_size_or_sections`` entries (an int: the last piece
+    may be shorter) or of the listed sizes (which must add up to the dim's size), as torch.split.
+    The pieces are views; each one's gradient flows back into its own part of ``a``.
+
+    Arguments:
+        a: a tensor of at least one dim.
+        split_size_or_sections: an int > 0 (0 only for an empty dim), or a list of ints >= 0.
+        dim: the dim to cut.
+    """
+    _tensor_input("split", a)
+    if a.ndim == 0:
+        raise ValueError("split: a 0-d tensor cannot be split")
+    d = wrap_dim(dim, a.ndim)
+    n = a.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)) and not isinstance(split_size_or_sections, bool):
+        size = int(split_size_or_sections)
+        if size < 0 or (size == 0 and n):
+            raise ValueError(f"split: split_size must be > 0 for a dim of size {n}, got {size}")
+        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size else [0]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if any(s < 0 for s in sizes) or sum(sizes) != n:
+            raise ValueError(f"split: sizes {sizes} must be >= 0 and add up to dim {d}'s size {n} (shape {a.shape})")
+    out, start = [], 0
+    for s in sizes:
+        out.append(_slice(a, d, start, start + s))
+        start += s
+    return tuple(out)
+
+
+def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``a`` cut along ``dim`` into ``chunks`` views of ceil(n / chunks) entries, the last shorter, as
+    torch.chunk: so fewer than ``chunks`` pieces where n does not allow more (chunk(5 entries, 4)
+    gives 3 of 2, 2, 1).
+
+    Arguments:
+        a: a tensor of at least one dim.
+        chunks: how many pieces at most (> 0).
+        dim: the dim to cut.
+    """
+    _tensor_input("chunk", a)
+    if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+        raise ValueError(f"chunk: chunks must be an int > 0, got {chunks!r}")
+    if a.ndim == 0:
+        raise ValueError("chunk: a 0-d tensor cannot be chunked")
+    n = a.shape[wrap_dim(dim, a.ndim)]
+    if n == 0:  # as torch: `chunks` empty pieces
+        return tuple(_slice(a, wrap_dim(dim, a.ndim), 0, 0) for _ in range(int(chunks)))
+    return split(a, -(-n // int(chunks)), dim)
+
+
+def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices of ``a`` along ``dim``, that dim removed (views), as torch.unbind.
+
+    Arguments:
+        a: a tensor of at least one dim.
+        dim: the dim to take apart.
+    """
+    _tensor_input("unbind", a)
+    if a.ndim == 0:
+        raise ValueError("unbind: a 0-d tensor has no dim to unbind")
+    d = wrap_dim(dim, a.ndim)
+    return tuple(getitem(a, (slice(None),) * d + (i,)) for i in range(a.shape[d]))
+
+
+# -- triangles, flips, rolls ----------------------------------------------------------------------
+def _triangle(op: str, a: Tensor, diagonal: int, upper: bool) -> Tensor:
+    _tensor_input(op, a)
+    if a.ndim < 2:
+        raise ValueError(f"{op}: needs a tensor of at least 2 dims (a batch of matrices), got shape {a.shape}")
+    n, m = a.shape[-2:]
+    rows = Tensor.from_numpy(np.arange(n, dtype=np.int32).reshape(n, 1), device=a.device)
+    cols = Tensor.from_numpy(np.arange(m, dtype=np.int32).reshape(1, m), device=a.device)
+    offset = raw.binary("sub", cols, rows)  # j - i: 0 on the main diagonal, k on the k-th
+    drop = raw.binary("lt" if upper else "gt", offset, int(diagonal))
+    return masked_fill(a, drop, 0)
+
+
+def tril(a: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (entries with j - i <= diagonal), zeros above, as
+    torch.tril. One mask (from two small index uploads) and one where kernel.
+
+    Arguments:
+        a: a tensor of at least 2 dims.
+        diagonal: which diagonal bounds it (0 the main one, > 0 above it, < 0 below).
+    """
+    return _triangle("tril", a, diagonal, upper=False)
+
+
+def triu(a: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (entries with j - i >= diagonal), zeros below, as
+    torch.triu.
+
+    Arguments:
+        a: a tensor of at least 2 dims.
+        diagonal: which diagonal bounds it (0 the main one, > 0 above it, < 0 below).
+    """
+    return _triangle("triu", a, diagonal, upper=True)
+
+
+def _dims(op: str, dims, ndim: int) -> tuple[int, ...]:
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    out = tuple(wrap_dim(d, ndim) for d in dims)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: dim {dims} repeated")
+    return out
+
+
+def _flip_raw(a: Tensor, dims: tuple[int, ...]) -> Tensor:
+    out = a
+    for d in dims:
+        if a.shape[d] > 1:
+            out = raw.index_select(out, d, np.arange(a.shape[d] - 1, -1, -1, dtype=np.int32))
+    return raw.clone(out) if out is a else out
+
+
+def flip(a: Tensor, dims) -> Tensor:
+    """``a`` with the order of entries reversed along each of ``dims``, a copy (as torch.flip; NumPy's
+    flip returns a view). One gather kernel per flipped dim; the backward flips the gradient back.
+
+    Arguments:
+        a: a tensor.
+        dims: an int or a sequence of ints.
+    """
+    _tensor_input("flip", a)
+    ds = _dims("flip", dims, a.ndim)
+    return record("flip", _flip_raw(a, ds), [a], lambda g: (_flip_raw(g, ds),))
+
+
+def _roll_raw(a: Tensor, shifts: tuple[int, ...], dims: tuple[int, ...]) -> Tensor:
+    out = a
+    for s, d in zip(shifts, dims):
+        n = a.shape[d]
+        s = s % n if n else 0
+        if s:
+            lead = (slice(None),) * d
+            out = raw.cat([raw.getitem(out, lead + (slice(n - s, n),)), raw.getitem(out, lead + (slice(0, n - s),))],
+                          d)
+    return raw.clone(out) if out is a else out
+
+
+def roll(a: Tensor, shifts, dims=None) -> Tensor:
+    """``a`` shifted along ``dims`` by ``shifts`` entries, wrapping around, a copy (torch.roll); with
+    ``dims=None`` the flattened tensor is rolled and the shape restored. The backward rolls back.
+
+    Arguments:
+        a: a tensor.
+        shifts: an int, or one int per dim of ``dims``.
+        dims: an int, a sequence of ints, or None.
+    """
+    _tensor_input("roll", a)
+    if dims is None:
+        if not isinstance(shifts, (int, np.integer)):
+            if len(shifts) != 1:
+                raise ValueError(f"roll: without dims, shifts must be one int, got {shifts!r}")
+            shifts = shifts[0]
+        return reshape(roll(reshape(a, (-1,)), shifts, 0), a.shape)
+    ds = _dims("roll", dims, a.ndim)
+    ss = (int(shifts),) if isinstance(shifts, (int, np.integer)) else tuple(int(s) for s in shifts)
+    if len(ss) != len(ds):
+        raise ValueError(f"roll: {len(ss)} shifts for {len(ds)} dims")
+    back = tuple(-s for s in ss)
+    return record("roll", _roll_raw(a, ss, ds), [a], lambda g: (_roll_raw(g, back, ds),))
+
+
+__all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
+           "unbind", "tril", "triu", "flip", "roll"]

@@ -80,6 +80,49 @@ def methods(op: Op) -> dict[str, Callable]:
     return out
 
 
+def _dims_arg(dims: tuple):
+    """A method's dims given as ints or as one sequence (``x.flip(0, 1)``, ``x.flip((0, 1))``)."""
+    return dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+
+
+def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """At most ``chunks`` views along ``dim``, of ceil(n / chunks) entries each (wgpar.chunk)."""
+    return C.chunk(self, chunks, dim)
+
+
+def split(self, split_size, dim: int = 0) -> tuple[Tensor, ...]:
+    """Views along ``dim`` of ``split_size`` entries each, or of the listed sizes (wgpar.split)."""
+    return C.split(self, split_size, dim)
+
+
+def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices along ``dim``, that dim removed (wgpar.unbind)."""
+    return C.unbind(self, dim)
+
+
+def tril(self, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims, zeros above ``diagonal`` (wgpar.tril)."""
+    return C.tril(self, diagonal)
+
+
+def triu(self, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims, zeros below ``diagonal`` (wgpar.triu)."""
+    return C.triu(self, diagonal)
+
+
+def flip(self, *dims) -> Tensor:
+    """A copy with the entries reversed along ``dims`` (ints or one sequence; wgpar.flip)."""
+    return C.flip(self, _dims_arg(dims))
+
+
+def roll(self, shifts, dims=None) -> Tensor:
+    """A copy shifted by ``shifts`` along ``dims``, wrapping around (wgpar.roll)."""
+    return C.roll(self, shifts, dims)
+
+
+_HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll]
+
+
 def install() -> None:
     """Connect Tensor to this layer: its hook (``tensor.install_ops``) to the differentiable ops, and
     the methods and operators of every public op of the registry."""
@@ -89,3 +132,6 @@ def install() -> None:
         if op.api:
             for attr, fn in methods(op).items():
                 setattr(Tensor, attr, fn)
+    for fn in _HAND_WRITTEN:
+        _method(fn.__name__, fn, fn.__doc__)
+        setattr(Tensor, fn.__name__, fn)
