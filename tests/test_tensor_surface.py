@@ -153,3 +153,178 @@ def test_isnan_isinf_isfinite():
         np.testing.assert_array_equal(got.numpy(), ref(v), err_msg=name)
     ints = wgpar.tensor(np.array([1, -2], np.int32))
     assert ints.isfinite().tolist() == [True, True] and ints.isnan().tolist() == [False, False]
+
+
+# -- prod, any / all ------------------------------------------------------------------------------
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), (None, False), (-1, True)])
+def test_prod_forward_and_backward_with_zeros(rng, zeros, dim, keepdim):
+    x = rng.uniform(0.5, 1.5, (5, 7)) * rng.choice([-1, 1], (5, 7))
+    for k in range(zeros):  # zeros in one row (and column): the gradient rules for 1 and 2 zeros
+        x[2, 2 * k + 1] = 0.0
+    check(lambda t: t.prod(dim, keepdim), lambda a: np.prod(a, axis=dim, keepdims=keepdim), [x], rng)
+
+
+def test_prod_against_torch_with_zeros(rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((3, 13)).astype(np.float32)
+    x[0, 4] = 0.0
+    x[1, [2, 9]] = 0.0
+    w = wgpar.tensor(x, requires_grad=True)
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    up = rng.standard_normal(3)
+    w.prod(1).backward(wgpar.tensor(up.astype(np.float32)))
+    (t.prod(1) * torch.tensor(up)).sum().backward()
+    assert_close(w.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-6)
+    ints = wgpar.tensor(np.array([[2, 3], [4, -5]], np.int32))
+    assert ints.prod(1).tolist() == [6, -20] and wgpar.prod(ints).item() == -120
+    assert wgpar.zeros(0).prod().item() == 1.0
+
+
+def test_any_all(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    x[1] = 0.0
+    x[2, 3] = np.nan
+    x[3, :5] = 0.0
+    t = wgpar.tensor(x)
+    for dim in (None, 0, 1, (0, 1)):
+        for keepdim in (False, True):
+            np.testing.assert_array_equal(t.any(dim, keepdim).numpy(), np.any(x, axis=dim, keepdims=keepdim))
+            np.testing.assert_array_equal(wgpar.all(t, dim, keepdim).numpy(), np.all(x, axis=dim, keepdims=keepdim))
+    assert t.any().dtype is wgpar.bool_
+    assert not wgpar.zeros(0).any().item() and wgpar.zeros(0).all().item()
+
+
+# -- norms, logsumexp -------------------------------------------------------------------------------
+def _np_norm(a, p, dim, keepdim):
+    axis = dim if dim is None or isinstance(dim, tuple) else (dim,)
+    m = np.abs(a)
+    if p == np.inf:
+        return np.max(m, axis=axis, keepdims=keepdim)
+    if p == -np.inf:
+        return np.min(m, axis=axis, keepdims=keepdim)
+    if p == 0:
+        return np.sum(m != 0, axis=axis, keepdims=keepdim).astype(np.float64)
+    return np.sum(m ** p, axis=axis, keepdims=keepdim) ** (1 / p)
+
+
+@pytest.mark.parametrize("p", [2, 1, np.inf, -np.inf, 3, 0.5, 0])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (1, True), ((0, 2), False)])
+def test_vector_norm_forward_and_backward(rng, p, dim, keepdim):
+    x = rng.standard_normal((3, 5, 4))
+    x = np.sign(x) * (np.abs(x) + 0.1)  # off the kink of |x| at 0, without ties
+    if p == 0:
+        x[0, 1, 2] = 0.0
+        got = wgpar.linalg.vector_norm(wgpar.tensor(x.astype(np.float32)), p, dim, keepdim)
+        assert_close(got.numpy(), _np_norm(x, p, dim, keepdim))
+        return
+    check(lambda t: wgpar.linalg.vector_norm(t, p, dim, keepdim), lambda a: _np_norm(a, p, dim, keepdim), [x], rng)
+
+
+def test_norm_gradient_is_zero_where_the_norm_is_zero():
+    torch = pytest.importorskip("torch")
+    for p in (2, 3, 1, float("inf")):
+        w = wgpar.zeros(2, 3, requires_grad=True)
+        w.norm(p, dim=1).sum().backward()
+        t = torch.zeros(2, 3, requires_grad=True)
+        t.norm(p, dim=1).sum().backward()
+        np.testing.assert_array_equal(w.grad.numpy(), t.grad.numpy(), err_msg=f"p={p}")
+
+
+def test_norm_against_torch(rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((6, 9)).astype(np.float32)
+    for args in (("fro",), (2, 1), (1, 0, True), (float("inf"), 1), (3, (0, 1))):
+        w = wgpar.tensor(x, requires_grad=True)
+        t = torch.tensor(x.astype(np.float64), requires_grad=True)
+        w.norm(*args).sum().backward()
+        t.norm(*args).sum().backward()
+        assert_close(w.norm(*args).numpy(), t.norm(*args).detach().numpy(), rtol=1e-5, what=str(args))
+        assert_close(w.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-6, what=f"grad {args}")
+    with pytest.raises(ValueError, match="nuclear"):
+        wgpar.tensor(x).norm("nuc")
+
+
+def _np_logsumexp(a, dim, keepdim):
+    m = np.max(a, axis=dim, keepdims=True)
+    out = np.log(np.sum(np.exp(a - m), axis=dim, keepdims=True)) + m
+    return out if keepdim else np.squeeze(out, axis=dim)
+
+
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (-1, True), ((0, 2), False)])
+def test_logsumexp_forward_and_backward(rng, dim, keepdim):
+    x = rng.standard_normal((3, 37, 5)) * 4
+    check(lambda t: t.logsumexp(dim, keepdim), lambda a: _np_logsumexp(a, dim, keepdim), [x], rng)
+
+
+def test_logsumexp_is_stable_and_takes_infinities():
+    x = wgpar.tensor(np.array([[1000.0, 1000.0], [-1000.0, -1001.0], [-np.inf, -np.inf], [np.inf, 1.0]], np.float32))
+    got = wgpar.logsumexp(x, 1).numpy()
+    want = [1000.0 + np.log(2), -1000.0 + np.log1p(np.exp(-1.0)), -np.inf, np.inf]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# -- factories, .data -------------------------------------------------------------------------------
+def test_new_factories_take_the_tensors_dtype_and_device():
+    x = wgpar.tensor(np.array([1, 2], np.int32))
+    assert x.new_zeros(2, 3).dtype is wgpar.int32 and x.new_zeros((2, 3)).shape == (2, 3)
+    assert x.new_ones(4).tolist() == [1, 1, 1, 1]
+    assert x.new_full((2,), 7).tolist() == [7, 7]
+    assert x.new_tensor([1.7, -2.2]).tolist() == [1, -2]  # x's dtype, as torch
+    f = x.new_zeros(3, dtype=wgpar.float32, requires_grad=True)
+    assert f.dtype is wgpar.float32 and f.requires_grad and f.device is x.device
+
+
+def test_like_factories():
+    x = wgpar.tensor(np.ones((3, 5), np.float32))
+    assert wgpar.zeros_like(x).numpy().sum() == 0 and wgpar.ones_like(x, dtype=wgpar.int32).dtype is wgpar.int32
+    assert wgpar.full_like(x, 2).tolist() == [[2.0] * 5] * 3  # x's dtype, not the int fill's
+    assert wgpar.empty_like(x).shape == (3, 5)
+    assert wgpar.zeros_like(x, requires_grad=True).requires_grad
+    u = wgpar.rand_like(x).numpy()
+    assert u.shape == (3, 5) and (u >= 0).all() and (u < 1).all()
+    assert wgpar.randn_like(x).shape == (3, 5)
+    with pytest.raises(TypeError, match="float dtype"):
+        wgpar.randn_like(wgpar.tensor(np.array([1], np.int32)))
+
+
+def test_data_is_a_detached_alias():
+    w = wgpar.tensor(np.ones(3, np.float32), requires_grad=True)
+    d = w.data
+    assert not d.requires_grad and d.data_ptr() == w.data_ptr()
+    d.fill_(5.0)
+    assert w.tolist() == [5.0, 5.0, 5.0]
+    w.data = wgpar.zeros(2, 2)
+    assert w.shape == (2, 2) and w.requires_grad and w.numpy().sum() == 0
+
+
+# -- isclose, allclose, outer, diag, clamp_min / clamp_max, numel -----------------------------------
+def test_isclose_and_allclose_as_numpy():
+    a = np.array([1.0, 1.0, np.inf, -np.inf, np.nan, 0.0, 1e-9, 100.0], np.float32)
+    b = np.array([1.0 + 1e-6, 1.1, np.inf, np.inf, np.nan, 1e-9, 0.0, 100.001], np.float32)
+    ta, tb = wgpar.tensor(a), wgpar.tensor(b)
+    for kw in ({}, {"equal_nan": True}, {"rtol": 0.0, "atol": 0.2}):
+        got = wgpar.isclose(ta, tb, **kw)
+        assert got.dtype is wgpar.bool_
+        np.testing.assert_array_equal(got.numpy(), np.isclose(a, b, **kw), err_msg=str(kw))
+    assert ta.allclose(ta, equal_nan=True) and not ta.allclose(ta) and not wgpar.allclose(ta, tb)
+    ints = wgpar.tensor(np.array([3, 4], np.int32))
+    np.testing.assert_array_equal(ints.isclose(wgpar.tensor(np.array([3, 5], np.int32))).numpy(), [True, False])
+
+
+def test_outer_and_diag(rng):
+    a, b = rng.standard_normal(5), rng.standard_normal(7)
+    check(lambda x, y: wgpar.outer(x, y), np.outer, [a, b], rng)
+    for k in (0, 2, -3):
+        check(lambda x, k=k: wgpar.diag(x, k), lambda v, k=k: np.diag(v, k), [a], rng)
+    m = rng.standard_normal((4, 6))
+    for k in (0, 1, -2, 5, -4):
+        check(lambda x, k=k: x.diag(k), lambda v, k=k: np.diag(v, k), [m], rng)
+
+
+def test_clamp_min_max_and_numel(rng):
+    x = rng.standard_normal((4, 9))
+    check(lambda t: t.clamp_min(0.2), lambda a: np.maximum(a, 0.2), [np.where(np.abs(x - 0.2) < 0.05, 0.5, x)], rng)
+    check(lambda t: wgpar.clamp_max(t, -0.1), lambda a: np.minimum(a, -0.1),
+          [np.where(np.abs(x + 0.1) < 0.05, 0.5, x)], rng)
+    assert wgpar.numel(wgpar.zeros(3, 4)) == 12

@@ -17,13 +17,16 @@ from .engine import record
 from .functions import (
     binary,
     cast,
+    cat,
     copy_,
     expand,
     getitem,
     matmul,
+    permute,
     reduce,
     reshape,
     transpose,
+    unary,
     where,
 )
 
@@ -322,5 +325,268 @@ def roll(a: Tensor, shifts, dims=None) -> Tensor:
     return record("roll", _roll_raw(a, ss, ds), [a], lambda g: (_roll_raw(g, back, ds),))
 
 
+# -- products, logical reductions, norms, logsumexp ------------------------------------------------
+def _reduce_shape(a: Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    return tuple(1 if i in dims else n for i, n in enumerate(a.shape) if keepdim or i not in dims)
+
+
+def _dim_tuple(a: Tensor, dim) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(a.ndim))
+    return _dims("reduction", dim, a.ndim) if a.ndim else ()
+
+
+def prod(a: Tensor, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """The product over ``dim`` (an int, or None: every element, a 0-d result), as torch.prod.
+
+    A tree of multiplications (the dim moved last and padded with ones to a power of two, then halves
+    multiplied, log2(n) times), so its gradient is the multiplications' own: exact where the input
+    holds zeros (one zero: the product of the others; two: zero), where PyTorch's dividing formula
+    needs a special case. An int32 product wraps modulo 2**32 (PyTorch's is int64); bool gives int32.
+
+    Arguments:
+        a: a tensor.
+        dim: an int or None.
+        keepdim: keep the reduced dim with size 1.
+        dtype: cast to this dtype first.
+    """
+    _tensor_input("prod", a)
+    if dtype is not None:
+        a = cast(a, _dt.as_dtype(dtype))
+    if dim is None:
+        out = prod(reshape(a, (-1,)), 0)
+        return reshape(out, (1,) * a.ndim) if keepdim else out
+    if a.ndim == 0:
+        return binary("mul", a, 1)
+    d = wrap_dim(dim, a.ndim)
+    x = permute(a, [i for i in range(a.ndim) if i != d] + [d]) if d != a.ndim - 1 else a
+    n = x.shape[-1]
+    size = 1 << max(n - 1, 0).bit_length()
+    if size != n:
+        ones = raw.fill(x.shape[:-1] + (size - n,), 1, x.dtype, x.device)
+        x = cat([x, ones], -1)
+    if x.dtype is _dt.bool_:
+        x = cast(x, _dt.int32)
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = binary("mul", getitem(x, (..., slice(0, h))), getitem(x, (..., slice(h, 2 * h))))
+    out = reshape(x, x.shape[:-1])
+    return reshape(out, _reduce_shape(a, (d,), True)) if keepdim else out
+
+
+def _count_nonzero(a: Tensor, dim, keepdim: bool, zero: bool) -> Tensor:
+    hit = raw.cast(raw.binary("eq" if zero else "ne", a, 0), _dt.int32)
+    return raw.reduce("sum", hit, None if dim is None else _dim_tuple(a, dim), keepdim)
+
+
+def any_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether any element is nonzero (NaN counts), over ``dim`` (an int, a tuple, or None), as a bool
+    tensor (torch.any); empty: False. Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+    """
+    _tensor_input("any", a)
+    return raw.binary("gt", _count_nonzero(a, dim, keepdim, zero=False), 0)
+
+
+def all_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether every element is nonzero (NaN counts), over ``dim`` (an int, a tuple, or None), as a bool
+    tensor (torch.all); empty: True. Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+    """
+    _tensor_input("all", a)
+    return raw.binary("eq", _count_nonzero(a, dim, keepdim, zero=True), 0)
+
+
+def vector_norm(a: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """The ``ord``-norm of ``a`` over ``dim`` (an int, a tuple, or None: every element), as
+    torch.linalg.vector_norm: ord 2 (default), 1, inf (the largest |x|), -inf (the smallest), 0 (the count
+    of nonzeros), any other p: sum(|x|**p) ** (1 / p).
+
+    The gradient is PyTorch's: zero where the norm is zero (ord != 0); for inf / -inf it is split
+    evenly over the entries that reach the extreme. Float tensors only.
+
+    Arguments:
+        a: a float tensor.
+        ord: the order (a number; "fro" is 2).
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+        dtype: cast to this dtype first.
+    """
+    if dtype is not None:
+        a = cast(a, _dt.as_dtype(dtype))
+    _float_input("vector_norm", a)
+    p = 2.0 if ord == "fro" else ord
+    if isinstance(p, str) or isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise ValueError(f"vector_norm: ord must be a number (or 'fro'), got {ord!r}")
+    p = float(p)
+    dims = None if dim is None else _dim_tuple(a, dim)
+    if p == 1.0:
+        return reduce("sum", unary("abs", a), dims, keepdim)
+    if math.isinf(p):
+        return reduce("max" if p > 0 else "min", unary("abs", a), dims, keepdim)
+    if p == 0.0:
+        return raw.cast(_count_nonzero(a, dims, keepdim, zero=False), a.dtype)
+    mag = raw.unary("abs", a)
+    total = raw.reduce("sum", mag if p == 1.0 else raw.binary("pow", mag, p), dims, True)
+    y = raw.binary("pow", total, 1.0 / p)  # keepdim shape, for the backward
+    out = y if keepdim else raw.reshape(y, _reduce_shape(a, dims if dims is not None else tuple(range(a.ndim)),
+                                                         False))
+
+    def bw(g):
+        g = raw.reshape(g, y.shape)
+        # d/dx = x |x|^(p-2) / norm^(p-1), zero where the norm is zero (PyTorch's rule).
+        scale = raw.binary("div", g, raw.binary("pow", y, p - 1.0))
+        scale = raw.where(raw.binary("eq", y, 0.0), 0.0, scale)
+        local = a if p == 2.0 else raw.binary("mul", a, raw.binary("pow", mag, p - 2.0))
+        return (raw.binary("mul", local, scale),)
+
+    return record("vector_norm", out, [a], bw, [a, y])
+
+
+def norm(a: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """Tensor.norm as in PyTorch: ``p`` "fro" (default) or a number is ``vector_norm(a, p, dim)`` over
+    ``dim`` (None: every element, a flattened matrix's Frobenius norm included); "nuc" (the nuclear
+    norm) is not supported and raises.
+
+    Arguments:
+        a: a float tensor.
+        p: "fro" or a number.
+        dim: an int, a tuple, or None.
+        keepdim: keep the reduced dims with size 1.
+        dtype: cast to this dtype first.
+    """
+    if p == "nuc":
+        raise ValueError("norm(p='nuc'): the nuclear norm needs a singular value decomposition, which wgpar "
+                         "does not have")
+    return vector_norm(a, p, dim, keepdim, dtype=dtype)
+
+
+def logsumexp(a: Tensor, dim, keepdim: bool = False) -> Tensor:
+    """log(sum(exp(a))) over ``dim`` (an int or a tuple; torch.logsumexp requires it), stably: the
+    largest entry of each slice is subtracted before exp and added back (0 where it is infinite, so a
+    slice of -inf gives -inf and one holding +inf gives +inf, as PyTorch). The gradient is softmax's.
+    An integer tensor gives float32.
+
+    Arguments:
+        a: a tensor.
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+    """
+    _tensor_input("logsumexp", a)
+    if not a.dtype.is_float:
+        a = cast(a, _dt.float32)
+    dims = _dim_tuple(a, dim)
+    if not dims and a.ndim:
+        return binary("add", a, 0.0)  # nothing reduced: log(exp(a)) is a
+    m = raw.reduce("max", a.detach(), dims or None, True)
+    m = raw.where(raw.unary("isinf", m), 0.0, m)
+    s = reduce("sum", unary("exp", binary("sub", a, m)), dims or None, True)
+    out = binary("add", unary("log", s), m)
+    return out if keepdim else reshape(out, _reduce_shape(a, dims, False))
+
+
+def outer(a: Tensor, b: Tensor) -> Tensor:
+    """The outer product of two 1-d tensors, ``out[i, j] = a[i] * b[j]`` (torch.outer): one broadcast
+    multiplication.
+
+    Arguments:
+        a, b: 1-d tensors.
+    """
+    for name, x in (("first", a), ("second", b)):
+        _tensor_input("outer", x)
+        if x.ndim != 1:
+            raise ValueError(f"outer: the {name} operand must be 1-d, got shape {x.shape}")
+    return binary("mul", reshape(a, (a.shape[0], 1)), reshape(b, (1, b.shape[0])))
+
+
+def _diagonal_view(t: Tensor, k: int) -> Tensor:
+    """The k-th diagonal of a matrix as a strided view."""
+    n, m = t.shape
+    s0, s1 = t.strides
+    length = max(min(n, m - k) if k >= 0 else min(n + k, m), 0)
+    start = t._offset + (k * s1 if k >= 0 else -k * s0)
+    return Tensor(t._storage, (length,), (s0 + s1,), start if length else t._offset)
+
+
+def _diag_matrix(v: Tensor, k: int) -> Tensor:
+    size = v.shape[0] + abs(k)
+    out = raw.fill((size, size), 0, v.dtype, v.device)
+    if v.shape[0]:
+        raw.copy_(_diagonal_view(out, k), v)
+    return out
+
+
+def diag(a: Tensor, diagonal: int = 0) -> Tensor:
+    """As torch.diag: a 1-d ``a`` becomes the square matrix with ``a`` on its ``diagonal``-th diagonal
+    (zeros elsewhere); a 2-d ``a`` gives a copy of its ``diagonal``-th diagonal (0 the main one, > 0
+    above, < 0 below). The backward reads or writes the same diagonal.
+
+    Arguments:
+        a: a 1-d or 2-d tensor.
+        diagonal: which diagonal.
+    """
+    _tensor_input("diag", a)
+    k = int(diagonal)
+    if a.ndim == 1:
+        return record("diag", _diag_matrix(a, k), [a], lambda g: (raw.clone(_diagonal_view(g, k)),))
+    if a.ndim != 2:
+        raise ValueError(f"diag: needs a 1-d or 2-d tensor, got shape {a.shape}")
+    shape = a.shape
+
+    def bw(g):
+        full = raw.fill(shape, 0, g.dtype, g.device)
+        if g.shape[0]:
+            raw.copy_(_diagonal_view(full, k), g)
+        return (full,)
+
+    return record("diag", raw.clone(_diagonal_view(a, k)), [a], bw)
+
+
+def isclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """Where ``|a - b| <= atol + rtol * |b|`` (or a == b, which covers equal infinities), as a bool tensor
+    broadcast from both (torch.isclose); NaN is close to NaN only with ``equal_nan``. Integers are
+    compared exactly for equality and in float32 for the tolerance. Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        b: a tensor or a number.
+        rtol, atol: the relative and absolute tolerances.
+        equal_nan: whether two NaNs are close.
+    """
+    _tensor_input("isclose", a)
+    same = raw.binary("eq", a, b)
+    fa = a if a.dtype.is_float else raw.cast(a, _dt.float32)
+    fb = b if not isinstance(b, Tensor) or b.dtype.is_float else raw.cast(b, _dt.float32)
+    gap = raw.unary("abs", raw.binary("sub", fa, fb))
+    bound = raw.binary("add", raw.binary("mul", raw.unary("abs", fb) if isinstance(fb, Tensor) else abs(fb),
+                                         float(rtol)), float(atol))
+    # Where either is NaN or infinite the gap is NaN or inf (-inf against inf: inf <= inf), so not close.
+    close = raw.where(raw.unary("isfinite", gap), raw.binary("le", gap, bound), False)
+    out = raw.where(same, True, close)
+    if equal_nan:
+        b_nan = raw.unary("isnan", fb) if isinstance(fb, Tensor) else math.isnan(fb)
+        out = raw.where(raw.unary("isnan", fa), b_nan, out)
+    return raw.cast(out, _dt.bool_)
+
+
+def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether ``isclose(a, b, ...)`` holds everywhere, as a Python bool (torch.allclose): waits for the
+    device and reads one value back.
+
+    Arguments:
+        a, b, rtol, atol, equal_nan: as ``isclose``.
+    """
+    return bool(all_(isclose(a, b, rtol, atol, equal_nan)).item())
+
+
 __all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
-           "unbind", "tril", "triu", "flip", "roll"]
+           "unbind", "tril", "triu", "flip", "roll", "prod", "any_", "all_", "vector_norm", "norm", "logsumexp",
+           "outer", "diag", "isclose", "allclose"]
