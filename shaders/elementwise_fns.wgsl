@@ -186,3 +186,96 @@ fn floordiv_f32(a: f32, b: f32) -> f32 {
   let f = floor(d);
   return select(f, f + 1.0, d - f > 0.5);
 }
+
+// -- rounding (PyTorch's round is half to even, as WGSL's): NaN and infinities pass through, and
+// an integer is its own rounding. The gradient is zero everywhere, as PyTorch's (zero_).
+fn round_f32(x: f32) -> f32 { return select(round(x), x, isnan_(x) || isinf_(x)); }
+fn floor_f32(x: f32) -> f32 { return select(floor(x), x, isnan_(x) || isinf_(x)); }
+fn ceil_f32(x: f32) -> f32 { return select(ceil(x), x, isnan_(x) || isinf_(x)); }
+fn trunc_f32(x: f32) -> f32 { return select(trunc(x), x, isnan_(x) || isinf_(x)); }
+fn round_i32(x: i32) -> i32 { return x; }
+fn floor_i32(x: i32) -> i32 { return x; }
+fn ceil_i32(x: i32) -> i32 { return x; }
+fn trunc_i32(x: i32) -> i32 { return x; }
+fn zero_(g: f32) -> f32 { return 0.0; }
+
+// -- classification (bool results; an integer is always finite) ---------------------------------
+fn isnan_f32(x: f32) -> bool { return isnan_(x); }
+fn isinf_f32(x: f32) -> bool { return isinf_(x); }
+fn isfinite_f32(x: f32) -> bool { return !isnan_(x) && !isinf_(x); }
+fn isnan_i32(x: i32) -> bool { return false; }
+fn isinf_i32(x: i32) -> bool { return false; }
+fn isfinite_i32(x: i32) -> bool { return true; }
+
+// -- more transcendental functions: NaN in, NaN out; outside the domain NaN (WGSL leaves asin(2)
+// undefined), poles and overflow as in C. --------------------------------------------------------
+fn atan_(x: f32) -> f32 {
+  if (isinf_(x)) { return select(1.5707963267948966, -1.5707963267948966, x < 0.0); }
+  return select(atan(x), x, isnan_(x));
+}
+// asin and acos through atan (lavapipe's asin(0.5) was off by 2e-4); (1 - x) is exact near |x| = 1.
+fn asin_(x: f32) -> f32 {
+  if (isnan_(x) || abs(x) > 1.0) { return nan_like(x); }
+  return atan_(div_(x, sqrt((1.0 - x) * (1.0 + x))));
+}
+fn acos_(x: f32) -> f32 {
+  if (isnan_(x) || abs(x) > 1.0) { return nan_like(x); }
+  return 2.0 * atan_(sqrt(div_(1.0 - x, 1.0 + x)));
+}
+// exp(x) - 1, accurate for small x (the rounding of exp(x) divides out, as in log1p_).
+fn expm1_(x: f32) -> f32 {
+  if (isnan_(x)) { return x; }
+  if (x > 88.72284) { return abs(inf_like(x)); }
+  if (x < -17.0) { return -1.0; }  // exp(-17) is below half an ulp of 1
+  let u = exp(x);
+  if (u == 1.0) { return x; }
+  let um = u - 1.0;
+  return um * (x / log(u));
+}
+// log(1 + x) over its whole domain (log1p_, which softplus_ calls, takes only x > -1 and finite x).
+fn log1p_full_(x: f32) -> f32 {
+  if (isnan_(x) || x < -1.0) { return nan_like(x); }
+  if (x == -1.0) { return -abs(inf_like(x)); }
+  if (isinf_(x)) { return x; }
+  return log1p_(x);
+}
+fn log2_(x: f32) -> f32 {
+  if (isnan_(x) || x < 0.0) { return nan_like(x); }
+  if (x == 0.0) { return -abs(inf_like(x)); }
+  return log2(x);
+}
+fn log10_(x: f32) -> f32 { return log_(x) * 0.4342944819032518; }
+fn exp2_(x: f32) -> f32 {
+  if (isnan_(x)) { return x; }
+  if (x >= 128.0) { return abs(inf_like(x)); }
+  if (x < -150.0) { return 0.0; }
+  return exp2(x);
+}
+// sinh and cosh from expm1_ for |x| < 1 (no cancellation near 0); above 88.7, exp(|x| / 2) squared,
+// so values up to f32's maximum do not overflow early.
+fn sinh_(x: f32) -> f32 {
+  if (isnan_(x) || isinf_(x)) { return x; }
+  let a = abs(x);
+  var r: f32;
+  if (a < 1.0) {
+    let e = expm1_(a);
+    r = 0.5 * (e + e / (e + 1.0));
+  } else if (a < 88.0) {
+    let e = exp(a);
+    r = 0.5 * (e - 1.0 / e);
+  } else {
+    let h = exp(0.5 * a);
+    r = (0.5 * h) * h;
+  }
+  return select(r, -r, x < 0.0);
+}
+fn cosh_(x: f32) -> f32 {
+  if (isnan_(x)) { return x; }
+  let a = abs(x);
+  if (a < 88.0) {
+    let e = exp(a);
+    return 0.5 * (e + 1.0 / e);
+  }
+  let h = exp(0.5 * a);
+  return (0.5 * h) * h;
+}

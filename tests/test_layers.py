@@ -21,7 +21,7 @@ LAYERS = [
     ("wgpar.ops", 2), ("wgpar.creation", 2),
     ("wgpar.autograd", 3),
     ("wgpar.nn", 4), ("wgpar.optim", 4), ("wgpar.amp", 4), ("wgpar.models", 4), ("wgpar.checkpoint", 4),
-    ("wgpar.functional", 4), ("wgpar.utils", 4),
+    ("wgpar.functional", 4), ("wgpar.linalg", 4), ("wgpar.utils", 4),
     ("wgpar.distributed", 5), ("wgpar.parallel", 5),
 ]
 NAMES = {0: "runtime", 1: "tensor", 2: "ops", 3: "autograd", 4: "nn/optim", 5: "distributed"}

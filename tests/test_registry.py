@@ -36,6 +36,8 @@ def values(rng, domain: str, shape) -> np.ndarray:
         x = np.abs(x) + 0.5
     elif domain == "nonzero":
         x = np.sign(x) * (np.abs(x) + 0.5)
+    elif domain == "unit":
+        x = 0.9 * np.tanh(x)
     elif domain == "away0":
         x = np.where(np.abs(x) < 0.05, 0.3, x)
     return x.astype(np.float32)

@@ -142,12 +142,60 @@ def full(shape, fill_value, dtype=None, device=None, requires_grad: bool = False
                     requires_grad)
 
 
-def zeros_like(t: Tensor, dtype=None) -> Tensor:
-    return zeros(t.shape, dtype=dtype or t.dtype, device=t.device)
+def _like(t: Tensor, dtype, device):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"*_like: expected a wgpar.Tensor, got {type(t).__name__}")
+    return t.shape, t.dtype if dtype is None else _dt.as_dtype(dtype), t.device if device is None else device
 
 
-def ones_like(t: Tensor, dtype=None) -> Tensor:
-    return ones(t.shape, dtype=dtype or t.dtype, device=t.device)
+def zeros_like(t: Tensor, dtype=None, *, device=None, requires_grad: bool = False) -> Tensor:
+    """Zeros of ``t``'s shape, with its dtype and device unless given (torch.zeros_like; always
+    contiguous: wgpar has no memory_format)."""
+    shape, dtype, device = _like(t, dtype, device)
+    return _factory(shape, 0, dtype, device, requires_grad)
+
+
+def ones_like(t: Tensor, dtype=None, *, device=None, requires_grad: bool = False) -> Tensor:
+    """Ones of ``t``'s shape, with its dtype and device unless given (torch.ones_like)."""
+    shape, dtype, device = _like(t, dtype, device)
+    return _factory(shape, 1, dtype, device, requires_grad)
+
+
+def full_like(t: Tensor, fill_value, dtype=None, *, device=None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` in a tensor of ``t``'s shape, with its dtype and device unless given (torch.full_like:
+    the dtype is t's, not the fill value's)."""
+    shape, dtype, device = _like(t, dtype, device)
+    return _factory(shape, fill_value, dtype, device, requires_grad)
+
+
+def empty_like(t: Tensor, dtype=None, *, device=None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor of ``t``'s shape, with its dtype and device unless given (torch.empty_like)."""
+    shape, dtype, device = _like(t, dtype, device)
+    _check_requires_grad(requires_grad, dtype)
+    out = Tensor.empty(shape, dtype, device)
+    out.requires_grad = bool(requires_grad)
+    return out
+
+
+def _random_like(name: str, t: Tensor, dtype, device, requires_grad: bool, draw) -> Tensor:
+    shape, dtype, device = _like(t, dtype, device)
+    if not dtype.is_float:  # as PyTorch: no uniform or normal samples of an integer type
+        raise TypeError(f"{name}: needs a float dtype, got {dtype.name} (pass dtype=wgpar.float32)")
+    with _rng_lock:
+        data = draw(generator())(shape, dtype=np.float32)
+    return tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def rand_like(t: Tensor, dtype=None, *, device=None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1) of ``t``'s shape, its dtype and device unless given (torch.rand_like);
+    drawn on the host from the seeded generator, as ``rand``."""
+    return _random_like("rand_like", t, dtype, device, requires_grad, lambda g: g.random)
+
+
+def randn_like(t: Tensor, dtype=None, *, device=None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples of ``t``'s shape, its dtype and device unless given (torch.randn_like);
+    drawn on the host from the seeded generator, as ``randn``."""
+    return _random_like("randn_like", t, dtype, device, requires_grad, lambda g: g.standard_normal)
 
 
 def empty(*shape, dtype=_dt.float32, device=None) -> Tensor:

@@ -6,10 +6,12 @@ the others are written out below.
 
 from __future__ import annotations
 
+from . import linalg
 from .autograd import composites
 from .autograd import functions as ops
 from .autograd.einsum import einsum
 from .autograd.methods import function
+from .creation import empty_like, full_like, rand_like, randn_like
 from .ops.registry import OPS
 from .tensor import Tensor, dim_arg
 
@@ -242,10 +244,47 @@ def _extreme(name: str):
 
 max, min = _extreme("max"), _extreme("min")
 
+split, chunk, unbind = composites.split, composites.chunk, composites.unbind
+tril, triu, flip, roll = composites.tril, composites.triu, composites.flip, composites.roll
+prod, norm, logsumexp, outer, diag = composites.prod, composites.norm, composites.logsumexp, composites.outer, \
+    composites.diag
+isclose, allclose = composites.isclose, composites.allclose
+
+
+def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether any element (over ``dim``: an int, a tuple, or None) is nonzero, as a bool tensor (torch.any);
+    NaN counts as nonzero, an empty reduction is False."""
+    return composites.any_(x, dim, keepdim)
+
+
+def all(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether every element (over ``dim``: an int, a tuple, or None) is nonzero, as a bool tensor
+    (torch.all); NaN counts as nonzero, an empty reduction is True."""
+    return composites.all_(x, dim, keepdim)
+
+
+def numel(x: Tensor) -> int:
+    """The number of elements of ``x`` (torch.numel)."""
+    return x.numel()
+
+
+def clamp_min(x: Tensor, min) -> Tensor:
+    """``clamp(x, min=min)`` (torch.clamp_min); NaN stays NaN."""
+    return ops.clamp(x, min, None)
+
+
+def clamp_max(x: Tensor, max) -> Tensor:
+    """``clamp(x, max=max)`` (torch.clamp_max); NaN stays NaN."""
+    return ops.clamp(x, None, max)
+
+
 GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)
 globals().update({op.api: function(op) for op in OPS.values() if op.api and op.function})
 
 __all__ = ["matmul", "bmm", "einsum", "sort", "argsort", "topk", "var", "std", "masked_fill", "t",
            "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
-           "reshape", "transpose", "permute", "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
+           "reshape", "transpose", "permute", "split", "chunk", "unbind", "tril", "triu", "flip", "roll",
+           "prod", "any", "all", "norm", "logsumexp", "outer", "diag", "isclose", "allclose", "numel", "clamp_min",
+           "clamp_max", "linalg", "full_like", "empty_like", "rand_like", "randn_like",
+           "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
            *GENERATED]

@@ -1,16 +1,34 @@
 """Ops built from the differentiable ops of functions.py, so their gradients come for free: var, std,
-repeat, masked_fill, t, bmm. Each costs a few kernels (var: mean, subtract, square, sum, divide)."""
+repeat, masked_fill, t, bmm, split / chunk / unbind, tril / triu, prod, logsumexp, norm, outer. Each costs a
+few kernels (var: mean, subtract, square, sum, divide). A few (flip, roll, diag, the norms) run raw ops and
+record a backward of their own where the composition would waste memory or get an edge wrong."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops as raw
 from ..ops.elementwise import broadcast_shape
 from ..tensor import Tensor, normalize_shape, wrap_dim
 from .engine import record
-from .functions import binary, cast, copy_, expand, matmul, reduce, reshape, transpose, where
+from .functions import (
+    binary,
+    cast,
+    cat,
+    copy_,
+    expand,
+    getitem,
+    matmul,
+    permute,
+    reduce,
+    reshape,
+    transpose,
+    unary,
+    where,
+)
 
 
 def _float_input(op: str, a) -> None:
@@ -130,4 +148,445 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
     return matmul(a, b)
 
 
-__all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg"]
+
+# -- splitting: views of the input, each differentiable on its own -----------------------------------
+def _tensor_input(op: str, a) -> None:
+    if not isinstance(a, Tensor):
+        raise TypeError(f"{op}: expected a wgpar.Tensor, got {type(a).__name__}")
+
+
+def _slice(a: Tensor, d: int, start: int, stop: int) -> Tensor:
+    return getitem(a, (slice(None),) * d + (slice(start, stop),))
+
+
+def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
+    """``a`` cut along ``dim`` into pieces of ``split_size_or_sections`` entries (an int: the last piece
+    may be shorter) or of the listed sizes (which must add up to the dim's size), as torch.split.
+    The pieces are views; each one's gradient flows back into its own part of ``a``.
+
+    Arguments:
+        a: a tensor of at least one dim.
+        split_size_or_sections: an int > 0 (0 only for an empty dim), or a list of ints >= 0.
+        dim: the dim to cut.
+    """
+    _tensor_input("split", a)
+    if a.ndim == 0:
+        raise ValueError("split: a 0-d tensor cannot be split")
+    d = wrap_dim(dim, a.ndim)
+    n = a.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)) and not isinstance(split_size_or_sections, bool):
+        size = int(split_size_or_sections)
+        if size < 0 or (size == 0 and n):
+            raise ValueError(f"split: split_size must be > 0 for a dim of size {n}, got {size}")
+        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size else [0]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if any(s < 0 for s in sizes) or sum(sizes) != n:
+            raise ValueError(f"split: sizes {sizes} must be >= 0 and add up to dim {d}'s size {n} (shape {a.shape})")
+    out, start = [], 0
+    for s in sizes:
+        out.append(_slice(a, d, start, start + s))
+        start += s
+    return tuple(out)
+
+
+def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``a`` cut along ``dim`` into ``chunks`` views of ceil(n / chunks) entries, the last shorter, as
+    torch.chunk: so fewer than ``chunks`` pieces where n does not allow more (chunk(5 entries, 4)
+    gives 3 of 2, 2, 1).
+
+    Arguments:
+        a: a tensor of at least one dim.
+        chunks: how many pieces at most (> 0).
+        dim: the dim to cut.
+    """
+    _tensor_input("chunk", a)
+    if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+        raise ValueError(f"chunk: chunks must be an int > 0, got {chunks!r}")
+    if a.ndim == 0:
+        raise ValueError("chunk: a 0-d tensor cannot be chunked")
+    n = a.shape[wrap_dim(dim, a.ndim)]
+    if n == 0:  # as torch: `chunks` empty pieces
+        return tuple(_slice(a, wrap_dim(dim, a.ndim), 0, 0) for _ in range(int(chunks)))
+    return split(a, -(-n // int(chunks)), dim)
+
+
+def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices of ``a`` along ``dim``, that dim removed (views), as torch.unbind.
+
+    Arguments:
+        a: a tensor of at least one dim.
+        dim: the dim to take apart.
+    """
+    _tensor_input("unbind", a)
+    if a.ndim == 0:
+        raise ValueError("unbind: a 0-d tensor has no dim to unbind")
+    d = wrap_dim(dim, a.ndim)
+    return tuple(getitem(a, (slice(None),) * d + (i,)) for i in range(a.shape[d]))
+
+
+# -- triangles, flips, rolls ----------------------------------------------------------------------
+def _triangle(op: str, a: Tensor, diagonal: int, upper: bool) -> Tensor:
+    _tensor_input(op, a)
+    if a.ndim < 2:
+        raise ValueError(f"{op}: needs a tensor of at least 2 dims (a batch of matrices), got shape {a.shape}")
+    n, m = a.shape[-2:]
+    rows = Tensor.from_numpy(np.arange(n, dtype=np.int32).reshape(n, 1), device=a.device)
+    cols = Tensor.from_numpy(np.arange(m, dtype=np.int32).reshape(1, m), device=a.device)
+    offset = raw.binary("sub", cols, rows)  # j - i: 0 on the main diagonal, k on the k-th
+    drop = raw.binary("lt" if upper else "gt", offset, int(diagonal))
+    return masked_fill(a, drop, 0)
+
+
+def tril(a: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (entries with j - i <= diagonal), zeros above, as
+    torch.tril. One mask (from two small index uploads) and one where kernel.
+
+    Arguments:
+        a: a tensor of at least 2 dims.
+        diagonal: which diagonal bounds it (0 the main one, > 0 above it, < 0 below).
+    """
+    return _triangle("tril", a, diagonal, upper=False)
+
+
+def triu(a: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (entries with j - i >= diagonal), zeros below, as
+    torch.triu.
+
+    Arguments:
+        a: a tensor of at least 2 dims.
+        diagonal: which diagonal bounds it (0 the main one, > 0 above it, < 0 below).
+    """
+    return _triangle("triu", a, diagonal, upper=True)
+
+
+def _dims(op: str, dims, ndim: int) -> tuple[int, ...]:
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    out = tuple(wrap_dim(d, ndim) for d in dims)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: dim {dims} repeated")
+    return out
+
+
+def _flip_raw(a: Tensor, dims: tuple[int, ...]) -> Tensor:
+    out = a
+    for d in dims:
+        if a.shape[d] > 1:
+            out = raw.index_select(out, d, np.arange(a.shape[d] - 1, -1, -1, dtype=np.int32))
+    return raw.clone(out) if out is a else out
+
+
+def flip(a: Tensor, dims) -> Tensor:
+    """``a`` with the order of entries reversed along each of ``dims``, a copy (as torch.flip; NumPy's
+    flip returns a view). One gather kernel per flipped dim; the backward flips the gradient back.
+
+    Arguments:
+        a: a tensor.
+        dims: an int or a sequence of ints.
+    """
+    _tensor_input("flip", a)
+    ds = _dims("flip", dims, a.ndim)
+    return record("flip", _flip_raw(a, ds), [a], lambda g: (_flip_raw(g, ds),))
+
+
+def _roll_raw(a: Tensor, shifts: tuple[int, ...], dims: tuple[int, ...]) -> Tensor:
+    out = a
+    for s, d in zip(shifts, dims):
+        n = a.shape[d]
+        s = s % n if n else 0
+        if s:
+            lead = (slice(None),) * d
+            out = raw.cat([raw.getitem(out, lead + (slice(n - s, n),)), raw.getitem(out, lead + (slice(0, n - s),))],
+                          d)
+    return raw.clone(out) if out is a else out
+
+
+def roll(a: Tensor, shifts, dims=None) -> Tensor:
+    """``a`` shifted along ``dims`` by ``shifts`` entries, wrapping around, a copy (torch.roll); with
+    ``dims=None`` the flattened tensor is rolled and the shape restored. The backward rolls back.
+
+    Arguments:
+        a: a tensor.
+        shifts: an int, or one int per dim of ``dims``.
+        dims: an int, a sequence of ints, or None.
+    """
+    _tensor_input("roll", a)
+    if dims is None:
+        if not isinstance(shifts, (int, np.integer)):
+            if len(shifts) != 1:
+                raise ValueError(f"roll: without dims, shifts must be one int, got {shifts!r}")
+            shifts = shifts[0]
+        return reshape(roll(reshape(a, (-1,)), shifts, 0), a.shape)
+    ds = _dims("roll", dims, a.ndim)
+    ss = (int(shifts),) if isinstance(shifts, (int, np.integer)) else tuple(int(s) for s in shifts)
+    if len(ss) != len(ds):
+        raise ValueError(f"roll: {len(ss)} shifts for {len(ds)} dims")
+    back = tuple(-s for s in ss)
+    return record("roll", _roll_raw(a, ss, ds), [a], lambda g: (_roll_raw(g, back, ds),))
+
+
+# -- products, logical reductions, norms, logsumexp ------------------------------------------------
+def _reduce_shape(a: Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    return tuple(1 if i in dims else n for i, n in enumerate(a.shape) if keepdim or i not in dims)
+
+
+def _dim_tuple(a: Tensor, dim) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(a.ndim))
+    return _dims("reduction", dim, a.ndim) if a.ndim else ()
+
+
+def prod(a: Tensor, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """The product over ``dim`` (an int, or None: every element, a 0-d result), as torch.prod.
+
+    A tree of multiplications (the dim moved last and padded with ones to a power of two, then halves
+    multiplied, log2(n) times), so its gradient is the multiplications' own: exact where the input
+    holds zeros (one zero: the product of the others; two: zero), where PyTorch's dividing formula
+    needs a special case. An int32 product wraps modulo 2**32 (PyTorch's is int64); bool gives int32.
+
+    Arguments:
+        a: a tensor.
+        dim: an int or None.
+        keepdim: keep the reduced dim with size 1.
+        dtype: cast to this dtype first.
+    """
+    _tensor_input("prod", a)
+    if dtype is not None:
+        a = cast(a, _dt.as_dtype(dtype))
+    if dim is None:
+        out = prod(reshape(a, (-1,)), 0)
+        return reshape(out, (1,) * a.ndim) if keepdim else out
+    if a.ndim == 0:
+        return binary("mul", a, 1)
+    d = wrap_dim(dim, a.ndim)
+    x = permute(a, [i for i in range(a.ndim) if i != d] + [d]) if d != a.ndim - 1 else a
+    n = x.shape[-1]
+    size = 1 << max(n - 1, 0).bit_length()
+    if size != n:
+        ones = raw.fill(x.shape[:-1] + (size - n,), 1, x.dtype, x.device)
+        x = cat([x, ones], -1)
+    if x.dtype is _dt.bool_:
+        x = cast(x, _dt.int32)
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = binary("mul", getitem(x, (..., slice(0, h))), getitem(x, (..., slice(h, 2 * h))))
+    out = reshape(x, x.shape[:-1])
+    return reshape(out, _reduce_shape(a, (d,), True)) if keepdim else out
+
+
+def _count_nonzero(a: Tensor, dim, keepdim: bool, zero: bool) -> Tensor:
+    hit = raw.cast(raw.binary("eq" if zero else "ne", a, 0), _dt.int32)
+    return raw.reduce("sum", hit, None if dim is None else _dim_tuple(a, dim), keepdim)
+
+
+def any_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether any element is nonzero (NaN counts), over ``dim`` (an int, a tuple, or None), as a bool
+    tensor (torch.any); empty: False. Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+    """
+    _tensor_input("any", a)
+    return raw.binary("gt", _count_nonzero(a, dim, keepdim, zero=False), 0)
+
+
+def all_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether every element is nonzero (NaN counts), over ``dim`` (an int, a tuple, or None), as a bool
+    tensor (torch.all); empty: True. Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+    """
+    _tensor_input("all", a)
+    return raw.binary("eq", _count_nonzero(a, dim, keepdim, zero=True), 0)
+
+
+def vector_norm(a: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """The ``ord``-norm of ``a`` over ``dim`` (an int, a tuple, or None: every element), as
+    torch.linalg.vector_norm: ord 2 (default), 1, inf (the largest |x|), -inf (the smallest), 0 (the count
+    of nonzeros), any other p: sum(|x|**p) ** (1 / p).
+
+    The gradient is PyTorch's: zero where the norm is zero (ord != 0); for inf / -inf it is split
+    evenly over the entries that reach the extreme. Float tensors only.
+
+    Arguments:
+        a: a float tensor.
+        ord: the order (a number; "fro" is 2).
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+        dtype: cast to this dtype first.
+    """
+    if dtype is not None:
+        a = cast(a, _dt.as_dtype(dtype))
+    _float_input("vector_norm", a)
+    p = 2.0 if ord == "fro" else ord
+    if isinstance(p, str) or isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise ValueError(f"vector_norm: ord must be a number (or 'fro'), got {ord!r}")
+    p = float(p)
+    dims = None if dim is None else _dim_tuple(a, dim)
+    if p == 1.0:
+        return reduce("sum", unary("abs", a), dims, keepdim)
+    if math.isinf(p):
+        return reduce("max" if p > 0 else "min", unary("abs", a), dims, keepdim)
+    if p == 0.0:
+        return raw.cast(_count_nonzero(a, dims, keepdim, zero=False), a.dtype)
+    mag = raw.unary("abs", a)
+    total = raw.reduce("sum", mag if p == 1.0 else raw.binary("pow", mag, p), dims, True)
+    y = raw.binary("pow", total, 1.0 / p)  # keepdim shape, for the backward
+    out = y if keepdim else raw.reshape(y, _reduce_shape(a, dims if dims is not None else tuple(range(a.ndim)),
+                                                         False))
+
+    def bw(g):
+        g = raw.reshape(g, y.shape)
+        # d/dx = x |x|^(p-2) / norm^(p-1), zero where the norm is zero (PyTorch's rule).
+        scale = raw.binary("div", g, raw.binary("pow", y, p - 1.0))
+        scale = raw.where(raw.binary("eq", y, 0.0), 0.0, scale)
+        local = a if p == 2.0 else raw.binary("mul", a, raw.binary("pow", mag, p - 2.0))
+        return (raw.binary("mul", local, scale),)
+
+    return record("vector_norm", out, [a], bw, [a, y])
+
+
+def norm(a: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """Tensor.norm as in PyTorch: ``p`` "fro" (default) or a number is ``vector_norm(a, p, dim)`` over
+    ``dim`` (None: every element, a flattened matrix's Frobenius norm included); "nuc" (the nuclear
+    norm) is not supported and raises.
+
+    Arguments:
+        a: a float tensor.
+        p: "fro" or a number.
+        dim: an int, a tuple, or None.
+        keepdim: keep the reduced dims with size 1.
+        dtype: cast to this dtype first.
+    """
+    if p == "nuc":
+        raise ValueError("norm(p='nuc'): the nuclear norm needs a singular value decomposition, which wgpar "
+                         "does not have")
+    return vector_norm(a, p, dim, keepdim, dtype=dtype)
+
+
+def logsumexp(a: Tensor, dim, keepdim: bool = False) -> Tensor:
+    """log(sum(exp(a))) over ``dim`` (an int or a tuple; torch.logsumexp requires it), stably: the
+    largest entry of each slice is subtracted before exp and added back (0 where it is infinite, so a
+    slice of -inf gives -inf and one holding +inf gives +inf, as PyTorch). The gradient is softmax's.
+    An integer tensor gives float32.
+
+    Arguments:
+        a: a tensor.
+        dim: the dims to reduce.
+        keepdim: keep the reduced dims with size 1.
+    """
+    _tensor_input("logsumexp", a)
+    if not a.dtype.is_float:
+        a = cast(a, _dt.float32)
+    dims = _dim_tuple(a, dim)
+    if not dims and a.ndim:
+        return binary("add", a, 0.0)  # nothing reduced: log(exp(a)) is a
+    m = raw.reduce("max", a.detach(), dims or None, True)
+    m = raw.where(raw.unary("isinf", m), 0.0, m)
+    s = reduce("sum", unary("exp", binary("sub", a, m)), dims or None, True)
+    out = binary("add", unary("log", s), m)
+    return out if keepdim else reshape(out, _reduce_shape(a, dims, False))
+
+
+def outer(a: Tensor, b: Tensor) -> Tensor:
+    """The outer product of two 1-d tensors, ``out[i, j] = a[i] * b[j]`` (torch.outer): one broadcast
+    multiplication.
+
+    Arguments:
+        a, b: 1-d tensors.
+    """
+    for name, x in (("first", a), ("second", b)):
+        _tensor_input("outer", x)
+        if x.ndim != 1:
+            raise ValueError(f"outer: the {name} operand must be 1-d, got shape {x.shape}")
+    return binary("mul", reshape(a, (a.shape[0], 1)), reshape(b, (1, b.shape[0])))
+
+
+def _diagonal_view(t: Tensor, k: int) -> Tensor:
+    """The k-th diagonal of a matrix as a strided view."""
+    n, m = t.shape
+    s0, s1 = t.strides
+    length = max(min(n, m - k) if k >= 0 else min(n + k, m), 0)
+    start = t._offset + (k * s1 if k >= 0 else -k * s0)
+    return Tensor(t._storage, (length,), (s0 + s1,), start if length else t._offset)
+
+
+def _diag_matrix(v: Tensor, k: int) -> Tensor:
+    size = v.shape[0] + abs(k)
+    out = raw.fill((size, size), 0, v.dtype, v.device)
+    if v.shape[0]:
+        raw.copy_(_diagonal_view(out, k), v)
+    return out
+
+
+def diag(a: Tensor, diagonal: int = 0) -> Tensor:
+    """As torch.diag: a 1-d ``a`` becomes the square matrix with ``a`` on its ``diagonal``-th diagonal
+    (zeros elsewhere); a 2-d ``a`` gives a copy of its ``diagonal``-th diagonal (0 the main one, > 0
+    above, < 0 below). The backward reads or writes the same diagonal.
+
+    Arguments:
+        a: a 1-d or 2-d tensor.
+        diagonal: which diagonal.
+    """
+    _tensor_input("diag", a)
+    k = int(diagonal)
+    if a.ndim == 1:
+        return record("diag", _diag_matrix(a, k), [a], lambda g: (raw.clone(_diagonal_view(g, k)),))
+    if a.ndim != 2:
+        raise ValueError(f"diag: needs a 1-d or 2-d tensor, got shape {a.shape}")
+    shape = a.shape
+
+    def bw(g):
+        full = raw.fill(shape, 0, g.dtype, g.device)
+        if g.shape[0]:
+            raw.copy_(_diagonal_view(full, k), g)
+        return (full,)
+
+    return record("diag", raw.clone(_diagonal_view(a, k)), [a], bw)
+
+
+def isclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """Where ``|a - b| <= atol + rtol * |b|`` (or a == b, which covers equal infinities), as a bool tensor
+    broadcast from both (torch.isclose); NaN is close to NaN only with ``equal_nan``. Integers are
+    compared exactly for equality and in float32 for the tolerance. Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        b: a tensor or a number.
+        rtol, atol: the relative and absolute tolerances.
+        equal_nan: whether two NaNs are close.
+    """
+    _tensor_input("isclose", a)
+    same = raw.binary("eq", a, b)
+    fa = a if a.dtype.is_float else raw.cast(a, _dt.float32)
+    fb = b if not isinstance(b, Tensor) or b.dtype.is_float else raw.cast(b, _dt.float32)
+    gap = raw.unary("abs", raw.binary("sub", fa, fb))
+    bound = raw.binary("add", raw.binary("mul", raw.unary("abs", fb) if isinstance(fb, Tensor) else abs(fb),
+                                         float(rtol)), float(atol))
+    # Where either is NaN or infinite the gap is NaN or inf (-inf against inf: inf <= inf), so not close.
+    close = raw.where(raw.unary("isfinite", gap), raw.binary("le", gap, bound), False)
+    out = raw.where(same, True, close)
+    if equal_nan:
+        b_nan = raw.unary("isnan", fb) if isinstance(fb, Tensor) else math.isnan(fb)
+        out = raw.where(raw.unary("isnan", fa), b_nan, out)
+    return raw.cast(out, _dt.bool_)
+
+
+def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether ``isclose(a, b, ...)`` holds everywhere, as a Python bool (torch.allclose): waits for the
+    device and reads one value back.
+
+    Arguments:
+        a, b, rtol, atol, equal_nan: as ``isclose``.
+    """
+    return bool(all_(isclose(a, b, rtol, atol, equal_nan)).item())
+
+
+__all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
+           "unbind", "tril", "triu", "flip", "roll", "prod", "any_", "all_", "vector_norm", "norm", "logsumexp",
+           "outer", "diag", "isclose", "allclose"]

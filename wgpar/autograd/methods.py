@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import SimpleNamespace
 
+from ..creation import full, tensor
 from ..ops.registry import OPS, Op
 from ..tensor import Tensor, install_ops
 from . import composites as C
@@ -80,6 +81,149 @@ def methods(op: Op) -> dict[str, Callable]:
     return out
 
 
+def _dims_arg(dims: tuple):
+    """A method's dims given as ints or as one sequence (``x.flip(0, 1)``, ``x.flip((0, 1))``)."""
+    return dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+
+
+def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """At most ``chunks`` views along ``dim``, of ceil(n / chunks) entries each (wgpar.chunk)."""
+    return C.chunk(self, chunks, dim)
+
+
+def split(self, split_size, dim: int = 0) -> tuple[Tensor, ...]:
+    """Views along ``dim`` of ``split_size`` entries each, or of the listed sizes (wgpar.split)."""
+    return C.split(self, split_size, dim)
+
+
+def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices along ``dim``, that dim removed (wgpar.unbind)."""
+    return C.unbind(self, dim)
+
+
+def tril(self, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims, zeros above ``diagonal`` (wgpar.tril)."""
+    return C.tril(self, diagonal)
+
+
+def triu(self, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims, zeros below ``diagonal`` (wgpar.triu)."""
+    return C.triu(self, diagonal)
+
+
+def flip(self, *dims) -> Tensor:
+    """A copy with the entries reversed along ``dims`` (ints or one sequence; wgpar.flip)."""
+    return C.flip(self, _dims_arg(dims))
+
+
+def roll(self, shifts, dims=None) -> Tensor:
+    """A copy shifted by ``shifts`` along ``dims``, wrapping around (wgpar.roll)."""
+    return C.roll(self, shifts, dims)
+
+
+def prod(self, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """The product over ``dim`` (None: every element); exact gradients with zeros (wgpar.prod)."""
+    return C.prod(self, dim, keepdim, dtype)
+
+
+def any(self, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether any element (over ``dim``) is nonzero, as bool (wgpar.any)."""
+    return C.any_(self, dim, keepdim)
+
+
+def all(self, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether every element (over ``dim``) is nonzero, as bool (wgpar.all)."""
+    return C.all_(self, dim, keepdim)
+
+
+def norm(self, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """The p-norm over ``dim`` (None: every element); "nuc" raises (wgpar.norm, wgpar.linalg.vector_norm)."""
+    return C.norm(self, p, dim, keepdim, dtype)
+
+
+def logsumexp(self, dim, keepdim: bool = False) -> Tensor:
+    """log(sum(exp(self))) over ``dim``, stably (wgpar.logsumexp)."""
+    return C.logsumexp(self, dim, keepdim)
+
+
+def outer(self, vec2: Tensor) -> Tensor:
+    """The outer product with another 1-d tensor (wgpar.outer)."""
+    return C.outer(self, vec2)
+
+
+def diag(self, diagonal: int = 0) -> Tensor:
+    """1-d: the matrix with self on a diagonal; 2-d: a copy of a diagonal (wgpar.diag)."""
+    return C.diag(self, diagonal)
+
+
+def isclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """Where self and other are close, as bool (wgpar.isclose)."""
+    return C.isclose(self, other, rtol, atol, equal_nan)
+
+
+def allclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether self and other are close everywhere, a Python bool (reads one value back; wgpar.allclose)."""
+    return C.allclose(self, other, rtol, atol, equal_nan)
+
+
+def clamp_min(self, min) -> Tensor:
+    """``clamp(self, min=min)``: values below ``min`` (a number or tensor) raised to it; NaN stays NaN."""
+    return F.clamp(self, min, None)
+
+
+def clamp_max(self, max) -> Tensor:
+    """``clamp(self, max=max)``: values above ``max`` (a number or tensor) lowered to it; NaN stays NaN."""
+    return F.clamp(self, None, max)
+
+
+def _new(self, size, value, dtype, device, requires_grad) -> Tensor:
+    size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+    return full(tuple(size), value, dtype=self.dtype if dtype is None else dtype,
+                device=self.device if device is None else device, requires_grad=requires_grad)
+
+
+def new_zeros(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Zeros of ``size`` with this tensor's dtype and device unless given (as PyTorch)."""
+    return _new(self, size, 0, dtype, device, requires_grad)
+
+
+def new_ones(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Ones of ``size`` with this tensor's dtype and device unless given (as PyTorch)."""
+    return _new(self, size, 1, dtype, device, requires_grad)
+
+
+def new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` everywhere in a tensor of ``size``, this tensor's dtype and device unless given."""
+    return _new(self, (size,), fill_value, dtype, device, requires_grad)
+
+
+def new_tensor(self, data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A copy of ``data`` (a list, array, number or tensor) with this tensor's dtype and device unless given
+    (as PyTorch: not the dtype the data would infer)."""
+    return tensor(data, device=self.device if device is None else device,
+                  dtype=self.dtype if dtype is None else dtype, requires_grad=requires_grad)
+
+
+def _get_data(self) -> Tensor:
+    """A tensor outside the autograd graph sharing this one's storage (as PyTorch's ``.data``): writes
+    through it change this tensor without the version check that guards backward, so ``detach()``
+    is the safer spelling. Assigning ``t.data = other`` makes ``t`` a view of ``other``'s storage
+    (shape, strides and dtype included), keeping ``t``'s graph state and ``.grad``."""
+    return self.detach()
+
+
+def _set_data(self, other: Tensor) -> None:
+    if not isinstance(other, Tensor):
+        raise TypeError(f"Tensor.data must be set to a wgpar.Tensor, got {type(other).__name__}")
+    self._storage, self._shape, self._strides, self._offset = (other._storage, other._shape, other._strides,
+                                                               other._offset)
+    self.__dict__.pop("_known_range", None)  # the value range known for the old storage
+
+
+_HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll, prod, any, all, norm, logsumexp, outer, diag, isclose,
+                 allclose, clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
+
+
 def install() -> None:
     """Connect Tensor to this layer: its hook (``tensor.install_ops``) to the differentiable ops, and
     the methods and operators of every public op of the registry."""
@@ -89,3 +233,7 @@ def install() -> None:
         if op.api:
             for attr, fn in methods(op).items():
                 setattr(Tensor, attr, fn)
+    for fn in _HAND_WRITTEN:
+        _method(fn.__name__, fn, fn.__doc__)
+        setattr(Tensor, fn.__name__, fn)
+    Tensor.data = property(_get_data, _set_data, doc=_get_data.__doc__)

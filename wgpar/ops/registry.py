@@ -40,7 +40,7 @@ class Check:
 
     ``ref`` computes the op in NumPy float64; ``domain`` names each operand's test values: "any"
     (normal), "pos" (at least 0.5), "nonzero" (|x| at least 0.5), "away0" (|x| at least 0.05,
-    off a kink at 0), "int" (int32), "intnz" (nonzero int32); ``torch`` is the function compared
+    off a kink at 0), "unit" (|x| below 0.9), "int" (int32), "intnz" (nonzero int32); ``torch`` is the function compared
     with PyTorch (a dotted name under ``torch``; "" for the op's api name).
     """
 
@@ -208,6 +208,43 @@ for _op in (
     Op("gelu_tanh", FLOAT, "gelu_tanh_(x0)", ("g * gelu_tanh_grad_(x0)",), api=None,
        check=Check(lambda x: 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))), ("any",),
                    rtol=1e-5)),
+    Op("expm1", FLOAT, "expm1_(x0)", ("g * (y + 1.0)",), check=Check(np.expm1, ("any",), rtol=1e-5),
+       doc="exp(x) - 1, accurate near 0 (an integer tensor gives float32)"),
+    Op("log1p", FLOAT, "log1p_full_(x0)", ("div_(g, 1.0 + x0)",), check=Check(np.log1p, ("pos",), rtol=1e-5),
+       doc="log(1 + x), accurate near 0 (an integer tensor gives float32)"),
+    Op("log2", FLOAT, "log2_(x0)", ("div_(g, x0 * 0.6931471805599453)",), check=Check(np.log2, ("pos",), rtol=1e-5),
+       doc="The base-2 logarithm (an integer tensor gives float32)"),
+    Op("log10", FLOAT, "log10_(x0)", ("div_(g, x0 * 2.302585092994046)",),
+       check=Check(np.log10, ("pos",), rtol=1e-5), doc="The base-10 logarithm (an integer tensor gives float32)"),
+    Op("exp2", FLOAT, "exp2_(x0)", ("g * y * 0.6931471805599453",), check=Check(np.exp2, ("any",), rtol=1e-5),
+       doc="2 ** x (an integer tensor gives float32)"),
+    Op("asin", FLOAT, "asin_(x0)", ("div_(g, sqrt_(1.0 - x0 * x0))",), check=Check(np.arcsin, ("unit",), rtol=1e-5),
+       doc="The arcsine; NaN outside [-1, 1] (an integer tensor gives float32)"),
+    Op("acos", FLOAT, "acos_(x0)", ("-div_(g, sqrt_(1.0 - x0 * x0))",),
+       check=Check(np.arccos, ("unit",), rtol=1e-5),
+       doc="The arccosine; NaN outside [-1, 1] (an integer tensor gives float32)"),
+    Op("atan", FLOAT, "atan_(x0)", ("div_(g, 1.0 + x0 * x0)",), check=Check(np.arctan, ("any",), rtol=1e-5),
+       doc="The arctangent (an integer tensor gives float32)"),
+    Op("sinh", FLOAT, "sinh_(x0)", ("g * cosh_(x0)",), check=Check(np.sinh, ("any",), rtol=1e-5),
+       doc="The hyperbolic sine, accurate near 0 (an integer tensor gives float32)"),
+    Op("cosh", FLOAT, "cosh_(x0)", ("g * sinh_(x0)",), check=Check(np.cosh, ("any",), rtol=1e-5),
+       doc="The hyperbolic cosine (an integer tensor gives float32)"),
+    # -- rounding: the gradient is zero, as PyTorch's (zero_ in elementwise_fns.wgsl) ------------------
+    Op("round", COMMON, "round_{T}(x0)", ("zero_(g)",), check=Check(np.round, ("any",)),
+       doc="x rounded to the nearest integer, halves to even (as PyTorch; no decimals= argument); "
+           "an int32 tensor is returned unchanged"),
+    Op("floor", COMMON, "floor_{T}(x0)", ("zero_(g)",), check=Check(np.floor, ("any",)),
+       doc="The largest integer <= x (an int32 tensor unchanged); the gradient is zero, as PyTorch"),
+    Op("ceil", COMMON, "ceil_{T}(x0)", ("zero_(g)",), check=Check(np.ceil, ("any",)),
+       doc="The smallest integer >= x (an int32 tensor unchanged); the gradient is zero, as PyTorch"),
+    Op("trunc", COMMON, "trunc_{T}(x0)", ("zero_(g)",), check=Check(np.trunc, ("any",)),
+       doc="x rounded toward zero (an int32 tensor unchanged); the gradient is zero, as PyTorch"),
+    # -- classification: bool results ----------------------------------------------------------------
+    Op("isnan", BOOL, "isnan_{T}(x0)", check=Check(np.isnan, ("any",)), doc="Whether x is NaN, as bool"),
+    Op("isinf", BOOL, "isinf_{T}(x0)", check=Check(np.isinf, ("any",)),
+       doc="Whether x is +inf or -inf, as bool"),
+    Op("isfinite", BOOL, "isfinite_{T}(x0)", check=Check(np.isfinite, ("any",)),
+       doc="Whether x is neither NaN nor infinite, as bool (an integer always is)"),
     # -- selection, clamping, copies (front ends by hand: wgpar.where, Tensor.clamp, Tensor.to) ----
     Op("where", WHERE, "select(x2, x1, nz_{T}(x0))",  # {T}: the condition's compute type
        (None, "select(0.0, g, nz_{T}(x0))", "select(g, 0.0, nz_{T}(x0))"), api=None),
