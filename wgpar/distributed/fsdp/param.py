@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import enum
 import math
+import weakref
 
 import numpy as np
 
 from ... import dtypes as _dt
+from ...errors import StorageFreedError
 from ...nn.module import Module
 from ...nn.parameter import Parameter
 from ...runtime.device import Device
@@ -48,6 +50,34 @@ def freed_tensor(shape: tuple[int, ...], dtype: _dt.DType, device: Device) -> Te
     storage = Storage(device, dtype, 0)
     storage.numel = math.prod(shape)
     return Tensor(storage, tuple(shape))
+
+
+class _GuardStorage(Storage):
+    """The storage of a parameter's guard: full size, no memory, and any kernel that touches it raises
+    naming the parameter and its unit (see ``FSDPParam.to_guard``)."""
+
+    __slots__ = ("_param",)
+
+    def __init__(self, fp: FSDPParam, shape: tuple[int, ...], dtype: _dt.DType, device: Device) -> None:
+        super().__init__(device, dtype, 0)
+        self.numel = math.prod(shape)
+        self._param = weakref.ref(fp)
+
+    def _refuse(self) -> StorageFreedError:
+        fp = self._param()
+        name = fp.name if fp is not None else "?"
+        unit = fp.group.name if fp is not None and fp.group is not None else "?"
+        return StorageFreedError(
+            f"FSDP: parameter '{name}' of unit '{unit}' was used while the unit is sharded: a module used it "
+            f"without calling the unit's forward (only calling the module '{unit}' gathers it). Call the module, "
+            "or pick units (auto_wrap / fully_shard) so that one unit's module encloses every use")
+
+    @property
+    def buffer(self):
+        raise self._refuse()
+
+    def materialize(self) -> None:
+        raise self._refuse()
 
 
 class ShardGeometry:
@@ -143,8 +173,8 @@ class FSDPParam:
         alias: ``unsharded`` shares ``registered``'s storage (replicated, same dtype): never freed.
     """
 
-    __slots__ = ("name", "geometry", "registered", "unsharded", "offset", "alias", "module_infos", "group",
-                 "__weakref__")
+    __slots__ = ("name", "geometry", "registered", "unsharded", "guard", "offset", "alias", "module_infos",
+                 "group", "__weakref__")
 
     def __init__(self, name: str, geometry: ShardGeometry | None, registered: Parameter, unsharded: Parameter,
                  offset: int, alias: bool) -> None:
@@ -156,8 +186,12 @@ class FSDPParam:
         self.alias = alias
         self.module_infos: list[tuple[Module, str]] = []
         self.group = None  # the FSDPParamGroup (unit) it belongs to
+        # What modules hold while the root computes and this unit is sharded: the full shape, no memory.
+        self.guard = Parameter(Tensor(_GuardStorage(self, unsharded.shape, unsharded.dtype, unsharded.device),
+                                      unsharded.shape), registered.requires_grad)
         registered._fsdp_param = self
         unsharded._fsdp_param = self
+        self.guard._fsdp_param = self
 
     @property
     def sharded(self) -> bool:
@@ -174,6 +208,13 @@ class FSDPParam:
     def to_sharded(self) -> None:
         for module, attr in self.module_infos:
             setattr(module, attr, self.registered)
+
+    def to_guard(self) -> None:
+        """Put the guard on the modules: a use of the parameter by a module whose unit's forward did not
+        run raises, naming it, where the shard would compute silently with the wrong rows."""
+        self.guard.requires_grad = self.registered.requires_grad
+        for module, attr in self.module_infos:
+            setattr(module, attr, self.guard)
 
     def to_unsharded(self) -> None:
         self.unsharded.requires_grad = self.registered.requires_grad  # the user may freeze a shard

@@ -115,6 +115,7 @@ class FSDPParamGroup:
         self.marks = 0
         self.post_backward_done = False
         self.sync = True  # reduce gradients after backward (False: accumulate them unsharded, no_sync)
+        self.guarded = False  # while the root computes: sharded, the modules hold guards (FSDPParam.to_guard)
         self.num_gathers = 0  # collectives this unit started (tests and benchmarks read these)
         self.num_reductions = 0
         self.offload_traffic = {"h2d_bytes": 0, "d2h_bytes": 0}  # host shards uploaded, gradients read back
@@ -293,8 +294,21 @@ class FSDPParamGroup:
             return
         for fp in self.params:
             fp.free_unsharded()
-            fp.to_sharded()
+            if self.guarded:
+                fp.to_guard()
+            else:
+                fp.to_sharded()
         self.state = ShardedState.SHARDED
+
+    def set_guarded(self, on: bool) -> None:
+        """While the root's forward runs, hold guards instead of shards whenever the unit is sharded."""
+        self.guarded = on
+        if self.state is ShardedState.SHARDED:
+            for fp in self.params:
+                if on:
+                    fp.to_guard()
+                else:
+                    fp.to_sharded()
 
     # -- gradients --------------------------------------------------------------------------
     @property

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ... import dtypes as _dt
+from ...nn.containers import ModuleDict, ModuleList
 from ...nn.module import Module
 
 # A unit whose parameters number fewer than this stays replicated (DeepSpeed's "param persistence
@@ -86,6 +87,12 @@ class OffloadPolicy:
     """
 
 
+def is_container(module: Module) -> bool:
+    """A ModuleList / ModuleDict: its forward never runs (its elements are called), so it cannot be a unit,
+    whose parameters are gathered around its forward."""
+    return isinstance(module, (ModuleList, ModuleDict))
+
+
 def _classes_policy(classes: frozenset[type]) -> Callable[[Module, str], bool]:
     def policy(module: Module, name: str) -> bool:
         return isinstance(module, tuple(classes))
@@ -99,7 +106,15 @@ def _size_policy(min_num_params: int) -> Callable[[Module, str], bool]:
 
 
 def _children_policy(root: Module) -> Callable[[Module, str], bool]:
-    children = {id(m) for m in root.children()}
+    # A container's elements are called by its parent, as a child would be: they stand in for it.
+    children: set[int] = set()
+    stack = list(root.children())
+    while stack:
+        m = stack.pop()
+        if is_container(m):
+            stack.extend(m.children())
+        else:
+            children.add(id(m))
 
     def policy(module: Module, name: str) -> bool:
         return id(module) in children and next(module.parameters(), None) is not None
@@ -115,9 +130,11 @@ def plan_units(root: Module, auto_wrap: AutoWrap = None) -> list[tuple[str, Modu
     Arguments:
         root: the model.
         auto_wrap: which sub-modules become units of their own, besides the root:
-            None (default): every direct child that has parameters (the blocks of a Sequential);
+            None (default): every direct child that has parameters (the blocks of a Sequential), the
+            elements of a ModuleList / ModuleDict child counting as children;
             False: none (one unit); an int: every module with at least that many parameters
             (size-based, innermost first); a set of module classes; or ``fn(module, name) -> bool``.
+            Containers (ModuleList, ModuleDict) are never units, whatever the policy says.
     """
     if auto_wrap is None:
         pick = _children_policy(root)
@@ -134,7 +151,7 @@ def plan_units(root: Module, auto_wrap: AutoWrap = None) -> list[tuple[str, Modu
         if not classes or not all(isinstance(c, type) and issubclass(c, Module) for c in classes):
             raise TypeError(f"auto_wrap: expected Module classes, got {auto_wrap!r}")
         pick = _classes_policy(classes)
-    chosen = [(name, m) for name, m in root.named_modules() if m is not root and pick(m, name)]
+    chosen = [(name, m) for name, m in root.named_modules() if m is not root and not is_container(m) and pick(m, name)]
     # Bottom-up: a unit must exist before the unit around it claims the parameters left over.
     chosen.sort(key=lambda nm: -nm[0].count("."))
     return chosen + [("", root)]

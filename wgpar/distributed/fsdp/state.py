@@ -26,6 +26,7 @@ disagree and every rank raises a CollectiveError naming the units.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,7 @@ from ...autograd.grad_mode import is_grad_enabled
 from ...autograd.graph import Node
 from ...nn.module import Module
 from ...tensor import Tensor
-from .param import ShardedState
+from .param import ShardedState, fsdp_param_of
 from .param_group import FSDPParamGroup
 from .policies import MixedPrecisionPolicy
 
@@ -134,6 +135,8 @@ class FSDPState:
         self._reductions: list[FSDPParamGroup] = []
         self._callback_queued = False
         self._fresh = True
+        self._outputs: list[weakref.ref] = []  # graph nodes of this step's outputs (while backward may come)
+        self._discard = False  # the step failed on some rank: forget it at the next forward
         # What the steps did (tests and benchmarks read these): gathers started ahead of their unit,
         # reductions started during backward (overlapping it) and after it.
         self.counters = {"prefetched": 0, "reduced_in_backward": 0, "reduced_after_backward": 0}
@@ -244,6 +247,8 @@ class FSDPState:
             if not grad or (grp.reshard_after_forward and self is not root):
                 grp.reshard()
         if self is root:
+            if grad:
+                self._outputs += [weakref.ref(t._node) for t in _tensors(output) if t._node is not None]
             self._root_post_forward(grad)
             if self.mp is not None and self.mp.output_dtype is not None:
                 output = _map_tensors(output, _cast(self.mp.output_dtype))
@@ -256,9 +261,17 @@ class FSDPState:
 
     # -- the root's step ----------------------------------------------------------------------
     def _root_pre_forward(self) -> None:
+        self._check_parameters()
         groups = self.groups()
-        if self._callback_queued or any(g.gathering or g.reducing for g in groups):
-            self._abandon()  # the last step failed part-way (its backward raised, or a rank did)
+        # A step failed part-way (its backward raised, or a rank did; the wrapper says so), or no backward
+        # can come any more for the last forward (its outputs' graphs are gone, e.g. with the exception
+        # that ended it): forget it, so every rank starts this step alike.
+        orphaned = not self._fresh and not any(ref() is not None for ref in self._outputs)
+        if self._discard or orphaned or self._callback_queued or any(g.gathering or g.reducing for g in groups):
+            self._abandon()
+        for g in groups:
+            if g is not self.group:
+                g.set_guarded(True)
         if not self._fresh:
             return  # several forwards before one backward: keep what the earlier ones recorded
         self._fresh = False
@@ -271,7 +284,29 @@ class FSDPState:
             g.marks = 0
             g.post_backward_done = False
 
+    def _check_parameters(self) -> None:
+        """Refuse a parameter FSDP does not manage (added or replaced after fully_shard): nothing would gather
+        or reduce it, and the ranks' copies would drift apart."""
+        for name, m in self.module.named_modules():
+            for attr, p in m._parameters.items():
+                if p is not None and fsdp_param_of(p) is None:
+                    raise RuntimeError(
+                        f"FSDP: parameter '{f'{name}.{attr}' if name else attr}' {tuple(p.shape)} was set after "
+                        "fully_shard, so no unit gathers or reduces it and the ranks would drift apart; set every "
+                        "parameter before sharding (or shard a new model)")
+
+    def forward_failed(self) -> None:
+        """The root's forward raised: the modules get their shards back (the next forward forgets the step)."""
+        for g in self.groups():
+            g.set_guarded(False)
+
+    def discard_step(self) -> None:
+        """Forget the current step at the next forward (a rank failed in it; every rank is told)."""
+        self._discard = True
+
     def _root_post_forward(self, grad: bool) -> None:
+        for g in self.groups():
+            g.set_guarded(False)
         # Gathers prefetched for units this forward did not run would hold memory until backward ends.
         for g in self._prefetched:
             if not g.ran_forward:
@@ -381,6 +416,7 @@ class FSDPState:
             self._abandon()
             raise
         self._fresh = True
+        self._outputs = []
         # The next forward prefetches in this order. Only a step every rank completed counts (its reductions
         # met every rank): a failed step's partial order differs between ranks, and so would their gathers.
         self._prev_pre_order = self._pre_order
@@ -388,10 +424,13 @@ class FSDPState:
     def _abandon(self) -> None:
         """Forget a failed step: wait out (or drop) its collectives, reshard, clear full gradients."""
         self._callback_queued = False
+        self._discard = False
+        self._outputs = []
         self._reductions.clear()
         self._prefetched.clear()
         self._pre_order, self._post_order = [], []
         for grp in self.groups():
+            grp.set_guarded(False)
             grp.drop_pending()
             for fp in grp.params:
                 fp.unsharded.grad = None  # partial: the failed backward's
