@@ -294,6 +294,7 @@ def test_building_training_and_dropping_models_under_a_memory_limit(rng):
     with MultiAdapterContext(2, timeout=TIMEOUT) as ctx:
         gc.collect()
         prev = [wgpar.set_memory_limit(24 << 20, d) for d in ctx.devices]
+        gc.disable()  # the collector runs when Python allocates enough: here only the OOM path may run it
         try:
             for _ in range(20):
                 fsdp = FSDP(mlp(0, 256, 4, 3, device=ctx.devices[0]), ctx, persist_threshold=0)
@@ -303,6 +304,7 @@ def test_building_training_and_dropping_models_under_a_memory_limit(rng):
                 opts.append(opts)
                 del fsdp, opts
         finally:
+            gc.enable()
             for d, p in zip(ctx.devices, prev):
                 wgpar.set_memory_limit(p, d)
 
@@ -310,7 +312,7 @@ def test_building_training_and_dropping_models_under_a_memory_limit(rng):
 def test_dropped_contexts_release_their_threads():
     gc.collect()
     before = threading.active_count()
-    for _ in range(10):
+    for _ in range(10):  # each context would keep its rank threads (and communication threads) for good
         ctx = MultiAdapterContext(2, timeout=TIMEOUT)
         ctx.run(lambda r: r)
         del ctx
