@@ -31,7 +31,14 @@ from ...tensor import Tensor
 from ..group import ProcessGroup
 from . import checkpoint as _ckpt
 from .param_group import Comms, FSDPParamGroup
-from .policies import PERSIST_THRESHOLD, MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, is_container
+from .policies import (
+    PERSIST_THRESHOLD,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardingStrategy,
+    is_container,
+    shard_world_size,
+)
 from .sharing import claim
 from .state import FSDPState, state_of
 
@@ -231,18 +238,12 @@ def hybrid_groups(group: ProcessGroup, shard_size: int) -> tuple[ProcessGroup, P
 
 
 def _comms(group: ProcessGroup, strategy: ShardingStrategy, shard_size: int | None) -> Comms:
+    size = shard_world_size(strategy, group.world_size, shard_size)
     if strategy is ShardingStrategy.NO_SHARD:
         return Comms(group, None)
     if strategy is ShardingStrategy.HYBRID_SHARD:
-        if shard_size is None:
-            if group.world_size % 2:
-                raise ValueError(f"HYBRID_SHARD on {group.world_size} ranks: pass shard_size= (a divisor)")
-            shard_size = group.world_size // 2
-        shard, rep = hybrid_groups(group, shard_size)
+        shard, rep = hybrid_groups(group, size)
         return Comms(group, shard, rep)
-    if shard_size is not None and shard_size != group.world_size:
-        raise ValueError(f"shard_size={shard_size} is for HYBRID_SHARD; {strategy.name} shards over all "
-                         f"{group.world_size} ranks")
     return Comms(group, group)
 
 

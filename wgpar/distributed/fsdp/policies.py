@@ -46,6 +46,23 @@ class ShardingStrategy(enum.Enum):
                              f"{', '.join(s.name for s in cls)}") from None
 
 
+def shard_world_size(strategy: ShardingStrategy, world: int, shard_size: int | None) -> int:
+    """How many ranks a unit's parameters are sharded over (1: replicated); refuses a ``shard_size`` the
+    strategy cannot use. ``fully_shard`` and ``memory_estimate`` both ask here, so they refuse alike."""
+    if strategy is ShardingStrategy.HYBRID_SHARD:
+        if shard_size is None:
+            if world % 2:
+                raise ValueError(f"HYBRID_SHARD on {world} ranks: pass shard_size= (a divisor)")
+            return world // 2
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or world % shard_size:
+            raise ValueError(f"HYBRID_SHARD: shard_size must divide the group's {world} ranks, got {shard_size!r}")
+        return shard_size
+    if shard_size is not None and shard_size != world:
+        raise ValueError(f"shard_size={shard_size} is for HYBRID_SHARD; {strategy.name} shards over all "
+                         f"{world} ranks")
+    return 1 if strategy is ShardingStrategy.NO_SHARD else world
+
+
 @dataclass(frozen=True)
 class MixedPrecisionPolicy:
     """Compute in ``param_dtype`` while shards and optimizer stay in their own dtype (float32).
