@@ -173,8 +173,8 @@ class FSDPParam:
         alias: ``unsharded`` shares ``registered``'s storage (replicated, same dtype): never freed.
     """
 
-    __slots__ = ("name", "geometry", "registered", "unsharded", "guard", "offset", "alias", "module_infos",
-                 "group", "__weakref__")
+    __slots__ = ("name", "geometry", "registered", "unsharded", "guard", "offset", "alias", "_modules", "_group",
+                 "__weakref__")
 
     def __init__(self, name: str, geometry: ShardGeometry | None, registered: Parameter, unsharded: Parameter,
                  offset: int, alias: bool) -> None:
@@ -184,14 +184,33 @@ class FSDPParam:
         self.unsharded = unsharded
         self.offset = offset
         self.alias = alias
-        self.module_infos: list[tuple[Module, str]] = []
-        self.group = None  # the FSDPParamGroup (unit) it belongs to
+        # Links back up the model are weak (modules hold their parameters, a unit its FSDPParams): a dropped
+        # model is freed by reference counting, its device memory at once, without the cycle collector.
+        self._modules: list[tuple[weakref.ref, str]] = []
+        self._group: weakref.ref | None = None
         # What modules hold while the root computes and this unit is sharded: the full shape, no memory.
         self.guard = Parameter(Tensor(_GuardStorage(self, unsharded.shape, unsharded.dtype, unsharded.device),
                                       unsharded.shape), registered.requires_grad)
-        registered._fsdp_param = self
-        unsharded._fsdp_param = self
-        self.guard._fsdp_param = self
+        for p in (registered, unsharded, self.guard):
+            link_param(p, self)
+
+    @property
+    def module_infos(self) -> list[tuple[Module, str]]:
+        """(module, attribute) pairs that hold this parameter."""
+        return [(m, attr) for ref, attr in self._modules if (m := ref()) is not None]
+
+    @module_infos.setter
+    def module_infos(self, infos: list[tuple[Module, str]]) -> None:
+        self._modules = [(weakref.ref(m), attr) for m, attr in infos]
+
+    @property
+    def group(self):
+        """The FSDPParamGroup (unit) it belongs to, or None."""
+        return self._group() if self._group is not None else None
+
+    @group.setter
+    def group(self, group) -> None:
+        self._group = weakref.ref(group) if group is not None else None
 
     @property
     def sharded(self) -> bool:
@@ -231,6 +250,12 @@ class FSDPParam:
         return f"<FSDPParam {self.name} {self.shape} {how}>"
 
 
+def link_param(p: Tensor, fp: FSDPParam) -> None:
+    """Make ``fsdp_param_of(p)`` find ``fp`` (weakly: a parameter does not keep its model alive)."""
+    p.__dict__["_fsdp_param"] = weakref.ref(fp)
+
+
 def fsdp_param_of(p: Tensor) -> FSDPParam | None:
     """The FSDPParam a registered, unsharded or replaced original parameter belongs to (or None)."""
-    return p.__dict__.get("_fsdp_param") if isinstance(p, Tensor) else None
+    ref = p.__dict__.get("_fsdp_param") if isinstance(p, Tensor) else None
+    return ref() if ref is not None else None

@@ -117,17 +117,17 @@ class FSDPState:
 
     def __init__(self, module: Module, group: FSDPParamGroup | None, dp_world: int,
                  mp: MixedPrecisionPolicy | None, prefetch: int) -> None:
-        self.module = module
+        self._module = weakref.ref(module)  # the module holds this state (and its hooks hold it too)
         self.group: FSDPParamGroup | None = None
         self.dp_world = dp_world
         self.mp = mp
         self.prefetch = prefetch
         self.divide: float | None = None  # gradient divide factor; None: dp_world (the mean)
         self.name = type(module).__name__
-        self._root: FSDPState | None = None
+        self._root_ref: weakref.ref | None = None
         self._mark = 0  # id of the newest graph node before this unit's forward began
         # Root only.
-        self.states: list[FSDPState] = []
+        self._states: list[weakref.ref] = []  # every state below the root, itself included
         self._pre_order: list[FSDPParamGroup] = []
         self._prev_pre_order: list[FSDPParamGroup] = []
         self._post_order: list[FSDPParamGroup] = []
@@ -144,6 +144,18 @@ class FSDPState:
                        module.register_forward_hook(self._post_forward)]
         self.attach(group)
 
+    @property
+    def module(self) -> Module:
+        return self._module()
+
+    @property
+    def _root(self) -> FSDPState | None:
+        return self._root_ref() if self._root_ref is not None else None
+
+    @property
+    def states(self) -> list[FSDPState]:
+        return [st for ref in self._states if (st := ref()) is not None]
+
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, group: FSDPParamGroup | None) -> None:
         """Make ``group`` this unit's parameters (also after it was rebuilt) and hook its gradients."""
@@ -156,10 +168,14 @@ class FSDPState:
             fp.to_sharded()
 
     def _grad_hook(self, group: FSDPParamGroup) -> Callable[[Tensor], None]:
+        # Weak: the hook lives on the full parameter, which the unit holds.
+        me, unit = weakref.ref(self), weakref.ref(group)
+
         def hook(param: Tensor) -> None:
-            root = self._root
-            if root is not None and group.ran_forward:
-                root._on_grad(group, param)
+            st, grp = me(), unit()
+            root = st._root if st is not None else None
+            if root is not None and grp is not None and grp.ran_forward:
+                root._on_grad(grp, param)
         return hook
 
     @property
@@ -176,18 +192,18 @@ class FSDPState:
             return self._root
         from .sharing import check_sharing  # the module-tree walk shared with fully_shard
 
-        self.states = []
+        self._states = []
         paths = {}
         for name, m in self.module.named_modules():
             paths[id(m)] = name
             st = state_of(m)
             if st is None:
                 continue
-            st._root = self
+            st._root_ref = weakref.ref(self)
             st.name = name or "root"
             if st.group is not None:
                 st.group.name = st.name
-            self.states.append(st)
+            self._states.append(weakref.ref(st))
         for grp in self.groups():
             for fp in grp.params:  # full names, as in the root's named_parameters()
                 module, attr = fp.module_infos[0]
