@@ -370,12 +370,17 @@ def _write(p: Tensor, value: np.ndarray) -> None:
         p.copy_(Tensor.from_numpy(value.astype(p.dtype.np, copy=False), device=p.device, dtype=p.dtype))
 
 
+def _algorithm(optimizer_type: str | None) -> str | None:
+    """HostAdamW keeps AdamW's state (on the host): a checkpoint moves between the two."""
+    return optimizer_type[4:] if optimizer_type and optimizer_type.startswith("Host") else optimizer_type
+
+
 def _check_optimizer_type(reader: _Reader, optimizer) -> None:
     saved = reader.index.get("optimizer")
     if saved is None:
         raise ValueError("load_sharded_checkpoint: the checkpoint was saved without an optimizer")
     mine = type(optimizer).__name__
-    if saved.get("type") != mine:
+    if _algorithm(saved.get("type")) != _algorithm(mine):
         # Another optimizer's state has other keys and meaning (AdamW's moments are no SGD momentum).
         raise TypeError(f"load_sharded_checkpoint: the checkpoint holds {saved.get('type')} state, which cannot "
                         f"be loaded into {mine}; build a {saved.get('type')} (or load the model without it)")
