@@ -8,6 +8,7 @@ threaded backend and the launcher that ``run_spmd`` uses.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 from ..runtime import adapters as _adapters
@@ -16,6 +17,25 @@ from .backends.common import check_timeout
 from .backends.threads import ThreadGroup, ThreadRank
 from .group import DEFAULT_TIMEOUT
 from .launch import RankWorkers
+
+
+class _Threads:
+    """A context's rank threads (started at the first ``run``) and its group, closed once."""
+
+    def __init__(self, group: ThreadGroup) -> None:
+        self.group = group
+        self._workers: RankWorkers | None = None
+
+    def workers(self) -> RankWorkers:
+        if self._workers is None:
+            self._workers = RankWorkers(self.group)
+        return self._workers
+
+    def close(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+        self.group.close()
 
 
 class MultiAdapterContext:
@@ -36,7 +56,10 @@ class MultiAdapterContext:
         devs = [_adapters.resolve(d) for d in devices] if devices is not None else _adapters.devices(n)
         self.devices: list[Device] = devs
         self.group = ThreadGroup(devs, timeout=timeout)
-        self._workers: RankWorkers | None = None
+        self._threads = _Threads(self.group)
+        # A context dropped without close() still ends its rank and communication threads (they refer to the
+        # group, never to the context, so the context dies by reference counting).
+        self._finalizer = weakref.finalize(self, self._threads.close)
 
     @property
     def world_size(self) -> int:
@@ -67,9 +90,7 @@ class MultiAdapterContext:
 
     @property
     def workers(self) -> RankWorkers:
-        if self._workers is None:
-            self._workers = RankWorkers(self.group)
-        return self._workers
+        return self._threads.workers()
 
     def run(self, fn, *per_rank_args, timeout: float | None = None) -> list:
         """Call ``fn(rank, *args_r)`` on every rank's own thread; results in rank order.
@@ -90,10 +111,7 @@ class MultiAdapterContext:
         self.group.reset()
 
     def close(self) -> None:
-        if self._workers is not None:
-            self._workers.close()
-            self._workers = None
-        self.group.close()
+        self._finalizer()
 
     def __enter__(self) -> MultiAdapterContext:
         return self

@@ -20,6 +20,7 @@ aborts the process.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -190,8 +191,10 @@ T = TypeVar("T")
 
 
 def create_with_retry(create: Callable[[], T], reclaim: Callable[[], object]) -> T:
-    """``create()``; on an out-of-memory error, ``reclaim()`` (give cached buffers back to wgpu once the
-    queue is idle) and try exactly once more. Every buffer wgpar makes goes through here: tensor blocks
+    """``create()``; on an out-of-memory error, collect garbage cycles (dead objects holding tensors, e.g. a
+    dropped model whose modules and hooks refer to each other, wait for the cycle collector), ``reclaim()``
+    (give cached buffers back to wgpu once the queue is idle) and try exactly once more.
+    Every buffer wgpar makes goes through here: tensor blocks
     and the staging and upload buffers of host transfers.
 
     Raises OutOfMemoryError (holding wgpu's message) when the second try fails for lack of memory too;
@@ -202,6 +205,7 @@ def create_with_retry(create: Callable[[], T], reclaim: Callable[[], object]) ->
     except Exception as first:  # wgpu reports OOM as GPUValidationError or MemoryError
         if not _looks_like_oom(first):
             raise
+    gc.collect()  # their blocks return to the cache, which reclaim() then gives back
     reclaim()
     try:
         return create()

@@ -29,8 +29,16 @@ from ...nn.module import Module
 from ...nn.parameter import Parameter
 from ...tensor import Tensor
 from ..group import ProcessGroup
+from . import checkpoint as _ckpt
 from .param_group import Comms, FSDPParamGroup
-from .policies import PERSIST_THRESHOLD, MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy
+from .policies import (
+    PERSIST_THRESHOLD,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardingStrategy,
+    is_container,
+    shard_world_size,
+)
 from .sharing import claim
 from .state import FSDPState, state_of
 
@@ -54,6 +62,15 @@ class FSDPModule:
             if st is not None and st.group is not None:
                 out.append(st.group)
         return out
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except BaseException:
+            st = self.fsdp_state
+            if st.is_root:
+                st.forward_failed()
+            raise
 
     def _states(self) -> Iterator[FSDPState]:
         for m in self.modules():
@@ -164,6 +181,21 @@ class FSDPModule:
                         ops.inplace("mul", p.grad, coef)
         return norm
 
+    def state_dict(self) -> dict[str, Tensor]:
+        """The whole model's parameters and buffers, full size, as Tensors on this rank's device.
+
+        A collective (one gather per sharded unit): every rank calls it, as with PyTorch FSDP's full
+        state dict. The shards alone under the full names would save a partial model without a word;
+        ``sharded_state_dict`` gives this rank's rows without communication, ``full_state_dict`` NumPy
+        arrays on the host (``rank0_only`` too).
+        """
+        return _ckpt.full_tensor_state_dict(self)
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> tuple[list[str], list[str]]:
+        """Load whole tensors (what ``state_dict`` returns, or a single-device model's): each rank writes the
+        rows it holds; no communication. Returns (missing, unexpected) like ``Module.load_state_dict``."""
+        return _ckpt.load_full_state_dict(self, state, strict)
+
     def lazy_init(self) -> None:
         """Make this module the root now (the first forward does it otherwise)."""
         self.fsdp_state.lazy_init()
@@ -206,18 +238,12 @@ def hybrid_groups(group: ProcessGroup, shard_size: int) -> tuple[ProcessGroup, P
 
 
 def _comms(group: ProcessGroup, strategy: ShardingStrategy, shard_size: int | None) -> Comms:
+    size = shard_world_size(strategy, group.world_size, shard_size)
     if strategy is ShardingStrategy.NO_SHARD:
         return Comms(group, None)
     if strategy is ShardingStrategy.HYBRID_SHARD:
-        if shard_size is None:
-            if group.world_size % 2:
-                raise ValueError(f"HYBRID_SHARD on {group.world_size} ranks: pass shard_size= (a divisor)")
-            shard_size = group.world_size // 2
-        shard, rep = hybrid_groups(group, shard_size)
+        shard, rep = hybrid_groups(group, size)
         return Comms(group, shard, rep)
-    if shard_size is not None and shard_size != group.world_size:
-        raise ValueError(f"shard_size={shard_size} is for HYBRID_SHARD; {strategy.name} shards over all "
-                         f"{group.world_size} ranks")
     return Comms(group, group)
 
 
@@ -291,6 +317,9 @@ def _fully_shard(module: Module, group: ProcessGroup, *, strategy, reshard_after
         raise TypeError(f"fully_shard shards a wgpar.nn.Module, got {type(module).__name__}")
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"fully_shard needs this rank's ProcessGroup, got {type(group).__name__}")
+    if is_container(module):
+        raise TypeError(f"fully_shard: a {type(module).__name__} is a container whose forward never runs, so its "
+                        "parameters would never be gathered; shard each of its elements (and the parent)")
     if state_of(module) is not None:
         raise RuntimeError(f"fully_shard: this {type(module).__name__} is already sharded")
     strategy = ShardingStrategy.parse(strategy)

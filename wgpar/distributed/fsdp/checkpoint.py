@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,47 @@ def full_state_dict(model: Module, *, rank0_only: bool = False,
     for name, b in model.named_buffers():
         out[name] = b.numpy()
     return out
+
+
+def full_tensor_state_dict(model: Module) -> OrderedDict[str, Tensor]:
+    """``FSDPModule.state_dict``: whole parameters and buffers as Tensors on this rank's device (a collective)."""
+    values = full_state_dict(model)
+    devices = {n: t.device for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    dtypes = {n: (fsdp_param_of(p).group.dtype if fsdp_param_of(p) is not None else p.dtype)
+              for n, p in model.named_parameters()} | {n: b.dtype for n, b in model.named_buffers()}
+    return OrderedDict((n, Tensor.from_numpy(v, device=devices[n], dtype=dtypes[n])) for n, v in values.items())
+
+
+def load_full_state_dict(model: Module, state: dict, strict: bool = True) -> tuple[list[str], list[str]]:
+    """``FSDPModule.load_state_dict``: whole tensors (or arrays) by name; each rank writes the rows it holds
+    (no communication). Raises KeyError (strict) and ValueError for a shape mismatch, like Module's."""
+    named = list(model.named_parameters())
+    buffers = list(model.named_buffers())
+    own = [n for n, _ in named] + [n for n, _ in buffers]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in set(own)]
+    if strict and (missing or unexpected):
+        raise KeyError(f"load_state_dict for {type(model).__name__}: missing keys {missing}, unexpected keys "
+                       f"{unexpected}")
+    arrays = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items() if k in own}
+    for name, p in named:
+        if name in arrays:
+            shape = _local_rows(p)[1]
+            if tuple(arrays[name].shape) != shape:
+                raise ValueError(f"load_state_dict: {name!r} has shape {tuple(arrays[name].shape)} in the state "
+                                 f"dict but {shape} in the model")
+    _settle(model)
+    with no_grad():
+        for name, p in named:
+            if name in arrays:
+                fp, shape, (lo, hi) = _local_rows(p)
+                rows = arrays[name].reshape(_rows2d(shape))[lo:hi]
+                _write(p, _padded(rows, tuple(p.shape)) if fp is not None and fp.sharded else
+                       rows.reshape(shape))
+        for name, b in buffers:
+            if name in arrays:
+                b.copy_(Tensor.from_numpy(arrays[name], device=b.device, dtype=b.dtype))
+    return missing, unexpected
 
 
 def _rank(model: Module, group: ProcessGroup | None) -> int:
@@ -221,7 +263,12 @@ class _Reader:
         index_path = directory / "index.json"
         if not index_path.exists():
             raise FileNotFoundError(f"{directory}: no index.json (not a sharded checkpoint, or not complete)")
-        self.index = json.loads(index_path.read_text())
+        try:
+            self.index = json.loads(index_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{index_path}: not a valid sharded-checkpoint index ({exc})") from None
+        if not isinstance(self.index, dict):
+            raise ValueError(f"{index_path}: not a valid sharded-checkpoint index (a JSON object is expected)")
         if self.index.get("format") != FORMAT:
             raise ValueError(f"{index_path}: format {self.index.get('format')!r}, expected {FORMAT!r}")
         world = int(self.index["world_size"])
@@ -294,6 +341,8 @@ def load_sharded_checkpoint(model: Module, path: str | os.PathLike, optimizer=No
             and hyperparameters are loaded.
     """
     reader = _Reader(Path(path))
+    if optimizer is not None:  # before any parameter is written: a refused load changes nothing
+        _check_optimizer_type(reader, optimizer)
     _settle(model)
     named = list(model.named_parameters())
     with no_grad():
@@ -319,6 +368,22 @@ def _write(p: Tensor, value: np.ndarray) -> None:
         p._storage.version += 1  # gathered copies are stale
     else:
         p.copy_(Tensor.from_numpy(value.astype(p.dtype.np, copy=False), device=p.device, dtype=p.dtype))
+
+
+def _algorithm(optimizer_type: str | None) -> str | None:
+    """HostAdamW keeps AdamW's state (on the host): a checkpoint moves between the two."""
+    return optimizer_type[4:] if optimizer_type and optimizer_type.startswith("Host") else optimizer_type
+
+
+def _check_optimizer_type(reader: _Reader, optimizer) -> None:
+    saved = reader.index.get("optimizer")
+    if saved is None:
+        raise ValueError("load_sharded_checkpoint: the checkpoint was saved without an optimizer")
+    mine = type(optimizer).__name__
+    if _algorithm(saved.get("type")) != _algorithm(mine):
+        # Another optimizer's state has other keys and meaning (AdamW's moments are no SGD momentum).
+        raise TypeError(f"load_sharded_checkpoint: the checkpoint holds {saved.get('type')} state, which cannot "
+                        f"be loaded into {mine}; build a {saved.get('type')} (or load the model without it)")
 
 
 def _optimizer_state(reader: _Reader, named, optimizer) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from ...nn.module import Module
 from ...nn.parameter import Parameter
 from . import collectives as C
 from .param import ShardGeometry
-from .policies import PERSIST_THRESHOLD, AutoWrap, MixedPrecisionPolicy, ShardingStrategy, plan_units
+from .policies import PERSIST_THRESHOLD, AutoWrap, MixedPrecisionPolicy, ShardingStrategy, plan_units, shard_world_size
 
 _STATE_COPIES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd_momentum": 1, None: 0}
 
@@ -28,8 +28,10 @@ class MemoryEstimate:
 
     ``params``: shards (and replicated units) between steps. ``grads``: the reduced gradients after
     backward (offloaded: until backward ends, when they move to the host). ``optimizer``: optimizer
-    state. ``gathered``: the most the gathered units (full parameters plus gather buffers) add at
-    once during forward and backward. ``host``: host memory per rank with offload (shards,
+    state. ``gathered``: the most the gathered units add at once during the step: full parameters
+    and gather buffers, and in backward the full gradients and the reduce-scatter input of the unit
+    being reduced (``total`` is an upper bound of the step's peak but for activations, so a
+    ``set_memory_limit`` of ``total`` plus the activations fits). ``host``: host memory per rank with offload (shards,
     gradients, optimizer state). ``data_parallel``: parameters, gradients and optimizer state of a
     full replica.
     """
@@ -116,6 +118,9 @@ def memory_estimate(model: Module, world_size: int | None = None,
         optimizer: "adamw" / "adam" (two moments), "sgd_momentum" (one buffer), "sgd" or None (none).
         mp_policy, offload, prefetch, persist_threshold: as for ``fully_shard``.
     """
+    if not isinstance(model, Module):
+        raise TypeError(f"memory_estimate: expected a wgpar.nn.Module, got {type(model).__name__} (wrap a list of "
+                        "layers in nn.Sequential or nn.ModuleList inside a module)")
     strategy = ShardingStrategy.parse(strategy)
     if optimizer not in _STATE_COPIES:
         raise ValueError(f"memory_estimate: optimizer must be one of {sorted(k for k in _STATE_COPIES if k)} or None, "
@@ -129,11 +134,7 @@ def memory_estimate(model: Module, world_size: int | None = None,
     else:
         if world_size is None or world_size < 1:
             raise ValueError(f"memory_estimate: world_size must be a positive number of ranks, got {world_size!r}")
-        shard_world = world_size
-        if strategy is ShardingStrategy.HYBRID_SHARD:
-            shard_world = shard_size if shard_size is not None else max(1, world_size // 2)
-        elif strategy is ShardingStrategy.NO_SHARD:
-            shard_world = 1
+        shard_world = shard_world_size(strategy, world_size, shard_size)  # refuses what fully_shard refuses
         unit_modules = [m for _, m in plan_units(model, auto_wrap)]
         owned = _owners(model, unit_modules)
         units = []
@@ -149,13 +150,17 @@ def memory_estimate(model: Module, world_size: int | None = None,
             units.append(_Unit(ps, sharded, shard_world if sharded else 1, dtype, compute, reduce, m is model))
     params = grads = opt = host = 0
     copies = _STATE_COPIES[optimizer]
-    fulls: list[int] = []  # per non-root unit: its gathered parameters
-    transients: list[int] = []  # per non-root unit: its gather buffers while they are in flight
+    # Per non-root unit: full parameters (F), their gather buffers while in flight (T), and in backward its
+    # full gradients (G) plus the reduce-scatter input (R), alive together while the unit's reduction starts.
+    fulls: list[int] = []
+    transients: list[int] = []
+    reducing: list[int] = []
     root = 0
     for u in units:
         b, cb, rb = u.dtype.itemsize, u.compute.itemsize, u.reduce.itemsize
         trainable = [p for p in u.params if p.requires_grad]
         full = sum(p.numel() for p in u.params) * cb
+        full_grads = sum(p.numel() for p in trainable) * cb
         if u.sharded:
             geoms = [ShardGeometry(tuple(p.shape), u.world, 0) for p in u.params]
             chunk = C.align(sum(g.shard_numel for g in geoms))
@@ -164,12 +169,13 @@ def memory_estimate(model: Module, world_size: int | None = None,
             unit_params, unit_opt = chunk * b, copies * shard_numel * b
             send = chunk * cb if cb != b or offload else 0  # a cast (or uploaded) copy of the shards
             transient = u.world * chunk * cb + send
+            reduce_in = u.world * C.align(shard_numel) * rb
         else:
             numel = sum(p.numel() for p in trainable)
             unit_params = sum(p.numel() for p in u.params) * b
             unit_grads = C.align(numel) * rb if rb == b else numel * b
             unit_opt = copies * numel * b
-            transient = 0
+            transient = reduce_in = 0  # the all-reduce works in the buffer that becomes the gradients
             full = full if cb != b else 0  # without a cast forward uses the replicated parameters themselves
         if offload and u.sharded:
             # Shards and state live on the host; the reduced gradients wait on the device until backward ends.
@@ -179,15 +185,21 @@ def memory_estimate(model: Module, world_size: int | None = None,
         grads += unit_grads
         opt += unit_opt
         if u.root:
-            root = full + transient  # the root stays gathered from its forward to the end of backward
+            # Gathered from its forward to the end of backward, its gradients from where backward reaches it.
+            root = full + full_grads + max(transient, reduce_in)
         else:
             fulls.append(full)
             transients.append(transient)
-    k = prefetch + 1  # the unit computing and the units gathered ahead of it
+            reducing.append(full_grads + reduce_in)
+    ahead = sum(sorted(transients, reverse=True)[:prefetch])  # prefetched gathers in flight
     if strategy is ShardingStrategy.SHARD_GRAD_OP:
-        gathered = root + sum(fulls) + sum(sorted(transients, reverse=True)[:k])
+        # Every unit stays gathered from its forward to the end of backward.
+        gathered = root + sum(fulls) + max(reducing, default=0) + max(transients, default=0) + ahead
     else:
-        gathered = root + sum(sorted((f + t for f, t in zip(fulls, transients)), reverse=True)[:k])
+        # The unit computing holds its parameters and, while its gather lands, the gather buffers.
+        forward = max((f + t for f, t in zip(fulls, transients)), default=0) + ahead
+        # Backward may gather the next unit (and prefetch more) before the one just done starts its reduction.
+        gathered = root + max((f + r for f, r in zip(fulls, reducing)), default=0) + forward
     total_numel = sum(p.numel() for p in model.parameters()) if not groups else sum(
         math.prod(p.shape) for u in units for p in u.params)
     trainable_numel = sum(p.numel() for u in units for p in u.params if p.requires_grad)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import enum
 import math
+import weakref
 
 import numpy as np
 
 from ... import dtypes as _dt
+from ...errors import StorageFreedError
 from ...nn.module import Module
 from ...nn.parameter import Parameter
 from ...runtime.device import Device
@@ -48,6 +50,34 @@ def freed_tensor(shape: tuple[int, ...], dtype: _dt.DType, device: Device) -> Te
     storage = Storage(device, dtype, 0)
     storage.numel = math.prod(shape)
     return Tensor(storage, tuple(shape))
+
+
+class _GuardStorage(Storage):
+    """The storage of a parameter's guard: full size, no memory, and any kernel that touches it raises
+    naming the parameter and its unit (see ``FSDPParam.to_guard``)."""
+
+    __slots__ = ("_param",)
+
+    def __init__(self, fp: FSDPParam, shape: tuple[int, ...], dtype: _dt.DType, device: Device) -> None:
+        super().__init__(device, dtype, 0)
+        self.numel = math.prod(shape)
+        self._param = weakref.ref(fp)
+
+    def _refuse(self) -> StorageFreedError:
+        fp = self._param()
+        name = fp.name if fp is not None else "?"
+        unit = fp.group.name if fp is not None and fp.group is not None else "?"
+        return StorageFreedError(
+            f"FSDP: parameter '{name}' of unit '{unit}' was used while the unit is sharded: a module used it "
+            f"without calling the unit's forward (only calling the module '{unit}' gathers it). Call the module, "
+            "or pick units (auto_wrap / fully_shard) so that one unit's module encloses every use")
+
+    @property
+    def buffer(self):
+        raise self._refuse()
+
+    def materialize(self) -> None:
+        raise self._refuse()
 
 
 class ShardGeometry:
@@ -143,7 +173,7 @@ class FSDPParam:
         alias: ``unsharded`` shares ``registered``'s storage (replicated, same dtype): never freed.
     """
 
-    __slots__ = ("name", "geometry", "registered", "unsharded", "offset", "alias", "module_infos", "group",
+    __slots__ = ("name", "geometry", "registered", "unsharded", "guard", "offset", "alias", "_modules", "_group",
                  "__weakref__")
 
     def __init__(self, name: str, geometry: ShardGeometry | None, registered: Parameter, unsharded: Parameter,
@@ -154,10 +184,33 @@ class FSDPParam:
         self.unsharded = unsharded
         self.offset = offset
         self.alias = alias
-        self.module_infos: list[tuple[Module, str]] = []
-        self.group = None  # the FSDPParamGroup (unit) it belongs to
-        registered._fsdp_param = self
-        unsharded._fsdp_param = self
+        # Links back up the model are weak (modules hold their parameters, a unit its FSDPParams): a dropped
+        # model is freed by reference counting, its device memory at once, without the cycle collector.
+        self._modules: list[tuple[weakref.ref, str]] = []
+        self._group: weakref.ref | None = None
+        # What modules hold while the root computes and this unit is sharded: the full shape, no memory.
+        self.guard = Parameter(Tensor(_GuardStorage(self, unsharded.shape, unsharded.dtype, unsharded.device),
+                                      unsharded.shape), registered.requires_grad)
+        for p in (registered, unsharded, self.guard):
+            link_param(p, self)
+
+    @property
+    def module_infos(self) -> list[tuple[Module, str]]:
+        """(module, attribute) pairs that hold this parameter."""
+        return [(m, attr) for ref, attr in self._modules if (m := ref()) is not None]
+
+    @module_infos.setter
+    def module_infos(self, infos: list[tuple[Module, str]]) -> None:
+        self._modules = [(weakref.ref(m), attr) for m, attr in infos]
+
+    @property
+    def group(self):
+        """The FSDPParamGroup (unit) it belongs to, or None."""
+        return self._group() if self._group is not None else None
+
+    @group.setter
+    def group(self, group) -> None:
+        self._group = weakref.ref(group) if group is not None else None
 
     @property
     def sharded(self) -> bool:
@@ -175,6 +228,13 @@ class FSDPParam:
         for module, attr in self.module_infos:
             setattr(module, attr, self.registered)
 
+    def to_guard(self) -> None:
+        """Put the guard on the modules: a use of the parameter by a module whose unit's forward did not
+        run raises, naming it, where the shard would compute silently with the wrong rows."""
+        self.guard.requires_grad = self.registered.requires_grad
+        for module, attr in self.module_infos:
+            setattr(module, attr, self.guard)
+
     def to_unsharded(self) -> None:
         self.unsharded.requires_grad = self.registered.requires_grad  # the user may freeze a shard
         for module, attr in self.module_infos:
@@ -190,6 +250,12 @@ class FSDPParam:
         return f"<FSDPParam {self.name} {self.shape} {how}>"
 
 
+def link_param(p: Tensor, fp: FSDPParam) -> None:
+    """Make ``fsdp_param_of(p)`` find ``fp`` (weakly: a parameter does not keep its model alive)."""
+    p.__dict__["_fsdp_param"] = weakref.ref(fp)
+
+
 def fsdp_param_of(p: Tensor) -> FSDPParam | None:
     """The FSDPParam a registered, unsharded or replaced original parameter belongs to (or None)."""
-    return p.__dict__.get("_fsdp_param") if isinstance(p, Tensor) else None
+    ref = p.__dict__.get("_fsdp_param") if isinstance(p, Tensor) else None
+    return ref() if ref is not None else None

@@ -15,6 +15,7 @@ parameters on every rank: it never gathers, and its gradients are summed with on
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +30,7 @@ from ...runtime.device import Device
 from ...tensor import Tensor
 from ..group import ProcessGroup, Work
 from . import collectives as C
-from .param import FSDPParam, OffloadedShard, ShardedState, ShardGeometry, freed_tensor
+from .param import FSDPParam, OffloadedShard, ShardedState, ShardGeometry, freed_tensor, link_param
 from .policies import MixedPrecisionPolicy, OffloadPolicy
 
 
@@ -115,15 +116,25 @@ class FSDPParamGroup:
         self.marks = 0
         self.post_backward_done = False
         self.sync = True  # reduce gradients after backward (False: accumulate them unsharded, no_sync)
+        self.guarded = False  # while the root computes: sharded, the modules hold guards (FSDPParam.to_guard)
         self.num_gathers = 0  # collectives this unit started (tests and benchmarks read these)
         self.num_reductions = 0
         self.offload_traffic = {"h2d_bytes": 0, "d2h_bytes": 0}  # host shards uploaded, gradients read back
-        self.owner = None  # the FSDPState this unit belongs to
+        self._owner: weakref.ref | None = None
         self.params = self._build(entries)
         for fp in self.params:
             fp.group = self
 
     # -- construction ---------------------------------------------------------------------
+    @property
+    def owner(self):
+        """The FSDPState this unit belongs to (held weakly: the state holds the unit)."""
+        return self._owner() if self._owner is not None else None
+
+    @owner.setter
+    def owner(self, state) -> None:
+        self._owner = weakref.ref(state) if state is not None else None
+
     @property
     def sharded(self) -> bool:
         return self.comms.shard is not None
@@ -174,7 +185,7 @@ class FSDPParamGroup:
     def _finish_param(e: _Entry, fp: FSDPParam) -> FSDPParam:
         fp.module_infos = list(e.refs)
         for old in [*e.aliases, *([e.original] if e.original is not None else [])]:
-            old._fsdp_param = fp  # a module still holding an older object finds the new owner
+            link_param(old, fp)  # a module still holding an older object finds the new owner
         return fp
 
     def _build_replicated(self, e: _Entry) -> FSDPParam:
@@ -293,8 +304,21 @@ class FSDPParamGroup:
             return
         for fp in self.params:
             fp.free_unsharded()
-            fp.to_sharded()
+            if self.guarded:
+                fp.to_guard()
+            else:
+                fp.to_sharded()
         self.state = ShardedState.SHARDED
+
+    def set_guarded(self, on: bool) -> None:
+        """While the root's forward runs, hold guards instead of shards whenever the unit is sharded."""
+        self.guarded = on
+        if self.state is ShardedState.SHARDED:
+            for fp in self.params:
+                if on:
+                    fp.to_guard()
+                else:
+                    fp.to_sharded()
 
     # -- gradients --------------------------------------------------------------------------
     @property

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ... import dtypes as _dt
+from ...nn.containers import ModuleDict, ModuleList
 from ...nn.module import Module
 
 # A unit whose parameters number fewer than this stays replicated (DeepSpeed's "param persistence
@@ -43,6 +44,23 @@ class ShardingStrategy(enum.Enum):
         except KeyError:
             raise ValueError(f"unknown sharding strategy {value!r}; use one of "
                              f"{', '.join(s.name for s in cls)}") from None
+
+
+def shard_world_size(strategy: ShardingStrategy, world: int, shard_size: int | None) -> int:
+    """How many ranks a unit's parameters are sharded over (1: replicated); refuses a ``shard_size`` the
+    strategy cannot use. ``fully_shard`` and ``memory_estimate`` both ask here, so they refuse alike."""
+    if strategy is ShardingStrategy.HYBRID_SHARD:
+        if shard_size is None:
+            if world % 2:
+                raise ValueError(f"HYBRID_SHARD on {world} ranks: pass shard_size= (a divisor)")
+            return world // 2
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or world % shard_size:
+            raise ValueError(f"HYBRID_SHARD: shard_size must divide the group's {world} ranks, got {shard_size!r}")
+        return shard_size
+    if shard_size is not None and shard_size != world:
+        raise ValueError(f"shard_size={shard_size} is for HYBRID_SHARD; {strategy.name} shards over all "
+                         f"{world} ranks")
+    return 1 if strategy is ShardingStrategy.NO_SHARD else world
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,12 @@ class OffloadPolicy:
     """
 
 
+def is_container(module: Module) -> bool:
+    """A ModuleList / ModuleDict: its forward never runs (its elements are called), so it cannot be a unit,
+    whose parameters are gathered around its forward."""
+    return isinstance(module, (ModuleList, ModuleDict))
+
+
 def _classes_policy(classes: frozenset[type]) -> Callable[[Module, str], bool]:
     def policy(module: Module, name: str) -> bool:
         return isinstance(module, tuple(classes))
@@ -99,7 +123,15 @@ def _size_policy(min_num_params: int) -> Callable[[Module, str], bool]:
 
 
 def _children_policy(root: Module) -> Callable[[Module, str], bool]:
-    children = {id(m) for m in root.children()}
+    # A container's elements are called by its parent, as a child would be: they stand in for it.
+    children: set[int] = set()
+    stack = list(root.children())
+    while stack:
+        m = stack.pop()
+        if is_container(m):
+            stack.extend(m.children())
+        else:
+            children.add(id(m))
 
     def policy(module: Module, name: str) -> bool:
         return id(module) in children and next(module.parameters(), None) is not None
@@ -115,9 +147,11 @@ def plan_units(root: Module, auto_wrap: AutoWrap = None) -> list[tuple[str, Modu
     Arguments:
         root: the model.
         auto_wrap: which sub-modules become units of their own, besides the root:
-            None (default): every direct child that has parameters (the blocks of a Sequential);
+            None (default): every direct child that has parameters (the blocks of a Sequential), the
+            elements of a ModuleList / ModuleDict child counting as children;
             False: none (one unit); an int: every module with at least that many parameters
             (size-based, innermost first); a set of module classes; or ``fn(module, name) -> bool``.
+            Containers (ModuleList, ModuleDict) are never units, whatever the policy says.
     """
     if auto_wrap is None:
         pick = _children_policy(root)
@@ -134,7 +168,7 @@ def plan_units(root: Module, auto_wrap: AutoWrap = None) -> list[tuple[str, Modu
         if not classes or not all(isinstance(c, type) and issubclass(c, Module) for c in classes):
             raise TypeError(f"auto_wrap: expected Module classes, got {auto_wrap!r}")
         pick = _classes_policy(classes)
-    chosen = [(name, m) for name, m in root.named_modules() if m is not root and pick(m, name)]
+    chosen = [(name, m) for name, m in root.named_modules() if m is not root and not is_container(m) and pick(m, name)]
     # Bottom-up: a unit must exist before the unit around it claims the parameters left over.
     chosen.sort(key=lambda nm: -nm[0].count("."))
     return chosen + [("", root)]

@@ -26,6 +26,7 @@ disagree and every rank raises a CollectiveError naming the units.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,7 @@ from ...autograd.grad_mode import is_grad_enabled
 from ...autograd.graph import Node
 from ...nn.module import Module
 from ...tensor import Tensor
-from .param import ShardedState
+from .param import ShardedState, fsdp_param_of
 from .param_group import FSDPParamGroup
 from .policies import MixedPrecisionPolicy
 
@@ -116,17 +117,17 @@ class FSDPState:
 
     def __init__(self, module: Module, group: FSDPParamGroup | None, dp_world: int,
                  mp: MixedPrecisionPolicy | None, prefetch: int) -> None:
-        self.module = module
+        self._module = weakref.ref(module)  # the module holds this state (and its hooks hold it too)
         self.group: FSDPParamGroup | None = None
         self.dp_world = dp_world
         self.mp = mp
         self.prefetch = prefetch
         self.divide: float | None = None  # gradient divide factor; None: dp_world (the mean)
         self.name = type(module).__name__
-        self._root: FSDPState | None = None
+        self._root_ref: weakref.ref | None = None
         self._mark = 0  # id of the newest graph node before this unit's forward began
         # Root only.
-        self.states: list[FSDPState] = []
+        self._states: list[weakref.ref] = []  # every state below the root, itself included
         self._pre_order: list[FSDPParamGroup] = []
         self._prev_pre_order: list[FSDPParamGroup] = []
         self._post_order: list[FSDPParamGroup] = []
@@ -134,12 +135,26 @@ class FSDPState:
         self._reductions: list[FSDPParamGroup] = []
         self._callback_queued = False
         self._fresh = True
+        self._outputs: list[weakref.ref] = []  # graph nodes of this step's outputs (while backward may come)
+        self._discard = False  # the step failed on some rank: forget it at the next forward
         # What the steps did (tests and benchmarks read these): gathers started ahead of their unit,
         # reductions started during backward (overlapping it) and after it.
         self.counters = {"prefetched": 0, "reduced_in_backward": 0, "reduced_after_backward": 0}
         self._hooks = [module.register_forward_pre_hook(self._pre_forward, prepend=True, with_kwargs=True),
                        module.register_forward_hook(self._post_forward)]
         self.attach(group)
+
+    @property
+    def module(self) -> Module:
+        return self._module()
+
+    @property
+    def _root(self) -> FSDPState | None:
+        return self._root_ref() if self._root_ref is not None else None
+
+    @property
+    def states(self) -> list[FSDPState]:
+        return [st for ref in self._states if (st := ref()) is not None]
 
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, group: FSDPParamGroup | None) -> None:
@@ -153,10 +168,14 @@ class FSDPState:
             fp.to_sharded()
 
     def _grad_hook(self, group: FSDPParamGroup) -> Callable[[Tensor], None]:
+        # Weak: the hook lives on the full parameter, which the unit holds.
+        me, unit = weakref.ref(self), weakref.ref(group)
+
         def hook(param: Tensor) -> None:
-            root = self._root
-            if root is not None and group.ran_forward:
-                root._on_grad(group, param)
+            st, grp = me(), unit()
+            root = st._root if st is not None else None
+            if root is not None and grp is not None and grp.ran_forward:
+                root._on_grad(grp, param)
         return hook
 
     @property
@@ -173,18 +192,18 @@ class FSDPState:
             return self._root
         from .sharing import check_sharing  # the module-tree walk shared with fully_shard
 
-        self.states = []
+        self._states = []
         paths = {}
         for name, m in self.module.named_modules():
             paths[id(m)] = name
             st = state_of(m)
             if st is None:
                 continue
-            st._root = self
+            st._root_ref = weakref.ref(self)
             st.name = name or "root"
             if st.group is not None:
                 st.group.name = st.name
-            self.states.append(st)
+            self._states.append(weakref.ref(st))
         for grp in self.groups():
             for fp in grp.params:  # full names, as in the root's named_parameters()
                 module, attr = fp.module_infos[0]
@@ -244,6 +263,8 @@ class FSDPState:
             if not grad or (grp.reshard_after_forward and self is not root):
                 grp.reshard()
         if self is root:
+            if grad:
+                self._outputs += [weakref.ref(t._node) for t in _tensors(output) if t._node is not None]
             self._root_post_forward(grad)
             if self.mp is not None and self.mp.output_dtype is not None:
                 output = _map_tensors(output, _cast(self.mp.output_dtype))
@@ -256,9 +277,17 @@ class FSDPState:
 
     # -- the root's step ----------------------------------------------------------------------
     def _root_pre_forward(self) -> None:
+        self._check_parameters()
         groups = self.groups()
-        if self._callback_queued or any(g.gathering or g.reducing for g in groups):
-            self._abandon()  # the last step failed part-way (its backward raised, or a rank did)
+        # A step failed part-way (its backward raised, or a rank did; the wrapper says so), or no backward
+        # can come any more for the last forward (its outputs' graphs are gone, e.g. with the exception
+        # that ended it): forget it, so every rank starts this step alike.
+        orphaned = not self._fresh and not any(ref() is not None for ref in self._outputs)
+        if self._discard or orphaned or self._callback_queued or any(g.gathering or g.reducing for g in groups):
+            self._abandon()
+        for g in groups:
+            if g is not self.group:
+                g.set_guarded(True)
         if not self._fresh:
             return  # several forwards before one backward: keep what the earlier ones recorded
         self._fresh = False
@@ -271,7 +300,29 @@ class FSDPState:
             g.marks = 0
             g.post_backward_done = False
 
+    def _check_parameters(self) -> None:
+        """Refuse a parameter FSDP does not manage (added or replaced after fully_shard): nothing would gather
+        or reduce it, and the ranks' copies would drift apart."""
+        for name, m in self.module.named_modules():
+            for attr, p in m._parameters.items():
+                if p is not None and fsdp_param_of(p) is None:
+                    raise RuntimeError(
+                        f"FSDP: parameter '{f'{name}.{attr}' if name else attr}' {tuple(p.shape)} was set after "
+                        "fully_shard, so no unit gathers or reduces it and the ranks would drift apart; set every "
+                        "parameter before sharding (or shard a new model)")
+
+    def forward_failed(self) -> None:
+        """The root's forward raised: the modules get their shards back (the next forward forgets the step)."""
+        for g in self.groups():
+            g.set_guarded(False)
+
+    def discard_step(self) -> None:
+        """Forget the current step at the next forward (a rank failed in it; every rank is told)."""
+        self._discard = True
+
     def _root_post_forward(self, grad: bool) -> None:
+        for g in self.groups():
+            g.set_guarded(False)
         # Gathers prefetched for units this forward did not run would hold memory until backward ends.
         for g in self._prefetched:
             if not g.ran_forward:
@@ -381,6 +432,7 @@ class FSDPState:
             self._abandon()
             raise
         self._fresh = True
+        self._outputs = []
         # The next forward prefetches in this order. Only a step every rank completed counts (its reductions
         # met every rank): a failed step's partial order differs between ranks, and so would their gathers.
         self._prev_pre_order = self._pre_order
@@ -388,10 +440,13 @@ class FSDPState:
     def _abandon(self) -> None:
         """Forget a failed step: wait out (or drop) its collectives, reshard, clear full gradients."""
         self._callback_queued = False
+        self._discard = False
+        self._outputs = []
         self._reductions.clear()
         self._prefetched.clear()
         self._pre_order, self._post_order = [], []
         for grp in self.groups():
+            grp.set_guarded(False)
             grp.drop_pending()
             for fp in grp.params:
                 fp.unsharded.grad = None  # partial: the failed backward's

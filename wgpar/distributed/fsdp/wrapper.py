@@ -122,11 +122,22 @@ class FSDP:
         return items
 
     # -- steps -------------------------------------------------------------------------------
+    def _run_step(self, fn: Callable, *per_rank) -> list:
+        """``context.run`` for a part of a training step: if any rank fails, every rank forgets the step at
+        its next forward (a rank that failed outside FSDP's hooks would otherwise keep its half-done step,
+        and the next step's collectives would disagree)."""
+        try:
+            return self.context.run(fn, *per_rank)
+        except BaseException:
+            for m in self.modules:
+                m.fsdp_state.discard_step()
+            raise
+
     def forward(self, x, *rest) -> list:
         sizes = batch_sizes(x, self.world_size, "FSDP")
         self._sizes = sizes
         args = [split_batch(a, sizes, f"FSDP: argument {i}") for i, a in enumerate((x, *rest))]
-        return self.context.run(lambda r, *a: self.modules[r](*(self._to_rank(p, r) for p in a)), *args)
+        return self._run_step(lambda r, *a: self.modules[r](*(self._to_rank(p, r) for p in a)), *args)
 
     __call__ = forward
 
@@ -135,7 +146,7 @@ class FSDP:
         if self._sizes is None:
             raise RuntimeError("FSDP.loss: call forward first")
         args = [split_batch(t, self._sizes, f"FSDP.loss: target {i}") for i, t in enumerate(targets)]
-        return self.context.run(lambda r, out, *a: fn(out, *(self._to_rank(p, r) for p in a)),
+        return self._run_step(lambda r, out, *a: fn(out, *(self._to_rank(p, r) for p in a)),
                                 self._per_rank(outputs, "loss"), *args)
 
     def _backward_rank(self, rank: int, loss: Tensor) -> None:
@@ -149,7 +160,7 @@ class FSDP:
         """Backward on every rank (each weighted by its share of the batch); gradients end in the shards."""
         if self._sizes is None:
             raise RuntimeError("FSDP.backward: call forward first")
-        self.context.run(self._backward_rank, self._per_rank(losses, "backward"))
+        self._run_step(self._backward_rank, self._per_rank(losses, "backward"))
 
     def optimizers(self, factory: Callable) -> list:
         """One optimizer per rank over its shards: ``factory(modules[r].parameters())``."""
@@ -189,7 +200,7 @@ class FSDP:
                 share = ops.binary("mul", loss.detach().reshape(()).float(), sizes[rank] / total)
             return self.context.comm(rank).all_reduce(share, "sum", label="fsdp:loss")
 
-        return self.context.run(work, xs, ys, optimizers)[0]
+        return self._run_step(work, xs, ys, optimizers)[0]
 
     def train(self, mode: bool = True) -> FSDP:
         for m in self.modules:
@@ -203,6 +214,14 @@ class FSDP:
     def full_state_dict(self) -> dict[str, np.ndarray]:
         """The whole model's parameters and buffers as NumPy arrays (gathered unit by unit)."""
         return self.context.run(lambda r: ckpt.full_state_dict(self.modules[r], rank0_only=True))[0]
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The whole model's parameters and buffers as Tensors on rank 0's device (gathered on every rank)."""
+        return self.context.run(lambda r: self.modules[r].state_dict())[0]
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> tuple[list[str], list[str]]:
+        """Load whole tensors (a single-device model's state dict, or ``state_dict()``'s) on every rank."""
+        return self.context.run(lambda r: self.modules[r].load_state_dict(state, strict))[0]
 
     def save_checkpoint(self, path: str | os.PathLike, optimizers: Sequence | None = None) -> None:
         """A sharded checkpoint: one safetensors file per rank plus index.json (see checkpoint.py)."""
