@@ -67,8 +67,8 @@ def model_group_of(p: Tensor):
     group = p.__dict__.get(MODEL_GROUP_ATTR)
     if group is not None:
         return group
-    fsdp = p.__dict__.get("_fsdp_param")
-    unit = getattr(fsdp, "group", None)
+    ref = p.__dict__.get("_fsdp_param")  # a weak reference: a parameter does not keep its model alive
+    unit = getattr(ref(), "group", None) if ref is not None else None
     return unit.comms.dp if unit is not None else None
 
 
