@@ -248,7 +248,8 @@ class UploadBuffer:
                 raise ValueError(f"upload of {nbytes} bytes at offset {off} exceeds the buffer's {self.capacity} bytes")
         self.buffer.unmap()
         try:
-            with profiling.span("staging -> device", "transfer", bytes=sum(c[3] for c in copies), device=self.device.index):
+            with profiling.span("staging -> device", "transfer", bytes=sum(c[3] for c in copies),
+                                device=self.device.index):
                 for off, dst, dst_offset, nbytes in copies:
                     if nbytes:
                         self.device.copy(self.buffer, off, dst, dst_offset, nbytes)
