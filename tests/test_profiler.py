@@ -195,6 +195,18 @@ def test_without_timestamp_queries_it_falls_back_to_host_times_and_says_so(dev, 
     assert any(e.get("cat") == "submit" and e["pid"] == dev.index + 1 for e in events)  # submit boundaries
 
 
+def test_a_query_set_that_cannot_be_made_falls_back_too(dev, rng, monkeypatch):
+    def refuse(self, **kwargs):
+        raise RuntimeError("no queries today")
+
+    monkeypatch.setattr(type(dev._dev), "create_query_set", refuse)
+    with profile() as prof:
+        _train_step(dev, rng)
+    assert all(k.gpu_dur is None for k in prof.kernels() if k.device == dev.index)
+    assert "GPU time NOT measured (the device lacks a timestamp query set (no queries today))" in \
+        prof.key_averages().table()
+
+
 def test_profiles_do_not_nest_and_results_wait_for_the_stop(dev):
     prof = profile()
     prof.start()

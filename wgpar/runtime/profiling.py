@@ -47,10 +47,13 @@ class DeviceTrack:
         self.query_set = None
         self.period = 1.0  # nanoseconds per timestamp tick
         if not self.missing:
-            self.query_set = device._dev.create_query_set(
-                label=f"wgpar:{device.index}:profiler", type=wgpu.QueryType.timestamp,
-                count=2 * device.max_dispatches_per_submit)
-            self.period = _timestamp_period(device)
+            try:
+                self.query_set = device._dev.create_query_set(
+                    label=f"wgpar:{device.index}:profiler", type=wgpu.QueryType.timestamp,
+                    count=2 * device.max_dispatches_per_submit)
+                self.period = _timestamp_period(device)
+            except Exception as exc:  # profiling must never fail the program: time on the host instead
+                self.missing = [f"a timestamp query set ({exc})"]
         self.pending: list[tuple] = []  # (kspec, groups, flops, nbytes, thread, host start, host end)
         self.batches: list[tuple] = []  # (records, (chunk, offset) or None, thread, host start, host end of submit)
         self.chunks: list[Any] = []
