@@ -17,6 +17,7 @@ ROOT = Path(wgpar.__file__).resolve().parent
 # (module prefix, layer): the longest matching prefix decides.
 LAYERS = [
     ("wgpar.errors", 0), ("wgpar.dtypes", 0), ("wgpar.hooks", 0), ("wgpar.runtime", 0), ("wgpar.return_types", 0),
+    ("wgpar.profiler", 0),
     ("wgpar.storage", 1), ("wgpar.tensor", 1), ("wgpar.memory", 1), ("wgpar.autocast_mode", 1),
     ("wgpar.ops", 2), ("wgpar.creation", 2),
     ("wgpar.autograd", 3),

@@ -6,7 +6,7 @@ README for the two commands, adapter selection and examples.
 
 from __future__ import annotations
 
-from . import amp, autograd, distributed, functional, models, nn, optim, return_types, utils
+from . import amp, autograd, distributed, functional, models, nn, optim, profiler, return_types, utils
 from .autocast_mode import autocast
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .checkpoint import load, save
@@ -66,7 +66,7 @@ __all__ = [
     "devices", "device", "adapter_names", "synchronize", "memory_stats", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
     *functional.__all__,
-    "autograd", "nn", "optim", "distributed", "amp", "autocast", "models", "return_types", "utils",
+    "autograd", "nn", "optim", "distributed", "amp", "autocast", "models", "return_types", "utils", "profiler",
     "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
     "backward_with_grad",
     "save", "load",

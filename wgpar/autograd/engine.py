@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from .. import ops
+from ..runtime import profiling
 from ..tensor import Tensor
 from .grad_mode import is_grad_enabled, no_grad
 from .graph import Node, current_tape
@@ -176,7 +177,7 @@ def _in_pass(fn: Callable[[], object]) -> object:
     callbacks: list[Callable[[], object]] = []
     stack.append(callbacks)
     try:
-        with no_grad():
+        with no_grad(), profiling.span("backward", "phase", phase="backward"):
             result = fn()
             i = 0
             while i < len(callbacks):  # not a for loop: a callback may queue another

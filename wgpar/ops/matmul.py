@@ -244,6 +244,14 @@ def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int,
                 yield z0, y0 * tm, x0 * tn, (min(lim, gx - x0), min(lim, gy - y0), min(lim, p.nb - z0))
 
 
+def _cost(p: Plan, out: Tensor, m0: int, n0: int, groups: tuple[int, int, int], tm: int, tn: int) -> dict[str, int]:
+    """The FLOPs and the least bytes moved of one tile dispatch, for the profiler."""
+    rows, cols, nb = min(groups[1] * tm, p.M - m0), min(groups[0] * tn, p.N - n0), groups[2]
+    return {"flops": 2 * nb * rows * cols * p.K,
+            "nbytes": nb * (p.K * (rows * p.a.t.dtype.itemsize + cols * p.b.t.dtype.itemsize)
+                            + rows * cols * out.dtype.itemsize)}
+
+
 def _run_general(p: Plan, out: Tensor) -> None:
     a, b = p.a.t, p.b.t
     k = _GENERAL.spec((out.dtype.storage, a.dtype.storage, b.dtype.storage), TC=out.dtype.storage)
@@ -251,7 +259,8 @@ def _run_general(p: Plan, out: Tensor) -> None:
         params = _GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=out._offset,
                                m0=m0, sa_b=p.a.sz, sa_m=p.a.si, sa_k=p.a.sj, n0=n0, sb_b=p.b.sz, sb_k=p.b.si,
                                sb_n=p.b.sj)
-        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups)
+        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups,
+                            **_cost(p, out, m0, n0, groups, _TILE, _TILE))
 
 
 def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
@@ -261,7 +270,8 @@ def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
         params = _FAST.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
                             off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
                             ldb=p.ldb // 4, sc_b=p.M * p.N // 4, ldc=p.N // 4, n0=n0)
-        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups)
+        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups,
+                            **_cost(p, out, m0, n0, groups, t.bm, t.bn))
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}

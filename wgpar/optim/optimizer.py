@@ -20,6 +20,7 @@ from ..autograd.grad_mode import enable_grad, no_grad
 from ..errors import DeviceMismatchError
 from ..nn.parameter import Parameter
 from ..nn.utils import zero_grad_
+from ..runtime import profiling
 from ..tensor import Tensor
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
@@ -147,7 +148,7 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
-        with no_grad():
+        with no_grad(), profiling.span(f"{type(self).__name__}.step", "phase", phase="optimizer"):
             for group in self.param_groups:
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:

@@ -17,6 +17,7 @@ from typing import Any
 import wgpu
 
 from ..errors import BindingLimitError, OutOfMemoryError, WgparError
+from . import profiling as _prof
 from .allocator import STORAGE_USAGE, Block, CachingAllocator, create_with_retry
 from .config import CONFIG
 from .kernels import PARAM_SLOT, KernelSpec, dump_wgsl
@@ -28,7 +29,8 @@ _BIND_GROUP_CACHE_MAX = 8192
 
 _LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
                "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
-_WANTED_FEATURES = ("shader-f16", "subgroup")
+# Timestamp queries cost nothing until a profile makes a query set (docs/design.md, "Profiling").
+_WANTED_FEATURES = ("shader-f16", "subgroup", *_prof.TIMESTAMP_FEATURES)
 
 
 class Device:
@@ -88,6 +90,8 @@ class Device:
         self._arena_used = 0
         self.num_submits = 0
         self.num_dispatches = 0
+        self.max_dispatches_per_submit = _ARENA_SLOTS  # a full parameter arena submits
+        self._ptrack: _prof.DeviceTrack | None = None  # set while a profile records this device
 
     # -- identity -------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -215,13 +219,19 @@ class Device:
         return bg
 
     def dispatch(self, kspec: KernelSpec, buffers: Sequence[wgpu.GPUBuffer], params: bytes,
-                 groups: tuple[int, int] | tuple[int, int, int]) -> None:
-        """Record one dispatch of ``kspec`` over ``buffers`` (in binding order)."""
+                 groups: tuple[int, int] | tuple[int, int, int], flops: int = 0, nbytes: int = 0) -> None:
+        """Record one dispatch of ``kspec`` over ``buffers`` (in binding order).
+
+        ``flops`` and ``nbytes`` (the floating-point operations and the bytes the kernel must move,
+        where the caller knows them) only reach the profiler.
+        """
         lim = self.max_workgroups  # checked here: at submit it would fail the whole batch (~60 ns a call)
         if groups[0] > lim or groups[1] > lim or groups[-1] > lim:
             raise WgparError(f"{self}: kernel {kspec.label} asks for {tuple(groups)} workgroups; this device "
                              f"allows {self.max_workgroups} per dimension (max-compute-workgroups-per-dimension)")
+        rec = _prof.ACTIVE
         with self._lock:
+            t0 = _prof.now() if rec is not None else 0
             pipeline, layout = self._pipeline(kspec)
             bg = self._bind_group(kspec, layout, tuple(buffers))
             if self._arena_used >= _ARENA_SLOTS:
@@ -234,7 +244,10 @@ class Device:
                 cp.set_pipeline(pipeline)
                 self._pass_pipeline = pipeline
             cp.set_bind_group(0, bg, [offset])
-            cp.dispatch_workgroups(*groups)
+            if rec is None:
+                cp.dispatch_workgroups(*groups)
+            else:
+                rec.dispatch(self, cp, kspec, groups, flops, nbytes, t0)
             self._pending += 1
             self.num_dispatches += 1
             if self._pending >= self._threshold:
@@ -249,8 +262,11 @@ class Device:
     def _flush_locked(self) -> None:
         if self._encoder is None and self._pass is None:
             return
+        track = self._ptrack
         try:
             encoder = self._end_pass()
+            if track is not None:
+                track.resolve(encoder)
             if self._arena_used:
                 self.queue.write_buffer(self._arena, 0, memoryview(self._arena_host)[: self._arena_used * self._slot])
             self.queue.submit([encoder.finish()])
@@ -263,6 +279,8 @@ class Device:
                              f"so they were discarded (tensors they were writing hold undefined values); "
                              f"the device stays usable. Cause: {exc}") from exc
         self.num_submits += 1
+        if track is not None:
+            track.submitted()
         self._reset_stream()
 
     def _reset_stream(self) -> None:
@@ -296,7 +314,7 @@ class Device:
     def upload(self, buffer: wgpu.GPUBuffer, offset: int, data: bytes | memoryview) -> None:
         """Copy host bytes (a multiple of 4) into ``buffer`` at ``offset``, in stream order."""
         nbytes = len(data) if not isinstance(data, memoryview) else data.nbytes
-        with self._lock:
+        with self._lock, _prof.span("upload", "transfer", bytes=nbytes, device=self.index):
             if nbytes >= _LARGE_UPLOAD:
                 # A persistent mapped buffer: queue.write_buffer allocates fresh staging memory per
                 # call, and first-touch page faults cost more than the PCIe copy (BENCHMARKS.md).
@@ -333,14 +351,15 @@ class Device:
         """Copy ``nbytes`` at ``offset`` (both multiples of 4) back to the host."""
         if nbytes == 0:
             return b""
-        with self._lock:
+        with self._lock, _prof.span("download", "transfer", bytes=nbytes, device=self.index):
             staging = self._staging_buffer(nbytes)
             self._end_pass().copy_buffer_to_buffer(buffer, offset, staging, 0, nbytes)
             self._flush_locked()
             from .transfer import map_async, wait_promise
 
-            wait_promise(map_async(staging, wgpu.MapMode.READ, 0, staging.size), _UPLOAD_TIMEOUT,
-                         f"readback of {nbytes} bytes on {self}")
+            with _prof.span("map wait", "transfer", bytes=nbytes, device=self.index):
+                wait_promise(map_async(staging, wgpu.MapMode.READ, 0, staging.size), _UPLOAD_TIMEOUT,
+                             f"readback of {nbytes} bytes on {self}")
             try:
                 return bytes(staging.read_mapped(0, nbytes, copy=True))
             finally:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import wgpu
 
+from . import profiling
+
 if TYPE_CHECKING:  # only for annotations: device.py imports this module
     from .device import Device
 
@@ -159,10 +161,11 @@ class StagingBuffer:
 
     def start(self, src: wgpu.GPUBuffer, src_offset: int, nbytes: int) -> None:
         """Record the copy, submit it, and ask for the map; returns without waiting."""
-        self.record(src, src_offset, nbytes)
-        if nbytes:
-            self.device.flush()
-            self.request_map()
+        with profiling.span("device -> staging", "transfer", bytes=nbytes, device=self.device.index):
+            self.record(src, src_offset, nbytes)
+            if nbytes:
+                self.device.flush()
+                self.request_map()
 
     def view(self, timeout: float, what: str = "readback") -> memoryview:
         """The transferred bytes, read in place from the mapped buffer (valid until ``release``)."""
@@ -172,7 +175,8 @@ class StagingBuffer:
         if promise is None:
             raise RuntimeError("view() without start()")
         try:
-            wait_promise(promise, timeout, f"{what} on {self.device}")
+            with profiling.span("map wait", "transfer", bytes=self._nbytes, device=self.device.index):
+                wait_promise(promise, timeout, f"{what} on {self.device}")
         except TransferTimeout:
             # A pending map cannot be cancelled: leave that buffer to finish on its own, use a new one.
             self.buffer = self._create()
@@ -228,7 +232,8 @@ class UploadBuffer:
         """Writable mapped memory (valid until ``commit``), once the previous commit has finished."""
         if self._promise is not None:
             promise, self._promise = self._promise, None
-            wait_promise(promise, timeout, f"{what} on {self.device}")
+            with profiling.span("upload buffer wait", "transfer", device=self.device.index):
+                wait_promise(promise, timeout, f"{what} on {self.device}")
         return self.buffer._experimental_get_mapped_range(0, self.capacity)
 
     def commit(self, dst: wgpu.GPUBuffer, dst_offset: int, nbytes: int) -> None:
@@ -243,11 +248,13 @@ class UploadBuffer:
                 raise ValueError(f"upload of {nbytes} bytes at offset {off} exceeds the buffer's {self.capacity} bytes")
         self.buffer.unmap()
         try:
-            for off, dst, dst_offset, nbytes in copies:
-                if nbytes:
-                    self.device.copy(self.buffer, off, dst, dst_offset, nbytes)
-            if any(nbytes for *_, nbytes in copies):
-                self.device.flush()
+            with profiling.span("staging -> device", "transfer", bytes=sum(c[3] for c in copies),
+                                device=self.device.index):
+                for off, dst, dst_offset, nbytes in copies:
+                    if nbytes:
+                        self.device.copy(self.buffer, off, dst, dst_offset, nbytes)
+                if any(nbytes for *_, nbytes in copies):
+                    self.device.flush()
         finally:  # also after a failed flush: the next view() waits for this map
             with self.device._lock:
                 self._promise = map_async(self.buffer, wgpu.MapMode.WRITE, 0, self.capacity)

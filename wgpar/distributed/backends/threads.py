@@ -29,6 +29,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ... import ops as raw
+from ...runtime import profiling
 from ...runtime.device import Device
 from ...runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
 from ...tensor import Tensor
@@ -261,7 +262,8 @@ class ThreadRank(ProcessGroup):
     def _submit(self, kind: str, complete: Callable[[], Any]) -> Work:
         def run():
             try:
-                return complete()
+                with profiling.span(kind, "collective", rank=self.group.ranks[self.rank], group=self.group.name):
+                    return complete()
             except CollectiveError:
                 raise
             except BaseException as exc:  # a local failure: the other ranks must not wait for us
@@ -273,7 +275,8 @@ class ThreadRank(ProcessGroup):
         return work
 
     def _exchange(self, kind: str, payload, combine=None):
-        return self.group.exchange(self.rank, kind, payload, combine)
+        with profiling.span("rendezvous", "collective", rank=self.group.ranks[self.rank], kind=kind):
+            return self.group.exchange(self.rank, kind, payload, combine)
 
     def _download(self, t: Tensor) -> tuple[StagingBuffer, Tensor]:
         """Start copying ``t`` into a leased staging buffer (returns it and the tensor copied from)."""
@@ -332,7 +335,9 @@ class ThreadRank(ProcessGroup):
         """Run ``work(*args)`` (which reads or writes other ranks' mappings), then meet every rank again so
         that no rank releases memory another one still uses; on failure the buffers are abandoned."""
         try:
-            work(*args)
+            with profiling.span("host reduce" if work is reduce_into else "host copy", "collective",
+                                rank=self.group.ranks[self.rank], kind=kind):
+                work(*args)
             self._exchange(kind + ".done", None)
         except BaseException:
             self._abandon(*bufs)

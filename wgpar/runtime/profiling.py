@@ -1,0 +1,202 @@
+"""The profiler's recorder: what ``wgpar.profiler.profile`` collects while it runs (see docs/design.md,
+"Profiling").
+
+It sits in the runtime layer so that ``Device`` can report into it; higher layers (the backward
+engine, ``Optimizer.step``, the collectives) report host ranges through :func:`span`. While no
+profile runs, ``ACTIVE`` is None and the dispatch path pays one global read; nothing else exists
+(no query set, no buffer, no thread state).
+
+While one runs, every dispatch on a device whose adapter offers ``timestamp-query-inside-passes``
+is bracketed by two timestamp writes inside the open compute pass (two slots per dispatch of one
+reused query set). At submit the used slots are resolved into a buffer region of their own, in
+the same command buffer; nothing is read back until the profile stops. Elsewhere only host times
+are recorded, and the results say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import wgpu
+from wgpu.backends.wgpu_native.extras import write_timestamp
+
+if TYPE_CHECKING:
+    from .device import Device
+
+TIMESTAMP_FEATURES = ("timestamp-query", "timestamp-query-inside-passes")
+_CHUNK = 1 << 20  # bytes of one resolve buffer (8 bytes per timestamp)
+_RESOLVE_ALIGN = 256  # resolve_query_set's destination offsets
+now = time.perf_counter_ns
+
+ACTIVE: Recorder | None = None
+_switch = threading.Lock()
+
+
+class DeviceTrack:
+    """One device's share of a profile: its query set, the dispatches of the open command stream, and
+    every submitted batch. Touched only with the device's lock held."""
+
+    def __init__(self, device: Device, recorder: Recorder) -> None:
+        self.device = device
+        self.recorder = recorder
+        self.missing = [f for f in TIMESTAMP_FEATURES if f not in device.features]
+        self.query_set = None
+        self.period = 1.0  # nanoseconds per timestamp tick
+        if not self.missing:
+            try:
+                self.query_set = device._dev.create_query_set(
+                    label=f"wgpar:{device.index}:profiler", type=wgpu.QueryType.timestamp,
+                    count=2 * device.max_dispatches_per_submit)
+                self.period = _timestamp_period(device)
+            except Exception as exc:  # profiling must never fail the program: time on the host instead
+                self.missing = [f"a timestamp query set ({exc})"]
+        self.pending: list[tuple] = []  # (kspec, groups, flops, nbytes, thread, host start, host end)
+        self.batches: list[tuple] = []  # (records, (chunk, offset) or None, thread, host start, host end of submit)
+        self.chunks: list[Any] = []
+        self.used: list[int] = []
+        self._inflight: tuple | None = None
+        self.stamps: list[np.ndarray] = []  # the chunks' contents, read at stop
+
+    def resolve(self, encoder) -> None:
+        """Before a submit: resolve this batch's timestamps into a region of a resolve buffer."""
+        t = now()
+        records, self.pending = self.pending, []
+        where = None
+        if records and self.query_set is not None:
+            nbytes = 16 * len(records)
+            if not self.chunks or self.used[-1] + nbytes > _CHUNK:
+                # Not Device.create_buffer: its out-of-memory retry synchronizes, and we are inside a flush.
+                self.chunks.append(self.device._dev.create_buffer(
+                    label=f"wgpar:{self.device.index}:profiler", size=_CHUNK,
+                    usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC))
+                self.used.append(0)
+            where = (len(self.chunks) - 1, self.used[-1])
+            encoder.resolve_query_set(self.query_set, 0, 2 * len(records), self.chunks[-1], self.used[-1])
+            self.used[-1] += -(-nbytes // _RESOLVE_ALIGN) * _RESOLVE_ALIGN
+        self._inflight = (records, where, self.recorder._thread(), t)
+
+    def submitted(self) -> None:
+        """After a successful submit (a failed one leaves its batch out: those commands never ran)."""
+        if self._inflight is not None:
+            self.batches.append((*self._inflight, now()))
+            self._inflight = None
+
+    def read_back(self) -> None:
+        """Copy every resolve buffer to the host (once, at stop, after the device finished)."""
+        self.stamps = [np.frombuffer(self.device.download(c, 0, used), dtype=np.uint64)
+                       for c, used in zip(self.chunks, self.used)]
+        self.chunks = []
+
+
+def _timestamp_period(device: Device) -> float:
+    from wgpu.backends.wgpu_native._api import libf
+
+    try:
+        period = float(libf.wgpuQueueGetTimestampPeriod(device.queue._internal))
+    except Exception:  # another wgpu backend: WebGPU's timestamps are nanoseconds
+        return 1.0
+    return period if period > 0 else 1.0
+
+
+class Recorder:
+    """What one profile collects: per-device tracks and host ranges (name, category, thread, start,
+    end, arguments), host times from ``time.perf_counter_ns``."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[int, DeviceTrack] = {}
+        self.ranges: list[tuple] = []
+        self.threads: dict[int, str] = {}
+        self.stopped = False
+        self.t_start = 0
+        self.t_end = 0
+
+    def _thread(self) -> int:
+        ident = threading.get_ident()
+        if ident not in self.threads:
+            self.threads[ident] = threading.current_thread().name
+        return ident
+
+    def dispatch(self, dev: Device, cp, kspec, groups, flops: int, nbytes: int, t0: int) -> None:
+        """Record one dispatch into the open pass ``cp`` (the device lock is held)."""
+        track = dev._ptrack
+        if track is None:
+            if self.stopped:  # stop() ran while this dispatch waited for the device lock
+                cp.dispatch_workgroups(*groups)
+                return
+            track = dev._ptrack = self.tracks[id(dev)] = DeviceTrack(dev, self)
+        qs = track.query_set
+        if qs is None:
+            cp.dispatch_workgroups(*groups)
+        else:
+            i = 2 * len(track.pending)
+            write_timestamp(cp, qs, i)
+            cp.dispatch_workgroups(*groups)
+            write_timestamp(cp, qs, i + 1)
+        track.pending.append((kspec, groups, flops, nbytes, self._thread(), t0, now()))
+
+    def host(self, name: str, cat: str, t0: int, t1: int, args: dict) -> None:
+        self.ranges.append((name, cat, self._thread(), t0, t1, args))
+
+    def start(self) -> None:
+        global ACTIVE
+        with _switch:
+            if ACTIVE is not None:
+                raise RuntimeError("a wgpar profile is already running; profiles do not nest")
+            self.t_start = now()
+            ACTIVE = self
+
+    def stop(self) -> None:
+        """Stop recording, submit what is pending, wait for the devices and read the timestamps back."""
+        global ACTIVE
+        with _switch:
+            if ACTIVE is self:
+                ACTIVE = None
+        if self.stopped:
+            return
+        self.stopped = True
+        tracks = list(self.tracks.values())
+        for track in tracks:
+            dev = track.device
+            with dev._lock:
+                dev._flush_locked()
+                dev._ptrack = None
+        for track in tracks:
+            track.device.synchronize()
+        self.t_end = now()
+        for track in tracks:
+            track.read_back()
+
+
+class _Span:
+    __slots__ = ("rec", "name", "cat", "args", "t0")
+
+    def __init__(self, rec: Recorder, name: str, cat: str, args: dict) -> None:
+        self.rec, self.name, self.cat, self.args = rec, name, cat, args
+
+    def __enter__(self) -> _Span:
+        self.t0 = now()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.rec.stopped:
+            self.rec.host(self.name, self.cat, self.t0, now(), self.args)
+
+
+_OFF = contextlib.nullcontext()
+
+
+def span(name: str, cat: str = "range", **args: Any):
+    """A host range on the calling thread's track while a profile runs; otherwise a no-op.
+
+    Arguments:
+        name: what the range shows as.
+        cat: its category: "range" (record_function), "phase" (forward/backward/optimizer;
+            ``args["phase"]`` names it), "collective" or "transfer".
+        args: extra fields shown with the event (bytes, rank, ...).
+    """
+    rec = ACTIVE
+    return _OFF if rec is None else _Span(rec, name, cat, args)
