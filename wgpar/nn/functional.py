@@ -432,7 +432,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     Arguments:
         query, key, value: the operands.
-        attn_mask: None, or a bool / float Tensor (or array) broadcastable to [..., L, S].
+        attn_mask: None, or a bool / float Tensor (or array) broadcastable to [..., L, S]; an integer
+            mask raises (use ``mask.bool()``). A query row that may attend to no key gives zeros and a
+            zero gradient, as torch's does (not softmax's NaN).
         dropout_p: probability of zeroing an attention weight.
         is_causal: apply the causal mask (not together with ``attn_mask``).
         scale: the score scale.
@@ -452,6 +454,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                          f"{value.shape} do not fit [..., L, E], [..., S, E], [..., S, Ev]")
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal=True, not both")
+    if attn_mask is not None:
+        attn_mask = _attention_mask(attn_mask, query, key)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
     scale = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
@@ -471,6 +475,35 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         return _attention_reference(query, key, value, attn_mask, dropout_p, is_causal, scale)
     out = _attention_fused(q4, k4, v4, bool(is_causal), scale)
     return out if query.ndim == 4 else F.squeeze(out, 1)
+
+
+class AttentionMaskError(TypeError, ValueError, RuntimeError):
+    """An ``attn_mask`` that attention refuses: an integer dtype (torch raises, and adding a 0/1 mask to the
+    scores would silently differ from the bool mask it means) or a shape that does not broadcast to the
+    scores. A RuntimeError as torch raises, and the TypeError / ValueError a Python user catches."""
+
+
+def _attention_mask(mask, query: Tensor, key: Tensor) -> Tensor:
+    """``mask`` as a bool or float Tensor on the query's device, checked against the scores' shape."""
+    scores = query.shape[:-1] + (key.shape[-2],)
+    if isinstance(mask, Tensor):
+        check_same_device(query, mask, op="scaled_dot_product_attention (attn_mask)")
+        ok, kind = mask.dtype is _dt.bool_ or mask.dtype.is_float, mask.dtype.name
+    else:
+        mask = np.asarray(mask)
+        ok, kind = mask.dtype.kind in "bf", mask.dtype.name
+    if not ok:
+        raise AttentionMaskError(f"scaled_dot_product_attention: attn_mask must be bool (True: attend) or float "
+                                 f"(added to the scores), got {kind}; an integer 0/1 mask (a Hugging Face "
+                                 f"attention_mask) means mask.bool() (torch refuses integer masks too)")
+    try:
+        fits = np.broadcast_shapes(tuple(mask.shape), scores) == scores
+    except ValueError:
+        fits = False
+    if not fits:
+        raise AttentionMaskError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not "
+                                 f"broadcast to the scores' shape {scores} (query {query.shape}, key {key.shape})")
+    return mask if isinstance(mask, Tensor) else Tensor.from_numpy(mask, device=query.device)
 
 
 def _attention_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
@@ -493,14 +526,19 @@ def _attention_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask, dropout_p: 
     scores = F.binary("mul", F.matmul(q, F.transpose(k, -2, -1)), scale)
     if is_causal:
         scores = F.where(_causal_mask(lq, lk, q.device), scores, float("-inf"))
-    if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor):
-            attn_mask = Tensor.from_numpy(np.asarray(attn_mask), device=q.device)
+    if attn_mask is None:
+        weights = F.softmax(scores, -1)
+    else:
         if attn_mask.dtype is _dt.bool_:
             scores = F.where(attn_mask, scores, float("-inf"))
         else:
             scores = F.binary("add", scores, attn_mask)
-    weights = F.softmax(scores, -1)
+        # A row that may attend to no key gets zeros and no gradient, as torch's (>= 2.5) safe softmax
+        # gives, not softmax's 0 / 0 = NaN: its scores become finite (so the softmax backward multiplies
+        # finite probabilities by a zero gradient), its probabilities 0. A NaN score is no -inf: NaN stays.
+        with no_grad():
+            dead = raw.binary("eq", raw.reduce("max", scores, -1, keepdims=True), float("-inf"))
+        weights = F.where(dead, 0.0, F.softmax(F.where(dead, 0.0, scores), -1))
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p, True)
     return F.matmul(weights, v)
