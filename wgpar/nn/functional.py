@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import creation
@@ -59,13 +61,27 @@ def sigmoid(x: Tensor) -> Tensor:
     return F.unary("sigmoid", x)
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN)."""
+def _implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
+    """torch's ``_get_softmax_dim`` for a call without ``dim``: 0 for 0-, 1- and 3-d input (3-d taken as an
+    unbatched [C, H, W]), else 1, with torch's deprecation warning (the last dim would silently differ)."""
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as "
+                  f"an argument.", UserWarning, stacklevel=stacklevel + 1)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(x: Tensor, dim: int | None = None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN); without ``dim``, torch's
+    implicit (deprecated) choice, with its warning: dim 0 for 0-, 1- and 3-d input, else dim 1."""
+    if dim is None:
+        dim = _implicit_softmax_dim("softmax", x.ndim, 2)
     return F.softmax(x, dim, log=False)
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel."""
+def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel; without ``dim``, torch's implicit
+    choice as in :func:`softmax`."""
+    if dim is None:
+        dim = _implicit_softmax_dim("log_softmax", x.ndim, 2)
     return F.softmax(x, dim, log=True)
 
 
