@@ -210,6 +210,13 @@ class Module:
                     m._buffers[k] = convert(b)
         return self
 
+    def cuda(self, device=None) -> Module:
+        """Raises ValueError: wgpar has no CUDA device; the message says how to choose an adapter
+        (``wgpar.device(i)``, ``WGPAR_ADAPTER``) and ``to(device)`` moves a module to it."""
+        from ..runtime.adapters import NO_CUDA
+
+        raise ValueError(f"{type(self).__name__}.cuda(): {NO_CUDA}; .to(device) moves a module to it")
+
     def half(self) -> Module:
         """Convert floating-point parameters and buffers to float16 in place (``to(wgpar.float16)``)."""
         return self.to(dtype=_dt.float16)

@@ -12,8 +12,8 @@
   model on one device), each rank reads the rows its shards need from whichever files hold them
   (safetensors slices: it never reads the whole model) and loads the optimizer state the same way.
 
-Checkpoint files name parameters as ``model.named_parameters()`` (each once); a parameter's dim-0 rows are what moves between
-layouts, so a checkpoint saved on 4 ranks continues on 2 ranks or on 1 exactly.
+Checkpoint files name parameters as ``model.named_parameters()`` (each once); a parameter's dim-0 rows
+are what moves between layouts, so a checkpoint saved on 4 ranks continues on 2 ranks or on 1 exactly.
 """
 
 from __future__ import annotations
