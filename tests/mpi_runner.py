@@ -2,12 +2,14 @@
 
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py conformance SEED OUT.npz
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py fault MODE TIMEOUT TOKEN
+    mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p MODE TIMEOUT TOKEN
 
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
 ``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip) while the others are in an
 all-reduce (or, MODE nosend, wait for a message from it); each other rank prints ``RAISED`` and its
-error, and the job must end non-zero.
+error, and the job must end non-zero. ``p2p`` (p2p_program) is a recv never matched or a send never
+received, which must also end the job non-zero, naming the message.
 """
 
 from __future__ import annotations
@@ -243,6 +245,25 @@ def fault_program(group, mode: str, token: str) -> None:
     return None
 
 
+def p2p_program(group, mode: str, token: str) -> None:
+    """Point-to-point mistakes on 2 ranks. MODE unmatched_recv: rank 0 waits for a message rank 1 never
+    sends (rank 1 ends its program); unreceived_send / unreceived_large: rank 0 sends rank 1 8 floats /
+    65536 floats (tag 5) that rank 1 never receives, and both end their programs."""
+    t = wgpar.ones(8, device=group.device)
+    group.all_reduce(t)  # everyone is up
+    _say(f"UP {group.rank} {time.time():.3f}")
+    try:
+        if mode == "unmatched_recv" and group.rank == 0:
+            group.recv(None, 1, tag=7)
+        elif mode.startswith("unreceived") and group.rank == 0:
+            n = 8 if mode == "unreceived_send" else 1 << 16
+            group.send(wgpar.ones(n, device=group.device), 1, tag=5)
+    except CollectiveError as exc:
+        _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
+        raise
+    return None
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario == "conformance":
@@ -254,6 +275,9 @@ def main() -> None:
     elif scenario == "fault":
         mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
         run_spmd(fault_program, args=(mode, token), backend="mpi", timeout=timeout)
+    elif scenario == "p2p":
+        mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+        run_spmd(p2p_program, args=(mode, token), backend="mpi", timeout=timeout)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

@@ -355,6 +355,11 @@ class Tensor:
         raise HostDeviceError(f"Tensor.cpu(): {_adapters.NO_HOST_TENSOR}; .to(device) moves a tensor between "
                               "wgpar devices")
 
+    def cuda(self, device=None) -> Tensor:
+        """Raises ValueError: wgpar has no CUDA device; the message says how to choose an adapter
+        (``wgpar.device(i)``, ``WGPAR_ADAPTER``) and ``.to(device)`` moves a tensor to it."""
+        raise ValueError(f"Tensor.cuda(): {_adapters.NO_CUDA}; .to(device) moves a tensor to it")
+
     # -- shape ----------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
         """This tensor with a new shape (one entry may be -1): a view when the strides allow one, else a

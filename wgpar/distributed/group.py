@@ -201,7 +201,10 @@ class ProcessGroup(abc.ABC):
 
         Arguments:
             tensor: this rank's tensor; same shape and dtype on every rank.
-            op: the reduction ("avg" is "mean"); NaN propagates.
+            op: the reduction ("avg" is "mean"); NaN propagates. "mean" needs a float tensor: on an
+                integer (or bool) tensor it raises TypeError before any communication (the group stays
+                usable), since an integer mean must choose its rounding; reduce with "sum" and divide by
+                ``world_size``, or reduce a float copy (``tensor.float()``).
             async_op: return a Work instead of waiting.
             label: part of the collective's kind, checked across ranks (e.g. a bucket's name).
         Returns ``tensor`` (or a Work whose ``wait()`` returns it).

@@ -10,6 +10,7 @@ presets are what the README and the benchmarks quote.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -159,16 +160,20 @@ class GPT(Module):
         context cropped to ``block_size``). Sampling runs on the host from the last position's logits.
 
         Arguments:
-            idx: int token ids [B, T].
-            max_new_tokens: tokens to add.
-            temperature: divides the logits (lower: more conservative).
-            top_k: sample only among the k most likely tokens.
+            idx: int token ids [B, T] (T >= 1; a single sequence is ``idx[None]``), each in [0, vocab_size).
+            max_new_tokens: tokens to add (an int >= 0).
+            temperature: divides the logits (lower: more conservative); 0 is greedy decoding (the most
+                likely token, the limit of ever lower temperatures; ``rng`` and ``top_k`` unused).
+                Negative or NaN raises.
+            top_k: sample only among the k most likely tokens (an int >= 1; more than the vocabulary
+                means all of it); None samples from every token.
             rng: NumPy generator (default: a fresh one).
         """
         was_training = self.training
         self.eval()
         try:
-            return sample(self, idx, max_new_tokens, self.cfg.block_size, temperature, top_k, rng)
+            return sample(self, idx, max_new_tokens, self.cfg.block_size, temperature, top_k, rng,
+                          vocab_size=self.cfg.vocab_size)
         finally:
             self.train(was_training)
 
@@ -233,20 +238,56 @@ def lm_loss(logits: Tensor, targets) -> Tensor:
 
 @no_grad()
 def sample(forward, idx: np.ndarray, max_new_tokens: int, block_size: int, temperature: float = 1.0,
-           top_k: int | None = None, rng: np.random.Generator | None = None) -> np.ndarray:
-    """``GPT.generate`` for any ``forward(token ids [B, T]) -> logits [B, T, V]`` (a pipeline's stages in turn)."""
+           top_k: int | None = None, rng: np.random.Generator | None = None,
+           vocab_size: int | None = None) -> np.ndarray:
+    """``GPT.generate`` for any ``forward(token ids [B, T]) -> logits [B, T, V]`` (a pipeline's stages in turn);
+    ``vocab_size``, when given, checks the prompt's ids before the first forward."""
+    out = _prompt(idx, vocab_size)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"generate: max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"generate: temperature must be a number, got {temperature!r}")
+    if not temperature >= 0.0:  # NaN too: it would make every probability NaN
+        raise ValueError(f"generate: temperature must be >= 0 (0: greedy), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)):
+        raise TypeError(f"generate: top_k must be an int or None, got {top_k!r}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be >= 1 (None: every token), got {top_k}")
     rng = rng or np.random.default_rng()
-    out = np.asarray(idx, dtype=np.int32)
     for _ in range(max_new_tokens):
-        logits = forward(out[:, -block_size:])[:, -1, :].float().numpy().astype(np.float64) / max(temperature, 1e-6)
-        if top_k is not None:
-            kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-            logits = np.where(logits < kth, -np.inf, logits)
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        nxt = np.array([[rng.choice(len(p), p=p)] for p in probs], dtype=np.int32)
+        logits = forward(out[:, -block_size:])[:, -1, :].float().numpy().astype(np.float64)
+        if temperature == 0.0:
+            nxt = logits.argmax(-1).astype(np.int32)[:, None]
+        else:
+            logits /= temperature
+            if top_k is not None:
+                kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+                logits = np.where(logits < kth, -np.inf, logits)
+            probs = np.exp(logits - logits.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            nxt = np.array([[rng.choice(len(p), p=p)] for p in probs], dtype=np.int32)
         out = np.concatenate([out, nxt], axis=1)
     return out
+
+
+def _prompt(idx, vocab_size: int | None) -> np.ndarray:
+    """The prompt as int32 [B, T], refusing what would otherwise be truncated or fail deep inside."""
+    arr = idx.numpy() if isinstance(idx, Tensor) else np.asarray(idx)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"generate: idx must hold integer token ids, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise ValueError(f"generate: idx must be token ids [batch, seq], got shape {arr.shape} (a single "
+                         f"sequence is idx[None])")
+    if arr.size == 0:
+        raise ValueError(f"generate: idx needs at least one sequence of at least one token, got shape {arr.shape}")
+    lo, hi = int(arr.min()), int(arr.max())
+    bound = 2 ** 31 if vocab_size is None else vocab_size  # int32 ids at most
+    if lo < 0 or hi >= bound:
+        raise ValueError(f"generate: idx holds token id {lo if lo < 0 else hi}, outside [0, "
+                         f"{'2**31' if vocab_size is None else f'vocab_size = {vocab_size}'})")
+    return arr.astype(np.int32)
 
 
 def decay_groups(params, weight_decay: float) -> list[dict]:

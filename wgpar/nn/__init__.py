@@ -14,6 +14,7 @@ from .layers import (
                      Flatten,
                      LayerNorm,
                      Linear,
+                     LogSoftmax,
                      MSELoss,
                      ReLU,
                      Sequential,
@@ -26,7 +27,7 @@ from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .utils import clip_grad_norm_
 
-__all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LayerNorm",
+__all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LayerNorm",
            "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
            "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
            "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten"]

@@ -30,7 +30,9 @@ class MultiheadAttention(Module):
     ``attn_mask`` / ``key_padding_mask`` marks with True what may NOT be attended (the opposite of
     ``scaled_dot_product_attention``'s bool mask) and a float one is added to the scores. Unlike torch,
     ``is_causal=True`` also works without an ``attn_mask`` (torch requires the mask as well): that,
-    with ``need_weights=False`` and no padding mask, is the fused causal path.
+    with ``need_weights=False`` and no padding mask, is the fused causal path. Integer masks raise (torch's
+    too). A query that may attend to nothing gets zeros with ``need_weights=False`` and NaN (output and
+    weights) with ``need_weights=True``, exactly as torch's two paths do.
 
     Arguments:
         embed_dim: model width E.
@@ -115,8 +117,12 @@ class MultiheadAttention(Module):
         dev = like.device
         parts_bool, parts_float = [], []
         if attn_mask is not None:
-            m = attn_mask.numpy() if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
-            if m.ndim == 3:  # [n * heads, lq, lk]
+            m = _host_mask("attn_mask", attn_mask)
+            want = (lq, lk) if m.ndim == 2 else (n * self.num_heads, lq, lk)
+            if m.shape != want:
+                raise F.AttentionMaskError(f"MultiheadAttention: attn_mask of shape {m.shape}, expected {(lq, lk)} "
+                                           f"or {(n * self.num_heads, lq, lk)} ([batch * num_heads, L, S])")
+            if m.ndim == 3:
                 m = m.reshape(n, self.num_heads, lq, lk)
             (parts_bool if m.dtype == bool else parts_float).append(~m if m.dtype == bool else m.astype(np.float32))
         elif is_causal and key_padding_mask is None:
@@ -124,9 +130,10 @@ class MultiheadAttention(Module):
         elif is_causal:
             parts_bool.append(np.tril(np.ones((lq, lk), dtype=bool)))
         if key_padding_mask is not None:
-            kpm = key_padding_mask.numpy() if isinstance(key_padding_mask, Tensor) else np.asarray(key_padding_mask)
+            kpm = _host_mask("key_padding_mask", key_padding_mask)
             if kpm.shape != (n, lk):
-                raise ValueError(f"MultiheadAttention: key_padding_mask of shape {kpm.shape}, expected {(n, lk)}")
+                raise F.AttentionMaskError(f"MultiheadAttention: key_padding_mask of shape {kpm.shape}, "
+                                           f"expected {(n, lk)}")
             if kpm.dtype == bool:
                 parts_bool.append(~kpm[:, None, None, :])
             else:
@@ -145,6 +152,16 @@ class MultiheadAttention(Module):
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+
+def _host_mask(name: str, mask) -> np.ndarray:
+    """A MultiheadAttention mask as a NumPy array, refusing integer ones as torch does: adding a 0/1 mask to
+    the scores would silently differ from the bool mask it means."""
+    m = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.dtype.kind not in "bf":
+        raise F.AttentionMaskError(f"MultiheadAttention: {name} must be bool (True: may NOT attend) or float "
+                                   f"(added to the scores), got {m.dtype.name}")
+    return m
 
 
 class CausalSelfAttention(Module):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import creation
@@ -59,13 +61,27 @@ def sigmoid(x: Tensor) -> Tensor:
     return F.unary("sigmoid", x)
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN)."""
+def _implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
+    """torch's ``_get_softmax_dim`` for a call without ``dim``: 0 for 0-, 1- and 3-d input (3-d taken as an
+    unbatched [C, H, W]), else 1, with torch's deprecation warning (the last dim would silently differ)."""
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as "
+                  f"an argument.", UserWarning, stacklevel=stacklevel + 1)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(x: Tensor, dim: int | None = None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN); without ``dim``, torch's
+    implicit (deprecated) choice, with its warning: dim 0 for 0-, 1- and 3-d input, else dim 1."""
+    if dim is None:
+        dim = _implicit_softmax_dim("softmax", x.ndim, 2)
     return F.softmax(x, dim, log=False)
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel."""
+def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel; without ``dim``, torch's implicit
+    choice as in :func:`softmax`."""
+    if dim is None:
+        dim = _implicit_softmax_dim("log_softmax", x.ndim, 2)
     return F.softmax(x, dim, log=True)
 
 
@@ -432,7 +448,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     Arguments:
         query, key, value: the operands.
-        attn_mask: None, or a bool / float Tensor (or array) broadcastable to [..., L, S].
+        attn_mask: None, or a bool / float Tensor (or array) broadcastable to [..., L, S]; an integer
+            mask raises (use ``mask.bool()``). A query row that may attend to no key gives zeros and a
+            zero gradient, as torch's does (not softmax's NaN).
         dropout_p: probability of zeroing an attention weight.
         is_causal: apply the causal mask (not together with ``attn_mask``).
         scale: the score scale.
@@ -452,6 +470,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                          f"{value.shape} do not fit [..., L, E], [..., S, E], [..., S, Ev]")
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal=True, not both")
+    if attn_mask is not None:
+        attn_mask = _attention_mask(attn_mask, query, key)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
     scale = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
@@ -471,6 +491,35 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         return _attention_reference(query, key, value, attn_mask, dropout_p, is_causal, scale)
     out = _attention_fused(q4, k4, v4, bool(is_causal), scale)
     return out if query.ndim == 4 else F.squeeze(out, 1)
+
+
+class AttentionMaskError(TypeError, ValueError, RuntimeError):
+    """An ``attn_mask`` that attention refuses: an integer dtype (torch raises, and adding a 0/1 mask to the
+    scores would silently differ from the bool mask it means) or a shape that does not broadcast to the
+    scores. A RuntimeError as torch raises, and the TypeError / ValueError a Python user catches."""
+
+
+def _attention_mask(mask, query: Tensor, key: Tensor) -> Tensor:
+    """``mask`` as a bool or float Tensor on the query's device, checked against the scores' shape."""
+    scores = query.shape[:-1] + (key.shape[-2],)
+    if isinstance(mask, Tensor):
+        check_same_device(query, mask, op="scaled_dot_product_attention (attn_mask)")
+        ok, kind = mask.dtype is _dt.bool_ or mask.dtype.is_float, mask.dtype.name
+    else:
+        mask = np.asarray(mask)
+        ok, kind = mask.dtype.kind in "bf", mask.dtype.name
+    if not ok:
+        raise AttentionMaskError(f"scaled_dot_product_attention: attn_mask must be bool (True: attend) or float "
+                                 f"(added to the scores), got {kind}; an integer 0/1 mask (a Hugging Face "
+                                 f"attention_mask) means mask.bool() (torch refuses integer masks too)")
+    try:
+        fits = np.broadcast_shapes(tuple(mask.shape), scores) == scores
+    except ValueError:
+        fits = False
+    if not fits:
+        raise AttentionMaskError(f"scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not "
+                                 f"broadcast to the scores' shape {scores} (query {query.shape}, key {key.shape})")
+    return mask if isinstance(mask, Tensor) else Tensor.from_numpy(mask, device=query.device)
 
 
 def _attention_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
@@ -493,14 +542,19 @@ def _attention_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask, dropout_p: 
     scores = F.binary("mul", F.matmul(q, F.transpose(k, -2, -1)), scale)
     if is_causal:
         scores = F.where(_causal_mask(lq, lk, q.device), scores, float("-inf"))
-    if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor):
-            attn_mask = Tensor.from_numpy(np.asarray(attn_mask), device=q.device)
+    if attn_mask is None:
+        weights = F.softmax(scores, -1)
+    else:
         if attn_mask.dtype is _dt.bool_:
             scores = F.where(attn_mask, scores, float("-inf"))
         else:
             scores = F.binary("add", scores, attn_mask)
-    weights = F.softmax(scores, -1)
+        # A row that may attend to no key gets zeros and no gradient, as torch's (>= 2.5) safe softmax
+        # gives, not softmax's 0 / 0 = NaN: its scores become finite (so the softmax backward multiplies
+        # finite probabilities by a zero gradient), its probabilities 0. A NaN score is no -inf: NaN stays.
+        with no_grad():
+            dead = raw.binary("eq", raw.reduce("max", scores, -1, keepdims=True), float("-inf"))
+        weights = F.where(dead, 0.0, F.softmax(F.where(dead, 0.0, scores), -1))
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p, True)
     return F.matmul(weights, v)

@@ -86,15 +86,30 @@ class Softmax(Module):
     """Softmax along ``dim`` (one kernel per call; a NaN makes its row NaN), as ``torch.nn.Softmax``.
 
     Arguments:
-        dim: the dim whose entries sum to 1.
+        dim: the dim whose entries sum to 1; None (torch's default) takes torch's implicit, deprecated
+            choice with its warning: dim 0 for 0-, 1- and 3-d input, else dim 1.
     """
 
-    def __init__(self, dim: int = -1) -> None:
+    _log = False
+
+    def __init__(self, dim: int | None = None) -> None:
         super().__init__()
         self.dim = dim
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.softmax(x, self.dim)
+        name = "log_softmax" if self._log else "softmax"
+        dim = F._implicit_softmax_dim(name, x.ndim, 3) if self.dim is None else self.dim
+        return F.log_softmax(x, dim) if self._log else F.softmax(x, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    """``log(softmax(x))`` along ``dim``, computed stably in one kernel, as ``torch.nn.LogSoftmax`` (the
+    same ``dim`` rule as :class:`Softmax`)."""
+
+    _log = True
 
 
 class LayerNorm(Module):

@@ -73,13 +73,14 @@ class Module:
         self._modules[name] = module
 
     # -- traversal ------------------------------------------------------------------------
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
-        """(dotted name, module) for self ("") and every sub-module, depth first, each module once."""
+    def named_modules(self, prefix: str = "", remove_duplicate: bool = True) -> Iterator[tuple[str, Module]]:
+        """(dotted name, module) for self ("") and every sub-module, depth first, each module once (under
+        every name it has with ``remove_duplicate=False``, as torch's)."""
         stack = [(prefix, self)]
         seen = set()
         while stack:
             name, m = stack.pop(0)
-            if id(m) in seen:
+            if remove_duplicate and id(m) in seen:
                 continue
             seen.add(id(m))
             yield name, m
@@ -102,13 +103,15 @@ class Module:
             if m is not None:
                 yield k, m
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
-        """(dotted name, parameter) of every parameter, each once (a shared one under its first name)."""
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, parameter) of every parameter, each once (a shared one under its first name), or
+        under every name it has with ``remove_duplicate=False`` (as torch's)."""
         seen = set()
-        mods = self.named_modules(prefix) if recurse else [(prefix, self)]
+        mods = self.named_modules(prefix, remove_duplicate) if recurse else [(prefix, self)]
         for mname, m in mods:
             for k, p in m._parameters.items():
-                if p is None or id(p) in seen:
+                if p is None or (remove_duplicate and id(p) in seen):
                     continue
                 seen.add(id(p))
                 yield (f"{mname}.{k}" if mname else k), p
@@ -118,12 +121,16 @@ class Module:
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
-        """(dotted name, buffer) of every registered buffer that is not None."""
-        for mname, m in self.named_modules(prefix):
+    def named_buffers(self, prefix: str = "", remove_duplicate: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """(dotted name, buffer) of every registered buffer that is not None, each once, or under every name
+        it has with ``remove_duplicate=False`` (as torch's)."""
+        seen = set()
+        for mname, m in self.named_modules(prefix, remove_duplicate):
             for k, b in m._buffers.items():
-                if b is not None:
-                    yield (f"{mname}.{k}" if mname else k), b
+                if b is None or (remove_duplicate and id(b) in seen):
+                    continue
+                seen.add(id(b))
+                yield (f"{mname}.{k}" if mname else k), b
 
     def buffers(self) -> Iterator[Tensor]:
         """Every registered buffer that is not None."""
@@ -203,6 +210,13 @@ class Module:
                     m._buffers[k] = convert(b)
         return self
 
+    def cuda(self, device=None) -> Module:
+        """Raises ValueError: wgpar has no CUDA device; the message says how to choose an adapter
+        (``wgpar.device(i)``, ``WGPAR_ADAPTER``) and ``to(device)`` moves a module to it."""
+        from ..runtime.adapters import NO_CUDA
+
+        raise ValueError(f"{type(self).__name__}.cuda(): {NO_CUDA}; .to(device) moves a module to it")
+
     def half(self) -> Module:
         """Convert floating-point parameters and buffers to float16 in place (``to(wgpar.float16)``)."""
         return self.to(dtype=_dt.float16)
@@ -218,36 +232,55 @@ class Module:
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict[str, Tensor]:
-        """Parameters and buffers by dotted name (the tensors themselves, detached)."""
+        """Parameters and buffers by dotted name (the tensors themselves, detached). A shared (tied) one
+        appears under every name it has, as in torch, so torch's state dicts and wgpar's match."""
         out: OrderedDict[str, Tensor] = OrderedDict()
-        for k, p in self.named_parameters():
+        for k, p in self.named_parameters(remove_duplicate=False):
             out[k] = p.detach()
-        for k, b in self.named_buffers():
+        for k, b in self.named_buffers(remove_duplicate=False):
             out[k] = b.detach()
         return out
 
     def load_state_dict(self, state: dict, strict: bool = True) -> tuple[list[str], list[str]]:
         """Copy values (Tensors or NumPy arrays) into the existing parameters and buffers.
 
-        Raises KeyError for missing or unexpected keys (when strict) and ValueError for a shape
-        mismatch, naming the key and both shapes. Returns (missing, unexpected).
+        A shared (tied) tensor loads from any of its names: a dict with all of them (torch's layout) or
+        one of them (what named_parameters lists) both load; names of one tensor that hold different
+        values raise ValueError naming them. Raises KeyError for missing or unexpected keys (when strict)
+        and ValueError for a shape mismatch, naming the key and both shapes. Returns (missing, unexpected).
         """
         from ..autograd.grad_mode import no_grad
 
-        own = dict(self.named_parameters()) | dict(self.named_buffers())
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
+        names: dict[int, list[str]] = {}
+        tensors: dict[int, Tensor] = {}
+        for k, t in [*self.named_parameters(remove_duplicate=False), *self.named_buffers(remove_duplicate=False)]:
+            names.setdefault(id(t), []).append(k)
+            tensors[id(t)] = t
+        known = {k for ks in names.values() for k in ks}
+        missing = [k for ks in names.values() if not any(k in state for k in ks) for k in ks]
+        unexpected = [k for k in state if k not in known]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict for {type(self).__name__}: missing keys {missing}, "
                            f"unexpected keys {unexpected}")
-        for k, target in own.items():
-            if k not in state:
+        for key, ks in names.items():
+            target = tensors[key]
+            given = [k for k in ks if k in state]
+            values = []
+            for k in given:
+                value = state[k]
+                shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+                if shape != target.shape:
+                    raise ValueError(f"load_state_dict: {k!r} has shape {shape} in the state dict but "
+                                     f"{target.shape} in the model")
+                values.append(value)
+            if len(values) > 1 and any(v is not values[0] for v in values[1:]):
+                host = [v.numpy() if isinstance(v, Tensor) else np.asarray(v) for v in values]
+                if not all(np.array_equal(host[0], h, equal_nan=True) for h in host[1:]):
+                    raise ValueError(f"load_state_dict: {given} name one shared parameter of "
+                                     f"{type(self).__name__} but hold different values")
+            if not values:
                 continue
-            value = state[k]
-            shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
-            if shape != target.shape:
-                raise ValueError(f"load_state_dict: {k!r} has shape {shape} in the state dict but "
-                                 f"{target.shape} in the model")
+            value = values[0]
             if not isinstance(value, Tensor):
                 value = Tensor.from_numpy(np.asarray(value), device=target.device, dtype=target.dtype)
             elif value.device is not target.device:

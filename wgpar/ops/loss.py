@@ -49,6 +49,8 @@ def _run(logits: Tensor, target: Tensor, gout: Tensor | None) -> Tensor:
     backward = gout is not None
     out_dt = logits.dtype if backward else _dt.float32
     out = Tensor.empty((rows, cols) if backward else (rows,), out_dt, logits.device)
+    if rows == 0:  # an empty batch (a data-parallel rank's empty share): nothing to bind or run
+        return out
     g = gout if backward else target  # an unused binding still needs a buffer
     k = _CROSS_ENTROPY.spec((out_dt.storage, logits.dtype.storage, "i32", g.dtype.storage), O=out_dt.storage,
                             BACKWARD="true" if backward else "false", FNS=load_source("float_fns"))

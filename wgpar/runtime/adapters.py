@@ -27,6 +27,11 @@ _TYPE_ORDER = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown":
 NO_HOST_TENSOR = ("wgpar has no CPU tensor: tensor.numpy() copies the values into a NumPy array (what PyTorch's "
                   "t.detach().cpu().numpy() gives), .tolist() into lists and .item() into one number")
 
+NO_CUDA = ("wgpar has no CUDA device: it reaches an NVIDIA GPU, like any other, as a WebGPU adapter (Vulkan, "
+           "D3D12 or Metal). Choose the adapter with wgpar.device(i) (wgpar.adapter_names() lists them) or with the "
+           "environment variable WGPAR_ADAPTER=<index or name substring> (WGPAR_BACKEND=vulkan|metal|d3d12|opengl "
+           "restricts the backend)")
+
 _lock = threading.Lock()
 _adapters: list[wgpu.GPUAdapter] | None = None
 _slots: dict[int, Device] = {}
@@ -192,6 +197,8 @@ def resolve(dev: Device | int | str | None) -> Device:
                 "index, 'wgpu' or 'wgpu:N' (see wgpar.devices())")
         if kind == "cpu":
             raise HostDeviceError(f"{what}. {NO_HOST_TENSOR}")
+        if kind == "cuda":
+            raise ValueError(f"{what}. {NO_CUDA}")
         raise ValueError(what)
     return device(dev)
 

@@ -29,7 +29,9 @@ def host_dtype(dtype: DType) -> np.dtype:
 
 def check_reducible(dtype: DType, op: str, what: str) -> None:
     if op == "mean" and not dtype.is_float:
-        raise TypeError(f"{what}: op 'mean' needs a float tensor, got {dtype.name} (sum, then divide)")
+        raise TypeError(f"{what}: op 'mean' needs a float tensor, got {dtype.name}: reduce with op 'sum' and "
+                        "divide by world_size yourself (an integer mean must choose its rounding), or reduce a float "
+                        "copy (tensor.float())")
 
 
 def _ufunc(op: str, is_bool: bool):

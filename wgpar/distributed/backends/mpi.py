@@ -71,6 +71,9 @@ from .staging import TransferPool
 _HDR = 1024  # bytes of a collective's header (its kind and metadata)
 _HDR_TAG, _OBJ_TAG = 0, 1
 _RECV_AHEAD = 2  # chunks of a message received ahead of the one being committed
+# Seconds a recv keeps waiting after its sender's next collective header arrived: the header travels on
+# another communicator, which MPI does not order against the message's.
+_MOVED_ON_GRACE = 1.0
 # Elements per host-pool task: a chunk is split over the host's ranks, so smaller tasks than the
 # threaded backend's keep the pool busy within one chunk.
 _BLOCK = 1 << 18
@@ -177,6 +180,12 @@ class MPIGroup(ProcessGroup):
         self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
         self._progress = Progress(f"wgpar-mpi-{name}", idle=self._poll_sends)
         self._sends: deque = deque()  # sends handed to MPI and not yet taken: (requests, readback)
+        # Messages this rank sent each member and received from each; what each member had sent this rank
+        # when it entered the last collective (its header says): at exit the difference is what this
+        # rank never received (a small message is delivered eagerly, so its sender never knows).
+        self._sent = [0] * self.world_size
+        self._received = [0] * self.world_size
+        self._peer_sent = [0] * self.world_size
         self._seq = 0
         self._broken: str | None = None
         self._children: list[MPIGroup] = []
@@ -232,9 +241,46 @@ class MPIGroup(ProcessGroup):
         """At exit: stop the communication thread, then wait (with the timeout) until every send was taken
         by its receiver; one that never is fails the job instead of leaving MPI_Finalize waiting."""
         self._progress.close()
+        unreceived = self._unreceived()
+        if unreceived:
+            # Its senders are exiting too, some already in MPI_Finalize where they never acknowledge the
+            # notice: a short wait for the acknowledgements, then the abort.
+            self.world.grace = min(self.world.grace, 1.0)
+            self._fail(unreceived)
+            return
         pending = [req for reqs, _ in self._sends for req in reqs]
         if pending and not self.world.wait(pending, self._timeout, lambda: None):
             self._fail(f"exiting with {len(self._sends)} send(s) that no rank received within {self._timeout:g} s")
+
+    def _unreceived(self) -> str | None:
+        """At exit: the messages members sent this rank (up to their last collective) that it never
+        received, named by sender, receiver, tag and bytes (their headers are read off the queue); None
+        when there are none."""
+        MPI = self.MPI
+        missing = {r: self._peer_sent[r] - self._received[r] for r in range(self.world_size)
+                   if self._peer_sent[r] > self._received[r]}
+        if not missing:
+            return None
+        parts = []
+        status = MPI.Status()
+        for src, n in missing.items():
+            named = []
+            for _ in range(min(n, 4)):  # they were sent, so they arrive: wait (bounded) for each header
+                deadline = time.monotonic() + self._timeout
+                while not self._p2p.Iprobe(src, MPI.ANY_TAG, status) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                if status.Get_source() != src:
+                    break
+                tag, hdr = status.Get_tag(), bytearray(_HDR)
+                self._p2p.Recv(hdr, src, tag)
+                shape, dtype_name, nbytes, _ = _unpack(hdr)
+                named.append(f"tag {tag}, {nbytes} bytes ({dtype_name} {tuple(shape)})")
+                status = MPI.Status()
+            more = f" and {n - len(named)} more" if n > len(named) else ""
+            parts.append(f"{n} message(s) from rank {src} to rank {self.rank} were never received: "
+                         f"{'; '.join(named) or 'headers not found'}{more}")
+        return (f"group {self.name}: rank {self.rank} exits, but " + "; ".join(parts) +
+                " (every send needs a matching recv)")
 
     # -- plumbing -------------------------------------------------------------------------
     def _launch(self, kind: str) -> None:
@@ -289,18 +335,20 @@ class MPIGroup(ProcessGroup):
         mine = (_short(kind), meta, info)
         if self.world_size == 1:
             return [info]
-        hdr = _pack(mine, what)
         others = [r for r in range(self.world_size) if r != self.rank]
         bufs = {r: bytearray(_HDR) for r in others}
         recvs = {r: self._hdr.Irecv(bufs[r], r, _HDR_TAG) for r in others}
-        sends = [self._hdr.Isend(hdr, r, _HDR_TAG) for r in others]
+        # Each header carries how many messages this rank has sent its receiver (see _unreceived).
+        sends = [self._hdr.Isend(_pack((*mine, self._sent[r]), what), r, _HDR_TAG) for r in others]
 
         def late() -> list[int]:
             return [r for r, q in recvs.items() if not q.Test()]
 
         self._wait([*recvs.values(), *sends], what,
                    lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
-        entries = {r: _unpack(bufs[r]) for r in others}
+        entries = {}
+        for r in others:
+            *entries[r], self._peer_sent[r] = _unpack(bufs[r])
         entries[self.rank] = mine
         kinds = [entries[r][0] for r in range(self.world_size)]
         if len(set(kinds)) > 1:
@@ -506,7 +554,7 @@ class MPIGroup(ProcessGroup):
     def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
         kind = kind_name("all_reduce", label)
         self._launch(kind)
-        check_reducible(tensor.dtype, op, kind)
+        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
         meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
         target = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
         rb = self._readback(tensor)
@@ -522,7 +570,7 @@ class MPIGroup(ProcessGroup):
     def _scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, op: str, lo: int,
                          hi: int) -> Work:
         self._launch(kind)
-        check_reducible(tensor.dtype, op, kind)
+        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
         target = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
         rb = self._readback(tensor)
 
@@ -666,6 +714,7 @@ class MPIGroup(ProcessGroup):
 
         def complete():
             reqs = [self._p2p.Isend(_pack(header, kind), dst, tag)]
+            self._sent[dst] += 1
             try:
                 for a in range(0, rb.nbytes, self.chunk):
                     ((_, mem),) = self._mapped(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
@@ -684,9 +733,8 @@ class MPIGroup(ProcessGroup):
 
         def complete():
             hdr = bytearray(_HDR)
-            self._wait([self._p2p.Irecv(hdr, src, tag)], kind,
-                       lambda: f"recv on rank {self.rank}: no message from rank {src} (tag {tag}) within "
-                               f"{self._timeout:g} s", late=lambda: [src])
+            self._await_message(hdr, src, tag, kind)
+            self._received[src] += 1
             shape, dtype_name, nbytes, chunk = _unpack(hdr)
             dtype = _dt.as_dtype(dtype_name)
             if tensor is not None and (tensor.shape != shape or tensor.dtype is not dtype):
@@ -704,6 +752,45 @@ class MPIGroup(ProcessGroup):
             return self._landed(target, out)
 
         return self._submit(kind, complete)
+
+    def _await_message(self, hdr: bytearray, src: int, tag: int, kind: str) -> None:
+        """Receive the header of the next message from ``src`` with ``tag``. A sender that entered a
+        collective of this group instead will never send it: its messages on this group leave in call
+        order, and it waits in the collective for this rank, which gets there only after this recv. So
+        once its collective header has waited ``_MOVED_ON_GRACE`` s, fail naming the recv (not the
+        collective, such as run_spmd's end-of-program gather, that the sender met)."""
+        req = self._p2p.Irecv(hdr, src, tag)
+        seen: list[float] = []  # when the sender's collective header was first seen
+        moved_on = "moved on"
+
+        def broken() -> str | None:
+            if self._broken:
+                return self._broken
+            if not seen:
+                if self._hdr.Iprobe(src, _HDR_TAG):
+                    seen.append(time.monotonic())
+            elif time.monotonic() - seen[0] > _MOVED_ON_GRACE:
+                return moved_on
+            return None
+
+        try:
+            done = self.world.wait([req], self._timeout, broken)
+        except Interrupted as exc:
+            if str(exc) != moved_on:
+                raise CollectiveError(f"{kind} on rank {self.rank}: aborted, {exc}") from None
+            req.Cancel()
+            theirs = bytearray(_HDR)
+            self._hdr.Recv(theirs, src, _HDR_TAG)
+            other, _, _, sent = _unpack(theirs)
+            reason = (f"recv on rank {self.rank} from rank {src} (tag {tag}) is never matched: rank {src} called "
+                      f"{other} on this group instead of sending it (messages from rank {src} to rank {self.rank} on "
+                      f"this group: {sent} sent, {self._received[src]} received)")
+            self._fail(reason)
+            raise CollectiveError(reason) from None
+        if not done:
+            reason = f"recv on rank {self.rank}: no message from rank {src} (tag {tag}) within {self._timeout:g} s"
+            self._fail(reason, [src])
+            raise CollectiveTimeoutError(reason)
 
     def _receive_into(self, up: ChunkedUpload, src: int, tag: int, nbytes: int, chunk: int, kind: str) -> None:
         """Receive a message's chunks straight into mapped upload memory, a few ahead, committing in order."""

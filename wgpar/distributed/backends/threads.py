@@ -347,7 +347,7 @@ class ThreadRank(ProcessGroup):
     def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
         kind = kind_name("all_reduce", label)
         self._launch(kind)
-        check_reducible(tensor.dtype, op, kind)
+        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
         meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
         work_t = tensor if writable(tensor) else raw.clone(tensor)  # a clone owns its padding
         n = tensor.numel()
@@ -476,7 +476,7 @@ class ThreadRank(ProcessGroup):
                          lo: int, hi: int) -> Work:
         """Reduce elements [lo, hi) of the flattened ``tensor`` over ranks into ``output``."""
         self._launch(kind)
-        check_reducible(tensor.dtype, op, kind)
+        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
         down, _ = self._download(tensor)
         target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
         up = self._pool.up(round4(output.nbytes))

@@ -1,7 +1,8 @@
 """State dicts and checkpoints of a sharded model: full, sharded, and reloaded on another number of ranks.
 
 - ``full_state_dict(model)``: every parameter and buffer whole, as NumPy arrays under the names the
-  unsharded model uses (loads into it with ``load_state_dict``); one gather per unit, host memory
+  unsharded model's ``state_dict`` uses (a tied one under each of its names; loads into it with
+  ``load_state_dict``); one gather per unit, host memory
   only (the whole model need not fit on one device).
 - ``sharded_state_dict(model)``: this rank's rows of each parameter (``LocalShard``), no communication.
 - ``save_sharded_checkpoint(model, dir, optimizer)``: every rank writes its rows of every parameter
@@ -11,8 +12,8 @@
   model on one device), each rank reads the rows its shards need from whichever files hold them
   (safetensors slices: it never reads the whole model) and loads the optimizer state the same way.
 
-Names are those of ``model.named_parameters()``; a parameter's dim-0 rows are what moves between
-layouts, so a checkpoint saved on 4 ranks continues on 2 ranks or on 1 exactly.
+Checkpoint files name parameters as ``model.named_parameters()`` (each once); a parameter's dim-0 rows
+are what moves between layouts, so a checkpoint saved on 4 ranks continues on 2 ranks or on 1 exactly.
 """
 
 from __future__ import annotations
@@ -86,10 +87,10 @@ def full_state_dict(model: Module, *, rank0_only: bool = False,
     if rank0_only and rank != 0:
         return {}
     out: dict[str, np.ndarray] = {}
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters(remove_duplicate=False):  # a tied one under each name, as state_dict
         fp = fsdp_param_of(p)
         out[name] = values[id(fp)] if fp is not None else p.numpy()
-    for name, b in model.named_buffers():
+    for name, b in model.named_buffers(remove_duplicate=False):
         out[name] = b.numpy()
     return out
 
@@ -179,7 +180,7 @@ def sharded_state_dict(model: Module) -> dict[str, LocalShard]:
     """This rank's rows of every parameter (padding dropped) and its buffers whole; no communication."""
     _settle(model)
     out: dict[str, LocalShard] = {}
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters(remove_duplicate=False):
         fp, shape, (lo, hi) = _local_rows(p)
         out[name] = LocalShard(_real(_registered_values(p), shape, lo, hi).reshape((hi - lo, *shape[1:]) if shape
                                                                                  else (hi - lo,)), shape, (lo, hi))
