@@ -54,3 +54,10 @@ def rng(request):
 def torch():
     """The torch module, or a skip of the asking test where it is not installed."""
     return pytest.importorskip("torch")
+
+
+@pytest.fixture(params=[None, pytest.param("torch", marks=pytest.mark.torch)], ids=["float64", "torch"])
+def reference(request):
+    """Runs the asking test twice: against its NumPy float64 reference (None) and against PyTorch (the
+    torch module; that run is marked ``torch`` and skipped where torch is not installed)."""
+    return request.getfixturevalue("torch") if request.param else None
