@@ -13,3 +13,35 @@ def assert_close(got, want, rtol=1e-5, atol=1e-6, what=""):
 
 
 SIZES = (1, 3, 7, 33, 129, 1000)
+
+
+def np_sdpa(q, k, v, g=None, mask=None, causal=False):
+    """softmax(q k^T / sqrt(d) + mask) v in float64, and with ``g`` its analytic gradients (dq, dk, dv).
+
+    ``mask``: bool (True: may attend) or additive float, broadcast over the leading dims; ``causal``:
+    top-left aligned (query i sees keys 0..i), as torch's scaled_dot_product_attention.
+    """
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        mask = np.tril(np.ones(s.shape[-2:], dtype=bool))
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask.astype(np.float64)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    y = p @ v
+    if g is None:
+        return y
+    g = np.asarray(g, np.float64)
+    dv = np.swapaxes(p, -1, -2) @ g
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return y, (ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, dv)
+
+
+def rel_err(got, want) -> float:
+    """max |got - want| relative to want's largest entry (float32 sums in another order stay < ~1e-6)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))

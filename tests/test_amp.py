@@ -1,5 +1,6 @@
 """Mixed precision: autocast's op rules (torch's CUDA lists), float32 master weights, the shader-f16
-error, and GradScaler against torch.amp.GradScaler step by step (scale, growth, back-off, skipped steps)."""
+error, and GradScaler step by step (scale, growth, back-off, skipped steps) against its contract written
+out in Python below, and against torch.amp.GradScaler where torch is installed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,40 @@ from wgpar import nn, optim
 from wgpar.amp import GradScaler
 from wgpar.nn import functional as F
 
-torch = pytest.importorskip("torch")
+
+class RefScaler:
+    """torch.amp.GradScaler's contract in plain Python (scale kept in float32, as torch keeps it): step
+    unscales, skips when any gradient is inf / NaN; update backs off after a skipped step and grows after
+    ``growth_interval`` clean ones in a row."""
+
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.scale, self.growth, self.backoff, self.interval = np.float32(init_scale), growth_factor, \
+            backoff_factor, growth_interval
+        self.tracker, self.found = 0, None
+
+    def unscale(self, grads):
+        inv = np.float32(1.0) / self.scale
+        self.found = not all(np.isfinite(g).all() for g in grads)
+        return [(g * inv).astype(np.float32) for g in grads]
+
+    def step_sgd(self, params, grads, lr):
+        """Parameters after scaler.step(SGD(lr)) from scaled gradients (not unscaled yet)."""
+        grads = self.unscale(grads)
+        if self.found:
+            return params
+        return [(p - np.float32(lr) * g).astype(np.float32) for p, g in zip(params, grads)]
+
+    def update(self):
+        if self.found:
+            self.scale, self.tracker = np.float32(self.scale * np.float32(self.backoff)), 0
+        elif self.tracker + 1 == self.interval:
+            self.scale, self.tracker = np.float32(self.scale * self.growth), 0
+        else:
+            self.tracker += 1
+
+    def state_dict(self):
+        return {"scale": float(self.scale), "growth_factor": self.growth, "backoff_factor": self.backoff,
+                "growth_interval": self.interval, "_growth_tracker": self.tracker}
 
 
 def test_autocast_op_rules(rng):
@@ -43,16 +77,34 @@ def test_autocast_op_rules(rng):
     assert lin.weight.dtype is f and lin.weight.grad.dtype is f and x.grad.dtype is f
 
 
-def test_gradients_keep_their_inputs_dtype(rng):
-    """A float16 branch added into a float32 one gets float16 gradients, as in PyTorch (so the branch's
-    matmuls run the float16 kernels in backward); the values equal torch's."""
-    a = rng.standard_normal((5, 6)).astype(np.float32)
-    w = rng.standard_normal((6, 6)).astype(np.float32)
+def _mixed_branches(a, w):
+    """(h + x @ w) * 3 with h = x @ w computed in float16; returns h and x (both retaining gradients)."""
     x = wgpar.tensor(a, requires_grad=True)
     h = (x.to(wgpar.float16) @ wgpar.tensor(w).to(wgpar.float16))  # a float16 branch
     h.retain_grad()
     out = (h + x @ wgpar.tensor(w)) * 3.0  # float16 + float32: float32
     out.sum().backward()
+    return h, x
+
+
+def test_gradients_keep_their_inputs_dtype(rng):
+    """A float16 branch added into a float32 one gets float16 gradients, as in PyTorch (so the branch's
+    matmuls run the float16 kernels in backward); the values are the float64 ones within float16 rounding."""
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 6)).astype(np.float32)
+    h, x = _mixed_branches(a, w)
+    assert h.grad.dtype is wgpar.float16 and x.grad.dtype is wgpar.float32
+    np.testing.assert_array_equal(h.grad.numpy(), np.full((5, 6), 3.0))  # 3 is exact in float16
+    # d/dx: 3 * ones @ w^T through each branch; the float16 one sees w rounded to float16.
+    w16 = w.astype(np.float16).astype(np.float64)
+    want = 3.0 * np.ones((5, 6)) @ w16.T + 3.0 * np.ones((5, 6)) @ w.astype(np.float64).T
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_gradients_keep_their_inputs_dtype_torch(rng, torch):
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 6)).astype(np.float32)
+    h, x = _mixed_branches(a, w)
     tx = torch.tensor(a, requires_grad=True)
     th = tx.half() @ torch.tensor(w).half()
     th.retain_grad()
@@ -125,66 +177,98 @@ def test_autocast_training_tracks_float32(rng):
     assert curves[True][-1] < curves[True][0]
 
 
-def _torch_pair(shapes, **kw):
-    ws = [nn.Parameter(wgpar.zeros(*s)) for s in shapes]
-    ts = [torch.nn.Parameter(torch.zeros(*s)) for s in shapes]
-    tsc = torch.amp.GradScaler("cpu", **kw)
-    tsc.scale(torch.ones(()))  # torch makes its scale tensor on the first scale()
-    return ws, optim.SGD(ws, lr=0.5), GradScaler(**kw), ts, torch.optim.SGD(ts, lr=0.5), tsc
+SCALER_SHAPES = [(5, 3), (7,), (2, 2, 2)]
+BAD_STEPS = {2: np.inf, 3: -np.inf, 7: np.nan}
 
 
-def test_grad_scaler_matches_torch_step_by_step(rng):
-    """Gradients arrive scaled; some steps carry an inf or a NaN: both scalers skip the same steps, back off,
-    grow after growth_interval clean steps, and leave identical parameters and state."""
-    shapes = [(5, 3), (7,), (2, 2, 2)]
-    ws, wopt, wsc, ts, topt, tsc = _torch_pair(shapes, init_scale=2.0 ** 10, growth_interval=3)
-    bad_steps = {2: np.inf, 3: -np.inf, 7: np.nan}
-    skipped = []
+def _wgpar_scaler_run(rng, **kw):
+    """Each step's (scale before it, parameters and state_dict after it) of GradScaler + SGD(lr=0.5).
+
+    Gradients are made from the scale the scaler reports, so a wrong scale changes them (and fails)."""
+    ws = [nn.Parameter(wgpar.zeros(*s)) for s in SCALER_SHAPES]
+    opt, sc = optim.SGD(ws, lr=0.5), GradScaler(**kw)
+    noise = [[rng.standard_normal(s).astype(np.float32) for s in SCALER_SHAPES] for _ in range(12)]
+    trace = []
     for step in range(12):
-        scale = wsc.get_scale()
-        assert scale == tsc.get_scale(), f"step {step}"
-        for i, (w, t) in enumerate(zip(ws, ts)):
-            g = (rng.standard_normal(w.shape) * scale).astype(np.float32)
-            if step in bad_steps and i == 1:
-                g.flat[3] = bad_steps[step]
+        scale = sc.get_scale()
+        gs = [(n * np.float32(scale)).astype(np.float32) for n in noise[step]]
+        if step in BAD_STEPS:
+            gs[1].flat[3] = BAD_STEPS[step]
+        for w, g in zip(ws, gs):
             w.grad = wgpar.tensor(g)
+        sc.step(opt)
+        sc.update()
+        trace.append((scale, gs, [w.numpy() for w in ws], sc.state_dict()))
+    return trace
+
+
+def test_grad_scaler_contract_step_by_step(rng):
+    """Gradients arrive scaled; some steps carry an inf or a NaN: the scaler skips exactly those steps,
+    backs off, grows after growth_interval clean steps, and its parameters and state equal the contract's."""
+    kw = {"init_scale": 2.0 ** 10, "growth_interval": 3}
+    ref = RefScaler(**kw)
+    params = [np.zeros(s, np.float32) for s in SCALER_SHAPES]
+    scales = []
+    for step, (scale, gs, got, state) in enumerate(_wgpar_scaler_run(rng, **kw)):
+        assert scale == float(ref.scale), f"step {step}: scale {scale} != {ref.scale}"
+        scales.append(scale)
+        new = ref.step_sgd(params, gs, 0.5)
+        assert (new is params) == (step in BAD_STEPS), f"step {step}"
+        params = new
+        ref.update()
+        for g, p in zip(got, params):
+            np.testing.assert_allclose(g, p, rtol=1e-6, atol=1e-7, err_msg=f"step {step}")
+        assert state == ref.state_dict(), f"step {step}"
+    # Backed off at 2, 3 and 7, grew after 3 clean steps (4-6, 8-10): the schedule the contract gives.
+    assert scales == [1024.0, 1024.0, 1024.0, 512.0, 256.0, 256.0, 256.0, 512.0, 256.0, 256.0, 256.0, 512.0]
+
+
+def test_grad_scaler_matches_torch_step_by_step(rng, torch):
+    """The same steps through torch.amp.GradScaler: identical scales, parameters and state."""
+    kw = {"init_scale": 2.0 ** 10, "growth_interval": 3}
+    ts = [torch.nn.Parameter(torch.zeros(*s)) for s in SCALER_SHAPES]
+    topt, tsc = torch.optim.SGD(ts, lr=0.5), torch.amp.GradScaler("cpu", **kw)
+    tsc.scale(torch.ones(()))  # torch makes its scale tensor on the first scale()
+    for step, (scale, gs, got, state) in enumerate(_wgpar_scaler_run(rng, **kw)):
+        assert scale == tsc.get_scale(), f"step {step}"
+        for t, g in zip(ts, gs):
             t.grad = torch.tensor(g)
-        before = ws[0].numpy()
-        wsc.step(wopt)
         tsc.step(topt)
-        if np.array_equal(before, ws[0].numpy()):
-            skipped.append(step)
-        wsc.update()
         tsc.update()
-        for w, t in zip(ws, ts):
-            np.testing.assert_allclose(w.numpy(), t.detach().numpy(), rtol=1e-6, atol=1e-7)
-        assert wsc.state_dict() == tsc.state_dict(), f"step {step}"
-    assert skipped == sorted(bad_steps)
-    assert wsc.get_scale() != 2.0 ** 10  # it moved both ways: backed off at the bad steps, grew after 3 clean ones
+        for g, t in zip(got, ts):
+            np.testing.assert_allclose(g, t.detach().numpy(), rtol=1e-6, atol=1e-7)
+        assert state == tsc.state_dict(), f"step {step}"
 
 
-def test_unscale_then_clip_reads_back_once_per_step(rng, monkeypatch):
-    """unscale_ before clip_grad_norm_ (torch's recipe); the inf check costs one 4-byte readback per step,
-    not one per parameter."""
-    ws, wopt, wsc, ts, topt, tsc = _torch_pair([(9,)] * 6, init_scale=256.0)
-    for w, t in zip(ws, ts):
-        g = (rng.standard_normal(9) * 256).astype(np.float32)
-        w.grad, t.grad = wgpar.tensor(g), torch.tensor(g)
+def _unscale_clip_step(grads, monkeypatch):
+    """unscale_, clip_grad_norm_(1.0), step with SGD(lr=0.5) from zero parameters; the download sizes seen."""
+    ws = [nn.Parameter(wgpar.zeros(*g.shape)) for g in grads]
+    opt, sc = optim.SGD(ws, lr=0.5), GradScaler(init_scale=256.0)
+    for w, g in zip(ws, grads):
+        w.grad = wgpar.tensor(g)
     wgpar.synchronize()
     dev = ws[0].device
     calls = []
     real = type(dev).download
     monkeypatch.setattr(type(dev), "download", lambda self, *a: calls.append(a[-1]) or real(self, *a))
-    wsc.unscale_(wopt)
+    sc.unscale_(opt)
     nn.utils.clip_grad_norm_(ws, 1.0)
-    wsc.step(wopt)
-    assert calls == [4]
+    sc.step(opt)
     monkeypatch.undo()
-    tsc.unscale_(topt)
-    torch.nn.utils.clip_grad_norm_(ts, 1.0)
-    tsc.step(topt)
-    for w, t in zip(ws, ts):
-        np.testing.assert_allclose(w.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-7)
+    return ws, opt, sc, calls
+
+
+def test_unscale_then_clip_reads_back_once_per_step(rng, monkeypatch):
+    """unscale_ before clip_grad_norm_ (torch's recipe) clips the true gradients; the inf check costs one
+    4-byte readback per step, not one per parameter; misuse of the stages raises as torch's does."""
+    grads = [(rng.standard_normal(9) * 256).astype(np.float32) for _ in range(6)]
+    ws, wopt, wsc, calls = _unscale_clip_step(grads, monkeypatch)
+    assert calls == [4]
+    true = [g.astype(np.float64) / 256 for g in grads]
+    norm = np.sqrt(sum((g ** 2).sum() for g in true))
+    coef = min(1.0, 1.0 / (norm + 1e-6))
+    for w, g in zip(ws, true):
+        np.testing.assert_allclose(w.numpy(), -0.5 * coef * g, rtol=1e-5, atol=1e-7)
     with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
         wsc.step(wopt)
     with pytest.raises(RuntimeError, match="after step"):
@@ -193,6 +277,21 @@ def test_unscale_then_clip_reads_back_once_per_step(rng, monkeypatch):
     wsc.unscale_(wopt)
     with pytest.raises(RuntimeError, match="already been called on this optimizer"):
         wsc.unscale_(wopt)
+
+
+def test_unscale_then_clip_matches_torch(rng, monkeypatch, torch):
+    grads = [(rng.standard_normal(9) * 256).astype(np.float32) for _ in range(6)]
+    ws, _, _, _ = _unscale_clip_step(grads, monkeypatch)
+    ts = [torch.nn.Parameter(torch.zeros(9)) for _ in grads]
+    topt, tsc = torch.optim.SGD(ts, lr=0.5), torch.amp.GradScaler("cpu", init_scale=256.0)
+    tsc.scale(torch.ones(()))
+    for t, g in zip(ts, grads):
+        t.grad = torch.tensor(g)
+    tsc.unscale_(topt)
+    torch.nn.utils.clip_grad_norm_(ts, 1.0)
+    tsc.step(topt)
+    for w, t in zip(ws, ts):
+        np.testing.assert_allclose(w.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_disabled_scaler_and_state_dict_round_trip(tmp_path):

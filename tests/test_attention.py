@@ -1,5 +1,6 @@
-"""scaled_dot_product_attention: the fused kernels and the reference path against torch's SDPA in float64
-and against float64 finite differences; long sequences split into chunks; NaN; memory without [T, T]."""
+"""scaled_dot_product_attention: the fused kernels and the reference path against a float64 NumPy
+attention with analytic gradients (itself checked against finite differences) and, where installed, torch's
+SDPA in float64; long sequences split into chunks; NaN; memory without [T, T]."""
 
 from __future__ import annotations
 
@@ -11,37 +12,44 @@ from wgpar.nn import functional as F
 from wgpar.ops import attention as A
 
 from . import gradcheck
+from .helpers import np_sdpa, rel_err
 
-torch = pytest.importorskip("torch")
+
+def _problem(shape_q, shape_k, rng):
+    """q, k, v and an upstream gradient g, float32."""
+    return [rng.standard_normal(s).astype(np.float32) for s in (shape_q, shape_k, shape_k, shape_q)]
 
 
-def _run(shape_q, shape_k, causal, rng, dtype=wgpar.float32, mask=None, path=None):
-    """wgpar's output and gradients next to torch's in float64, for one random problem."""
-    q = rng.standard_normal(shape_q).astype(np.float32)
-    k = rng.standard_normal(shape_k).astype(np.float32)
-    v = rng.standard_normal(shape_k).astype(np.float32)
-    g = rng.standard_normal(shape_q).astype(np.float32)
+def _run(arrays, causal, dtype=wgpar.float32, mask=None, path=None):
+    """wgpar's output and its (q, k, v) leaves, after backward with the problem's g."""
+    q, k, v, g = arrays
     Q, K, V = (wgpar.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v))
     with A.force_path(path):
         y = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, is_causal=causal)
     y.backward(wgpar.tensor(g, dtype=dtype))
+    return y, (Q, K, V)
+
+
+def _want(reference, arrays, causal, mask=None):
+    """(output, (dq, dk, dv)) in float64: NumPy's (reference None) or torch's SDPA."""
+    q, k, v, g = arrays
+    if reference is None:
+        return np_sdpa(q, k, v, g, mask=mask, causal=causal)
+    torch = reference
     tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
     tmask = None if mask is None else torch.tensor(mask if mask.dtype == bool else mask.astype(np.float64))
     ty = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask, is_causal=causal)
     ty.backward(torch.tensor(g, dtype=torch.float64))
-    return y, (Q, K, V), ty, (tq, tk, tv)
+    return ty.detach().numpy(), tuple(t.grad.numpy() for t in (tq, tk, tv))
 
 
-def _check(y, ins, ty, tins, tol=2e-5):
-    def rel(a, b):
-        b = b.detach().numpy()
-        return float(np.abs(a.numpy().astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
-
-    assert y.shape == tuple(ty.shape)
-    assert rel(y, ty) < tol, "output"
-    for name, t, tt in zip("qkv", ins, tins):
+def _check(y, ins, want, tol=2e-5):
+    want_y, want_grads = want
+    assert y.shape == want_y.shape
+    assert rel_err(y.numpy(), want_y) < tol, "output"
+    for name, t, w in zip("qkv", ins, want_grads):
         assert t.grad.shape == t.shape and t.grad.dtype is t.dtype
-        assert rel(t.grad, tt.grad) < tol, f"grad {name}"
+        assert rel_err(t.grad.numpy(), w) < tol, f"grad {name}"
 
 
 # (query shape, key shape): awkward lengths, L != S both ways (causal is top-left aligned, as torch's),
@@ -52,50 +60,59 @@ CASES = [((2, 3, 37, 16), (2, 3, 37, 16)), ((1, 2, 70, 32), (1, 2, 45, 32)), ((2
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shapes", CASES, ids=lambda s: "x".join(map(str, s[0])) + "-" + str(s[1][-2]))
-def test_fused_matches_torch(shapes, causal, rng):
-    y, ins, ty, tins = _run(*shapes, causal, rng, path="fused")
+def test_fused_matches(shapes, causal, rng, reference):
+    arrays = _problem(*shapes, rng)
+    y, ins = _run(arrays, causal, path="fused")
     assert y.grad_fn.name in ("scaled_dot_product_attention", "squeeze")
-    _check(y, ins, ty, tins)
+    _check(y, ins, _want(reference, arrays, causal))
 
 
-def test_fused_float16_accumulates_in_float32(rng):
+def test_fused_float16_accumulates_in_float32(rng, reference):
     """float16 operands (autocast's case): only float16 rounding of inputs and outputs remains."""
-    y, ins, ty, tins = _run((2, 2, 50, 32), (2, 2, 50, 32), True, rng, dtype=wgpar.float16, path="fused")
+    arrays = _problem((2, 2, 50, 32), (2, 2, 50, 32), rng)
+    y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
     assert y.dtype is wgpar.float16
-    _check(y, ins, ty, tins, tol=3e-3)
+    _check(y, ins, _want(reference, arrays, True), tol=3e-3)
 
 
-def _np_attention(q, k, v, causal):
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
-    if causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
-    e = np.exp(s - s.max(-1, keepdims=True))
-    return (e / e.sum(-1, keepdims=True)) @ v
+@pytest.mark.parametrize("mask", ["causal", "bool", "float", None])
+def test_numpy_reference_gradients_match_finite_differences(mask, rng):
+    """The analytic gradients every test here compares with: against central differences of the same
+    float64 forward, with each kind of mask (L != S)."""
+    q, k, v, g = (rng.standard_normal(s) for s in ((2, 5, 3), (2, 6, 3), (2, 6, 3), (2, 5, 3)))
+    m = {"bool": rng.random((5, 6)) > 0.3, "float": rng.standard_normal((5, 6))}.get(mask)
+    if mask == "bool":
+        m[:, 0] = True
+    _, grads = np_sdpa(q, k, v, g, mask=m, causal=mask == "causal")
+    want = gradcheck.numeric_grad(lambda *a: np_sdpa(*a, mask=m, causal=mask == "causal"), [q, k, v], g)
+    for name, got, w in zip("qkv", grads, want):
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-8, err_msg=f"grad {name}")
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_fused_gradients_match_finite_differences(causal, rng):
-    """Against central differences of a float64 NumPy attention (no torch involved)."""
+    """Against central differences of the float64 NumPy attention."""
     arrays = [rng.standard_normal((1, 2, 5, 4)) for _ in range(3)]
     with A.force_path("fused"):
         gradcheck.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                        lambda q, k, v: _np_attention(q, k, v, causal), arrays, rng)
+                        lambda q, k, v: np_sdpa(q, k, v, causal=causal), arrays, rng)
 
 
 @pytest.mark.parametrize("tiles", [{"fwd": "16x16", "dq": "16x16", "dkv": "16x16", "cv": 2},
                                    {"fwd": "32x16", "dq": "16x32", "dkv": "32x16", "cv": 4},
                                    {"fwd": "16x32", "dq": "32x16", "dkv": "16x32", "cv": 1},
                                    {"fwd": "64x32", "dq": "32x32", "dkv": "32x32", "cv": 2}], ids=str)
-def test_every_tile_shape_matches_torch(tiles, rng):
+def test_every_tile_shape_matches(tiles, rng, reference):
     """The tiles and output layouts a GPU picks (more rows or columns per thread; an H200 runs GPT-2's
     attention with fwd 64x32, dq and dkv 32x32, 2 columns per thread) on a problem lavapipe picks others for."""
+    arrays = _problem((1, 2, 45, 16), (1, 2, 45, 16), rng)
     with A.force_tiles(**tiles):
-        y, ins, ty, tins = _run((1, 2, 45, 16), (1, 2, 45, 16), True, rng, path="fused")
-    _check(y, ins, ty, tins)
+        y, ins = _run(arrays, True, path="fused")
+    _check(y, ins, _want(reference, arrays, True))
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_chunked_keys_and_queries_match_torch(causal, rng, monkeypatch):
+def test_chunked_keys_and_queries_match(causal, rng, monkeypatch, reference):
     """With a small loop budget every kernel splits its loop into several dispatches: the forward merges
     its chunks by their logsumexps, the gradient chunks add up (lavapipe's case for long sequences)."""
     monkeypatch.setattr(A, "MAX_LOOP", 200)
@@ -104,8 +121,9 @@ def test_chunked_keys_and_queries_match_torch(causal, rng, monkeypatch):
         assert len(A.chunks("fwd", A.pick("fwd", dev, 8, 70, 90), 2, 90)) >= 3
         assert len(A.chunks("dq", A.pick("dq", dev, 8, 70, 90), 2, 90)) >= 2
         assert len(A.chunks("dkv", A.pick("dkv", dev, 8, 90, 70), 2, 70)) >= 2
-        y, ins, ty, tins = _run((2, 1, 70, 8), (2, 1, 90, 8), causal, rng, path="fused")
-    _check(y, ins, ty, tins)
+        arrays = _problem((2, 1, 70, 8), (2, 1, 90, 8), rng)
+        y, ins = _run(arrays, causal, path="fused")
+    _check(y, ins, _want(reference, arrays, causal))
 
 
 def test_long_sequence_within_lavapipe_loop_limit(rng):
@@ -113,28 +131,27 @@ def test_long_sequence_within_lavapipe_loop_limit(rng):
     stops early there (measured: wrong from ~50000 keys); the host splits the walk and stays exact."""
     q, k, v = (rng.standard_normal((1, n, 4)).astype(np.float32) for n in (16, 60000, 60000))
     y = F.scaled_dot_product_attention(*(wgpar.tensor(a) for a in (q, k, v))).numpy()
-    s = q[0].astype(np.float64) @ k[0].T / 2.0
-    e = np.exp(s - s.max(-1, keepdims=True))
-    want = (e / e.sum(-1, keepdims=True)) @ v[0]
-    assert np.abs(y[0] - want).max() / np.abs(want).max() < 1e-5
+    assert rel_err(y, np_sdpa(q, k, v)) < 1e-5
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
-def test_reference_path_masks_match_torch(kind, rng):
+def test_reference_path_masks_match(kind, rng, reference):
     """Masks run the composed reference path (matmul, mask, softmax, matmul), gradients included."""
     L, S = 9, 13
     mask = rng.random((L, S)) > 0.3
     mask[:, 0] = True  # no fully masked row (tests/test_attention_masks.py has those)
     if kind == "float":
         mask = np.where(mask, 0.0, -1e4).astype(np.float32) + rng.standard_normal((L, S)).astype(np.float32)
-    y, ins, ty, tins = _run((2, 3, L, 6), (2, 3, S, 6), False, rng, mask=mask)
+    arrays = _problem((2, 3, L, 6), (2, 3, S, 6), rng)
+    y, ins = _run(arrays, False, mask=mask)
     assert y.grad_fn.name == "matmul"
-    _check(y, ins, ty, tins)
+    _check(y, ins, _want(reference, arrays, False, mask))
 
 
 def test_reference_and_fused_agree(rng):
-    y1, ins1, *_ = _run((2, 2, 24, 16), (2, 2, 24, 16), True, np.random.default_rng(7), path="reference")
-    y2, ins2, *_ = _run((2, 2, 24, 16), (2, 2, 24, 16), True, np.random.default_rng(7), path="fused")
+    arrays = _problem((2, 2, 24, 16), (2, 2, 24, 16), rng)
+    y1, ins1 = _run(arrays, True, path="reference")
+    y2, ins2 = _run(arrays, True, path="fused")
     np.testing.assert_allclose(y1.numpy(), y2.numpy(), rtol=1e-5, atol=1e-6)
     for a, b in zip(ins1, ins2):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-6)

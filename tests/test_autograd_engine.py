@@ -138,10 +138,9 @@ def test_in_place_change_of_a_clamp_bound_after_forward_is_caught(rng, which):
         out.sum().backward()
 
 
-def test_nll_loss_target_changed_after_forward_keeps_the_forward_gradient(rng):
+def test_nll_loss_target_changed_after_forward_keeps_the_forward_gradient(rng, torch):
     # nll_loss turns targets into flat positions during forward and never reads them again, so a later
     # change cannot move its gradient: it stays the gradient of the loss that was computed.
-    torch = pytest.importorskip("torch")
     z = rng.standard_normal((5, 4)).astype(np.float32)
     tgt = np.array([0, 3, 1, 1, 2], np.int32)
     x = wgpar.tensor(z, requires_grad=True)
@@ -155,8 +154,7 @@ def test_nll_loss_target_changed_after_forward_keeps_the_forward_gradient(rng):
 
 
 @pytest.mark.parametrize("lo_shape,hi_shape", [((6, 5), (6, 5)), ((5,), (6, 1)), ((1, 5), None), (None, (5,))])
-def test_clamp_tensor_bounds_get_gradients_as_in_torch(rng, lo_shape, hi_shape):
-    torch = pytest.importorskip("torch")
+def test_clamp_tensor_bounds_get_gradients_as_in_torch(rng, lo_shape, hi_shape, torch):
     a = rng.standard_normal((6, 5)).astype(np.float32)
     lo = rng.uniform(-1.0, 0.2, lo_shape).astype(np.float32) if lo_shape else None
     hi = rng.uniform(-0.2, 1.0, hi_shape).astype(np.float32) if hi_shape else None  # some hi < lo

@@ -84,8 +84,7 @@ def test_prehook_replaces_the_gradient_and_handles_remove(rng):
     assert len(seen) == 3
 
 
-def test_tensor_hooks_match_torch(rng):
-    torch = pytest.importorskip("torch")
+def test_tensor_hooks_match_torch(rng, torch):
     a = rng.standard_normal((4, 5))
     b = rng.standard_normal((4, 5))
     x = wgpar.tensor(a, requires_grad=True)

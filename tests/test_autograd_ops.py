@@ -153,8 +153,7 @@ def test_cross_entropy_kernels_and_their_function(rng, reduction):
     np.testing.assert_allclose(xs.grad.numpy(), (np.exp(lsm) - onehot) * scale, rtol=1e-5, atol=1e-6)
 
 
-def test_against_torch_mlp_block(rng):
-    torch = pytest.importorskip("torch")
+def test_against_torch_mlp_block(rng, torch):
     x = rng.standard_normal((6, 5)).astype(np.float32)
     w1 = rng.standard_normal((7, 5)).astype(np.float32)
     g = rng.standard_normal((7,)).astype(np.float32)

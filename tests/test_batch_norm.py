@@ -35,8 +35,7 @@ def test_training_forward_and_gradients_match_finite_differences(shape, rng):
 @pytest.mark.parametrize("cls, shape", [("BatchNorm1d", (9, 5)), ("BatchNorm1d", (4, 5, 13)),
                                         ("BatchNorm2d", (3, 5, 6, 7))])
 @pytest.mark.parametrize("momentum", [0.1, 0.35, None])
-def test_modules_match_torch_over_train_and_eval_steps(cls, shape, momentum, rng):
-    torch = pytest.importorskip("torch")
+def test_modules_match_torch_over_train_and_eval_steps(cls, shape, momentum, rng, torch):
     ours, theirs = getattr(nn, cls)(5, momentum=momentum), getattr(torch.nn, cls)(5, momentum=momentum)
     w, b = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
     ours.load_state_dict({"weight": w, "bias": b, "running_mean": np.zeros(5, np.float32),
@@ -48,7 +47,7 @@ def test_modules_match_torch_over_train_and_eval_steps(cls, shape, momentum, rng
         ours.train(train)
         theirs.train(train)
         x = (rng.standard_normal(shape) * (1 + step) + step).astype(np.float32)
-        xo, xt = wgpar.tensor(x, requires_grad=True), __import__("torch").tensor(x, requires_grad=True)
+        xo, xt = wgpar.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
         y, yt = ours(xo), theirs(xt)
         assert_close(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-5, what=f"step {step} output")
         gy = rng.standard_normal(shape).astype(np.float32)
@@ -65,8 +64,7 @@ def test_modules_match_torch_over_train_and_eval_steps(cls, shape, momentum, rng
 
 
 @pytest.mark.parametrize("affine, track", [(False, True), (True, False), (False, False)])
-def test_without_affine_or_running_stats_matches_torch(affine, track, rng):
-    torch = pytest.importorskip("torch")
+def test_without_affine_or_running_stats_matches_torch(affine, track, rng, torch):
     ours = nn.BatchNorm2d(3, affine=affine, track_running_stats=track)
     theirs = torch.nn.BatchNorm2d(3, affine=affine, track_running_stats=track)
     assert sorted(ours.state_dict()) == sorted(theirs.state_dict())

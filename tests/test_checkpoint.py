@@ -172,11 +172,16 @@ def _write_safetensors(path, tensors: dict, metadata: dict | None = None) -> Non
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
-def test_a_key_named_metadata_round_trips_and_other_readers_read_the_file(tmp_path, rng, dev):
-    path = tmp_path / "m.safetensors"
+def _metadata_file(path, rng):
     a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
     wgpar.save({"__metadata__": wgpar.tensor(a), "w": wgpar.tensor(b), "sub": {"__metadata__": wgpar.tensor(b)}},
                path)
+    return a, b
+
+
+def test_a_key_named_metadata_round_trips_and_other_readers_read_the_file(tmp_path, rng, dev):
+    path = tmp_path / "m.safetensors"
+    a, b = _metadata_file(path, rng)
     back = wgpar.load(path)
     assert set(back) == {"__metadata__", "w", "sub"}
     _same(back["__metadata__"].numpy(), a)
@@ -185,15 +190,17 @@ def test_a_key_named_metadata_round_trips_and_other_readers_read_the_file(tmp_pa
     flat = stn.load_file(str(path))  # the tensor is stored under an escaped name
     assert set(flat) == {"__metadata__#1", "w", "sub.__metadata__"}
     _same(flat["__metadata__#1"], a)
-    torch = pytest.importorskip("torch")
+
+
+def test_safetensors_torch_reads_the_escaped_name(tmp_path, rng, torch):
     import safetensors.torch as stt
 
+    path = tmp_path / "m.safetensors"
+    a, _ = _metadata_file(path, rng)
     _same(stt.load_file(str(path))["__metadata__#1"].numpy(), a)
-    del torch
 
 
-def test_foreign_low_precision_floats_convert_exactly(tmp_path, dev):
-    torch = pytest.importorskip("torch")
+def test_foreign_low_precision_floats_convert_exactly(tmp_path, dev, torch):
     every = np.arange(256, dtype=np.uint8)
     bf16 = np.random.default_rng(7).integers(0, 2**16, 4097).astype(np.uint16)
     bf16[:4] = [0x7F80, 0xFF80, 0x7FC0, 0x8000]  # inf, -inf, NaN, -0.0

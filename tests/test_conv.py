@@ -78,8 +78,7 @@ def test_conv2d_gradients_match_finite_differences(rng):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])))
-def test_conv2d_matches_torch(case, rng):
-    torch = pytest.importorskip("torch")
+def test_conv2d_matches_torch(case, rng, torch):
     n, c, h, w, o, k, s, p, d, g = case
     kh, kw = _norm(k)
     arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((n, c, h, w), (o, c // g, kh, kw), (o,))]
@@ -96,8 +95,7 @@ def test_conv2d_matches_torch(case, rng):
 
 
 @pytest.mark.parametrize("padding", [0, 2, "same", "valid"])
-def test_conv1d_matches_torch(padding, rng):
-    torch = pytest.importorskip("torch")
+def test_conv1d_matches_torch(padding, rng, torch):
     stride = 1 if padding == "same" else 2
     arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((3, 4, 13), (6, 2, 4), (6,))]
     ours = [wgpar.tensor(a, requires_grad=True) for a in arrays]
@@ -114,8 +112,7 @@ def test_conv1d_matches_torch(padding, rng):
         assert_close(a.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_conv2d_same_padding_and_unbatched_input_match_torch(rng):
-    torch = pytest.importorskip("torch")
+def test_conv2d_same_padding_and_unbatched_input_match_torch(rng, torch):
     x = rng.standard_normal((3, 6, 7)).astype(np.float32)  # [C, H, W]
     w = rng.standard_normal((4, 3, 4, 3)).astype(np.float32)  # even kernel height: one more row after
     y = F.conv2d(wgpar.tensor(x), wgpar.tensor(w), padding="same", dilation=(1, 2)).numpy()
@@ -143,15 +140,28 @@ def test_batches_past_the_workspace_run_in_chunks(rng, monkeypatch):
         assert_close(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
 
 
+# What torch prints for these layers.
+CONV_REPRS = {
+    "Conv2d(3, 8, kernel_size=(3, 5), stride=(2, 2), padding=(1, 1))":
+        lambda m: m.Conv2d(3, 8, (3, 5), stride=2, padding=1),
+    "Conv1d(4, 4, kernel_size=(3,), stride=(1,), groups=4, bias=False)":
+        lambda m: m.Conv1d(4, 4, 3, groups=4, bias=False),
+}
+
+
+def test_conv_layer_reprs_are_torchs(torch):
+    for text, make in CONV_REPRS.items():
+        assert repr(make(nn)) == repr(make(torch.nn)) == text
+
+
 def test_conv_layers_init_shapes_and_training(rng):
-    torch = pytest.importorskip("torch")
     wgpar.manual_seed(int(rng.integers(1 << 30)))
     conv = nn.Conv2d(3, 8, (3, 5), stride=2, padding=1, groups=1)
     assert conv.weight.shape == (8, 3, 3, 5) and conv.bias.shape == (8,)
     bound = 1 / np.sqrt(3 * 15)  # torch: kaiming_uniform(a=sqrt 5) and the bias both give 1 / sqrt(fan_in)
     assert np.abs(conv.weight.numpy()).max() <= bound and np.abs(conv.bias.numpy()).max() <= bound
-    assert repr(conv) == repr(torch.nn.Conv2d(3, 8, (3, 5), stride=2, padding=1))
-    assert repr(nn.Conv1d(4, 4, 3, groups=4, bias=False)) == repr(torch.nn.Conv1d(4, 4, 3, groups=4, bias=False))
+    for text, make in CONV_REPRS.items():
+        assert repr(make(nn)) == text
     x = wgpar.tensor(rng.standard_normal((2, 3, 9, 11)).astype(np.float32))
     assert conv(x).shape == (2, 8, 5, 5)
     depthwise = nn.Conv1d(4, 8, 3, padding="same", groups=4)

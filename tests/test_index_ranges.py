@@ -12,8 +12,6 @@ import pytest
 import wgpar
 from wgpar.nn import functional as F
 
-torch = pytest.importorskip("torch")
-
 # values that wrap to small valid indices when narrowed to int32 (2**32 + 1 -> 1, 2**32 -> 0, ...)
 WRAPPING = [2**32 + 1, 2**32, -(2**32) + 2, 2**31, 2**63 - 1, -(2**63)]
 
@@ -53,25 +51,41 @@ def _embedding(x):
 
 @pytest.mark.parametrize("n", [1, 4, 7])
 @pytest.mark.parametrize("idx", [[-1], [0, -1], [-1, -1, 0], [-8], [7], [6, 0, -1], [-7, 3]])
-def test_negative_indices_follow_torch(dev, rng, n, idx):
+def test_negative_indices_follow_torch(dev, rng, n, idx, reference):
+    """torch's rules, as NumPy (a[idx] counts negatives from the end, IndexError outside [-n, n); the
+    selection functions take [0, n) only) or as torch itself."""
     a = rng.standard_normal((n, 6)).astype(np.float32)
-    x, t = wgpar.tensor(a), torch.tensor(a)
-    i64 = torch.tensor(idx, dtype=torch.int64)
+    x = wgpar.tensor(a)
     i32 = wgpar.tensor(np.array(idx, np.int32))
+    if reference is None:
+        advanced, select = (lambda: a[idx]), (lambda: _np_select(a, idx))
+        embedding = select
+    else:
+        torch = reference
+        t, i64 = torch.tensor(a), torch.tensor(idx, dtype=torch.int64)
+        advanced, select = (lambda: t[idx].numpy()), (lambda: torch.index_select(t, 0, i64).numpy())
+        embedding = lambda: torch.nn.functional.embedding(i64, t).numpy()  # noqa: E731
     # advanced indexing (a list, an array, an int32 tensor) counts negatives from the end
     for key in (idx, np.array(idx), i32):
-        _same_as_torch(lambda: t[idx], lambda: x[key], n)  # noqa: B023  (called at once)
+        _same_as(advanced, lambda: x[key], n)  # noqa: B023  (called at once)
     cols = [i % 6 - 6 for i in idx]
-    np.testing.assert_array_equal(x[:, cols].numpy(), t[:, cols].numpy())
+    np.testing.assert_array_equal(x[:, cols].numpy(), a[:, cols])
     # index_select and embedding take [0, n) only
-    _same_as_torch(lambda: torch.index_select(t, 0, i64), lambda: x.index_select(0, idx), n)
-    _same_as_torch(lambda: torch.index_select(t, 0, i64), lambda: x.index_select(0, i32), n)
-    _same_as_torch(lambda: torch.nn.functional.embedding(i64, t), lambda: F.embedding(np.array(idx), x), n)
+    _same_as(select, lambda: x.index_select(0, idx), n)
+    _same_as(select, lambda: x.index_select(0, i32), n)
+    _same_as(embedding, lambda: F.embedding(np.array(idx), x), n)
 
 
-def _same_as_torch(fn_torch, fn_wgpar, n):
+def _np_select(a, idx):
+    if any(not 0 <= i < len(a) for i in idx):
+        raise IndexError(f"index out of range for size {len(a)}")
+    return a[idx]
+
+
+def _same_as(fn_ref, fn_wgpar, n):
+    """wgpar gives the reference's result, or raises IndexError naming the size where the reference fails."""
     try:
-        want = fn_torch().numpy()
+        want = fn_ref()
     except (IndexError, RuntimeError):
         with pytest.raises(IndexError, match=f"size {n}"):
             fn_wgpar()
@@ -107,21 +121,32 @@ def test_class_targets_out_of_range_raise(dev, rng, loss, bad, as_tensor):
         fn(logits if loss == "cross_entropy" else logits.log_softmax(-1), target)
     msg = str(info.value)
     assert str(bad) in msg and "3 classes" in msg and loss in msg, msg
-    if bad != -100:  # torch's ignore_index; wgpar has none and refuses it
-        with pytest.raises((IndexError, RuntimeError)):
-            getattr(torch.nn.functional, loss)(torch.tensor(z), torch.tensor(np.array([0, 1, bad, 2])))
 
 
-def test_valid_targets_still_match_torch(dev, rng):
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("bad", [-1, 3, 2**40])  # not -100: torch's ignore_index (wgpar has none, refuses it)
+def test_torch_refuses_those_targets_too(rng, loss, bad, torch):
+    z = rng.standard_normal((4, 3)).astype(np.float32)
+    with pytest.raises((IndexError, RuntimeError)):
+        getattr(torch.nn.functional, loss)(torch.tensor(z), torch.tensor(np.array([0, 1, bad, 2])))
+
+
+def test_valid_targets_still_match(dev, rng, reference):
+    """Every spelling of valid targets gives the loss: -mean(log_softmax(z)[i, t_i]) and -mean(z[i, t_i])."""
     z = rng.standard_normal((33, 7)).astype(np.float32)
     tgt = rng.integers(0, 7, 33)
+    if reference is None:
+        z64, rows = z.astype(np.float64), np.arange(33)
+        logp = z64 - z64.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        want = {"cross_entropy": -logp[rows, tgt].mean(), "nll_loss": -z64[rows, tgt].mean()}
+    else:
+        want = {k: getattr(reference.nn.functional, k)(reference.tensor(z), reference.tensor(tgt)).item()
+                for k in ("cross_entropy", "nll_loss")}
     for t in (tgt, tgt.astype(np.uint8), list(tgt), wgpar.tensor(tgt.astype(np.int32))):
-        got = F.cross_entropy(wgpar.tensor(z), t).item()
-        want = torch.nn.functional.cross_entropy(torch.tensor(z), torch.tensor(tgt)).item()
-        assert abs(got - want) < 1e-5 * max(1.0, abs(want))
-        got = F.nll_loss(wgpar.tensor(z), t).item()
-        want = torch.nn.functional.nll_loss(torch.tensor(z), torch.tensor(tgt)).item()
-        assert abs(got - want) < 1e-5 * max(1.0, abs(want))
+        for loss, w in want.items():
+            got = getattr(F, loss)(wgpar.tensor(z), t).item()
+            assert abs(got - w) < 1e-5 * max(1.0, abs(w)), loss
 
 
 def test_setitem_and_integer_keys_past_int32(dev):

@@ -1,5 +1,6 @@
-"""optim.lr_scheduler against torch.optim.lr_scheduler: the same learning rates step by step, the same
-state_dict, and a schedule restored from a checkpoint continuing exactly."""
+"""optim.lr_scheduler against the schedules' closed forms (and, where installed, torch.optim.lr_scheduler:
+the same learning rates step by step, the same state_dict), and a schedule restored from a checkpoint
+continuing exactly."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import pytest
 import wgpar
 from wgpar import nn, optim
 from wgpar.optim import lr_scheduler as sched
-
-torch = pytest.importorskip("torch")
 
 
 def _warmup_cosine(warmup: int, total: int, floor: float):
@@ -33,13 +32,57 @@ SCHEDULES = {
 }
 
 
-def _pair(name: str, lrs=(3e-3, 7e-4)):
+def _linear(start, end, total):
+    return lambda e: start + (end - start) * min(e, total) / total
+
+
+def _cosine(t_max, eta_min):
+    """A factor of the base lr b: eta_min + (b - eta_min) (1 + cos(pi e / T_max)) / 2, periodic past T_max."""
+    return lambda b, e: eta_min + (b - eta_min) * 0.5 * (1 + math.cos(math.pi * e / t_max))
+
+
+# The learning rate after e steps from base lr b, written out from torch's documented formulas.
+CLOSED_FORMS = {
+    "lambda": lambda b, e: b * _warmup_cosine(4, 20, 0.1)(e),
+    "linear": lambda b, e: b * _linear(0.05, 0.9, 7)(e),
+    "cosine": _cosine(9, 1e-4),
+    # Before the milestone the warm-up; from it the cosine, restarted at its epoch 0 (from the base lr).
+    "warmup+cosine": lambda b, e: b * _linear(0.01, 1.0, 5)(e) if e < 5 else _cosine(15, 3e-4)(b, e - 5),
+}
+
+
+def _wgpar(name: str, lrs=(3e-3, 7e-4)):
     p = nn.Parameter(wgpar.zeros(2))
     q = nn.Parameter(wgpar.zeros(3))
     w = optim.AdamW([{"params": [p], "lr": lrs[0]}, {"params": [q], "lr": lrs[1]}])
+    return w, SCHEDULES[name](sched, w)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_learning_rates_follow_the_closed_forms(name):
+    """25 steps (past each schedule's end) of two param groups with their own lrs; the optimizer's lrs are
+    the schedule's; the state_dict holds the step count, base lrs and last lrs."""
+    lrs = (3e-3, 7e-4)
+    w, ws = _wgpar(name, lrs)
+    for step in range(26):
+        want = [CLOSED_FORMS[name](b, step) for b in lrs]
+        got = ws.get_last_lr()
+        assert got == pytest.approx(want, rel=1e-10, abs=1e-15), f"step {step}"
+        assert [g["lr"] for g in w.param_groups] == got
+        w.step()
+        ws.step()
+    state = ws.state_dict()
+    assert state["last_epoch"] == 26 and state["_last_lr"] == ws.get_last_lr()
+    assert [g["initial_lr"] for g in w.param_groups] == list(lrs)
+    for sub in state.get("_schedulers", [state]):
+        assert sub["base_lrs"] == list(lrs)
+
+
+def _pair(torch, name: str, lrs=(3e-3, 7e-4)):
+    w, ws = _wgpar(name, lrs)
     t = torch.optim.AdamW([{"params": [torch.nn.Parameter(torch.zeros(2))], "lr": lrs[0]},
                            {"params": [torch.nn.Parameter(torch.zeros(3))], "lr": lrs[1]}])
-    return w, SCHEDULES[name](sched, w), t, SCHEDULES[name](torch.optim.lr_scheduler, t)
+    return w, ws, t, SCHEDULES[name](torch.optim.lr_scheduler, t)
 
 
 def _plain(state: dict) -> dict:
@@ -48,8 +91,8 @@ def _plain(state: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
-def test_learning_rates_and_state_match_torch(name):
-    w, ws, t, ts = _pair(name)
+def test_learning_rates_and_state_match_torch(name, torch):
+    w, ws, t, ts = _pair(torch, name)
     assert ws.get_last_lr() == ts.get_last_lr()
     for step in range(25):
         w.step()
@@ -65,14 +108,14 @@ def test_learning_rates_and_state_match_torch(name):
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_resume_from_checkpoint_continues_exactly(name, tmp_path):
     """Save optimizer + scheduler after 8 steps (through wgpar.save), restore into fresh objects, continue."""
-    w, ws, _, _ = _pair(name)
+    w, ws = _wgpar(name)
     for _ in range(8):
         w.step()
         ws.step()
     wgpar.save({"opt": w.state_dict(), "sched": ws.state_dict()}, tmp_path / "ck.safetensors")
     rest = [ws.step() or ws.get_last_lr() for _ in range(10)]
     ck = wgpar.load(tmp_path / "ck.safetensors")
-    w2, ws2, _, _ = _pair(name, lrs=(1.0, 1.0))  # fresh objects with other lrs: everything comes from the file
+    w2, ws2 = _wgpar(name, lrs=(1.0, 1.0))  # fresh objects with other lrs: everything comes from the file
     w2.load_state_dict(ck["opt"])
     ws2.load_state_dict(ck["sched"])
     again = [ws2.step() or ws2.get_last_lr() for _ in range(10)]

@@ -21,8 +21,7 @@ def cnn(lib, seed=0):
                           lib.Flatten(), lib.Linear(4 * 3 * 3, 5))
 
 
-def test_apply_visits_children_first_like_torch():
-    torch = pytest.importorskip("torch")
+def test_apply_visits_children_first_like_torch(torch):
     seen = {}
     for name, lib in (("wgpar", nn), ("torch", torch.nn)):
         model = lib.Sequential(lib.Sequential(lib.Linear(2, 3), lib.ReLU()), lib.Linear(3, 1))
@@ -64,8 +63,7 @@ def _names(seq):
     return [(k, type(m).__name__) for k, m in seq.named_children()]
 
 
-def test_sequential_behaves_like_torchs():
-    torch = pytest.importorskip("torch")
+def test_sequential_behaves_like_torchs(torch):
     got = {}
     for name, lib in (("wgpar", nn), ("torch", torch.nn)):
         s = lib.Sequential(lib.Linear(2, 2), lib.ReLU())
@@ -126,10 +124,9 @@ def test_modules_in_a_plain_container_warn_once_naming_the_fix():
     assert "nn.ModuleDict" in str(record[0].message) and "nn.ModuleList" in str(record[1].message)
 
 
-def test_forward_hooks_on_the_new_layers_match_torch(rng):
+def test_forward_hooks_on_the_new_layers_match_torch(rng, torch):
     """A pre-hook that rescales the conv's input and forward hooks that record every layer's output
     shape and replace the pool's output give what torch gives."""
-    torch = pytest.importorskip("torch")
     models = {"wgpar": cnn(nn), "torch": cnn(torch.nn)}
     state = {k: v.numpy() for k, v in models["wgpar"].state_dict().items()}
     models["torch"].load_state_dict({k: torch.tensor(v) for k, v in state.items()})

@@ -159,8 +159,7 @@ def test_loss_bad_input():
         nn.Linear(2, 5)(z)
 
 
-def test_layers_match_torch(rng):
-    torch = pytest.importorskip("torch")
+def test_layers_match_torch(rng, torch):
     wl = nn.Linear(6, 4)
     tl = torch.nn.Linear(6, 4)
     with torch.no_grad():
@@ -175,9 +174,8 @@ def test_layers_match_torch(rng):
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_gelu_forward_and_backward_match_torch(rng, approximate):
+def test_gelu_forward_and_backward_match_torch(rng, approximate, torch):
     """Both GELUs against torch in float64, over the range where the approximations differ, NaN passing."""
-    torch = pytest.importorskip("torch")
     x = np.concatenate([rng.uniform(-8, 8, 997), [0.0, -3.0, 3.0, np.nan]]).astype(np.float32)
     g = rng.standard_normal(x.shape).astype(np.float32)
     t = wgpar.tensor(x, requires_grad=True)
@@ -199,10 +197,9 @@ def test_gelu_forward_and_backward_match_torch(rng, approximate):
 @pytest.mark.parametrize("shape,norm,affine,dtype", [
     ((5, 7, 64), (64,), True, "float32"), ((3, 700), (700,), True, "float32"), ((4, 3, 5), (3, 5), True, "float32"),
     ((6, 9), (9,), False, "float32"), ((33, 16), (16,), True, "float16")], ids=str)
-def test_fused_layer_norm_matches_torch(shape, norm, affine, dtype, rng):
+def test_fused_layer_norm_matches_torch(shape, norm, affine, dtype, rng, torch):
     """The fused kernels (every threads-per-row width: 1 to 128 here) against torch in float64, gradients of
     the input, weight and bias included; a NaN spreads over its own row only."""
-    torch = pytest.importorskip("torch")
     x = rng.standard_normal(shape).astype(np.float32) * 3 + 1
     g = rng.standard_normal(shape).astype(np.float32)
     m = nn.LayerNorm(norm, elementwise_affine=affine, dtype=dtype)

@@ -390,8 +390,7 @@ TORCH_OPTS = {
 
 
 @pytest.mark.parametrize("name", list(TORCH_OPTS))
-def test_mlp_training_matches_torch(name, rng, dev):
-    torch = pytest.importorskip("torch")
+def test_mlp_training_matches_torch(name, rng, dev, torch):
     make_opt, clip = TORCH_OPTS[name]
     X, y, init = _mlp_data(rng)
     got, got_w = _wgpar_losses(X, y, init, make_opt, 50, clip)
@@ -405,8 +404,7 @@ def test_mlp_training_matches_torch(name, rng, dev):
         assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b) + 1e-5
 
 
-def test_loads_a_torch_optimizer_state(rng, dev):
-    torch = pytest.importorskip("torch")
+def test_loads_a_torch_optimizer_state(rng, dev, torch):
     ws = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
     tps = [torch.nn.Parameter(torch.tensor(w)) for w in ws]
     topt = torch.optim.Adam(tps, lr=0.01, amsgrad=True)

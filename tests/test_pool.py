@@ -67,8 +67,7 @@ MAX_KWARGS = [
 
 
 @pytest.mark.parametrize("kwargs", MAX_KWARGS, ids=str)
-def test_max_pool2d_matches_torch_with_nan_and_ties(kwargs, rng):
-    torch = pytest.importorskip("torch")
+def test_max_pool2d_matches_torch_with_nan_and_ties(kwargs, rng, torch):
     x = np.round(rng.standard_normal((2, 3, 9, 8)), 1).astype(np.float32)  # rounded: ties
     x[0, 1, 2, 3] = np.nan
     x[1, 2, 4:6, 4:6] = np.nan  # several NaNs in one window: the last one gets the gradient
@@ -90,8 +89,7 @@ def test_max_pool2d_matches_torch_with_nan_and_ties(kwargs, rng):
     dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
     dict(kernel_size=(3, 2), divisor_override=5),
 ], ids=str)
-def test_avg_pool2d_matches_torch(kwargs, rng):
-    torch = pytest.importorskip("torch")
+def test_avg_pool2d_matches_torch(kwargs, rng, torch):
     x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
     ours, theirs = wgpar.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
     y = F.avg_pool2d(ours, **kwargs)

@@ -102,8 +102,7 @@ def test_gradient_against_finite_differences(op, rng):
 
 
 @pytest.mark.parametrize("op", DIFFERENTIABLE, ids=_ids(DIFFERENTIABLE))
-def test_gradient_against_torch(op, rng):
-    torch = pytest.importorskip("torch")
+def test_gradient_against_torch(op, rng, torch):
     fn = torch
     for part in (op.check.torch or op.api).split("."):
         fn = getattr(fn, part)

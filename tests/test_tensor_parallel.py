@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import wgpar
 from wgpar import nn, optim
@@ -34,6 +33,9 @@ from wgpar.distributed import (
 )
 from wgpar.distributed.tensor_parallel import shard_sizes
 from wgpar.nn import functional as F
+
+from . import gradcheck
+from .helpers import np_sdpa
 
 pytestmark = pytest.mark.multidevice
 
@@ -177,14 +179,49 @@ def test_attention_matches_single_device(ctx, rng):
     _tp_run(ctx, make, x, w, want, heads_split)
 
 
-def test_single_device_attention_matches_torch(rng):
-    """The reference block itself: causal multi-head attention as torch computes it, float64."""
+def _np_causal_attention(x, p, heads):
+    """CausalSelfAttention in float64 NumPy: qkv projection, causal SDPA per head, output projection."""
+    b, t, d = x.shape
+    q, k, v = np.split(x @ p["qkv.weight"].T + p["qkv.bias"], 3, -1)
+    q, k, v = (a.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3) for a in (q, k, v))
+    y = np_sdpa(q, k, v, causal=True).transpose(0, 2, 1, 3).reshape(b, t, d)
+    return y @ p["out_proj.weight"].T + p["out_proj.bias"]
+
+
+def _attention_problem(rng):
     b, t, heads, hd = 2, 7, 3, 4
     d = heads * hd
     wgpar.manual_seed(int(rng.integers(1 << 30)))
     m = CausalSelfAttention(d, heads)
+    m.load_state_dict({k: (0.5 * rng.standard_normal(v.shape)).astype(np.float32)  # biases not zero
+                       for k, v in _state(m).items()})
     x = rng.standard_normal((b, t, d)).astype(np.float32)
     w = rng.standard_normal((b, t, d)).astype(np.float32)
+    return m, heads, x, w
+
+
+def test_single_device_attention_matches_float64(rng):
+    """The reference block itself: causal multi-head attention in float64 NumPy, gradients by central
+    differences."""
+    m, heads, x, w = _attention_problem(rng)
+    y, gx, grads = _single_device(m, x, w)
+    state = {k: v.astype(np.float64) for k, v in _state(m).items()}
+    names = list(state)
+
+    def f(x, *params):
+        return _np_causal_attention(x, dict(zip(names, params)), heads)
+
+    want = gradcheck.numeric_grad(f, [x.astype(np.float64)] + list(state.values()), w)
+    _assert_rel(y, f(x.astype(np.float64), *state.values()), "output")
+    _assert_rel(gx, want[0], "input grad")
+    for name, g in zip(names, want[1:]):
+        _assert_rel(grads[name], g, f"grad {name}")
+
+
+def test_single_device_attention_matches_torch(rng, torch):
+    """The reference block itself: causal multi-head attention as torch computes it, float64."""
+    m, heads, x, w = _attention_problem(rng)
+    (b, t, d), hd = x.shape, x.shape[-1] // heads
     y, gx, grads = _single_device(m, x, w)
     P = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in _state(m).items()}
     X = torch.tensor(x, dtype=torch.float64, requires_grad=True)
