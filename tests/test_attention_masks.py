@@ -74,8 +74,7 @@ def test_fully_masked_row_gives_zeros_and_zero_gradient(kind, rng):
     assert (q.grad.numpy()[:, :, 2] == 0).all()
 
 
-def test_fully_masked_row_matches_torch(rng):
-    torch = pytest.importorskip("torch")
+def test_fully_masked_row_matches_torch(torch, rng):
     (qa, ka, va), (q, k, v) = _operands(rng)
     allowed = np.ones((5, 7), bool)
     allowed[3] = False

@@ -110,8 +110,7 @@ def test_load_state_dict_refuses_tied_names_that_disagree(model):
         GPT(CFG).load_state_dict(state)
 
 
-def test_shared_parameters_and_modules_named_as_torch():
-    torch = pytest.importorskip("torch")
+def test_shared_parameters_and_modules_named_as_torch(torch):
     keys = {}
     for name, lib in (("wgpar", nn), ("torch", torch.nn)):
         shared = lib.Linear(3, 3)

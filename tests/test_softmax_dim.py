@@ -48,8 +48,7 @@ def test_explicit_dim_does_not_warn(form, rng):
     np.testing.assert_allclose(y.numpy(), _np_softmax(a, -1, "og" in form), rtol=1e-5, atol=1e-6)
 
 
-def test_module_repr_and_torch_agree(rng):
-    torch = pytest.importorskip("torch")
+def test_module_repr_and_torch_agree(torch, rng):
     a = rng.standard_normal((2, 3, 4)).astype(np.float32)
     for name in ("Softmax", "LogSoftmax"):
         assert repr(getattr(nn, name)()) == repr(getattr(torch.nn, name)())

@@ -56,7 +56,12 @@ def test_chunk_sizes_as_torch(rng, n, chunks):
     assert len(pieces) == len(want)
     for p, w in zip(pieces, want):
         np.testing.assert_array_equal(p.numpy(), w)
-    torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("n,chunks", [(5, 4), (7, 3), (6, 6), (2, 5), (1, 1)])
+def test_chunk_shapes_match_torch(torch, rng, n, chunks):
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    pieces = wgpar.tensor(x).chunk(chunks, 1)
     assert [p.shape for p in pieces] == [tuple(p.shape) for p in torch.tensor(x).chunk(chunks, 1)]
 
 
@@ -113,8 +118,7 @@ def test_roll_forward_and_backward(rng, shifts, dims):
     check(lambda t: t.roll(shifts, dims), lambda a: np.roll(a, shifts, dims), [x], rng)
 
 
-def test_split_chunk_flip_roll_tril_against_torch(rng):
-    torch = pytest.importorskip("torch")
+def test_split_chunk_flip_roll_tril_against_torch(torch, rng):
     x = rng.standard_normal((6, 7)).astype(np.float32)
     w, t = wgpar.tensor(x), torch.tensor(x)
     for a, b in zip(w.split([1, 4, 2], 1), t.split([1, 4, 2], 1)):
@@ -165,8 +169,7 @@ def test_prod_forward_and_backward_with_zeros(rng, zeros, dim, keepdim):
     check(lambda t: t.prod(dim, keepdim), lambda a: np.prod(a, axis=dim, keepdims=keepdim), [x], rng)
 
 
-def test_prod_against_torch_with_zeros(rng):
-    torch = pytest.importorskip("torch")
+def test_prod_against_torch_with_zeros(torch, rng):
     x = rng.standard_normal((3, 13)).astype(np.float32)
     x[0, 4] = 0.0
     x[1, [2, 9]] = 0.0
@@ -221,8 +224,7 @@ def test_vector_norm_forward_and_backward(rng, p, dim, keepdim):
     check(lambda t: wgpar.linalg.vector_norm(t, p, dim, keepdim), lambda a: _np_norm(a, p, dim, keepdim), [x], rng)
 
 
-def test_norm_gradient_is_zero_where_the_norm_is_zero():
-    torch = pytest.importorskip("torch")
+def test_norm_gradient_is_zero_where_the_norm_is_zero(torch):
     for p in (2, 3, 1, float("inf")):
         w = wgpar.zeros(2, 3, requires_grad=True)
         w.norm(p, dim=1).sum().backward()
@@ -231,8 +233,7 @@ def test_norm_gradient_is_zero_where_the_norm_is_zero():
         np.testing.assert_array_equal(w.grad.numpy(), t.grad.numpy(), err_msg=f"p={p}")
 
 
-def test_norm_against_torch(rng):
-    torch = pytest.importorskip("torch")
+def test_norm_against_torch(torch, rng):
     x = rng.standard_normal((6, 9)).astype(np.float32)
     for args in (("fro",), (2, 1), (1, 0, True), (float("inf"), 1), (3, (0, 1))):
         w = wgpar.tensor(x, requires_grad=True)
