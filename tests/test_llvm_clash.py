@@ -8,6 +8,7 @@ package records when it was imported relative to wgpu's adapter enumeration.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import pytest
 
 PROGRAM = textwrap.dedent("""
     import wgpu
+    import wgpu.backends.wgpu_native  # selects the backend, which replaces wgpu.gpu: spy on the real one
     events = []
     real = wgpu.gpu.enumerate_adapters_sync
     def spy(*a, **k):
@@ -44,8 +46,10 @@ def _run(tmp_path: Path, with_triton: bool) -> str:
     if with_triton:
         _fake_triton(tmp_path)
         path.insert(0, str(tmp_path))
+    if os.environ.get("PYTHONPATH"):  # keep where wgpu comes from (a --target install on the GPU machine)
+        path.append(os.environ["PYTHONPATH"])
     out = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": ":".join(path)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
