@@ -114,7 +114,10 @@ def _compare(reference, wm, tm, inputs, g, **kw):
     params = dict(wm.named_parameters())
     assert sorted(params) == sorted(ngp)
     for name, p in params.items():
-        np.testing.assert_allclose(p.grad.numpy(), ngp[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        # Entries whose exact gradient is 0 (the key bias: softmax ignores a per-row shift) come out as
+        # float32 cancellation noise, which scales with the tensor's gradients.
+        atol = 1e-5 + 2e-6 * float(np.abs(ngp[name]).max())
+        np.testing.assert_allclose(p.grad.numpy(), ngp[name], rtol=1e-4, atol=atol, err_msg=name)
 
 
 def test_self_attention_with_masks_and_weights(rng, reference):

@@ -98,9 +98,11 @@ def full_state_dict(model: Module, *, rank0_only: bool = False,
 def full_tensor_state_dict(model: Module) -> OrderedDict[str, Tensor]:
     """``FSDPModule.state_dict``: whole parameters and buffers as Tensors on this rank's device (a collective)."""
     values = full_state_dict(model)
-    devices = {n: t.device for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    params = list(model.named_parameters(remove_duplicate=False))  # every name of a tied parameter, as above
+    buffers = list(model.named_buffers(remove_duplicate=False))
+    devices = {n: t.device for n, t in [*params, *buffers]}
     dtypes = {n: (fsdp_param_of(p).group.dtype if fsdp_param_of(p) is not None else p.dtype)
-              for n, p in model.named_parameters()} | {n: b.dtype for n, b in model.named_buffers()}
+              for n, p in params} | {n: b.dtype for n, b in buffers}
     return OrderedDict((n, Tensor.from_numpy(v, device=devices[n], dtype=dtypes[n])) for n, v in values.items())
 
 
@@ -109,13 +111,27 @@ def load_full_state_dict(model: Module, state: dict, strict: bool = True) -> tup
     (no communication). Raises KeyError (strict) and ValueError for a shape mismatch, like Module's."""
     named = list(model.named_parameters())
     buffers = list(model.named_buffers())
-    own = [n for n, _ in named] + [n for n, _ in buffers]
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in set(own)]
+    # A tied parameter may come under any of its names (torch's state_dict lists every one): the first
+    # name present stands for it, and it is missing only when none is.
+    aliases: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(n)
+    every = {n for names in aliases.values() for n in names} | {n for n, _ in buffers}
+    missing = [n for n, p in named if not any(a in state for a in aliases[id(p)])]
+    missing += [n for n, _ in buffers if n not in state]
+    unexpected = [k for k in state if k not in every]
     if strict and (missing or unexpected):
         raise KeyError(f"load_state_dict for {type(model).__name__}: missing keys {missing}, unexpected keys "
                        f"{unexpected}")
-    arrays = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items() if k in own}
+    arrays = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items() if k in every}
+    for n, p in named:
+        given = [a for a in aliases[id(p)] if a in arrays]
+        if given and n not in arrays:
+            arrays[n] = arrays[given[0]]
+        for a in given[1:]:
+            if not np.array_equal(arrays[given[0]], arrays[a]):
+                raise ValueError(f"load_state_dict: {given[0]!r} and {a!r} name one (tied) parameter but hold "
+                                 f"different values")
     for name, p in named:
         if name in arrays:
             shape = _local_rows(p)[1]
