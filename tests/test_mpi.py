@@ -89,6 +89,21 @@ def _finish(proc: subprocess.Popen, limit: float) -> tuple[int, str, str]:
     return proc.returncode, texts[0], texts[1]
 
 
+def _finish_all(jobs: dict[str, subprocess.Popen], limit: float) -> dict[str, tuple[int, str, str, float]]:
+    """Wait for jobs that run at once: each one's (returncode, stdout, stderr, time it ended)."""
+    ended: dict[str, tuple[int, str, str, float]] = {}
+
+    def wait(name: str) -> None:
+        ended[name] = (*_finish(jobs[name], limit), time.time())
+
+    waiters = [threading.Thread(target=wait, args=(name,)) for name in jobs]
+    for t in waiters:
+        t.start()
+    for t in waiters:
+        t.join()
+    return ended
+
+
 def _leftovers(token: str, sessions: set[int], wait: float = 10.0) -> list[str]:
     """Processes whose command line carries ``token`` or that belong to one of the launchers' sessions
     (mpiexec's proxies and everything they started), given up to ``wait`` s to finish dying."""
@@ -194,16 +209,7 @@ def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
     and no process of the job is left. The jobs run at once."""
     token = f"tok{uuid.uuid4().hex[:12]}"
     jobs = {mode: _start(n, "fault", mode, str(TIMEOUT), f"{token}{mode}") for mode, (n, _) in FAULTS.items()}
-    ended: dict[str, tuple[int, str, str, float]] = {}
-
-    def wait(mode: str) -> None:
-        ended[mode] = (*_finish(jobs[mode], 120), time.time())
-
-    waiters = [threading.Thread(target=wait, args=(m,)) for m in jobs]
-    for t in waiters:
-        t.start()
-    for t in waiters:
-        t.join()
+    ended = _finish_all(jobs, 120)
     for mode, (rc, out, err, end) in ended.items():
         n, pattern = FAULTS[mode]
         assert rc != 0, f"{mode}: mpiexec returned 0\n{out}\n{err[-4000:]}"

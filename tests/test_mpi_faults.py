@@ -6,13 +6,11 @@ fails the job naming sender, receiver, tag and bytes instead of exiting 0."""
 from __future__ import annotations
 
 import re
-import threading
-import time
 import uuid
 
 import pytest
 
-from .test_mpi import _finish, _leftovers, _start
+from .test_mpi import _finish_all, _leftovers, _start
 
 pytestmark = pytest.mark.multidevice
 
@@ -27,16 +25,7 @@ CASES = {
 def test_p2p_mistakes_fail_the_job_naming_the_message():
     token = f"tok{uuid.uuid4().hex[:12]}"
     jobs = {mode: _start(2, "p2p", mode, str(TIMEOUT), f"{token}{mode}") for mode in CASES}
-    ended: dict[str, tuple[int, str, str, float]] = {}
-
-    def wait(mode: str) -> None:
-        ended[mode] = (*_finish(jobs[mode], 150), time.time())
-
-    waiters = [threading.Thread(target=wait, args=(m,)) for m in jobs]
-    for t in waiters:
-        t.start()
-    for t in waiters:
-        t.join()
+    ended = _finish_all(jobs, 150)
     for mode, (rc, out, err, end) in ended.items():
         assert rc != 0, f"{mode}: mpiexec returned 0\n{out}\n{err[-4000:]}"
         text = out + err
