@@ -6,19 +6,24 @@ from .batchnorm import BatchNorm1d, BatchNorm2d
 from .containers import ModuleDict, ModuleList
 from .conv import Conv1d, Conv2d
 from .layers import (
+                     ELU,
                      GELU,
                      MLP,
                      CrossEntropyLoss,
                      Dropout,
+                     Dropout2d,
                      Embedding,
                      Flatten,
+                     Identity,
                      LayerNorm,
+                     LeakyReLU,
                      Linear,
                      LogSoftmax,
                      MSELoss,
                      ReLU,
                      Sequential,
                      Sigmoid,
+                     SiLU,
                      Softmax,
                      Tanh,
 )
@@ -30,4 +35,5 @@ from .utils import clip_grad_norm_
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LayerNorm",
            "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
            "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
-           "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten"]
+           "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten",
+           "Identity", "SiLU", "LeakyReLU", "ELU", "Dropout2d"]

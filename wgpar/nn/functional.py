@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -61,6 +62,44 @@ def sigmoid(x: Tensor) -> Tensor:
     return F.unary("sigmoid", x)
 
 
+def _no_inplace(inplace: bool, op: str) -> None:
+    if inplace:
+        raise ValueError(f"{op}: inplace=True is not supported (wgpar's activations return a new tensor; "
+                         f"write x = {op}(x))")
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """SiLU (swish): ``x * sigmoid(x)`` elementwise, as ``torch.nn.functional.silu``.
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "silu")
+    return F.binary("mul", input, F.unary("sigmoid", input))
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``negative_slope * x``, as ``torch.nn.functional.leaky_relu`` (the
+    gradient at 0 is ``negative_slope``, as torch's; NaN stays NaN).
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "leaky_relu")
+    return F.where(raw.binary("gt", input, 0.0), input, F.binary("mul", input, float(negative_slope)))
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``, as ``torch.nn.functional.elu`` (the gradient
+    at 0 is ``alpha``, as torch's).
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "elu")
+    pos = raw.binary("gt", input, 0.0)
+    # expm1 only of the non-positive side: exp of a large x would be inf, and inf * a zero gradient NaN.
+    neg = F.where(pos, 0.0, input)
+    return F.where(pos, input, F.binary("mul", F.unary("expm1", neg), float(alpha)))
+
+
 def _implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
     """torch's ``_get_softmax_dim`` for a call without ``dim``: 0 for 0-, 1- and 3-d input (3-d taken as an
     unbatched [C, H, W]), else 1, with torch's deprecation warning (the last dim would silently differ)."""
@@ -96,6 +135,45 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not x.dtype.is_float:
         raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
     return Dropout.apply(x, p, int(creation.generator().integers(0, 2**32)))
+
+
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero whole channels: each [N, C] plane of ``input`` [N, C, H, W] (or [C, H, W]) is zeroed with
+    probability ``p`` and the rest scaled by 1 / (1 - p), as ``torch.nn.functional.dropout2d``; masks
+    come from wgpar.manual_seed.
+
+    torch's deprecated inputs behave as torch's, with its warnings: 3-d input is taken as [N, C, L]
+    (channel-wise 1-d dropout), 2-d input as plain elementwise dropout.
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "dropout2d")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not isinstance(input, Tensor) or input.ndim not in (2, 3, 4):
+        raise ValueError(f"dropout2d: expected a 2-, 3- or 4-d Tensor, got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    if input.ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout "
+                      "behavior is desired - input is interpreted as shape (N, C, L), where C is the channel "
+                      "dim. This behavior will change in a future release to interpret the input as one "
+                      "without a batch dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise "
+                      "dropout behavior, please switch to using dropout1d instead.", UserWarning, stacklevel=2)
+    elif input.ndim == 2:
+        warnings.warn("dropout2d: Received a 2-D input to dropout2d, which is deprecated and will result in an "
+                      "error in a future release. To retain the behavior and silence this warning, please use "
+                      "dropout instead.", UserWarning, stacklevel=2)
+    if not training or p == 0.0:
+        return input
+    if not input.dtype.is_float:
+        raise TypeError(f"dropout2d needs a float tensor, got {input.dtype.name}")
+    planes = input.shape[:2] if input.ndim > 2 else input.shape
+    # One draw per channel on the host (N * C numbers), uploaded as a broadcast [N, C, 1, ...] scale.
+    keep = creation.generator().random(planes) >= p
+    scale = keep / (1.0 - p) if p < 1.0 else np.zeros(planes)
+    mask = Tensor.from_numpy(scale.reshape(planes + (1,) * (input.ndim - len(planes))), device=input.device,
+                             dtype=input.dtype)
+    return F.binary("mul", input, mask)
 
 
 def _batched(x, nd: int, op: str) -> tuple[Tensor, bool]:
@@ -307,21 +385,51 @@ def _lerp_(running: Tensor, value: Tensor, factor: float | Tensor) -> None:
     raw.inplace("add", running, raw.binary("mul", raw.binary("sub", value, running), factor))
 
 
-def embedding(indices, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape.
+def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of ``weight`` [num_embeddings, dim] picked by integer indices ``input`` of any shape, as
+    ``torch.nn.functional.embedding``; an index out of range raises.
 
     Indices given as host data (a NumPy array or list) are checked and sorted for the backward on the
     host, so neither direction reads anything back from the device.
+
+    Differs from torch: ``max_norm`` (renormalising rows of ``weight`` in place), ``scale_grad_by_freq``
+    and ``sparse`` gradients are not supported and raise.
+
+    Arguments:
+        input: integer indices (an int32 Tensor, or host data).
+        weight: the table [num_embeddings, embedding_dim].
+        padding_idx: a row (negative counts from the end) whose lookups pass no gradient to ``weight``.
     """
-    if isinstance(indices, Tensor):
-        return F.index_select(weight, 0, indices, op="embedding")
-    host = np.asarray(indices)
+    if max_norm is not None:
+        raise ValueError("embedding: max_norm (renormalising weight rows in place) is not supported")
+    if scale_grad_by_freq or sparse:
+        raise ValueError("embedding: scale_grad_by_freq and sparse gradients are not supported")
     n = weight.shape[0]
-    idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
-    out = raw.index_select(weight, 0, idx, op="embedding")
-    if not (is_grad_enabled() and weight.requires_grad):
+    pad = _padding_idx(padding_idx, n, "embedding")
+    if isinstance(input, Tensor):
+        out = F.index_select(weight, 0, input, op="embedding")
+        idx = input
+    else:
+        host = np.asarray(input)
+        idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
+        out = raw.index_select(weight, 0, idx, op="embedding")
+        if is_grad_enabled() and weight.requires_grad:
+            out = record("embedding", out, [weight],
+                         lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
+    if pad is None or not out.requires_grad:
         return out
-    return record("embedding", out, [weight], lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
+    # Same values, but the lookups of the padding row take the detached copy: no gradient reaches it.
+    keep = raw.unsqueeze(raw.binary("ne", idx, pad), -1)
+    return F.where(keep, out, out.detach())
+
+
+def _padding_idx(padding_idx: int | None, n: int, op: str) -> int | None:
+    if padding_idx is None:
+        return None
+    if not -n <= padding_idx < n:
+        raise ValueError(f"{op}: padding_idx {padding_idx} must be within num_embeddings ({n})")
+    return padding_idx % n
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -428,6 +536,219 @@ def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
     flat_index._host_range = (0, n * c - 1)  # every target was checked above
     picked = F.index_select(F.reshape(log_probs, (-1,)), 0, flat_index)
     return _reduce(F.unary("neg", picked), reduction, "nll_loss")
+
+
+# -- shapes: one_hot, pad, normalize, interpolate ---------------------------------------------------
+def _value_range(t: Tensor) -> tuple[int, int]:
+    """The smallest and largest value of an int32 tensor: known from its upload, else one readback."""
+    rng = t._host_range
+    if rng is None:
+        vals = t.numpy()
+        rng = t._host_range = (int(vals.min()), int(vals.max()))
+    return rng
+
+
+def one_hot(tensor, num_classes: int = -1) -> Tensor:
+    """``[..., num_classes]`` with a 1 at each class index of ``tensor`` and 0 elsewhere, as
+    ``torch.nn.functional.one_hot``; ``num_classes=-1`` takes the largest index + 1 (one readback unless
+    the tensor was uploaded from host data, whose range is known).
+
+    Differs from torch: the result is int32 (torch: int64), and so must the indices be.
+    """
+    if not isinstance(tensor, Tensor):
+        tensor = Tensor.from_numpy(np.asarray(tensor))
+    if tensor.dtype.storage != "i32" or tensor.dtype is _dt.bool_:
+        raise TypeError(f"one_hot is only applicable to index tensor (int32), got {tensor.dtype.name}")
+    if tensor.numel() == 0:
+        if num_classes < 0:
+            raise ValueError("one_hot: can not infer total number of classes from empty tensor")
+        return raw.fill(tensor.shape + (num_classes,), 0, _dt.int32, tensor.device)
+    lo, hi = _value_range(tensor)
+    if lo < 0:
+        raise ValueError(f"one_hot: class values must be non-negative, got {lo}")
+    if num_classes == -1:
+        num_classes = hi + 1
+    elif hi >= num_classes:
+        raise ValueError(f"one_hot: class values must be smaller than num_classes ({num_classes}), got {hi}")
+    classes = Tensor.from_numpy(np.arange(num_classes, dtype=np.int32), device=tensor.device)
+    return raw.cast(raw.binary("eq", raw.unsqueeze(tensor, -1), classes), _dt.int32)
+
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def pad(input: Tensor, pad, mode: str = "constant", value: float | None = None) -> Tensor:
+    """Pad (or, with negative sizes, crop) the last ``len(pad) // 2`` dims of ``input``, as
+    ``torch.nn.functional.pad``: ``pad`` is ``(left_last, right_last, left_second_last, ...)``.
+
+    ``mode="constant"`` fills with ``value`` (default 0) and pads any number of dims; "reflect" (mirror
+    without repeating the edge), "replicate" (repeat the edge) and "circular" (wrap around) pad the last
+    1, 2 or 3 dims of an input with one or two more dims than that, as torch. Each padded dim is one
+    gather along it (reflect, replicate, circular) or one concatenation (constant); the gradient sums
+    back to the entries each output came from.
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"pad: input must be a wgpar.Tensor, got {type(input).__name__}")
+    pad = tuple(pad)
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pad):
+        raise TypeError(f"pad: pad must be a sequence of ints, got {pad}")
+    if len(pad) % 2:
+        raise ValueError("pad: Padding length must be divisible by 2")
+    k = len(pad) // 2
+    if k > input.ndim:
+        raise ValueError(f"pad: Padding length should be less than or equal to two times the input dimension "
+                         f"but got padding length {len(pad)} and input of dimension {input.ndim}")
+    if mode not in _PAD_MODES:
+        raise ValueError(f"pad: unrecognised padding mode {mode!r} (one of {', '.join(_PAD_MODES)})")
+    if mode != "constant":
+        if value is not None and value != 0:
+            raise ValueError(f'pad: padding mode "{mode}" doesn\'t take in value argument')
+        if k > 3 or input.ndim not in (k + 1, k + 2):
+            raise ValueError(f"pad: padding size {len(pad)} is not supported for {input.ndim}D input in mode "
+                             f"{mode!r}: pad the last 1, 2 or 3 dims of an input with 1 or 2 more dims")
+    y = input
+    for i in range(k):
+        d = input.ndim - 1 - i
+        before, after = int(pad[2 * i]), int(pad[2 * i + 1])
+        y = _pad_dim(y, d, before, after, mode, 0.0 if value is None else value)
+    return y
+
+
+def _pad_dim(x: Tensor, d: int, before: int, after: int, mode: str, value) -> Tensor:
+    n = x.shape[d]
+    if n + min(before, 0) + min(after, 0) < 0:
+        raise ValueError(f"pad: cropping {-min(before, 0)} + {-min(after, 0)} from dim {d} of shape {x.shape}")
+    if mode in ("reflect", "circular"):
+        limit = n - 1 if mode == "reflect" else n
+        if max(before, after) > limit:
+            raise ValueError(f"pad: {mode} padding ({before}, {after}) of dim {d} must be "
+                             f"{'less than' if mode == 'reflect' else 'at most'} its size {n} (input {x.shape})")
+    if before < 0 or after < 0:  # crop first (a view), then pad what is left, as torch
+        key = (slice(None),) * d + (slice(-min(before, 0), n - (-min(after, 0))),)
+        x = F.getitem(x, key)
+        n = x.shape[d]
+        before, after = max(before, 0), max(after, 0)
+    if before == 0 and after == 0:
+        return x
+    if mode == "constant":
+        parts = []
+        for size in (before, None, after):
+            if size is None:
+                parts.append(x)
+            elif size:
+                shape = x.shape[:d] + (size,) + x.shape[d + 1:]
+                parts.append(raw.fill(shape, value, x.dtype, x.device))
+        return F.cat(parts, d)
+    if n == 0 or (mode == "reflect" and max(before, after) > n - 1):
+        raise ValueError(f"pad: {mode} padding ({before}, {after}) does not fit dim {d} of shape {x.shape}")
+    j = np.arange(-before, n + after)
+    if mode == "reflect":
+        src = np.abs(j)
+        src = np.where(src > n - 1, 2 * (n - 1) - src, src)
+    elif mode == "replicate":
+        src = np.clip(j, 0, n - 1)
+    else:
+        src = j % n
+    return F.index_select(x, d, src.astype(np.int32), op=f"pad ({mode})")
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None) -> Tensor:
+    """``input / max(||input||_p, eps)`` along ``dim``, as ``torch.nn.functional.normalize`` (the norm's
+    gradient is zero where the norm is zero, as torch's).
+
+    Differs from torch: ``out=`` is not supported and raises.
+    """
+    if out is not None:
+        raise ValueError("normalize: out= is not supported; use the returned tensor")
+    from ..autograd.composites import vector_norm
+
+    denom = F.clamp(vector_norm(input, p, dim, keepdim=True), min=float(eps))
+    return F.binary("div", input, denom)
+
+
+def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                recompute_scale_factor: bool | None = None, antialias: bool = False) -> Tensor:
+    """Resize the spatial dims of ``input`` [N, C, H, W], as ``torch.nn.functional.interpolate``.
+
+    ``size`` (an int or a pair) or ``scale_factor`` (a number or a pair; the output is
+    ``floor(H * scale_factor)``) picks the output size. ``mode="nearest"`` copies ``floor(h_out * scale)``
+    (torch's "nearest", not "nearest-exact"); ``"bilinear"`` blends the two nearest rows then columns, from
+    pixel centres (``align_corners=False``, the default) or from the corner pixels
+    (``align_corners=True``). The scale is ``1 / scale_factor`` when given (unless
+    ``recompute_scale_factor=True``), else the ratio of sizes, as torch. Each dim is one or two gathers
+    along it, so the gradient is the transposed blend.
+
+    Differs from torch: 4-d input only; the modes "linear", "bicubic", "trilinear", "area" and
+    "nearest-exact", and ``antialias=True``, raise.
+    """
+    if not isinstance(input, Tensor) or input.ndim != 4:
+        raise ValueError(f"interpolate: wgpar resizes 4-d input [N, C, H, W] only, got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"interpolate: mode {mode!r} is not supported (wgpar has 'nearest' and 'bilinear')")
+    if align_corners is not None and mode == "nearest":
+        raise ValueError("interpolate: align_corners option can only be set with the interpolating modes: "
+                         "linear | bilinear | bicubic | trilinear")
+    if antialias:
+        raise ValueError("interpolate: antialias=True is not supported")
+    if not input.dtype.is_float:
+        raise TypeError(f"interpolate: needs a float input, got {input.dtype.name}")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: either size or scale_factor should be defined, not both")
+    in_hw = input.shape[2:]
+    if size is not None:
+        sizes = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1
+                                  for s in sizes):
+            raise ValueError(f"interpolate: size must be a positive int or a pair of them, got {size!r}")
+        out_hw, scales = tuple(int(s) for s in sizes), (None, None)
+    else:
+        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * 2
+        if len(factors) != 2 or any(float(f) <= 0 for f in factors):
+            raise ValueError(f"interpolate: scale_factor must be positive, a number or a pair, got {scale_factor!r}")
+        out_hw = tuple(int(math.floor(n * float(f))) for n, f in zip(in_hw, factors))
+        if min(out_hw) < 1:
+            raise ValueError(f"interpolate: scale_factor {scale_factor} gives an empty output {out_hw}")
+        scales = (None, None) if recompute_scale_factor else tuple(float(f) for f in factors)
+    y = input
+    for d, n_in, n_out, s in zip((2, 3), in_hw, out_hw, scales):
+        if mode == "nearest":
+            y = _resize_nearest(y, d, n_in, n_out, s)
+        else:
+            y = _resize_linear(y, d, n_in, n_out, s, bool(align_corners))
+    return y
+
+
+def _resize_nearest(x: Tensor, d: int, n_in: int, n_out: int, scale: float | None) -> Tensor:
+    # torch (in float32): src = min(floor(dst * scale), n_in - 1) with scale = 1 / scale_factor or n_in / n_out
+    dst = np.arange(n_out)
+    if n_out == n_in:  # torch's exact special cases, whatever the scale says
+        src = dst
+    elif n_out == 2 * n_in:
+        src = dst // 2
+    else:
+        s = np.float32(n_in / n_out if scale is None else 1.0 / scale)
+        src = np.minimum(np.floor(dst.astype(np.float32) * s).astype(np.int64), n_in - 1)
+    return F.index_select(x, d, src.astype(np.int32), op="interpolate")
+
+
+def _resize_linear(x: Tensor, d: int, n_in: int, n_out: int, scale: float | None, align_corners: bool) -> Tensor:
+    # torch's area_pixel_compute_source_index, in float32 as torch computes it for float input
+    dst = np.arange(n_out, dtype=np.float32)
+    if align_corners:
+        src = dst * np.float32((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+    else:
+        s = np.float32(n_in / n_out if scale is None else 1.0 / scale)
+        src = np.maximum(s * (dst + np.float32(0.5)) - np.float32(0.5), np.float32(0.0))
+    i0 = np.minimum(src.astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    lam = (src - i0.astype(np.float32)).astype(np.float32)
+    shape = (n_out,) + (1,) * (x.ndim - 1 - d)
+    w1 = Tensor.from_numpy(lam.reshape(shape), device=x.device, dtype=x.dtype)
+    w0 = Tensor.from_numpy((np.float32(1.0) - lam).reshape(shape), device=x.device, dtype=x.dtype)
+    a = F.index_select(x, d, i0.astype(np.int32), op="interpolate")
+    b = F.index_select(x, d, i1.astype(np.int32), op="interpolate")
+    return F.binary("add", F.binary("mul", a, w0), F.binary("mul", b, w1))
 
 
 # -- attention ----------------------------------------------------------------------------------------
