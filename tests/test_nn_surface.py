@@ -194,6 +194,9 @@ def test_dropout2d_drops_whole_channels(shape, rng):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 3-d input warns, as torch's
         y = F.dropout2d(xt, p)
+        assert F.dropout2d(xt, p, training=False) is xt
+        m = nn.Dropout2d(p)
+        assert m.eval()(xt) is xt
     got = y.numpy().reshape(shape[0], shape[1], -1)
     dropped = (got == 0).all(-1)
     kept = ~dropped
@@ -204,10 +207,7 @@ def test_dropout2d_drops_whole_channels(shape, rng):
     y.backward(_t(g))
     want = g.reshape(got.shape) * kept[..., None] / (1 - p)
     assert_close(xt.grad.numpy().reshape(got.shape), want, 1e-5, 1e-5)
-    assert F.dropout2d(xt, p, training=False) is xt
-    m = nn.Dropout2d(p)
     assert repr(m) == "Dropout2d(p=0.3, inplace=False)"
-    assert m.eval()(xt) is xt
 
 
 def test_dropout2d_warns_as_torch():
@@ -316,3 +316,91 @@ def test_interpolate_errors():
         F.interpolate(x)
     with pytest.raises(ValueError, match="antialias"):
         F.interpolate(x, size=2, mode="bilinear", antialias=True)
+
+
+# -- GroupNorm, RMSNorm, AdaptiveAvgPool2d -----------------------------------------------------------
+def _np_group_norm(x, g, w=None, b=None, eps=1e-5):
+    n, c = x.shape[:2]
+    xg = x.reshape(n, g, -1)
+    y = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + eps)).reshape(x.shape)
+    per = (c,) + (1,) * (x.ndim - 2)
+    return y * (1 if w is None else w.reshape(per)) + (0 if b is None else b.reshape(per))
+
+
+@pytest.mark.parametrize("shape,groups", [((3, 6, 5, 7), 3), ((2, 5, 9), 5), ((4, 6), 1)])
+def test_group_norm_against_numpy(shape, groups, rng):
+    x = rng.standard_normal(shape) * 2 + 1
+    w, b = rng.standard_normal(shape[1]), rng.standard_normal(shape[1])
+    check(lambda t, tw, tb: F.group_norm(t, groups, tw, tb, 1e-3),
+          lambda a, aw, ab: _np_group_norm(a, groups, aw, ab, 1e-3), [x, w, b], rng)
+
+
+def _np_rms(x, k, w=None, eps=1e-6):
+    axes = tuple(range(x.ndim - k, x.ndim))
+    y = x / np.sqrt((x * x).mean(axes, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+@pytest.mark.parametrize("shape,k", [((5, 7), 1), ((2, 3, 4, 5), 2)])
+def test_rms_norm_against_numpy(shape, k, rng):
+    x = rng.standard_normal(shape)
+    w = rng.standard_normal(shape[x.ndim - k:])
+    check(lambda t, tw: F.rms_norm(t, shape[x.ndim - k:], tw, 1e-6), lambda a, aw: _np_rms(a, k, aw), [x, w], rng)
+    eps32 = float(np.finfo(np.float32).eps)  # eps=None: the dtype's epsilon
+    tiny = x * 1e-4
+    assert_close(F.rms_norm(_t(tiny), shape[x.ndim - k:]).numpy(), _np_rms(tiny, k, eps=eps32), 1e-4, 1e-5)
+
+
+def _np_adaptive(x, out_hw):
+    h, w = x.shape[-2:]
+    oh, ow = out_hw
+    out = np.zeros(x.shape[:-2] + (oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, r1 = (i * h) // oh, -(-((i + 1) * h) // oh)
+            c0, c1 = (j * w) // ow, -(-((j + 1) * w) // ow)
+            out[..., i, j] = x[..., r0:r1, c0:c1].mean((-2, -1))
+    return out
+
+
+@pytest.mark.parametrize("shape,size,out_hw", [((2, 3, 7, 10), (3, 4), (3, 4)), ((3, 5, 6), 1, (1, 1)),
+                                               ((2, 2, 5, 9), (None, 4), (5, 4)), ((1, 2, 4, 6), 6, (6, 6))])
+def test_adaptive_avg_pool2d_against_numpy(shape, size, out_hw, rng):
+    x = rng.standard_normal(shape)
+    check(lambda t: F.adaptive_avg_pool2d(t, size), lambda a: _np_adaptive(a, out_hw), [x], rng)
+    assert_close(nn.AdaptiveAvgPool2d(size)(_t(x)).numpy(), _np_adaptive(x, out_hw), 1e-5, 1e-5)
+
+
+def test_normalization_layers_load_torch_state_dicts(rng, torch):
+    pairs = [(nn.GroupNorm(3, 6), torch.nn.GroupNorm(3, 6), (4, 6, 5, 3)),
+             (nn.GroupNorm(2, 4, affine=False), torch.nn.GroupNorm(2, 4, affine=False), (3, 4, 7)),
+             (nn.GroupNorm(2, 4, bias=False), torch.nn.GroupNorm(2, 4, bias=False), (3, 4, 7)),
+             (nn.RMSNorm(5), torch.nn.RMSNorm(5), (3, 5)),
+             (nn.RMSNorm([3, 4], eps=1e-3, elementwise_affine=False),
+              torch.nn.RMSNorm([3, 4], eps=1e-3, elementwise_affine=False), (2, 3, 4)),
+             (nn.AdaptiveAvgPool2d((3, None)), torch.nn.AdaptiveAvgPool2d((3, None)), (2, 3, 7, 5)),
+             (nn.AdaptiveAvgPool2d(3), torch.nn.AdaptiveAvgPool2d(3), (2, 8, 7)),
+             (nn.Embedding(5, 3, padding_idx=0), torch.nn.Embedding(5, 3, padding_idx=0), None)]
+    for ours, theirs, shape in pairs:
+        assert repr(ours) == repr(theirs)
+        sd = theirs.state_dict()
+        assert list(ours.state_dict()) == list(sd)
+        with torch.no_grad():
+            for p in theirs.parameters():
+                p.copy_(torch.randn(p.shape))
+        ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+        if shape is None:
+            continue
+        x = rng.standard_normal(shape)
+        _backward_like_torch(torch, ours, lambda t, m=theirs: m.double()(t), [x], rng)
+
+
+def test_normalization_errors():
+    with pytest.raises(ValueError, match="divisible by num_groups"):
+        nn.GroupNorm(3, 4)
+    with pytest.raises(ValueError, match="divisible by num_groups"):
+        F.group_norm(_t(np.zeros((2, 4, 3))), 3)
+    with pytest.raises(ValueError, match="does not end with"):
+        F.rms_norm(_t(np.zeros((2, 4))), (3,))
+    with pytest.raises(ValueError, match="output_size"):
+        F.adaptive_avg_pool2d(_t(np.zeros((1, 2, 4, 4))), (0, 2))

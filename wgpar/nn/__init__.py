@@ -28,12 +28,14 @@ from .layers import (
                      Tanh,
 )
 from .module import Module
+from .normalization import GroupNorm, RMSNorm
 from .parameter import Parameter
-from .pooling import AvgPool2d, MaxPool2d
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .utils import clip_grad_norm_
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LayerNorm",
            "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
            "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
            "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten",
-           "Identity", "SiLU", "LeakyReLU", "ELU", "Dropout2d"]
+           "Identity", "SiLU", "LeakyReLU", "ELU", "Dropout2d",
+           "GroupNorm", "RMSNorm", "AdaptiveAvgPool2d"]

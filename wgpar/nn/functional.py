@@ -328,6 +328,32 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
     return F.squeeze(out, 0) if unbatched else out
 
 
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """Average pooling of ``input`` [N, C, H, W] (or [C, H, W]) to ``output_size`` (an int, or a pair whose
+    None entries keep the input's size), as ``torch.nn.functional.adaptive_avg_pool2d``: output row i
+    averages input rows ``floor(i * H / H_out)`` to ``ceil((i + 1) * H / H_out)``, and so for columns.
+    Runs as two matmuls with the (host-built) averaging matrices, so the gradient is their transpose."""
+    x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+    if len(sizes) != 2:
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}")
+    out_hw = tuple(n if s is None else s for n, s in zip(x.shape[2:], sizes))
+    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
+    rows, cols = (_averaging(n, int(m), x.dtype, x.device) for n, m in zip(x.shape[2:], out_hw))
+    y = F.matmul(F.matmul(rows, x), F.transpose(cols, 0, 1))
+    return F.squeeze(y, 0) if unbatched else y
+
+
+def _averaging(n: int, m: int, dtype, device) -> Tensor:
+    """[m, n]: row i averages entries floor(i n / m) .. ceil((i + 1) n / m) - 1, torch's adaptive windows."""
+    a = np.zeros((m, n))
+    for i in range(m):
+        lo, hi = (i * n) // m, -((-(i + 1) * n) // m)
+        a[i, lo:hi] = 1.0 / (hi - lo)
+    return Tensor.from_numpy(a, device=device, dtype=dtype)
+
+
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float | Tensor = 0.1,
                eps: float = 1e-5) -> Tensor:
@@ -484,6 +510,52 @@ def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, 
         return raw.reshape(dx, x.shape), gw, gb
 
     return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise ``input`` [N, C, *] over each group of ``C / num_groups`` channels (and every spatial
+    entry) to mean 0, variance 1 (biased), then scale and shift per channel by ``weight`` and ``bias`` [C],
+    as ``torch.nn.functional.group_norm``. Runs as layer_norm's fused kernel on [N, G, rest] rows."""
+    if not isinstance(input, Tensor) or input.ndim < 2:
+        raise ValueError(f"group_norm: expected a Tensor [N, C, *], got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    n, c = input.shape[:2]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 or c % num_groups:
+        raise ValueError(f"group_norm: num_channels ({c}) must be divisible by num_groups ({num_groups})")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != (c,):
+            raise ValueError(f"group_norm: {name} of shape {t.shape} for {c} channels")
+    rest = input.numel() // (n * num_groups) if n else 0
+    y = layer_norm(F.reshape(input, (n, num_groups, rest)), (rest,), eps=eps)
+    y = F.reshape(y, input.shape)
+    per_channel = (c,) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        y = F.binary("mul", y, F.reshape(weight, per_channel))
+    if bias is not None:
+        y = F.binary("add", y, F.reshape(bias, per_channel))
+    return y
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``input / sqrt(mean(input ** 2) + eps) * weight`` over the trailing ``normalized_shape`` dims, as
+    ``torch.nn.functional.rms_norm``; ``eps=None`` is the input dtype's machine epsilon, as torch.
+    Composed of elementwise ops and a mean, computed in the input's dtype."""
+    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
+    if not isinstance(input, Tensor) or tuple(input.shape[input.ndim - len(shape):]) != shape \
+            or len(shape) > input.ndim:
+        raise ValueError(f"rms_norm: input of shape {getattr(input, 'shape', None)} does not end with "
+                         f"normalized_shape {shape}")
+    if not input.dtype.is_float:
+        raise TypeError(f"rms_norm: needs a float input, got {input.dtype.name}")
+    if weight is not None and weight.shape != shape:
+        raise ValueError(f"rms_norm: weight of shape {weight.shape} for normalized_shape {shape}")
+    if eps is None:
+        eps = float(np.finfo(input.dtype.np).eps)
+    axes = tuple(range(input.ndim - len(shape), input.ndim))
+    ms = F.reduce("mean", F.binary("mul", input, input), axes, keepdims=True)
+    y = F.binary("mul", input, F.unary("rsqrt", F.binary("add", ms, float(eps))))
+    return y if weight is None else F.binary("mul", y, weight)
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
