@@ -9,7 +9,6 @@ from .layers import (
                      ELU,
                      GELU,
                      MLP,
-                     CrossEntropyLoss,
                      Dropout,
                      Dropout2d,
                      Embedding,
@@ -27,6 +26,16 @@ from .layers import (
                      Softmax,
                      Tanh,
 )
+from .loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from .module import Module
 from .normalization import GroupNorm, RMSNorm
 from .parameter import Parameter
@@ -38,4 +47,5 @@ __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "
            "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
            "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten",
            "Identity", "SiLU", "LeakyReLU", "ELU", "Dropout2d",
-           "GroupNorm", "RMSNorm", "AdaptiveAvgPool2d"]
+           "GroupNorm", "RMSNorm", "AdaptiveAvgPool2d",
+           "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss"]

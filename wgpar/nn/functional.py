@@ -17,7 +17,7 @@ from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.nn_ops import AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, max_pool2d_with_indices
 from ..ops.batch_norm import batch_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
-from ..ops.index import as_index, index_add_rows
+from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
 from ..ops.loss import class_targets
 from ..ops.window import pair, window
 from ..tensor import Tensor, check_same_device
@@ -568,6 +568,16 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     return _reduce(sq, reduction, "mse_loss")
 
 
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _loss_args(op: str, reduction: str, size_average=None, reduce=None) -> None:
+    if size_average is not None or reduce is not None:
+        raise ValueError(f"{op}: size_average and reduce (deprecated in torch) are not supported; use reduction=")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
 def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
     if reduction == "mean":
         return F.reduce("mean", t)
@@ -578,36 +588,390 @@ def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
     raise ValueError(f"{what}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
-    """Softmax cross entropy of logits [N, C] against int class targets [N] (one fused kernel).
+def _pair(input, target, op: str, cast_target: bool = True) -> tuple[Tensor, Tensor]:
+    """input and target (a Tensor or host data, then uploaded in input's dtype) of one shape, float."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{op}: input must be a wgpar.Tensor, got {type(input).__name__}")
+    if not input.dtype.is_float:
+        raise TypeError(f"{op}: input must be float, got {input.dtype.name}")
+    if not isinstance(target, Tensor):
+        target = Tensor.from_numpy(np.asarray(target), device=input.device, dtype=input.dtype)
+    check_same_device(input, target, op=op)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"{op}: target of shape {target.shape} for input of shape {input.shape} (wgpar does not "
+                         f"broadcast them, where torch warns and broadcasts)")
+    if cast_target and not target.dtype.is_float:
+        target = F.cast(target, input.dtype)
+    return F.autocast_full(input), F.autocast_full(target)
 
-    reduction: "mean" (default), "sum" or "none".
+
+def _weighted_mean_or(per: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
+    """torch's rule for an elementwise weight of the input's shape: mean is sum(w * l) / sum(w)."""
+    if weight is None:
+        return _reduce(per, reduction, "loss")
+    per = F.binary("mul", per, weight)
+    if reduction == "mean":
+        return F.binary("div", F.reduce("sum", per), F.reduce("sum", weight))
+    return _reduce(per, reduction, "loss")
+
+
+def _class_targets(target, c: int, ignore_index: int, like: Tensor, op: str) -> tuple[Tensor, Tensor | None]:
+    """Class targets as int32 with ignored entries set to 0, and the bool mask of the kept ones (None when
+    none is ignored). Every kept target is checked to lie in [0, C) before narrowing: host data on the host,
+    a tensor through its known range (one readback where unknown, and one more where ignore_index is
+    among its values)."""
+    what = f"{op} with {c} classes"
+    if isinstance(target, Tensor):
+        if target.dtype.is_float or target.dtype is _dt.bool_ or target.dtype.storage != "i32":
+            raise TypeError(f"{op}: targets must be int32 class indices (or float probabilities), got "
+                            f"{target.dtype.name}")
+        check_same_device(like, target, op=op)
+        if target.numel() == 0:
+            return target, None
+        lo, hi = _value_range(target)
+        if not lo <= ignore_index <= hi:
+            _raise_if_out_of_range(lo, hi, c, what, False, "target")
+            return target, None
+        keep = raw.binary("ne", target, ignore_index)
+        safe = raw.where(keep, target, 0)
+        _raise_if_out_of_range(*_value_range(safe), c, what, False, "target")
+        return safe, keep
+    host = np.asarray(target)
+    if host.size and host.dtype.kind not in "iu":
+        raise TypeError(f"{op}: targets must hold integer class indices, got {host.dtype}")
+    keep = host != ignore_index
+    safe = np.where(keep, host, 0)
+    if safe.size:
+        _raise_if_out_of_range(int(safe.min()), int(safe.max()), c, what, False, "target")
+    t = Tensor.from_numpy(safe.astype(np.int32), device=like.device)
+    return t, (None if keep.all() else Tensor.from_numpy(keep, device=like.device))
+
+
+def _classes_last(x: Tensor) -> Tensor:
+    """[N, C, d1, ...] as [N * d1 * ..., C]."""
+    if x.ndim > 2:
+        x = F.permute(x, (0,) + tuple(range(2, x.ndim)) + (1,))
+    return F.reshape(x, (-1, x.shape[-1]))
+
+
+def _class_weight(weight, c: int, like: Tensor, op: str) -> Tensor | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, Tensor):
+        weight = Tensor.from_numpy(np.asarray(weight), device=like.device, dtype=_dt.float32)
+    if weight.shape != (c,) or not weight.dtype.is_float:
+        raise ValueError(f"{op}: weight must be a float tensor of shape ({c},) (one per class), got "
+                         f"{weight.shape} ({weight.dtype.name})")
+    check_same_device(like, weight, op=op)
+    return weight
+
+
+def _nll(logp: Tensor, target, weight: Tensor | None, ignore_index: int, reduction: str, smoothing: float,
+         op: str) -> Tensor:
+    """The class-index loss of log-probabilities [N, C, *]: -w[t] logp[t] per entry (0 where ignored), with
+    torch's label smoothing, reduced by torch's rule (mean: divided by the kept entries' weight sum)."""
+    c = logp.shape[1]
+    out_shape = logp.shape[:1] + logp.shape[2:]
+    tshape = tuple(target.shape) if isinstance(target, Tensor) else np.shape(target)
+    if tshape != out_shape:
+        raise ValueError(f"{op}: targets of shape {tshape} for input of shape {logp.shape} (expected {out_shape})")
+    if c == 0 and int(np.prod(out_shape)):
+        raise ValueError(f"{op}: input of shape {logp.shape} has no classes")
+    tgt, keep = _class_targets(target, c, ignore_index, logp, op)
+    lp = _classes_last(logp)
+    m = lp.shape[0]
+    tgt, keep = raw.reshape(tgt, (m,)), None if keep is None else raw.reshape(keep, (m,))
+    # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
+    rows = Tensor.from_numpy(np.arange(m, dtype=np.int32) * c, device=lp.device)
+    flat = raw.binary("add", rows, tgt)
+    flat._host_range = (0, max(m * c - 1, 0))  # every kept target was checked, ignored ones are 0
+    per = F.unary("neg", F.index_select(F.reshape(lp, (-1,)), 0, flat))
+    w_t = None if weight is None else raw.cast(raw.index_select(weight, 0, tgt), lp.dtype)
+    if w_t is not None:
+        per = F.binary("mul", per, w_t)
+    if smoothing:
+        total = F.reduce("sum", lp if weight is None else F.binary("mul", lp, raw.cast(weight, lp.dtype)), -1)
+        per = F.binary("add", F.binary("mul", per, 1.0 - smoothing), F.binary("mul", total, -smoothing / c))
+    if keep is not None:  # where, not a product: an ignored entry's -inf log-probability stays out
+        per = F.where(keep, per, 0.0)
+    if reduction == "none":
+        return F.reshape(per, out_shape)
+    loss = F.reduce("sum", per)
+    if reduction == "sum":
+        return loss
+    if w_t is not None:
+        denom = raw.reduce("sum", w_t if keep is None else raw.where(keep, w_t, 0.0))
+    else:
+        denom = float(m) if keep is None else raw.reduce("sum", raw.cast(keep, _dt.float32))
+    return F.binary("div", loss, denom)
+
+
+def _is_probabilities(target) -> bool:
+    if isinstance(target, Tensor):
+        return target.dtype.is_float
+    return np.asarray(target).dtype.kind == "f"
+
+
+def cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_average=None, ignore_index: int = -100,
+                  reduce=None, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross entropy of logits [N, C] (or [C], or [N, C, d1, ...]) as ``torch.nn.functional.cross_entropy``.
+
+    ``target`` holds class indices ([N] / [] / [N, d1, ...], int) or class probabilities (float, input's
+    shape). Class indices equal to ``ignore_index`` contribute nothing; ``weight`` [C] scales each class;
+    ``label_smoothing`` mixes the target with the uniform distribution. Reductions as torch: "mean" over
+    class indices divides by the kept entries' summed weight (NaN when every entry is ignored), over
+    probabilities by the number of entries; "sum"; "none" (the per-entry losses).
+
+    Plain class indices of [N, C] logits, none ignored, with no weight or smoothing, run one fused kernel
+    each way; everything else is log_softmax composed with a gather. Class-index tensors are checked on
+    the host through their known range (one readback where unknown, one more where ``ignore_index`` is
+    among their values).
+
+    Differs from torch: targets are int32 (torch: int64); ``weight`` gets no gradient; the deprecated
+    ``size_average`` and ``reduce`` raise.
     """
+    _loss_args("cross_entropy", reduction, size_average, reduce)
     if not isinstance(input, Tensor):
         raise TypeError(f"cross_entropy: input must be a wgpar.Tensor, got {type(input).__name__}")
-    if input.ndim != 2:
-        raise ValueError(f"cross_entropy: expected logits of shape [N, C], got {input.shape}")
+    if input.ndim < 1:
+        raise ValueError(f"cross_entropy: expected logits of shape [N, C], [C] or [N, C, d1, ...], got {input.shape}")
     if not input.dtype.is_float:
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    tgt = class_targets(target, input, "cross_entropy")
-    return CrossEntropy.apply(F.autocast_full(input), tgt, reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    x = F.autocast_full(input)
+    probs = _is_probabilities(target)
+    unbatched = x.ndim == 1
+    if unbatched:
+        x = F.unsqueeze(x, 0)
+        if isinstance(target, Tensor):
+            target = F.unsqueeze(target, 0) if probs else raw.reshape(target, (1,))
+        else:
+            target = np.asarray(target)[None]
+    c = x.shape[1]
+    weight = _class_weight(weight, c, x, "cross_entropy")
+    if probs:
+        out = _cross_entropy_probs(x, target, weight, reduction, label_smoothing)
+    elif x.ndim == 2 and weight is None and not label_smoothing and _none_ignored(target, ignore_index):
+        out = CrossEntropy.apply(x, class_targets(target, x, "cross_entropy"), reduction)
+    else:
+        out = _nll(F.softmax(x, 1, log=True), target, weight, ignore_index, reduction, label_smoothing,
+                   "cross_entropy")
+    return F.squeeze(out, 0) if unbatched and reduction == "none" else out
 
 
-def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities [N, C] at int targets [N]."""
-    if log_probs.ndim != 2:
-        raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
-    n, c = log_probs.shape
-    tgt = class_targets(target, log_probs, "nll_loss")
-    log_probs = F.autocast_full(log_probs)
-    # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
-    rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)
-    flat_index = raw.binary("add", rows, tgt)
-    flat_index._host_range = (0, n * c - 1)  # every target was checked above
-    picked = F.index_select(F.reshape(log_probs, (-1,)), 0, flat_index)
-    return _reduce(F.unary("neg", picked), reduction, "nll_loss")
+def _none_ignored(target, ignore_index: int) -> bool:
+    """True when no target can equal ignore_index (known without a readback where the range is known)."""
+    if isinstance(target, Tensor):
+        if target.dtype.storage != "i32" or target.dtype is _dt.bool_ or target.numel() == 0:
+            return True  # class_targets raises or there is nothing to ignore
+        lo, hi = _value_range(target)
+    else:
+        host = np.asarray(target)
+        if not host.size or host.dtype.kind not in "iu":
+            return True
+        lo, hi = int(host.min()), int(host.max())
+    return not lo <= ignore_index <= hi
+
+
+def _cross_entropy_probs(x: Tensor, target, weight: Tensor | None, reduction: str, smoothing: float) -> Tensor:
+    if not isinstance(target, Tensor):
+        target = Tensor.from_numpy(np.asarray(target), device=x.device, dtype=x.dtype)
+    check_same_device(x, target, op="cross_entropy")
+    if target.shape == x.shape[:1] + x.shape[2:]:
+        raise TypeError(f"cross_entropy: class-index targets must be integer, got {target.dtype.name} (float "
+                        f"targets are class probabilities of the input's shape {x.shape})")
+    if target.shape != x.shape:
+        raise ValueError(f"cross_entropy: probability targets of shape {target.shape} for input of shape {x.shape} "
+                         f"(they must match)")
+    c = x.shape[1]
+    if smoothing:
+        target = F.binary("add", F.binary("mul", target, 1.0 - smoothing), smoothing / c)
+    prod = F.binary("mul", F.softmax(x, 1, log=True), target)
+    if weight is not None:
+        prod = F.binary("mul", prod, raw.reshape(raw.cast(weight, x.dtype), (c,) + (1,) * (x.ndim - 2)))
+    per = F.unary("neg", F.reduce("sum", prod, 1))
+    if reduction == "mean":  # torch divides by the entries (N * d1 * ...), weight or not
+        return F.binary("div", F.reduce("sum", per), float(per.numel()))
+    return _reduce(per, reduction, "cross_entropy")
+
+
+def nll_loss(input: Tensor, target, weight: Tensor | None = None, size_average=None, ignore_index: int = -100,
+             reduce=None, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities [N, C] (or [C], or [N, C, d1, ...]) at integer class
+    targets, as ``torch.nn.functional.nll_loss``: ``-weight[t] * input[t]`` per entry, none for targets
+    equal to ``ignore_index``; "mean" divides by the kept entries' summed weight.
+
+    Differs from torch: targets are int32 (torch: int64); ``weight`` gets no gradient; the deprecated
+    ``size_average`` and ``reduce`` raise.
+    """
+    _loss_args("nll_loss", reduction, size_average, reduce)
+    if not isinstance(input, Tensor) or input.ndim < 1 or not input.dtype.is_float:
+        raise ValueError(f"nll_loss: expected float log-probabilities [N, C], [C] or [N, C, d1, ...], got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    x = F.autocast_full(input)
+    unbatched = x.ndim == 1
+    if unbatched:
+        x = F.unsqueeze(x, 0)
+        target = raw.reshape(target, (1,)) if isinstance(target, Tensor) else np.asarray(target)[None]
+    weight = _class_weight(weight, x.shape[1], x, "nll_loss")
+    out = _nll(x, target, weight, ignore_index, reduction, 0.0, "nll_loss")
+    return F.squeeze(out, 0) if unbatched and reduction == "none" else out
+
+
+def binary_cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_average=None, reduce=None,
+                         reduction: str = "mean") -> Tensor:
+    """``-weight * (t log(x) + (1 - t) log(1 - x))`` of probabilities ``input`` against ``target`` of one
+    shape, each log clamped at -100 as torch's, as ``torch.nn.functional.binary_cross_entropy``.
+
+    Differs from torch: an input outside [0, 1] gives NaN instead of raising (checking would read the
+    tensor back); at an input of exactly 0 or 1 the gradient through the clamped log is 0 (torch: the
+    unclamped formula divided by max(x (1 - x), 1e-12)); ``weight`` (broadcast to the input) gets no
+    gradient; the deprecated ``size_average`` and ``reduce`` raise.
+    """
+    _loss_args("binary_cross_entropy", reduction, size_average, reduce)
+    x, t = _pair(input, target, "binary_cross_entropy")
+    log_x = F.clamp(F.unary("log", x), min=-100.0)
+    log_1mx = F.clamp(F.unary("log1p", F.unary("neg", x)), min=-100.0)
+    # (t - 1) log(1 - x) - t log(x), torch's order of terms
+    per = F.binary("sub", F.binary("mul", F.binary("sub", t, 1.0), log_1mx), F.binary("mul", t, log_x))
+    return _reduce(_bce_weight(per, weight, x), reduction, "binary_cross_entropy")
+
+
+def _bce_weight(per: Tensor, weight, x: Tensor) -> Tensor:
+    if weight is None:
+        return per
+    if not isinstance(weight, Tensor):
+        weight = Tensor.from_numpy(np.asarray(weight), device=x.device, dtype=x.dtype)
+    try:
+        np.broadcast_shapes(weight.shape, x.shape)
+    except ValueError:
+        raise ValueError(f"weight of shape {weight.shape} does not broadcast to the input's {x.shape}") from None
+    return F.binary("mul", per, weight.detach())
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target, weight: Tensor | None = None, size_average=None,
+                                     reduce=None, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits, as
+    ``torch.nn.functional.binary_cross_entropy_with_logits``: ``(1 - t) x + (1 + (p - 1) t) softplus(-x)``
+    with ``pos_weight`` p (broadcast along the last dim: one per class) scaling the positive term, then
+    ``weight`` (broadcast to the input).
+
+    Differs from torch: ``weight`` and ``pos_weight`` get no gradient; the deprecated ``size_average`` and
+    ``reduce`` raise.
+    """
+    _loss_args("binary_cross_entropy_with_logits", reduction, size_average, reduce)
+    x, t = _pair(input, target, "binary_cross_entropy_with_logits")
+    sp = F.unary("softplus", F.unary("neg", x))
+    if pos_weight is not None:
+        if not isinstance(pos_weight, Tensor):
+            pos_weight = Tensor.from_numpy(np.asarray(pos_weight), device=x.device, dtype=x.dtype)
+        try:
+            np.broadcast_shapes(pos_weight.shape, x.shape)
+        except ValueError:
+            raise ValueError(f"binary_cross_entropy_with_logits: pos_weight of shape {pos_weight.shape} does not "
+                             f"broadcast to the input's {x.shape}") from None
+        coef = F.binary("add", F.binary("mul", F.binary("sub", pos_weight.detach(), 1.0), t), 1.0)
+        sp = F.binary("mul", coef, sp)
+    per = F.binary("add", F.binary("mul", F.binary("sub", 1.0, t), x), sp)
+    return _reduce(_bce_weight(per, weight, x), reduction, "binary_cross_entropy_with_logits")
+
+
+def l1_loss(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+            weight: Tensor | None = None) -> Tensor:
+    """``|input - target|``, as ``torch.nn.functional.l1_loss``; with ``weight`` (input's shape) each entry
+    is scaled and "mean" is ``sum(w |d|) / sum(w)``, as torch. The gradient at ``input == target`` is 0.
+
+    Differs from torch: input and target must have one shape (torch broadcasts them, warning); the
+    deprecated ``size_average`` and ``reduce`` raise.
+    """
+    _loss_args("l1_loss", reduction, size_average, reduce)
+    x, t = _pair(input, target, "l1_loss")
+    return _weighted_mean_or(F.unary("abs", F.binary("sub", x, t)), _same_shape_weight(weight, x, "l1_loss"),
+                             reduction)
+
+
+def _same_shape_weight(weight, x: Tensor, op: str) -> Tensor | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, Tensor):
+        weight = Tensor.from_numpy(np.asarray(weight), device=x.device, dtype=x.dtype)
+    if weight.shape != x.shape:
+        raise ValueError(f"{op}: Weights and input must have the same size, got {weight.shape} and {x.shape}")
+    return weight
+
+
+def smooth_l1_loss(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+                   beta: float = 1.0) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = input - target``; beta 0 is
+    l1_loss), as ``torch.nn.functional.smooth_l1_loss``.
+
+    Differs from torch: input and target must have one shape; the deprecated ``size_average`` and
+    ``reduce`` raise.
+    """
+    _loss_args("smooth_l1_loss", reduction, size_average, reduce)
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
+    x, t = _pair(input, target, "smooth_l1_loss")
+    d = F.binary("sub", x, t)
+    a = F.unary("abs", d)
+    if beta == 0.0:
+        return _reduce(a, reduction, "smooth_l1_loss")
+    quad = F.binary("mul", F.binary("mul", d, d), 0.5 / beta)
+    per = F.where(raw.binary("lt", a, float(beta)), quad, F.binary("sub", a, 0.5 * beta))
+    return _reduce(per, reduction, "smooth_l1_loss")
+
+
+def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.0,
+               weight: Tensor | None = None) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (``d = input - target``), as
+    ``torch.nn.functional.huber_loss``; ``weight`` (input's shape) as in :func:`l1_loss`.
+
+    Differs from torch: input and target must have one shape.
+    """
+    _loss_args("huber_loss", reduction)
+    if delta <= 0:
+        raise ValueError(f"huber_loss: delta must be positive, got {delta}")
+    x, t = _pair(input, target, "huber_loss")
+    d = F.binary("sub", x, t)
+    a = F.unary("abs", d)
+    quad = F.binary("mul", F.binary("mul", d, d), 0.5)
+    lin = F.binary("mul", F.binary("sub", a, 0.5 * delta), float(delta))
+    per = F.where(raw.binary("lt", a, float(delta)), quad, lin)
+    return _weighted_mean_or(per, _same_shape_weight(weight, x, "huber_loss"), reduction)
+
+
+def kl_div(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """Kullback-Leibler divergence of the distribution ``target`` from log-probabilities ``input``, as
+    ``torch.nn.functional.kl_div``: ``target * (log(target) - input)`` per entry (0 where target is 0), or
+    with ``log_target`` ``exp(target) * (target - input)``. ``reduction="batchmean"`` divides the sum by
+    the batch size (the true KL divergence); "mean" divides by every entry and warns, as torch.
+
+    Differs from torch: input and target must have one shape; the deprecated ``size_average`` and
+    ``reduce`` raise.
+    """
+    if size_average is not None or reduce is not None:
+        raise ValueError("kl_div: size_average and reduce (deprecated in torch) are not supported; use reduction=")
+    if reduction not in ("mean", "sum", "none", "batchmean"):
+        raise ValueError(f"kl_div: reduction must be 'mean', 'batchmean', 'sum' or 'none', got {reduction!r}")
+    if reduction == "mean":
+        warnings.warn("reduction: 'mean' divides the total loss by both the batch size and the support size."
+                      "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+                      "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+                      UserWarning, stacklevel=2)
+    x, t = _pair(input, target, "kl_div")
+    if log_target:
+        per = F.binary("mul", F.unary("exp", t), F.binary("sub", t, x))
+    else:
+        pos = raw.binary("gt", t, 0.0)
+        # xlogy(t, t): t log t, 0 at t == 0; the log sees 1 there so no -inf meets a zero gradient
+        t_log_t = F.where(pos, F.binary("mul", t, F.unary("log", F.where(pos, t, 1.0))), 0.0)
+        per = F.binary("sub", t_log_t, F.binary("mul", t, x))
+    if reduction == "batchmean":
+        total = F.reduce("sum", per)
+        return total if x.ndim == 0 else F.binary("div", total, float(x.shape[0]))
+    return _reduce(per, reduction, "kl_div")
 
 
 # -- shapes: one_hot, pad, normalize, interpolate ---------------------------------------------------

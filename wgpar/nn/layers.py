@@ -423,22 +423,6 @@ class MLP(Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class CrossEntropyLoss(Module):
-    """Softmax cross-entropy of logits [N, C] against integer class targets [N] (one fused kernel each way),
-    as ``torch.nn.CrossEntropyLoss``.
-
-    Arguments:
-        reduction: "mean", "sum" or "none" (the [N] losses).
-    """
-
-    def __init__(self, reduction: str = "mean") -> None:
-        super().__init__()
-        self.reduction = reduction
-
-    def forward(self, logits: Tensor, target) -> Tensor:
-        return F.cross_entropy(logits, target, self.reduction)
-
-
 class MSELoss(Module):
     """Squared error between input and target of one shape, as ``torch.nn.MSELoss``.
 
