@@ -6,28 +6,46 @@ from .batchnorm import BatchNorm1d, BatchNorm2d
 from .containers import ModuleDict, ModuleList
 from .conv import Conv1d, Conv2d
 from .layers import (
+                     ELU,
                      GELU,
                      MLP,
-                     CrossEntropyLoss,
                      Dropout,
+                     Dropout2d,
                      Embedding,
                      Flatten,
+                     Identity,
                      LayerNorm,
+                     LeakyReLU,
                      Linear,
                      LogSoftmax,
                      MSELoss,
                      ReLU,
                      Sequential,
                      Sigmoid,
+                     SiLU,
                      Softmax,
                      Tanh,
 )
+from .loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from .module import Module
+from .normalization import GroupNorm, RMSNorm
 from .parameter import Parameter
-from .pooling import AvgPool2d, MaxPool2d
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .utils import clip_grad_norm_
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LayerNorm",
            "Embedding", "Dropout", "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
            "MLP", "MultiheadAttention", "CausalSelfAttention", "functional", "init", "utils",
-           "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten"]
+           "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten",
+           "Identity", "SiLU", "LeakyReLU", "ELU", "Dropout2d",
+           "GroupNorm", "RMSNorm", "AdaptiveAvgPool2d",
+           "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -16,7 +17,7 @@ from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.nn_ops import AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, max_pool2d_with_indices
 from ..ops.batch_norm import batch_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
-from ..ops.index import as_index, index_add_rows
+from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
 from ..ops.loss import class_targets
 from ..ops.window import pair, window
 from ..tensor import Tensor, check_same_device
@@ -61,6 +62,44 @@ def sigmoid(x: Tensor) -> Tensor:
     return F.unary("sigmoid", x)
 
 
+def _no_inplace(inplace: bool, op: str) -> None:
+    if inplace:
+        raise ValueError(f"{op}: inplace=True is not supported (wgpar's activations return a new tensor; "
+                         f"write x = {op}(x))")
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """SiLU (swish): ``x * sigmoid(x)`` elementwise, as ``torch.nn.functional.silu``.
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "silu")
+    return F.binary("mul", input, F.unary("sigmoid", input))
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``negative_slope * x``, as ``torch.nn.functional.leaky_relu`` (the
+    gradient at 0 is ``negative_slope``, as torch's; NaN stays NaN).
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "leaky_relu")
+    return F.where(raw.binary("gt", input, 0.0), input, F.binary("mul", input, float(negative_slope)))
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``, as ``torch.nn.functional.elu`` (the gradient
+    at 0 is ``alpha``, as torch's).
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "elu")
+    pos = raw.binary("gt", input, 0.0)
+    # expm1 only of the non-positive side: exp of a large x would be inf, and inf * a zero gradient NaN.
+    neg = F.where(pos, 0.0, input)
+    return F.where(pos, input, F.binary("mul", F.unary("expm1", neg), float(alpha)))
+
+
 def _implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
     """torch's ``_get_softmax_dim`` for a call without ``dim``: 0 for 0-, 1- and 3-d input (3-d taken as an
     unbatched [C, H, W]), else 1, with torch's deprecation warning (the last dim would silently differ)."""
@@ -96,6 +135,45 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not x.dtype.is_float:
         raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
     return Dropout.apply(x, p, int(creation.generator().integers(0, 2**32)))
+
+
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero whole channels: each [N, C] plane of ``input`` [N, C, H, W] (or [C, H, W]) is zeroed with
+    probability ``p`` and the rest scaled by 1 / (1 - p), as ``torch.nn.functional.dropout2d``; masks
+    come from wgpar.manual_seed.
+
+    torch's deprecated inputs behave as torch's, with its warnings: 3-d input is taken as [N, C, L]
+    (channel-wise 1-d dropout), 2-d input as plain elementwise dropout.
+
+    Differs from torch: ``inplace=True`` raises.
+    """
+    _no_inplace(inplace, "dropout2d")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not isinstance(input, Tensor) or input.ndim not in (2, 3, 4):
+        raise ValueError(f"dropout2d: expected a 2-, 3- or 4-d Tensor, got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    if input.ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout "
+                      "behavior is desired - input is interpreted as shape (N, C, L), where C is the channel "
+                      "dim. This behavior will change in a future release to interpret the input as one "
+                      "without a batch dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise "
+                      "dropout behavior, please switch to using dropout1d instead.", UserWarning, stacklevel=2)
+    elif input.ndim == 2:
+        warnings.warn("dropout2d: Received a 2-D input to dropout2d, which is deprecated and will result in an "
+                      "error in a future release. To retain the behavior and silence this warning, please use "
+                      "dropout instead.", UserWarning, stacklevel=2)
+    if not training or p == 0.0:
+        return input
+    if not input.dtype.is_float:
+        raise TypeError(f"dropout2d needs a float tensor, got {input.dtype.name}")
+    planes = input.shape[:2] if input.ndim > 2 else input.shape
+    # One draw per channel on the host (N * C numbers), uploaded as a broadcast [N, C, 1, ...] scale.
+    keep = creation.generator().random(planes) >= p
+    scale = keep / (1.0 - p) if p < 1.0 else np.zeros(planes)
+    mask = Tensor.from_numpy(scale.reshape(planes + (1,) * (input.ndim - len(planes))), device=input.device,
+                             dtype=input.dtype)
+    return F.binary("mul", input, mask)
 
 
 def _batched(x, nd: int, op: str) -> tuple[Tensor, bool]:
@@ -250,6 +328,32 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
     return F.squeeze(out, 0) if unbatched else out
 
 
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """Average pooling of ``input`` [N, C, H, W] (or [C, H, W]) to ``output_size`` (an int, or a pair whose
+    None entries keep the input's size), as ``torch.nn.functional.adaptive_avg_pool2d``: output row i
+    averages input rows ``floor(i * H / H_out)`` to ``ceil((i + 1) * H / H_out)``, and so for columns.
+    Runs as two matmuls with the (host-built) averaging matrices, so the gradient is their transpose."""
+    x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+    if len(sizes) != 2:
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}")
+    out_hw = tuple(n if s is None else s for n, s in zip(x.shape[2:], sizes))
+    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
+    rows, cols = (_averaging(n, int(m), x.dtype, x.device) for n, m in zip(x.shape[2:], out_hw))
+    y = F.matmul(F.matmul(rows, x), F.transpose(cols, 0, 1))
+    return F.squeeze(y, 0) if unbatched else y
+
+
+def _averaging(n: int, m: int, dtype, device) -> Tensor:
+    """[m, n]: row i averages entries floor(i n / m) .. ceil((i + 1) n / m) - 1, torch's adaptive windows."""
+    a = np.zeros((m, n))
+    for i in range(m):
+        lo, hi = (i * n) // m, -((-(i + 1) * n) // m)
+        a[i, lo:hi] = 1.0 / (hi - lo)
+    return Tensor.from_numpy(a, device=device, dtype=dtype)
+
+
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float | Tensor = 0.1,
                eps: float = 1e-5) -> Tensor:
@@ -307,21 +411,51 @@ def _lerp_(running: Tensor, value: Tensor, factor: float | Tensor) -> None:
     raw.inplace("add", running, raw.binary("mul", raw.binary("sub", value, running), factor))
 
 
-def embedding(indices, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` [num_embeddings, dim] picked by integer ``indices`` of any shape.
+def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of ``weight`` [num_embeddings, dim] picked by integer indices ``input`` of any shape, as
+    ``torch.nn.functional.embedding``; an index out of range raises.
 
     Indices given as host data (a NumPy array or list) are checked and sorted for the backward on the
     host, so neither direction reads anything back from the device.
+
+    Differs from torch: ``max_norm`` (renormalising rows of ``weight`` in place), ``scale_grad_by_freq``
+    and ``sparse`` gradients are not supported and raise.
+
+    Arguments:
+        input: integer indices (an int32 Tensor, or host data).
+        weight: the table [num_embeddings, embedding_dim].
+        padding_idx: a row (negative counts from the end) whose lookups pass no gradient to ``weight``.
     """
-    if isinstance(indices, Tensor):
-        return F.index_select(weight, 0, indices, op="embedding")
-    host = np.asarray(indices)
+    if max_norm is not None:
+        raise ValueError("embedding: max_norm (renormalising weight rows in place) is not supported")
+    if scale_grad_by_freq or sparse:
+        raise ValueError("embedding: scale_grad_by_freq and sparse gradients are not supported")
     n = weight.shape[0]
-    idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
-    out = raw.index_select(weight, 0, idx, op="embedding")
-    if not (is_grad_enabled() and weight.requires_grad):
+    pad = _padding_idx(padding_idx, n, "embedding")
+    if isinstance(input, Tensor):
+        out = F.index_select(weight, 0, input, op="embedding")
+        idx = input
+    else:
+        host = np.asarray(input)
+        idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
+        out = raw.index_select(weight, 0, idx, op="embedding")
+        if is_grad_enabled() and weight.requires_grad:
+            out = record("embedding", out, [weight],
+                         lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
+    if pad is None or not out.requires_grad:
         return out
-    return record("embedding", out, [weight], lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
+    # Same values, but the lookups of the padding row take the detached copy: no gradient reaches it.
+    keep = raw.unsqueeze(raw.binary("ne", idx, pad), -1)
+    return F.where(keep, out, out.detach())
+
+
+def _padding_idx(padding_idx: int | None, n: int, op: str) -> int | None:
+    if padding_idx is None:
+        return None
+    if not -n <= padding_idx < n:
+        raise ValueError(f"{op}: padding_idx {padding_idx} must be within num_embeddings ({n})")
+    return padding_idx % n
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -378,6 +512,52 @@ def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, 
     return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])
 
 
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise ``input`` [N, C, *] over each group of ``C / num_groups`` channels (and every spatial
+    entry) to mean 0, variance 1 (biased), then scale and shift per channel by ``weight`` and ``bias`` [C],
+    as ``torch.nn.functional.group_norm``. Runs as layer_norm's fused kernel on [N, G, rest] rows."""
+    if not isinstance(input, Tensor) or input.ndim < 2:
+        raise ValueError(f"group_norm: expected a Tensor [N, C, *], got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    n, c = input.shape[:2]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 or c % num_groups:
+        raise ValueError(f"group_norm: num_channels ({c}) must be divisible by num_groups ({num_groups})")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.shape != (c,):
+            raise ValueError(f"group_norm: {name} of shape {t.shape} for {c} channels")
+    rest = input.numel() // (n * num_groups) if n else 0
+    y = layer_norm(F.reshape(input, (n, num_groups, rest)), (rest,), eps=eps)
+    y = F.reshape(y, input.shape)
+    per_channel = (c,) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        y = F.binary("mul", y, F.reshape(weight, per_channel))
+    if bias is not None:
+        y = F.binary("add", y, F.reshape(bias, per_channel))
+    return y
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``input / sqrt(mean(input ** 2) + eps) * weight`` over the trailing ``normalized_shape`` dims, as
+    ``torch.nn.functional.rms_norm``; ``eps=None`` is the input dtype's machine epsilon, as torch.
+    Composed of elementwise ops and a mean, computed in the input's dtype."""
+    shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
+    if not isinstance(input, Tensor) or tuple(input.shape[input.ndim - len(shape):]) != shape \
+            or len(shape) > input.ndim:
+        raise ValueError(f"rms_norm: input of shape {getattr(input, 'shape', None)} does not end with "
+                         f"normalized_shape {shape}")
+    if not input.dtype.is_float:
+        raise TypeError(f"rms_norm: needs a float input, got {input.dtype.name}")
+    if weight is not None and weight.shape != shape:
+        raise ValueError(f"rms_norm: weight of shape {weight.shape} for normalized_shape {shape}")
+    if eps is None:
+        eps = float(np.finfo(input.dtype.np).eps)
+    axes = tuple(range(input.ndim - len(shape), input.ndim))
+    ms = F.reduce("mean", F.binary("mul", input, input), axes, keepdims=True)
+    y = F.binary("mul", input, F.unary("rsqrt", F.binary("add", ms, float(eps))))
+    return y if weight is None else F.binary("mul", y, weight)
+
+
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Squared error ``(input - target) ** 2``, reduced by "mean" (default), "sum" or not ("none")."""
     if isinstance(target, Tensor) and input.shape != target.shape:
@@ -386,6 +566,16 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     d = F.binary("sub", input, target)
     sq = F.binary("mul", d, d)
     return _reduce(sq, reduction, "mse_loss")
+
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _loss_args(op: str, reduction: str, size_average=None, reduce=None) -> None:
+    if size_average is not None or reduce is not None:
+        raise ValueError(f"{op}: size_average and reduce (deprecated in torch) are not supported; use reduction=")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
@@ -398,36 +588,603 @@ def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
     raise ValueError(f"{what}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def cross_entropy(input: Tensor, target, reduction: str = "mean") -> Tensor:
-    """Softmax cross entropy of logits [N, C] against int class targets [N] (one fused kernel).
+def _pair(input, target, op: str, cast_target: bool = True) -> tuple[Tensor, Tensor]:
+    """input and target (a Tensor or host data, then uploaded in input's dtype) of one shape, float."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{op}: input must be a wgpar.Tensor, got {type(input).__name__}")
+    if not input.dtype.is_float:
+        raise TypeError(f"{op}: input must be float, got {input.dtype.name}")
+    if not isinstance(target, Tensor):
+        target = Tensor.from_numpy(np.asarray(target), device=input.device, dtype=input.dtype)
+    check_same_device(input, target, op=op)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"{op}: target of shape {target.shape} for input of shape {input.shape} (wgpar does not "
+                         f"broadcast them, where torch warns and broadcasts)")
+    if cast_target and not target.dtype.is_float:
+        target = F.cast(target, input.dtype)
+    return F.autocast_full(input), F.autocast_full(target)
 
-    reduction: "mean" (default), "sum" or "none".
+
+def _weighted_mean_or(per: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
+    """torch's rule for an elementwise weight of the input's shape: mean is sum(w * l) / sum(w)."""
+    if weight is None:
+        return _reduce(per, reduction, "loss")
+    per = F.binary("mul", per, weight)
+    if reduction == "mean":
+        return F.binary("div", F.reduce("sum", per), F.reduce("sum", weight))
+    return _reduce(per, reduction, "loss")
+
+
+def _class_targets(target, c: int, ignore_index: int, like: Tensor, op: str) -> tuple[Tensor, Tensor | None]:
+    """Class targets as int32 with ignored entries set to 0, and the bool mask of the kept ones (None when
+    none is ignored). Every kept target is checked to lie in [0, C) before narrowing: host data on the host,
+    a tensor through its known range (one readback where unknown, and one more where ignore_index is
+    among its values)."""
+    what = f"{op} with {c} classes"
+    if isinstance(target, Tensor):
+        if target.dtype.is_float or target.dtype is _dt.bool_ or target.dtype.storage != "i32":
+            raise TypeError(f"{op}: targets must be int32 class indices (or float probabilities), got "
+                            f"{target.dtype.name}")
+        check_same_device(like, target, op=op)
+        if target.numel() == 0:
+            return target, None
+        lo, hi = _value_range(target)
+        if not lo <= ignore_index <= hi:
+            _raise_if_out_of_range(lo, hi, c, what, False, "target")
+            return target, None
+        keep = raw.binary("ne", target, ignore_index)
+        safe = raw.where(keep, target, 0)
+        _raise_if_out_of_range(*_value_range(safe), c, what, False, "target")
+        return safe, keep
+    host = np.asarray(target)
+    if host.size and host.dtype.kind not in "iu":
+        raise TypeError(f"{op}: targets must hold integer class indices, got {host.dtype}")
+    keep = host != ignore_index
+    safe = np.where(keep, host, 0)
+    if safe.size:
+        _raise_if_out_of_range(int(safe.min()), int(safe.max()), c, what, False, "target")
+    t = Tensor.from_numpy(safe.astype(np.int32), device=like.device)
+    return t, (None if keep.all() else Tensor.from_numpy(keep, device=like.device))
+
+
+def _classes_last(x: Tensor) -> Tensor:
+    """[N, C, d1, ...] as [N * d1 * ..., C]."""
+    if x.ndim > 2:
+        x = F.permute(x, (0,) + tuple(range(2, x.ndim)) + (1,))
+    return F.reshape(x, (-1, x.shape[-1]))
+
+
+def _class_weight(weight, c: int, like: Tensor, op: str) -> Tensor | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, Tensor):
+        weight = Tensor.from_numpy(np.asarray(weight), device=like.device, dtype=_dt.float32)
+    if weight.shape != (c,) or not weight.dtype.is_float:
+        raise ValueError(f"{op}: weight must be a float tensor of shape ({c},) (one per class), got "
+                         f"{weight.shape} ({weight.dtype.name})")
+    check_same_device(like, weight, op=op)
+    return weight
+
+
+def _nll(logp: Tensor, target, weight: Tensor | None, ignore_index: int, reduction: str, smoothing: float,
+         op: str) -> Tensor:
+    """The class-index loss of log-probabilities [N, C, *]: -w[t] logp[t] per entry (0 where ignored), with
+    torch's label smoothing, reduced by torch's rule (mean: divided by the kept entries' weight sum)."""
+    c = logp.shape[1]
+    out_shape = logp.shape[:1] + logp.shape[2:]
+    tshape = tuple(target.shape) if isinstance(target, Tensor) else np.shape(target)
+    if tshape != out_shape:
+        raise ValueError(f"{op}: targets of shape {tshape} for input of shape {logp.shape} (expected {out_shape})")
+    if c == 0 and int(np.prod(out_shape)):
+        raise ValueError(f"{op}: input of shape {logp.shape} has no classes")
+    tgt, keep = _class_targets(target, c, ignore_index, logp, op)
+    lp = _classes_last(logp)
+    m = lp.shape[0]
+    tgt, keep = raw.reshape(tgt, (m,)), None if keep is None else raw.reshape(keep, (m,))
+    # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
+    rows = Tensor.from_numpy(np.arange(m, dtype=np.int32) * c, device=lp.device)
+    flat = raw.binary("add", rows, tgt)
+    flat._host_range = (0, max(m * c - 1, 0))  # every kept target was checked, ignored ones are 0
+    per = F.unary("neg", F.index_select(F.reshape(lp, (-1,)), 0, flat))
+    w_t = None if weight is None else raw.cast(raw.index_select(weight, 0, tgt), lp.dtype)
+    if w_t is not None:
+        per = F.binary("mul", per, w_t)
+    if smoothing:
+        total = F.reduce("sum", lp if weight is None else F.binary("mul", lp, raw.cast(weight, lp.dtype)), -1)
+        per = F.binary("add", F.binary("mul", per, 1.0 - smoothing), F.binary("mul", total, -smoothing / c))
+    if keep is not None:  # where, not a product: an ignored entry's -inf log-probability stays out
+        per = F.where(keep, per, 0.0)
+    if reduction == "none":
+        return F.reshape(per, out_shape)
+    loss = F.reduce("sum", per)
+    if reduction == "sum":
+        return loss
+    if w_t is not None:
+        denom = raw.reduce("sum", w_t if keep is None else raw.where(keep, w_t, 0.0))
+    else:
+        denom = float(m) if keep is None else raw.reduce("sum", raw.cast(keep, _dt.float32))
+    return F.binary("div", loss, denom)
+
+
+def _is_probabilities(target) -> bool:
+    if isinstance(target, Tensor):
+        return target.dtype.is_float
+    return np.asarray(target).dtype.kind == "f"
+
+
+def cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_average=None, ignore_index: int = -100,
+                  reduce=None, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross entropy of logits [N, C] (or [C], or [N, C, d1, ...]) as ``torch.nn.functional.cross_entropy``.
+
+    ``target`` holds class indices ([N] / [] / [N, d1, ...], int) or class probabilities (float, input's
+    shape). Class indices equal to ``ignore_index`` contribute nothing; ``weight`` [C] scales each class;
+    ``label_smoothing`` mixes the target with the uniform distribution. Reductions as torch: "mean" over
+    class indices divides by the kept entries' summed weight (NaN when every entry is ignored), over
+    probabilities by the number of entries; "sum"; "none" (the per-entry losses).
+
+    Plain class indices of [N, C] logits, none ignored, with no weight or smoothing, run one fused kernel
+    each way; everything else is log_softmax composed with a gather. Class-index tensors are checked on
+    the host through their known range (one readback where unknown, one more where ``ignore_index`` is
+    among their values).
+
+    Differs from torch: targets are int32 (torch: int64); ``weight`` gets no gradient; the deprecated
+    ``size_average`` and ``reduce`` raise.
     """
+    _loss_args("cross_entropy", reduction, size_average, reduce)
     if not isinstance(input, Tensor):
         raise TypeError(f"cross_entropy: input must be a wgpar.Tensor, got {type(input).__name__}")
-    if input.ndim != 2:
-        raise ValueError(f"cross_entropy: expected logits of shape [N, C], got {input.shape}")
+    if input.ndim < 1:
+        raise ValueError(f"cross_entropy: expected logits of shape [N, C], [C] or [N, C, d1, ...], got {input.shape}")
     if not input.dtype.is_float:
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    tgt = class_targets(target, input, "cross_entropy")
-    return CrossEntropy.apply(F.autocast_full(input), tgt, reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    x = F.autocast_full(input)
+    probs = _is_probabilities(target)
+    unbatched = x.ndim == 1
+    if unbatched:
+        x = F.unsqueeze(x, 0)
+        if isinstance(target, Tensor):
+            target = F.unsqueeze(target, 0) if probs else raw.reshape(target, (1,))
+        else:
+            target = np.asarray(target)[None]
+    c = x.shape[1]
+    weight = _class_weight(weight, c, x, "cross_entropy")
+    if probs:
+        out = _cross_entropy_probs(x, target, weight, reduction, label_smoothing)
+    elif x.ndim == 2 and weight is None and not label_smoothing and _none_ignored(target, ignore_index):
+        out = CrossEntropy.apply(x, class_targets(target, x, "cross_entropy"), reduction)
+    else:
+        out = _nll(F.softmax(x, 1, log=True), target, weight, ignore_index, reduction, label_smoothing,
+                   "cross_entropy")
+    return F.squeeze(out, 0) if unbatched and reduction == "none" else out
 
 
-def nll_loss(log_probs: Tensor, target, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities [N, C] at int targets [N]."""
-    if log_probs.ndim != 2:
-        raise ValueError(f"nll_loss: expected [N, C] log-probabilities, got {log_probs.shape}")
-    n, c = log_probs.shape
-    tgt = class_targets(target, log_probs, "nll_loss")
-    log_probs = F.autocast_full(log_probs)
-    # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
-    rows = Tensor.from_numpy(np.arange(n, dtype=np.int32) * c, device=log_probs.device)
-    flat_index = raw.binary("add", rows, tgt)
-    flat_index._host_range = (0, n * c - 1)  # every target was checked above
-    picked = F.index_select(F.reshape(log_probs, (-1,)), 0, flat_index)
-    return _reduce(F.unary("neg", picked), reduction, "nll_loss")
+def _none_ignored(target, ignore_index: int) -> bool:
+    """True when no target can equal ignore_index (known without a readback where the range is known)."""
+    if isinstance(target, Tensor):
+        if target.dtype.storage != "i32" or target.dtype is _dt.bool_ or target.numel() == 0:
+            return True  # class_targets raises or there is nothing to ignore
+        lo, hi = _value_range(target)
+    else:
+        host = np.asarray(target)
+        if not host.size or host.dtype.kind not in "iu":
+            return True
+        lo, hi = int(host.min()), int(host.max())
+    return not lo <= ignore_index <= hi
+
+
+def _cross_entropy_probs(x: Tensor, target, weight: Tensor | None, reduction: str, smoothing: float) -> Tensor:
+    if not isinstance(target, Tensor):
+        target = Tensor.from_numpy(np.asarray(target), device=x.device, dtype=x.dtype)
+    check_same_device(x, target, op="cross_entropy")
+    if target.shape == x.shape[:1] + x.shape[2:]:
+        raise TypeError(f"cross_entropy: class-index targets must be integer, got {target.dtype.name} (float "
+                        f"targets are class probabilities of the input's shape {x.shape})")
+    if target.shape != x.shape:
+        raise ValueError(f"cross_entropy: probability targets of shape {target.shape} for input of shape {x.shape} "
+                         f"(they must match)")
+    c = x.shape[1]
+    if smoothing:
+        target = F.binary("add", F.binary("mul", target, 1.0 - smoothing), smoothing / c)
+    prod = F.binary("mul", F.softmax(x, 1, log=True), target)
+    if weight is not None:
+        prod = F.binary("mul", prod, raw.reshape(raw.cast(weight, x.dtype), (c,) + (1,) * (x.ndim - 2)))
+    per = F.unary("neg", F.reduce("sum", prod, 1))
+    if reduction == "mean":  # torch divides by the entries (N * d1 * ...), weight or not
+        return F.binary("div", F.reduce("sum", per), float(per.numel()))
+    return _reduce(per, reduction, "cross_entropy")
+
+
+def nll_loss(input: Tensor, target, weight: Tensor | None = None, size_average=None, ignore_index: int = -100,
+             reduce=None, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities [N, C] (or [C], or [N, C, d1, ...]) at integer class
+    targets, as ``torch.nn.functional.nll_loss``: ``-weight[t] * input[t]`` per entry, none for targets
+    equal to ``ignore_index``; "mean" divides by the kept entries' summed weight.
+
+    Differs from torch: targets are int32 (torch: int64); ``weight`` gets no gradient; the deprecated
+    ``size_average`` and ``reduce`` raise.
+    """
+    _loss_args("nll_loss", reduction, size_average, reduce)
+    if not isinstance(input, Tensor) or input.ndim < 1 or not input.dtype.is_float:
+        raise ValueError(f"nll_loss: expected float log-probabilities [N, C], [C] or [N, C, d1, ...], got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    x = F.autocast_full(input)
+    unbatched = x.ndim == 1
+    if unbatched:
+        x = F.unsqueeze(x, 0)
+        target = raw.reshape(target, (1,)) if isinstance(target, Tensor) else np.asarray(target)[None]
+    weight = _class_weight(weight, x.shape[1], x, "nll_loss")
+    out = _nll(x, target, weight, ignore_index, reduction, 0.0, "nll_loss")
+    return F.squeeze(out, 0) if unbatched and reduction == "none" else out
+
+
+def binary_cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_average=None, reduce=None,
+                         reduction: str = "mean") -> Tensor:
+    """``-weight * (t log(x) + (1 - t) log(1 - x))`` of probabilities ``input`` against ``target`` of one
+    shape, each log clamped at -100 as torch's, as ``torch.nn.functional.binary_cross_entropy``.
+
+    Differs from torch: an input outside [0, 1] gives NaN instead of raising (checking would read the
+    tensor back); at an input of exactly 0 or 1 the gradient through the clamped log is 0 (torch: the
+    unclamped formula divided by max(x (1 - x), 1e-12)); ``weight`` (broadcast to the input) gets no
+    gradient; the deprecated ``size_average`` and ``reduce`` raise.
+    """
+    _loss_args("binary_cross_entropy", reduction, size_average, reduce)
+    x, t = _pair(input, target, "binary_cross_entropy")
+    log_x = F.clamp(F.unary("log", x), min=-100.0)
+    log_1mx = F.clamp(F.unary("log1p", F.unary("neg", x)), min=-100.0)
+    # (t - 1) log(1 - x) - t log(x), torch's order of terms
+    per = F.binary("sub", F.binary("mul", F.binary("sub", t, 1.0), log_1mx), F.binary("mul", t, log_x))
+    return _reduce(_bce_weight(per, weight, x), reduction, "binary_cross_entropy")
+
+
+def _bce_weight(per: Tensor, weight, x: Tensor) -> Tensor:
+    if weight is None:
+        return per
+    if not isinstance(weight, Tensor):
+        weight = Tensor.from_numpy(np.asarray(weight), device=x.device, dtype=x.dtype)
+    try:
+        np.broadcast_shapes(weight.shape, x.shape)
+    except ValueError:
+        raise ValueError(f"weight of shape {weight.shape} does not broadcast to the input's {x.shape}") from None
+    return F.binary("mul", per, weight.detach())
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target, weight: Tensor | None = None, size_average=None,
+                                     reduce=None, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits, as
+    ``torch.nn.functional.binary_cross_entropy_with_logits``: ``(1 - t) x + (1 + (p - 1) t) softplus(-x)``
+    with ``pos_weight`` p (broadcast along the last dim: one per class) scaling the positive term, then
+    ``weight`` (broadcast to the input).
+
+    Differs from torch: ``weight`` and ``pos_weight`` get no gradient; the deprecated ``size_average`` and
+    ``reduce`` raise.
+    """
+    _loss_args("binary_cross_entropy_with_logits", reduction, size_average, reduce)
+    x, t = _pair(input, target, "binary_cross_entropy_with_logits")
+    sp = F.unary("softplus", F.unary("neg", x))
+    if pos_weight is not None:
+        if not isinstance(pos_weight, Tensor):
+            pos_weight = Tensor.from_numpy(np.asarray(pos_weight), device=x.device, dtype=x.dtype)
+        try:
+            np.broadcast_shapes(pos_weight.shape, x.shape)
+        except ValueError:
+            raise ValueError(f"binary_cross_entropy_with_logits: pos_weight of shape {pos_weight.shape} does not "
+                             f"broadcast to the input's {x.shape}") from None
+        coef = F.binary("add", F.binary("mul", F.binary("sub", pos_weight.detach(), 1.0), t), 1.0)
+        sp = F.binary("mul", coef, sp)
+    per = F.binary("add", F.binary("mul", F.binary("sub", 1.0, t), x), sp)
+    return _reduce(_bce_weight(per, weight, x), reduction, "binary_cross_entropy_with_logits")
+
+
+def l1_loss(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+            weight: Tensor | None = None) -> Tensor:
+    """``|input - target|``, as ``torch.nn.functional.l1_loss``; with ``weight`` (input's shape) each entry
+    is scaled and "mean" is ``sum(w |d|) / sum(w)``, as torch. The gradient at ``input == target`` is 0.
+
+    Differs from torch: input and target must have one shape (torch broadcasts them, warning); the
+    deprecated ``size_average`` and ``reduce`` raise.
+    """
+    _loss_args("l1_loss", reduction, size_average, reduce)
+    x, t = _pair(input, target, "l1_loss")
+    return _weighted_mean_or(F.unary("abs", F.binary("sub", x, t)), _same_shape_weight(weight, x, "l1_loss"),
+                             reduction)
+
+
+def _same_shape_weight(weight, x: Tensor, op: str) -> Tensor | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, Tensor):
+        weight = Tensor.from_numpy(np.asarray(weight), device=x.device, dtype=x.dtype)
+    if weight.shape != x.shape:
+        raise ValueError(f"{op}: Weights and input must have the same size, got {weight.shape} and {x.shape}")
+    return weight
+
+
+def smooth_l1_loss(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+                   beta: float = 1.0) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = input - target``; beta 0 is
+    l1_loss), as ``torch.nn.functional.smooth_l1_loss``.
+
+    Differs from torch: input and target must have one shape; the deprecated ``size_average`` and
+    ``reduce`` raise.
+    """
+    _loss_args("smooth_l1_loss", reduction, size_average, reduce)
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
+    x, t = _pair(input, target, "smooth_l1_loss")
+    d = F.binary("sub", x, t)
+    a = F.unary("abs", d)
+    if beta == 0.0:
+        return _reduce(a, reduction, "smooth_l1_loss")
+    quad = F.binary("mul", F.binary("mul", d, d), 0.5 / beta)
+    per = F.where(raw.binary("lt", a, float(beta)), quad, F.binary("sub", a, 0.5 * beta))
+    return _reduce(per, reduction, "smooth_l1_loss")
+
+
+def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.0,
+               weight: Tensor | None = None) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (``d = input - target``), as
+    ``torch.nn.functional.huber_loss``; ``weight`` (input's shape) as in :func:`l1_loss`.
+
+    Differs from torch: input and target must have one shape.
+    """
+    _loss_args("huber_loss", reduction)
+    if delta <= 0:
+        raise ValueError(f"huber_loss: delta must be positive, got {delta}")
+    x, t = _pair(input, target, "huber_loss")
+    d = F.binary("sub", x, t)
+    a = F.unary("abs", d)
+    quad = F.binary("mul", F.binary("mul", d, d), 0.5)
+    lin = F.binary("mul", F.binary("sub", a, 0.5 * delta), float(delta))
+    per = F.where(raw.binary("lt", a, float(delta)), quad, lin)
+    return _weighted_mean_or(per, _same_shape_weight(weight, x, "huber_loss"), reduction)
+
+
+def kl_div(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """Kullback-Leibler divergence of the distribution ``target`` from log-probabilities ``input``, as
+    ``torch.nn.functional.kl_div``: ``target * (log(target) - input)`` per entry (0 where target is 0), or
+    with ``log_target`` ``exp(target) * (target - input)``. ``reduction="batchmean"`` divides the sum by
+    the batch size (the true KL divergence); "mean" divides by every entry and warns, as torch.
+
+    Differs from torch: input and target must have one shape; the deprecated ``size_average`` and
+    ``reduce`` raise.
+    """
+    if size_average is not None or reduce is not None:
+        raise ValueError("kl_div: size_average and reduce (deprecated in torch) are not supported; use reduction=")
+    if reduction not in ("mean", "sum", "none", "batchmean"):
+        raise ValueError(f"kl_div: reduction must be 'mean', 'batchmean', 'sum' or 'none', got {reduction!r}")
+    if reduction == "mean":
+        warnings.warn("reduction: 'mean' divides the total loss by both the batch size and the support size."
+                      "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+                      "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+                      UserWarning, stacklevel=2)
+    x, t = _pair(input, target, "kl_div")
+    if log_target:
+        per = F.binary("mul", F.unary("exp", t), F.binary("sub", t, x))
+    else:
+        pos = raw.binary("gt", t, 0.0)
+        # xlogy(t, t): t log t, 0 at t == 0; the log sees 1 there so no -inf meets a zero gradient
+        t_log_t = F.where(pos, F.binary("mul", t, F.unary("log", F.where(pos, t, 1.0))), 0.0)
+        per = F.binary("sub", t_log_t, F.binary("mul", t, x))
+    if reduction == "batchmean":
+        total = F.reduce("sum", per)
+        return total if x.ndim == 0 else F.binary("div", total, float(x.shape[0]))
+    return _reduce(per, reduction, "kl_div")
+
+
+# -- shapes: one_hot, pad, normalize, interpolate ---------------------------------------------------
+def _value_range(t: Tensor) -> tuple[int, int]:
+    """The smallest and largest value of an int32 tensor: known from its upload, else one readback."""
+    rng = t._host_range
+    if rng is None:
+        vals = t.numpy()
+        rng = t._host_range = (int(vals.min()), int(vals.max()))
+    return rng
+
+
+def one_hot(tensor, num_classes: int = -1) -> Tensor:
+    """``[..., num_classes]`` with a 1 at each class index of ``tensor`` and 0 elsewhere, as
+    ``torch.nn.functional.one_hot``; ``num_classes=-1`` takes the largest index + 1 (one readback unless
+    the tensor was uploaded from host data, whose range is known).
+
+    Differs from torch: the result is int32 (torch: int64), and so must the indices be.
+    """
+    if not isinstance(tensor, Tensor):
+        tensor = Tensor.from_numpy(np.asarray(tensor))
+    if tensor.dtype.storage != "i32" or tensor.dtype is _dt.bool_:
+        raise TypeError(f"one_hot is only applicable to index tensor (int32), got {tensor.dtype.name}")
+    if tensor.numel() == 0:
+        if num_classes < 0:
+            raise ValueError("one_hot: can not infer total number of classes from empty tensor")
+        return raw.fill(tensor.shape + (num_classes,), 0, _dt.int32, tensor.device)
+    lo, hi = _value_range(tensor)
+    if lo < 0:
+        raise ValueError(f"one_hot: class values must be non-negative, got {lo}")
+    if num_classes == -1:
+        num_classes = hi + 1
+    elif hi >= num_classes:
+        raise ValueError(f"one_hot: class values must be smaller than num_classes ({num_classes}), got {hi}")
+    classes = Tensor.from_numpy(np.arange(num_classes, dtype=np.int32), device=tensor.device)
+    return raw.cast(raw.binary("eq", raw.unsqueeze(tensor, -1), classes), _dt.int32)
+
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def pad(input: Tensor, pad, mode: str = "constant", value: float | None = None) -> Tensor:
+    """Pad (or, with negative sizes, crop) the last ``len(pad) // 2`` dims of ``input``, as
+    ``torch.nn.functional.pad``: ``pad`` is ``(left_last, right_last, left_second_last, ...)``.
+
+    ``mode="constant"`` fills with ``value`` (default 0) and pads any number of dims; "reflect" (mirror
+    without repeating the edge), "replicate" (repeat the edge) and "circular" (wrap around) pad the last
+    1, 2 or 3 dims of an input with one or two more dims than that, as torch. Each padded dim is one
+    gather along it (reflect, replicate, circular) or one concatenation (constant); the gradient sums
+    back to the entries each output came from.
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"pad: input must be a wgpar.Tensor, got {type(input).__name__}")
+    pad = tuple(pad)
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pad):
+        raise TypeError(f"pad: pad must be a sequence of ints, got {pad}")
+    if len(pad) % 2:
+        raise ValueError("pad: Padding length must be divisible by 2")
+    k = len(pad) // 2
+    if k > input.ndim:
+        raise ValueError(f"pad: Padding length should be less than or equal to two times the input dimension "
+                         f"but got padding length {len(pad)} and input of dimension {input.ndim}")
+    if mode not in _PAD_MODES:
+        raise ValueError(f"pad: unrecognised padding mode {mode!r} (one of {', '.join(_PAD_MODES)})")
+    if mode != "constant":
+        if value is not None and value != 0:
+            raise ValueError(f'pad: padding mode "{mode}" doesn\'t take in value argument')
+        if k > 3 or input.ndim not in (k + 1, k + 2):
+            raise ValueError(f"pad: padding size {len(pad)} is not supported for {input.ndim}D input in mode "
+                             f"{mode!r}: pad the last 1, 2 or 3 dims of an input with 1 or 2 more dims")
+    y = input
+    for i in range(k):
+        d = input.ndim - 1 - i
+        before, after = int(pad[2 * i]), int(pad[2 * i + 1])
+        y = _pad_dim(y, d, before, after, mode, 0.0 if value is None else value)
+    return y
+
+
+def _pad_dim(x: Tensor, d: int, before: int, after: int, mode: str, value) -> Tensor:
+    n = x.shape[d]
+    if n + min(before, 0) + min(after, 0) < 0:
+        raise ValueError(f"pad: cropping {-min(before, 0)} + {-min(after, 0)} from dim {d} of shape {x.shape}")
+    if mode in ("reflect", "circular"):
+        limit = n - 1 if mode == "reflect" else n
+        if max(before, after) > limit:
+            raise ValueError(f"pad: {mode} padding ({before}, {after}) of dim {d} must be "
+                             f"{'less than' if mode == 'reflect' else 'at most'} its size {n} (input {x.shape})")
+    if before < 0 or after < 0:  # crop first (a view), then pad what is left, as torch
+        key = (slice(None),) * d + (slice(-min(before, 0), n - (-min(after, 0))),)
+        x = F.getitem(x, key)
+        n = x.shape[d]
+        before, after = max(before, 0), max(after, 0)
+    if before == 0 and after == 0:
+        return x
+    if mode == "constant":
+        parts = []
+        for size in (before, None, after):
+            if size is None:
+                parts.append(x)
+            elif size:
+                shape = x.shape[:d] + (size,) + x.shape[d + 1:]
+                parts.append(raw.fill(shape, value, x.dtype, x.device))
+        return F.cat(parts, d)
+    if n == 0 or (mode == "reflect" and max(before, after) > n - 1):
+        raise ValueError(f"pad: {mode} padding ({before}, {after}) does not fit dim {d} of shape {x.shape}")
+    j = np.arange(-before, n + after)
+    if mode == "reflect":
+        src = np.abs(j)
+        src = np.where(src > n - 1, 2 * (n - 1) - src, src)
+    elif mode == "replicate":
+        src = np.clip(j, 0, n - 1)
+    else:
+        src = j % n
+    return F.index_select(x, d, src.astype(np.int32), op=f"pad ({mode})")
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None) -> Tensor:
+    """``input / max(||input||_p, eps)`` along ``dim``, as ``torch.nn.functional.normalize`` (the norm's
+    gradient is zero where the norm is zero, as torch's).
+
+    Differs from torch: ``out=`` is not supported and raises.
+    """
+    if out is not None:
+        raise ValueError("normalize: out= is not supported; use the returned tensor")
+    from ..autograd.composites import vector_norm
+
+    denom = F.clamp(vector_norm(input, p, dim, keepdim=True), min=float(eps))
+    return F.binary("div", input, denom)
+
+
+def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                recompute_scale_factor: bool | None = None, antialias: bool = False) -> Tensor:
+    """Resize the spatial dims of ``input`` [N, C, H, W], as ``torch.nn.functional.interpolate``.
+
+    ``size`` (an int or a pair) or ``scale_factor`` (a number or a pair; the output is
+    ``floor(H * scale_factor)``) picks the output size. ``mode="nearest"`` copies ``floor(h_out * scale)``
+    (torch's "nearest", not "nearest-exact"); ``"bilinear"`` blends the two nearest rows then columns, from
+    pixel centres (``align_corners=False``, the default) or from the corner pixels
+    (``align_corners=True``). The scale is ``1 / scale_factor`` when given (unless
+    ``recompute_scale_factor=True``), else the ratio of sizes, as torch. Each dim is one or two gathers
+    along it, so the gradient is the transposed blend.
+
+    Differs from torch: 4-d input only; the modes "linear", "bicubic", "trilinear", "area" and
+    "nearest-exact", and ``antialias=True``, raise.
+    """
+    if not isinstance(input, Tensor) or input.ndim != 4:
+        raise ValueError(f"interpolate: wgpar resizes 4-d input [N, C, H, W] only, got "
+                         f"{getattr(input, 'shape', type(input).__name__)}")
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"interpolate: mode {mode!r} is not supported (wgpar has 'nearest' and 'bilinear')")
+    if align_corners is not None and mode == "nearest":
+        raise ValueError("interpolate: align_corners option can only be set with the interpolating modes: "
+                         "linear | bilinear | bicubic | trilinear")
+    if antialias:
+        raise ValueError("interpolate: antialias=True is not supported")
+    if not input.dtype.is_float:
+        raise TypeError(f"interpolate: needs a float input, got {input.dtype.name}")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: either size or scale_factor should be defined, not both")
+    in_hw = input.shape[2:]
+    if size is not None:
+        sizes = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        if len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1
+                                  for s in sizes):
+            raise ValueError(f"interpolate: size must be a positive int or a pair of them, got {size!r}")
+        out_hw, scales = tuple(int(s) for s in sizes), (None, None)
+    else:
+        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * 2
+        if len(factors) != 2 or any(float(f) <= 0 for f in factors):
+            raise ValueError(f"interpolate: scale_factor must be positive, a number or a pair, got {scale_factor!r}")
+        out_hw = tuple(int(math.floor(n * float(f))) for n, f in zip(in_hw, factors))
+        if min(out_hw) < 1:
+            raise ValueError(f"interpolate: scale_factor {scale_factor} gives an empty output {out_hw}")
+        scales = (None, None) if recompute_scale_factor else tuple(float(f) for f in factors)
+    y = input
+    for d, n_in, n_out, s in zip((2, 3), in_hw, out_hw, scales):
+        if mode == "nearest":
+            y = _resize_nearest(y, d, n_in, n_out, s)
+        else:
+            y = _resize_linear(y, d, n_in, n_out, s, bool(align_corners))
+    return y
+
+
+def _resize_nearest(x: Tensor, d: int, n_in: int, n_out: int, scale: float | None) -> Tensor:
+    # torch (in float32): src = min(floor(dst * scale), n_in - 1) with scale = 1 / scale_factor or n_in / n_out
+    dst = np.arange(n_out)
+    if n_out == n_in:  # torch's exact special cases, whatever the scale says
+        src = dst
+    elif n_out == 2 * n_in:
+        src = dst // 2
+    else:
+        s = np.float32(n_in / n_out if scale is None else 1.0 / scale)
+        src = np.minimum(np.floor(dst.astype(np.float32) * s).astype(np.int64), n_in - 1)
+    return F.index_select(x, d, src.astype(np.int32), op="interpolate")
+
+
+def _resize_linear(x: Tensor, d: int, n_in: int, n_out: int, scale: float | None, align_corners: bool) -> Tensor:
+    # torch's area_pixel_compute_source_index, in float32 as torch computes it for float input
+    dst = np.arange(n_out, dtype=np.float32)
+    if align_corners:
+        src = dst * np.float32((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+    else:
+        s = np.float32(n_in / n_out if scale is None else 1.0 / scale)
+        src = np.maximum(s * (dst + np.float32(0.5)) - np.float32(0.5), np.float32(0.0))
+    i0 = np.minimum(src.astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    lam = (src - i0.astype(np.float32)).astype(np.float32)
+    shape = (n_out,) + (1,) * (x.ndim - 1 - d)
+    w1 = Tensor.from_numpy(lam.reshape(shape), device=x.device, dtype=x.dtype)
+    w0 = Tensor.from_numpy((np.float32(1.0) - lam).reshape(shape), device=x.device, dtype=x.dtype)
+    a = F.index_select(x, d, i0.astype(np.int32), op="interpolate")
+    b = F.index_select(x, d, i1.astype(np.int32), op="interpolate")
+    return F.binary("add", F.binary("mul", a, w0), F.binary("mul", b, w1))
 
 
 # -- attention ----------------------------------------------------------------------------------------

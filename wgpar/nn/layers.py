@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from .. import creation
 from .. import dtypes as _dt
+from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -66,6 +67,67 @@ class GELU(Module):
 
     def extra_repr(self) -> str:
         return "" if self.approximate == "none" else f"approximate={self.approximate!r}"
+
+
+class Identity(Module):
+    """Returns its input unchanged, as ``torch.nn.Identity`` (constructor arguments are ignored, as torch's)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)`` elementwise, as ``torch.nn.SiLU``. Differs from torch: ``inplace=True`` raises."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        F._no_inplace(inplace, "SiLU")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+
+class LeakyReLU(Module):
+    """``x`` where positive, else ``negative_slope * x``, as ``torch.nn.LeakyReLU``. Differs from torch:
+    ``inplace=True`` raises.
+
+    Arguments:
+        negative_slope: the slope below zero.
+    """
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__()
+        F._no_inplace(inplace, "LeakyReLU")
+        self.negative_slope = negative_slope
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
+class ELU(Module):
+    """``x`` where positive, else ``alpha * (exp(x) - 1)``, as ``torch.nn.ELU``. Differs from torch:
+    ``inplace=True`` raises.
+
+    Arguments:
+        alpha: the negative side's scale.
+    """
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        F._no_inplace(inplace, "ELU")
+        self.alpha = alpha
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
 
 
 class Tanh(Module):
@@ -145,25 +207,40 @@ class LayerNorm(Module):
 
 class Embedding(Module):
     """A lookup table: integer indices of any shape pick rows of ``weight`` [num_embeddings, embedding_dim]
-    (initialised N(0, 1)), as ``torch.nn.Embedding``; an index out of range raises.
+    (initialised N(0, 1), the padding row zeros), as ``torch.nn.Embedding``; an index out of range raises.
+
+    Differs from torch: ``max_norm``, ``scale_grad_by_freq`` and ``sparse=True`` raise (see
+    ``functional.embedding``).
 
     Arguments:
         num_embeddings: the rows.
         embedding_dim: the size of each row.
+        padding_idx: a row (negative counts from the end) that starts at zero and gets no gradient.
         device, dtype: of the weight.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=_dt.float32) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = False, device=None, dtype=_dt.float32) -> None:
         super().__init__()
+        if max_norm is not None:
+            raise ValueError("Embedding: max_norm (renormalising weight rows in place) is not supported")
+        if scale_grad_by_freq or sparse:
+            raise ValueError("Embedding: scale_grad_by_freq and sparse gradients are not supported")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = F._padding_idx(padding_idx, num_embeddings, "Embedding")
         self.weight = _param((num_embeddings, embedding_dim), device, dtype)
         init.normal_(self.weight)
+        if self.padding_idx is not None:
+            with no_grad():
+                self.weight[self.padding_idx] = 0.0
 
     def forward(self, indices) -> Tensor:
-        return F.embedding(indices, self.weight)
+        return F.embedding(indices, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
 
 class Dropout(Module):
@@ -185,6 +262,29 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+class Dropout2d(Module):
+    """Channel dropout in training mode: zero each [N, C] plane of [N, C, H, W] (or [C, H, W]) with
+    probability ``p`` and scale the rest by 1 / (1 - p); the identity in eval mode. As
+    ``torch.nn.Dropout2d`` (see ``functional.dropout2d``). Differs from torch: ``inplace=True`` raises.
+
+    Arguments:
+        p: the probability of zeroing a channel, in [0, 1].
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        F._no_inplace(inplace, "Dropout2d")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout2d(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace=False"
 
 
 class Flatten(Module):
@@ -321,22 +421,6 @@ class MLP(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.act(self.fc1(x)))
-
-
-class CrossEntropyLoss(Module):
-    """Softmax cross-entropy of logits [N, C] against integer class targets [N] (one fused kernel each way),
-    as ``torch.nn.CrossEntropyLoss``.
-
-    Arguments:
-        reduction: "mean", "sum" or "none" (the [N] losses).
-    """
-
-    def __init__(self, reduction: str = "mean") -> None:
-        super().__init__()
-        self.reduction = reduction
-
-    def forward(self, logits: Tensor, target) -> Tensor:
-        return F.cross_entropy(logits, target, self.reduction)
 
 
 class MSELoss(Module):

@@ -1,4 +1,4 @@
-"""Pooling layers: MaxPool2d and AvgPool2d (as torch.nn)."""
+"""Pooling layers: MaxPool2d, AvgPool2d and AdaptiveAvgPool2d (as torch.nn)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,22 @@ class AvgPool2d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    """Average pooling of [N, C, H, W] (or [C, H, W]) to a fixed output size, as ``torch.nn.AdaptiveAvgPool2d``
+    (see ``functional.adaptive_avg_pool2d``).
+
+    Arguments:
+        output_size: an int, or a pair whose None entries keep the input's size.
+    """
+
+    def __init__(self, output_size) -> None:
+        super().__init__()
+        self.output_size = tuple(output_size) if isinstance(output_size, list) else output_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"

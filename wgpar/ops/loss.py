@@ -21,7 +21,7 @@ _CROSS_ENTROPY = Kernel("cross_entropy", "out: w, x: r, labels: r, gout: r",
 def class_targets(target, scores: Tensor, op: str) -> Tensor:
     """Class targets [N] for scores [N, C] as int32, each checked to lie in [0, C) before narrowing.
 
-    Negative targets are errors (PyTorch's ignore_index is not supported).
+    Negative targets are errors: nn.functional handles ignore_index before it comes here.
 
     Arguments:
         target: an integer tensor or host array of N class indices.
