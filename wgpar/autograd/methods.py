@@ -166,6 +166,17 @@ def allclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: b
     return C.allclose(self, other, rtol, atol, equal_nan)
 
 
+def cumsum(self, dim: int, dtype=None) -> Tensor:
+    """The running sum along ``dim``; int32 and bool give int32 that wraps (PyTorch: int64; wgpar.cumsum)."""
+    return C.cumsum(self, dim, dtype)
+
+
+def cumprod(self, dim: int, dtype=None) -> Tensor:
+    """The running product along ``dim``, exact gradients with zeros; int32 wraps (PyTorch: int64;
+    wgpar.cumprod)."""
+    return C.cumprod(self, dim, dtype)
+
+
 def clamp_min(self, min) -> Tensor:
     """``clamp(self, min=min)``: values below ``min`` (a number or tensor) raised to it; NaN stays NaN."""
     return F.clamp(self, min, None)
@@ -221,7 +232,7 @@ def _set_data(self, other: Tensor) -> None:
 
 
 _HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll, prod, any, all, norm, logsumexp, outer, diag, isclose,
-                 allclose, clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
+                 allclose, cumsum, cumprod, clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
 
 
 def install() -> None:
