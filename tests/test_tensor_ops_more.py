@@ -109,3 +109,171 @@ def test_cumsum_cumprod_match_torch(torch, rng):
         assert_close(out.numpy(), want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()), what=name)
         assert_close(w.grad.numpy(), xt.grad.numpy(), rtol=1e-3, atol=1e-4 * max(1.0, np.abs(xt.grad.numpy()).max()),
                      what=f"{name} grad")
+
+
+# -- gather / scatter / scatter_add / index_add -------------------------------------------------
+def _np_gather(x, d, idx):
+    return np.take_along_axis(x[tuple(slice(0, n) if k != d else slice(None) for k, n in enumerate(idx.shape))],
+                              idx, d)
+
+
+def _grids(idx, d):
+    """Open index grids for every dim of idx but d, and d's position."""
+    g = list(np.ogrid[tuple(slice(0, n) for n in idx.shape)])
+    return g, g[d]
+
+
+def _np_scatter(x, d, idx, src, add):
+    out = np.array(x, dtype=np.float64, copy=True)
+    grids, _ = _grids(idx, d)
+    src = src[tuple(slice(0, n) for n in idx.shape)]
+    for j in range(idx.shape[d]):  # in order along d: of repeated indices the last one wins
+        key = [np.broadcast_to(g if k != d else 0, idx.shape).take(j, axis=d) for k, g in enumerate(grids)]
+        key[d] = idx.take(j, axis=d)
+        if add:
+            np.add.at(out, tuple(key), src.take(j, axis=d))
+        else:
+            out[tuple(key)] = src.take(j, axis=d)
+    return out
+
+
+CASES = [((5, 7), (5, 4), 1), ((5, 7), (3, 7), 0), ((4, 6, 5), (3, 9, 4), 1), ((4, 6, 5), (4, 6, 2), -1),
+         ((9,), (13,), 0)]
+
+
+@pytest.mark.parametrize("xshape,ishape,dim", CASES)
+def test_gather_forward_and_backward(rng, xshape, ishape, dim):
+    d = dim % len(xshape)
+    idx = rng.integers(0, xshape[d], ishape).astype(np.int32)
+    x = rng.standard_normal(xshape)
+    check(lambda t: t.gather(dim, _t(idx)), lambda a: _np_gather(a, d, idx), [x], rng)
+    np.testing.assert_array_equal(wgpar.gather(_t(x.astype(np.float32)), dim, _t(idx)).numpy(),
+                                  _np_gather(x.astype(np.float32), d, idx))
+
+
+@pytest.mark.parametrize("xshape,ishape,dim", CASES)
+def test_scatter_add_forward_and_backward(rng, xshape, ishape, dim):
+    d = dim % len(xshape)
+    idx = rng.integers(0, xshape[d], ishape).astype(np.int32)  # repeats included
+    x = rng.standard_normal(xshape)
+    src = rng.standard_normal(tuple(n + 1 for n in ishape))  # larger than the index: only its corner counts
+    check(lambda t, s: t.scatter_add(dim, _t(idx), s), lambda a, s: _np_scatter(a, d, idx, s, add=True), [x, src],
+          rng)
+
+
+@pytest.mark.parametrize("xshape,ishape,dim", CASES)
+def test_scatter_last_of_repeated_indices_wins_and_gets_the_gradient(rng, xshape, ishape, dim):
+    d = dim % len(xshape)
+    idx = rng.integers(0, xshape[d], ishape).astype(np.int32)
+    x = rng.standard_normal(xshape)
+    src = rng.standard_normal(ishape)
+    check(lambda t, s: wgpar.scatter(t, dim, _t(idx), s), lambda a, s: _np_scatter(a, d, idx, s, add=False),
+          [x, src], rng)
+    got = _t(x.astype(np.float32)).scatter(dim, _t(idx), 2.5).numpy()
+    np.testing.assert_array_equal(got, _np_scatter(x.astype(np.float32), d, idx, np.full(ishape, 2.5), False))
+    check(lambda t: t.scatter(dim, _t(idx), value=-1.0), lambda a: _np_scatter(a, d, idx, np.full(ishape, -1.0),
+                                                                                 False), [x], rng)
+
+
+def test_scatter_reduce_add_and_refusals(rng):
+    x = wgpar.zeros(3, 4)
+    idx = _t(np.array([[0, 0, 2, 1]], np.int32))
+    np.testing.assert_array_equal(x.scatter(0, idx, 1.0, reduce="add").numpy(),
+                                  [[1, 1, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]])
+    with pytest.raises(ValueError, match="multiply"):
+        x.scatter(0, idx, 1.0, reduce="multiply")
+    with pytest.raises(IndexError, match="out of range"):
+        x.gather(1, _t(np.array([[4]], np.int32)))
+    with pytest.raises(IndexError, match="out of range"):
+        x.scatter_add(0, _t(np.array([[-1]], np.int32)), wgpar.ones(1, 1))
+    with pytest.raises(TypeError, match="int32"):
+        x.gather(1, _t(np.array([[1.0]], np.float32)))
+    with pytest.raises(TypeError, match="dtype"):
+        x.scatter_add(0, idx, wgpar.ones(1, 4, dtype=wgpar.int32))
+    with pytest.raises(ValueError, match="larger"):
+        x.gather(0, _t(np.zeros((1, 5), np.int32)))
+
+
+def test_scatter_add_of_a_line_past_the_loop_limit_and_int32(rng):
+    count = 70001
+    idx = rng.integers(0, 3, (2, count)).astype(np.int32)
+    src = rng.integers(-4, 5, (2, count)).astype(np.float32)  # integers: every order sums exactly
+    got = wgpar.zeros(2, 3).scatter_add(1, _t(idx), _t(src)).numpy()
+    np.testing.assert_array_equal(got, _np_scatter(np.zeros((2, 3)), 1, idx, src, True))
+    last = wgpar.zeros(2, 3).scatter(1, _t(idx), _t(src)).numpy()
+    np.testing.assert_array_equal(last, _np_scatter(np.zeros((2, 3)), 1, idx, src, False))
+    big = np.full((1, 5), 2**30, np.int32)
+    got = wgpar.zeros(1, 2, dtype=wgpar.int32).scatter_add(1, _t(np.zeros((1, 5), np.int32)), _t(big)).numpy()
+    assert got[0, 0] == np.int32(np.int64(5 * 2**30) - 2**32) and got[0, 1] == 0  # int32 wraps
+
+
+def test_scatter_add_repeats_bit_for_bit(rng):
+    idx = _t(rng.integers(0, 4, (1, 5000)).astype(np.int32))
+    src = _t(rng.standard_normal((1, 5000)).astype(np.float32))
+    a = wgpar.zeros(1, 4).scatter_add(1, idx, src).numpy()
+    b = wgpar.zeros(1, 4).scatter_add(1, idx, src).numpy()
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape,dim,count", [((6, 5), 0, 9), ((4, 7, 3), 1, 4), ((4, 7, 3), -1, 5), ((8,), 0, 3)])
+def test_index_add_forward_and_backward(rng, shape, dim, count):
+    d = dim % len(shape)
+    index = rng.integers(0, shape[d], count)
+    x = rng.standard_normal(shape)
+    src = rng.standard_normal(tuple(count if k == d else n for k, n in enumerate(shape)))
+
+    def f_np(a, s):
+        out = a.copy()
+        np.add.at(np.moveaxis(out, d, 0), index, np.moveaxis(s, d, 0) * 0.5)
+        return out
+
+    check(lambda t, s: t.index_add(dim, index.tolist(), s, alpha=0.5), f_np, [x, src], rng)
+    check(lambda t, s: wgpar.index_add(t, dim, _t(index.astype(np.int32)), s, alpha=0.5), f_np, [x, src], rng)
+
+
+def test_in_place_forms(rng):
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    idx = rng.integers(0, 4, (3, 5)).astype(np.int32)
+    src = rng.standard_normal((3, 5)).astype(np.float32)
+    t = _t(x)
+    assert t.scatter_add_(0, _t(idx), _t(src)) is t
+    assert_close(t.numpy(), _np_scatter(x, 0, idx, src, True), rtol=1e-6)
+    t = _t(x)
+    t.scatter_(0, _t(idx), _t(src))
+    np.testing.assert_array_equal(t.numpy(), _np_scatter(x, 0, idx, src, False).astype(np.float32))
+    t = _t(x)
+    t.index_add_(1, [4, 0, 4], _t(np.ones((4, 3), np.float32)), alpha=2)
+    want = x.copy()
+    want[:, 4] += 4
+    want[:, 0] += 2
+    assert_close(t.numpy(), want, rtol=1e-6)
+    leaf = _t(x, requires_grad=True)
+    with pytest.raises(RuntimeError, match="in-place"):
+        leaf.scatter_(0, _t(idx), _t(src))
+
+
+def test_gather_scatter_index_add_match_torch(torch, rng):
+    x = rng.standard_normal((5, 8, 3)).astype(np.float32)
+    idx = np.stack([rng.permutation(8)[:6] for _ in range(5 * 3)]).reshape(5, 3, 6).transpose(0, 2, 1)
+    idx = np.ascontiguousarray(idx).astype(np.int32)  # distinct along dim 1: scatter defined in torch
+    src = rng.standard_normal((5, 6, 3)).astype(np.float32)
+    g = rng.standard_normal((5, 8, 3)).astype(np.float32)
+    for name in ("scatter", "scatter_add"):
+        xt, st = torch.tensor(x, requires_grad=True), torch.tensor(src, requires_grad=True)
+        getattr(xt, name)(1, torch.tensor(idx, dtype=torch.int64), st).backward(torch.tensor(g))
+        xw, sw = _t(x, requires_grad=True), _t(src, requires_grad=True)
+        out = getattr(xw, name)(1, _t(idx), sw)
+        out.backward(_t(g))
+        want = getattr(torch.tensor(x), name)(1, torch.tensor(idx, dtype=torch.int64), torch.tensor(src))
+        assert_close(out.numpy(), want.numpy(), rtol=1e-6, what=name)
+        assert_close(xw.grad.numpy(), xt.grad.numpy(), what=f"{name} grad a")
+        assert_close(sw.grad.numpy(), st.grad.numpy(), what=f"{name} grad src")
+    xt = torch.tensor(x, requires_grad=True)
+    xt.gather(1, torch.tensor(idx, dtype=torch.int64)).backward(torch.tensor(src))
+    xw = _t(x, requires_grad=True)
+    xw.gather(1, _t(idx)).backward(_t(src))
+    assert_close(xw.grad.numpy(), xt.grad.numpy(), rtol=1e-6, what="gather grad")
+    index = rng.integers(0, 8, 11)
+    s2 = rng.standard_normal((5, 11, 3)).astype(np.float32)
+    want = torch.tensor(x).index_add(1, torch.tensor(index), torch.tensor(s2), alpha=-2.0)
+    assert_close(_t(x).index_add(1, index, _t(s2), alpha=-2.0).numpy(), want.numpy(), rtol=1e-6, atol=1e-6)

@@ -11,7 +11,9 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops as raw
+from ..ops import scatter as scatter_ops
 from ..ops.elementwise import broadcast_shape
+from ..ops.index import as_index
 from ..tensor import Tensor, normalize_shape, wrap_dim
 from .engine import record
 from .functions import (
@@ -614,6 +616,173 @@ def cumprod(a: Tensor, dim: int, dtype=None) -> Tensor:
     return record("cumprod", out, [a], lambda g: (_cumprod_grad(x, y, g, d),), [x, y])
 
 
+# -- gather and scatter along a dim ------------------------------------------------------------------
+def _padded(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``g`` in the leading corner of zeros of ``shape`` (a src larger than the index gets no gradient
+    outside it)."""
+    if g.shape == shape:
+        return g
+    full = raw.fill(shape, 0, g.dtype, g.device)
+    raw.copy_(raw.getitem(full, tuple(slice(0, n) for n in g.shape)), g)
+    return full
+
+
+def gather(a: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    """``out[i][j][k] = a[i][index[i][j][k]][k]`` for dim 1 (any dim alike), as torch.gather: ``index`` has
+    a's number of dims and is no larger outside ``dim``; the result has its shape. The index is int32
+    (PyTorch: int64); its values must lie in [0, a.shape[dim]), checked through the range known from its
+    upload, else one readback (a host sync, as the other index checks of wgpar). The gradient is a
+    scatter_add of the incoming one.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to gather along.
+        index: an int32 tensor.
+        sparse_grad: accepted for PyTorch's signature; the gradient is dense.
+    """
+    _tensor_input("gather", a)
+    d = scatter_ops.check_index("gather", a, dim, index)
+    shape = a.shape
+    return record("gather", scatter_ops.gather(a, d, index), [a],
+                  lambda g: (scatter_ops.scatter(raw.fill(shape, 0, g.dtype, g.device), d, index, g, "add"),),
+                  [index])
+
+
+def _scatter_src(op: str, a: Tensor, src, value):
+    if (src is None) == (value is None):
+        raise TypeError(f"{op}: pass one of src (a tensor) and value (a number)")
+    src = value if src is None else src
+    if isinstance(src, Tensor) and src.dtype is not a.dtype:
+        raise TypeError(f"{op}: src's dtype {src.dtype.name} differs from the tensor's {a.dtype.name} (as PyTorch)")
+    if not isinstance(src, Tensor) and not isinstance(src, (int, float, bool, np.number)):
+        raise TypeError(f"{op}: src must be a wgpar.Tensor or a number, got {type(src).__name__}")
+    return src
+
+
+def scatter_add(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """A copy of ``a`` with ``out[i][index[i][j][k]][k] += src[i][j][k]`` for dim 1 (any dim alike), as
+    torch.scatter_add: index int32 (PyTorch: int64) with a's number of dims, no larger than src anywhere
+    nor than a outside ``dim``, checked as gather's. Without float atomics: repeated indices add up in
+    index order, so results repeat bit for bit (torch's CUDA kernel's order varies). Gradients: a gets
+    the incoming one, src its gather at ``index``.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to scatter along.
+        index: an int32 tensor.
+        src: a tensor of a's dtype.
+    """
+    _tensor_input("scatter_add", a)
+    src = _scatter_src("scatter_add", a, src, None)
+    _tensor_input("scatter_add", src)
+    d = scatter_ops.check_index("scatter_add", a, dim, index, src.shape)
+    src_shape = src.shape
+
+    def bw(g):
+        return g, _padded(scatter_ops.gather(g, d, index), src_shape)
+
+    return record("scatter_add", scatter_ops.scatter(a, d, index, src, "add"), [a, src], bw, [index])
+
+
+def scatter(a: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce: str | None = None) -> Tensor:
+    """A copy of ``a`` with ``out[i][index[i][j][k]][k] = src[i][j][k]`` for dim 1 (any dim alike), as
+    torch.scatter; ``src`` may be a number (or pass ``value=``). Index rules as scatter_add's. Where an
+    index repeats along ``dim``, PyTorch leaves the result undefined; wgpar writes the last of them (the
+    largest position along ``dim``), every time, and only that src entry gets a gradient (PyTorch's
+    formula sends the gradient to all of them). ``reduce="add"`` is scatter_add; "multiply" is refused.
+    Gradients: a gets the incoming one except where something was written, src its gather at ``index``.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to scatter along.
+        index: an int32 tensor.
+        src: a tensor of a's dtype, or a number.
+        value: a number, PyTorch's other spelling.
+        reduce: None or "add".
+    """
+    _tensor_input("scatter", a)
+    if reduce == "add":
+        if not isinstance(src, Tensor):
+            src = raw.fill(index.shape, src if value is None else value, a.dtype, a.device)
+        return scatter_add(a, dim, index, src)
+    if reduce is not None:
+        raise ValueError(f"scatter: reduce={reduce!r} is not supported (None or 'add'; see scatter_add)")
+    src = _scatter_src("scatter", a, src, value)
+    d = scatter_ops.check_index("scatter", a, dim, index, src.shape if isinstance(src, Tensor) else None)
+    out = scatter_ops.scatter(a, d, index, src, "set")
+    if not isinstance(src, Tensor):
+        return record("scatter", out, [a], lambda g: (scatter_ops.scatter(g, d, index, 0, "set"),), [index])
+    src_shape, a_shape = src.shape, a.shape
+
+    def bw(g):
+        # The entries that won their output slot: the position along d each slot kept, compared with
+        # each entry's own.
+        pos = raw.contiguous(raw.expand(raw.reshape(
+            Tensor.from_numpy(np.arange(index.shape[d] if index.ndim else 1, dtype=np.int32), device=g.device),
+            tuple(-1 if k == d else 1 for k in range(index.ndim))), index.shape))
+        kept = scatter_ops.scatter(raw.fill(a_shape, -1, _dt.int32, g.device), d, index, pos, "set")
+        won = raw.binary("eq", scatter_ops.gather(kept, d, index), pos)
+        g_src = raw.where(won, scatter_ops.gather(g, d, index), 0.0)
+        return scatter_ops.scatter(g, d, index, 0, "set"), _padded(raw.cast(g_src, g.dtype), src_shape)
+
+    return record("scatter", out, [a, src], bw, [index])
+
+
+def index_add(a: Tensor, dim: int, index, source: Tensor, *, alpha=1) -> Tensor:
+    """A copy of ``a`` with ``alpha * source`` added at the positions ``index`` along ``dim``
+    (torch.index_add): ``index`` is 1-d (an int32 tensor, a list or an array; values in
+    [0, a.shape[dim])) and ``source`` is a's shape with len(index) along ``dim``. Repeated indices add
+    up in index order (a scatter_add, no atomics: the same bits every run). Gradients: a gets the
+    incoming one, source alpha times its index_select.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim.
+        index: 1-d int32 indices.
+        source: a tensor of a's dtype.
+        alpha: a number scaling source.
+    """
+    _tensor_input("index_add", a)
+    _tensor_input("index_add", source)
+    if a.ndim == 0:
+        raise ValueError("index_add: needs a tensor of at least 1 dim")
+    d = wrap_dim(dim, a.ndim)
+    idx = as_index(index, a.device, a.shape[d], f"index_add on dim {d} of shape {a.shape}")
+    if idx.ndim != 1:
+        raise ValueError(f"index_add: the index must be 1-d, got shape {idx.shape}")
+    want = tuple(idx.numel() if k == d else s for k, s in enumerate(a.shape))
+    if source.shape != want:
+        raise ValueError(f"index_add: source of shape {source.shape} must be {want} (a's {a.shape} with "
+                         f"len(index) = {idx.numel()} along dim {d})")
+    scaled = source if alpha == 1 else binary("mul", source, alpha)
+    full = raw.contiguous(raw.expand(raw.reshape(idx, tuple(-1 if k == d else 1 for k in range(a.ndim))), want))
+    full._host_range = idx._host_range
+    return scatter_add(a, d, full, scaled)
+
+
+def _in_place(a: Tensor, f, *args, **kwargs) -> Tensor:
+    from .grad_mode import no_grad
+
+    with no_grad():
+        result = f(a, *args, **kwargs)
+    return copy_(a, result)
+
+
+def scatter_(a: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce: str | None = None) -> Tensor:
+    """In place: ``a = scatter(a, dim, index, src)``, outside the autograd graph; returns a."""
+    return _in_place(a, scatter, dim, index, src, value=value, reduce=reduce)
+
+
+def scatter_add_(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """In place: ``a = scatter_add(a, dim, index, src)``, outside the autograd graph; returns a."""
+    return _in_place(a, scatter_add, dim, index, src)
+
+
+def index_add_(a: Tensor, dim: int, index, source: Tensor, *, alpha=1) -> Tensor:
+    """In place: ``a = index_add(a, dim, index, source, alpha=alpha)``, outside the autograd graph; returns a."""
+    return _in_place(a, index_add, dim, index, source, alpha=alpha)
+
+
 def isclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
     """Where ``|a - b| <= atol + rtol * |b|`` (or a == b, which covers equal infinities), as a bool tensor
     broadcast from both (torch.isclose); NaN is close to NaN only with ``equal_nan``. Integers are
@@ -653,4 +822,5 @@ def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: 
 
 __all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
            "unbind", "tril", "triu", "flip", "roll", "prod", "any_", "all_", "vector_norm", "norm", "logsumexp",
-           "outer", "diag", "isclose", "allclose", "cumsum", "cumprod"]
+           "outer", "diag", "isclose", "allclose", "cumsum", "cumprod", "gather", "scatter", "scatter_",
+           "scatter_add", "scatter_add_", "index_add", "index_add_"]
