@@ -277,3 +277,113 @@ def test_gather_scatter_index_add_match_torch(torch, rng):
     s2 = rng.standard_normal((5, 11, 3)).astype(np.float32)
     want = torch.tensor(x).index_add(1, torch.tensor(index), torch.tensor(s2), alpha=-2.0)
     assert_close(_t(x).index_add(1, index, _t(s2), alpha=-2.0).numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+# -- nonzero and boolean masks ------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(7,), (5, 9), (3, 4, 6), (2, 70001), (0, 3)])
+def test_nonzero_positions_in_order(rng, shape):
+    x = np.where(rng.random(shape) < 0.3, rng.standard_normal(shape), 0.0).astype(np.float32)
+    if x.size:
+        x.flat[rng.integers(0, x.size)] = np.nan  # NaN is nonzero
+    got = _t(x).nonzero()
+    assert got.dtype is wgpar.int32 and got.shape == (np.count_nonzero(x), len(shape))
+    np.testing.assert_array_equal(got.numpy(), np.argwhere(x))
+    np.testing.assert_array_equal(wgpar.argwhere(_t(x)).numpy(), np.argwhere(x))
+    for g, w in zip(wgpar.nonzero(_t(x), as_tuple=True), np.nonzero(x)):
+        np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_nonzero_of_ints_bools_and_edge_shapes(rng):
+    xi = rng.integers(-2, 3, (6, 5)).astype(np.int32)
+    np.testing.assert_array_equal(_t(xi).nonzero().numpy(), np.argwhere(xi))
+    b = rng.random((4, 4)) < 0.5
+    np.testing.assert_array_equal(wgpar.tensor(b).nonzero().numpy(), np.argwhere(b))
+    assert wgpar.zeros(3, 4).nonzero().shape == (0, 2)
+    assert wgpar.tensor(5.0).nonzero().shape == (1, 0) and wgpar.tensor(0.0).nonzero().shape == (0, 0)
+
+
+@pytest.mark.parametrize("shape,mdims", [((9,), 1), ((6, 5), 2), ((6, 5), 1), ((4, 3, 7), 2), ((3, 70001), 2)])
+def test_mask_read_forward_and_backward(rng, shape, mdims):
+    mask = rng.random(shape[:mdims]) < 0.45
+    x = rng.standard_normal(shape).astype(np.float32)
+    for m in (wgpar.tensor(mask), mask):  # a bool tensor or a NumPy bool array
+        got = _t(x)[m]
+        assert got.shape == x[mask].shape
+        np.testing.assert_array_equal(got.numpy(), x[mask])
+    g = rng.standard_normal(x[mask].shape).astype(np.float32)
+    t = _t(x, requires_grad=True)
+    t[wgpar.tensor(mask)].backward(_t(g))
+    want = np.zeros_like(x)
+    want[mask] = g
+    np.testing.assert_array_equal(t.grad.numpy(), want)
+
+
+def test_mask_read_gradient_by_finite_differences(rng):
+    x = rng.standard_normal((5, 4))
+    mask = rng.random((5, 4)) < 0.5
+    mask[0, 0] = True
+    check(lambda t: t[wgpar.tensor(mask)] * 3.0, lambda a: a[mask] * 3.0, [x], rng)
+    check(lambda t: wgpar.masked_select(t, wgpar.tensor(mask[2:3])), lambda a: a[np.broadcast_to(mask[2:3], a.shape)],
+          [x], rng)
+
+
+def test_mask_read_of_nothing(rng):
+    t = _t(rng.standard_normal((3, 2)).astype(np.float32), requires_grad=True)
+    out = t[wgpar.zeros(3, dtype=wgpar.bool_)]
+    assert out.shape == (0, 2)
+    out.sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), np.zeros((3, 2)))
+
+
+@pytest.mark.parametrize("kind", ["scalar", "0d", "row", "rows", "array"])
+def test_mask_write(rng, kind):
+    x = rng.standard_normal((6, 4, 3)).astype(np.float32)
+    mask = rng.random((6, 4)) < 0.5
+    mask[1, 2] = True
+    count = int(mask.sum())
+    value = {"scalar": 2.5, "0d": _t(np.float32(-1.5)), "row": _t(rng.standard_normal(3).astype(np.float32)),
+             "rows": _t(rng.standard_normal((count, 3)).astype(np.float32)),
+             "array": rng.standard_normal((count, 3)).astype(np.float32)}[kind]
+    t = _t(x)
+    t[wgpar.tensor(mask)] = value
+    want = x.copy()
+    want[mask] = value.numpy() if isinstance(value, wgpar.Tensor) else value
+    np.testing.assert_array_equal(t.numpy(), want)
+
+
+def test_mask_write_long_and_int(rng):
+    x = rng.integers(-5, 5, 70001).astype(np.int32)
+    mask = x > 0
+    t = _t(x)
+    t[mask] = _t(np.arange(int(mask.sum()), dtype=np.int32))
+    want = x.copy()
+    want[mask] = np.arange(int(mask.sum()))
+    np.testing.assert_array_equal(t.numpy(), want)
+
+
+def test_mask_errors(rng):
+    x = wgpar.zeros(3, 4)
+    with pytest.raises(IndexError, match="leading dims"):
+        x[wgpar.zeros(4, dtype=wgpar.bool_)]
+    with pytest.raises(IndexError, match="whole index"):
+        x[wgpar.zeros(3, dtype=wgpar.bool_), 0]
+    leaf = wgpar.zeros(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="in-place"):
+        leaf[wgpar.ones(3, dtype=wgpar.bool_)] = 1.0
+
+
+def test_nonzero_and_masks_match_torch(torch, rng):
+    x = np.where(rng.random((6, 7)) < 0.4, rng.standard_normal((6, 7)), 0).astype(np.float32)
+    np.testing.assert_array_equal(_t(x).nonzero().numpy(), torch.tensor(x).nonzero().numpy())
+    mask = rng.random(6) < 0.5
+    g = rng.standard_normal((int(mask.sum()), 7)).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    xt[torch.tensor(mask)].backward(torch.tensor(g))
+    t = _t(x, requires_grad=True)
+    out = t[wgpar.tensor(mask)]
+    out.backward(_t(g))
+    np.testing.assert_array_equal(out.numpy(), torch.tensor(x)[torch.tensor(mask)].numpy())
+    np.testing.assert_array_equal(t.grad.numpy(), xt.grad.numpy())
+    m2 = torch.tensor(x) > 0
+    np.testing.assert_array_equal(wgpar.masked_select(_t(x), wgpar.tensor(m2.numpy())).numpy(),
+                                  torch.masked_select(torch.tensor(x), m2).numpy())

@@ -252,6 +252,7 @@ isclose, allclose = composites.isclose, composites.allclose
 cumsum, cumprod = composites.cumsum, composites.cumprod
 gather, scatter, scatter_add, index_add = composites.gather, composites.scatter, composites.scatter_add, \
     composites.index_add
+nonzero, argwhere, masked_select = composites.nonzero, composites.argwhere, composites.masked_select
 
 
 def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
@@ -289,6 +290,7 @@ __all__ = ["matmul", "bmm", "einsum", "sort", "argsort", "topk", "var", "std", "
            "reshape", "transpose", "permute", "split", "chunk", "unbind", "tril", "triu", "flip", "roll",
            "prod", "any", "all", "norm", "logsumexp", "outer", "diag", "isclose", "allclose", "numel", "clamp_min",
            "clamp_max", "cumsum", "cumprod", "gather", "scatter", "scatter_add",
-           "index_add", "linalg", "full_like", "empty_like", "rand_like", "randn_like",
+           "index_add", "nonzero", "argwhere", "masked_select",
+           "linalg", "full_like", "empty_like", "rand_like", "randn_like",
            "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
            *GENERATED]

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops as raw
+from ..ops import mask as mask_ops
 from ..ops import scatter as scatter_ops
 from ..ops.elementwise import broadcast_shape
 from ..ops.index import as_index
@@ -783,6 +784,109 @@ def index_add_(a: Tensor, dim: int, index, source: Tensor, *, alpha=1) -> Tensor
     return _in_place(a, index_add, dim, index, source, alpha=alpha)
 
 
+# -- nonzero and boolean masks ------------------------------------------------------------------------
+def nonzero(a: Tensor, *, as_tuple: bool = False):
+    """The positions of the nonzero entries of ``a`` (NaN counts), in row-major order, as torch.nonzero:
+    an int32 [count, a.ndim] tensor (PyTorch: int64), or with ``as_tuple`` one 1-d tensor per dim. The
+    count sizes the result, so this waits for the device and reads it back (4 bytes; a host sync, as in
+    PyTorch on CUDA); the positions themselves are found on the device (a running count and a
+    compaction). Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        as_tuple: return one index tensor per dim.
+    """
+    _tensor_input("nonzero", a)
+    flat = mask_ops.flat_nonzero(raw.reshape(raw.binary("ne", a, 0), (-1,)))
+    if a.ndim == 0:
+        return (flat,) if as_tuple else Tensor.empty((flat.shape[0], 0), _dt.int32, a.device)
+    cols, stride = [], a.numel()
+    for n in a.shape:
+        stride //= n or 1
+        cols.append(raw.binary("mod", raw.binary("floordiv", flat, stride), n) if flat.numel() else flat)
+    return tuple(cols) if as_tuple else raw.stack(cols, 1)
+
+
+def argwhere(a: Tensor) -> Tensor:
+    """``nonzero(a)``: the [count, a.ndim] int32 positions of the nonzero entries (torch.argwhere; reads
+    the count back)."""
+    return nonzero(a)
+
+
+def _check_mask(op: str, a: Tensor, mask: Tensor) -> None:
+    if mask.ndim > a.ndim or a.shape[:mask.ndim] != mask.shape:
+        raise IndexError(f"{op}: a boolean mask of shape {mask.shape} must match the leading dims of the indexed "
+                         f"tensor's shape {a.shape}")
+    if mask.device is not a.device:
+        raise ValueError(f"{op}: the mask is on {mask.device}, the tensor on {a.device}")
+
+
+def _selected_rank(flat_mask: Tensor, rows: int) -> Tensor:
+    """For each entry of a 1-d mask, its rank among the set entries (0 where unset), as an index into
+    ``rows`` rows (the gather kernel keeps any surplus in bounds)."""
+    at = raw.where(flat_mask, raw.binary("sub", mask_ops.running_count(flat_mask), 1), 0)
+    at._host_range = (0, rows - 1)
+    return at
+
+
+def mask_getitem(a: Tensor, mask: Tensor) -> Tensor:
+    """``a[mask]`` for a bool mask over a's leading dims: the selected entries (or rows), [count, *rest],
+    in row-major order. Reads the count back (4 bytes; the result's shape depends on it), so it waits
+    for the device, as in PyTorch on CUDA. The gradient goes back to the selected places, gathered by
+    each one's rank, with no readback."""
+    _check_mask("indexing", a, mask)
+    rest = a.shape[mask.ndim:]
+    flat_mask = raw.reshape(mask, (-1,))
+    out = raw.index_select(raw.reshape(a, (-1,) + rest), 0, mask_ops.flat_nonzero(flat_mask))
+    shape = a.shape
+
+    def bw(g):
+        if g.shape[0] == 0:
+            return (raw.fill(shape, 0, g.dtype, g.device),)
+        rows = raw.index_select(g, 0, _selected_rank(flat_mask, g.shape[0]))
+        keep = raw.reshape(flat_mask, (-1,) + (1,) * len(rest))
+        return (raw.reshape(raw.where(keep, rows, 0.0), shape),)
+
+    return record("mask_getitem", out, [a], bw, [mask])
+
+
+def mask_setitem(a: Tensor, mask: Tensor, value) -> None:
+    """``a[mask] = value`` in place, outside the autograd graph: ``value`` a number, a tensor (or array)
+    broadcasting to the selected rows' shape a.shape[mask.ndim:], or one row per selected entry
+    ([count, *rest], taken in order by each entry's rank). No readback: the count is never needed, so a
+    [k, *rest] value with k different from the count is not detected (PyTorch raises): with fewer set
+    entries the last rows go unused, with more the last row repeats."""
+    _check_mask("index assignment", a, mask)
+    rest = a.shape[mask.ndim:]
+    if isinstance(value, (np.ndarray, list, tuple)):
+        value = Tensor.from_numpy(np.asarray(value), device=a.device, dtype=a.dtype)
+    if isinstance(value, Tensor) and value.ndim == 1 + len(rest) and value.shape[0] != 1:
+        if value.shape[1:] != rest:
+            raise ValueError(f"index assignment: a value of shape {value.shape} for rows of shape {rest}")
+        if value.shape[0] == 0:
+            return
+        flat_mask = raw.reshape(mask, (-1,))
+        value = raw.reshape(raw.index_select(value, 0, _selected_rank(flat_mask, value.shape[0])), a.shape)
+    keep = raw.reshape(mask, mask.shape + (1,) * len(rest))
+    copy_(a, raw.where(keep, value, a))
+
+
+def masked_select(a: Tensor, mask: Tensor) -> Tensor:
+    """The entries of ``a`` where the bool ``mask`` is True, both broadcast together, as a 1-d tensor
+    (torch.masked_select): ``a[mask]`` flattened. Reads the count back (a host sync). Differentiable.
+
+    Arguments:
+        a: a tensor.
+        mask: a bool tensor broadcasting with a.
+    """
+    _tensor_input("masked_select", a)
+    if not isinstance(mask, Tensor) or mask.dtype is not _dt.bool_:
+        raise TypeError("masked_select: the mask must be a bool tensor")
+    shape = broadcast_shape(a.shape, mask.shape, op="masked_select")
+    flat_mask = raw.reshape(raw.contiguous(raw.expand(mask, shape)), (-1,))
+    return mask_getitem(reshape(expand(a, shape), (-1,)), flat_mask)
+
+
 def isclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
     """Where ``|a - b| <= atol + rtol * |b|`` (or a == b, which covers equal infinities), as a bool tensor
     broadcast from both (torch.isclose); NaN is close to NaN only with ``equal_nan``. Integers are
@@ -823,4 +927,5 @@ def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: 
 __all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
            "unbind", "tril", "triu", "flip", "roll", "prod", "any_", "all_", "vector_norm", "norm", "logsumexp",
            "outer", "diag", "isclose", "allclose", "cumsum", "cumprod", "gather", "scatter", "scatter_",
-           "scatter_add", "scatter_add_", "index_add", "index_add_"]
+           "scatter_add", "scatter_add_", "index_add", "index_add_", "nonzero", "argwhere",
+           "mask_getitem", "mask_setitem", "masked_select"]

@@ -213,6 +213,22 @@ def index_add_(self, dim: int, index, source, *, alpha=1) -> Tensor:
     return C.index_add_(self, dim, index, source, alpha=alpha)
 
 
+def nonzero(self, *, as_tuple: bool = False):
+    """The int32 positions of the nonzero entries, [count, ndim] or one tensor per dim; reads the count back
+    (a host sync; wgpar.nonzero)."""
+    return C.nonzero(self, as_tuple=as_tuple)
+
+
+def argwhere(self) -> Tensor:
+    """``nonzero()``: the [count, ndim] int32 positions of the nonzero entries (wgpar.argwhere)."""
+    return C.argwhere(self)
+
+
+def masked_select(self, mask) -> Tensor:
+    """The entries where the bool ``mask`` (broadcast) is True, 1-d; reads the count back (wgpar.masked_select)."""
+    return C.masked_select(self, mask)
+
+
 def clamp_min(self, min) -> Tensor:
     """``clamp(self, min=min)``: values below ``min`` (a number or tensor) raised to it; NaN stays NaN."""
     return F.clamp(self, min, None)
@@ -269,7 +285,8 @@ def _set_data(self, other: Tensor) -> None:
 
 _HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll, prod, any, all, norm, logsumexp, outer, diag, isclose,
                  allclose, cumsum, cumprod, gather, scatter, scatter_, scatter_add,
-                 scatter_add_, index_add, index_add_, clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
+                 scatter_add_, index_add, index_add_, nonzero, argwhere, masked_select,
+                 clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
 
 
 def install() -> None:
