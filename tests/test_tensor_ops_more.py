@@ -387,3 +387,64 @@ def test_nonzero_and_masks_match_torch(torch, rng):
     m2 = torch.tensor(x) > 0
     np.testing.assert_array_equal(wgpar.masked_select(_t(x), wgpar.tensor(m2.numpy())).numpy(),
                                   torch.masked_select(torch.tensor(x), m2).numpy())
+
+
+# -- sin / cos / tan over the whole float32 range --------------------------------------------------
+def _ulp_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """|got - want| in units of float32 spacing at the float32-rounded truth (want in float64)."""
+    spacing = np.spacing(np.abs(want.astype(np.float32))).astype(np.float64)
+    return np.abs(got.astype(np.float64) - want) / spacing
+
+
+def _trig_inputs(rng, n: int) -> np.ndarray:
+    bits = rng.integers(0, 0x7F800000, n, dtype=np.int64).astype(np.uint32)  # every finite magnitude alike
+    wide = bits.view(np.float32) * rng.choice(np.float32([-1, 1]), n)
+    near = rng.uniform(-200, 200, n).astype(np.float32)
+    # float32 near multiples of pi/2, where reduction cancels most bits (the worst case of Payne-Hanek)
+    k = rng.integers(1, 2**22, n)
+    close = (k * (np.pi / 2)).astype(np.float32)
+    hard = np.float32([np.finfo(np.float32).max, np.finfo(np.float32).min, 16367173 * 2.0**72, 1.5707964,
+                       3.1415927, 0.78539819, 0.78539813, 1e-30, 2.0**-149, 8.5e37, 105414350.0])
+    return np.concatenate([wide, near, close, hard]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,ulps", [("sin", 3.0), ("cos", 3.0), ("tan", 6.0)])
+def test_trig_within_a_few_ulp_over_the_float32_range(rng, name, ulps):
+    x = _trig_inputs(rng, 60000)
+    got = getattr(wgpar, name)(_t(x)).numpy()
+    want = getattr(np, name)(x.astype(np.float64))
+    err = _ulp_error(got, want)
+    worst = int(np.argmax(err))
+    assert err.max() <= ulps, f"{name}({x[worst]!r}) = {got[worst]!r}, want {want[worst]!r}: {err.max():.2f} ulp"
+
+
+def test_trig_edge_values():
+    x = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, np.finfo(np.float32).max])
+    s, c, t = (getattr(_t(x), n)().numpy() for n in ("sin", "cos", "tan"))
+    assert np.signbit(s[1]) and not np.signbit(s[0]) and np.signbit(t[1]) and (c[:2] == 1).all()
+    assert np.isnan(s[2:5]).all() and np.isnan(c[2:5]).all() and np.isnan(t[2:5]).all()
+    np.testing.assert_allclose(s[5], np.sin(np.float64(x[5])), rtol=1e-6)  # -0.5218765, not a driver's +-1
+    np.testing.assert_allclose(c[5], np.cos(np.float64(x[5])), rtol=1e-6)
+
+
+def test_trig_gradients_and_methods(rng):
+    x = rng.uniform(-4, 4, (5, 7))
+    check(lambda t: t.sin() * t.cos() + wgpar.tan(t * 0.3), lambda a: np.sin(a) * np.cos(a) + np.tan(a * 0.3),
+          [x], rng)
+    ints = _t(np.array([0, 1, 100000], np.int32))
+    assert ints.sin().dtype is wgpar.float32
+    assert_close(ints.cos().numpy(), np.cos([0.0, 1.0, 100000.0]), rtol=1e-6, atol=1e-7)
+
+
+def test_trig_matches_torch(torch, rng):
+    x = _trig_inputs(rng, 2000)
+    for name in ("sin", "cos", "tan"):
+        want = getattr(torch, name)(torch.tensor(x, dtype=torch.float64)).numpy()
+        err = _ulp_error(getattr(_t(x), name)().numpy(), want)
+        assert err.max() <= (6.0 if name == "tan" else 3.0), name
+    g = rng.uniform(-3, 3, 50).astype(np.float32)
+    xt = torch.tensor(g, requires_grad=True)
+    (xt.sin() + xt.cos() + xt.tan()).sum().backward()
+    t = _t(g, requires_grad=True)
+    (t.sin() + t.cos() + t.tan()).sum().backward()
+    assert_close(t.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-5)
