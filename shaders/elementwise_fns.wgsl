@@ -279,3 +279,97 @@ fn cosh_(x: f32) -> f32 {
   let h = exp(0.5 * a);
   return (0.5 * h) * h;
 }
+
+// -- sin, cos, tan: exact argument reduction, never the driver's (lavapipe's sin(FLT_MAX) is +-1, the
+// truth about 0.52). |x| <= pi/4 needs none. Beyond, x = m 2^e (m the 24-bit significand) is reduced
+// by Payne-Hanek in u32 arithmetic: x * 2/pi mod 4 needs only the bits of 2/pi from 2^-(e-1) on
+// (earlier ones give multiples of 4), so 96 of them times m, kept mod 2^96, hold the quadrant in the
+// top 2 bits and 94 bits of fraction: at least 64 survive the closest approach of a float32 to a
+// multiple of pi/2. The fraction (in [-1/2, 1/2) of a quadrant) times pi/2 is r in [-pi/4, pi/4],
+// where minimax polynomials (musl's __sindf / __cosdf) give sin and cos within an ulp.
+struct Trig { q: u32, r: f32 }
+
+// a * b as (high, low) words.
+fn mul_wide_(a: u32, b: u32) -> vec2<u32> {
+  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+  let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0;
+  let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return vec2<u32>(a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u), (p00 & 0xffffu) | (mid << 16u));
+}
+
+// |x| reduced: a finite a >= 0 as q * pi/2 + r, |r| <= pi/4.
+fn trig_reduce_(a: f32) -> Trig {
+  if (a <= 0.78539816) { return Trig(0u, a); }
+  // 2/pi in words from bit 2^-1 on, after a zero word that stands for bits 2^0 .. 2^-31 (windows of
+  // small arguments start before the binary point).
+  var t = array<u32, 11>(0u, 0xA2F9836Eu, 0x4E441529u, 0xFC2757D1u, 0xF534DDC0u, 0xDB629599u, 0x3C439041u,
+                         0xFE5163ABu, 0xDEBBC561u, 0xB7246E3Au, 0x424DD2E0u);
+  let bits = bitcast<u32>(a);
+  let m = (bits & 0x7fffffu) | 0x800000u;
+  let e = i32(bits >> 23u) - 150;  // a = m 2^e, e >= -24 here
+  let g0 = u32(e + 30);  // the window's first bit (2^-(e-1)) counted from the table's start
+  let q0 = g0 / 32u;
+  let s = g0 % 32u;
+  var w: array<u32, 3>;
+  for (var j = 0u; j < 3u; j = j + 1u) {
+    w[j] = (t[q0 + j] << s) | select(0u, t[q0 + j + 1u] >> (32u - s), s != 0u);
+  }
+  // m * window mod 2^96, as words p2 (high) .. p0.
+  let lo = mul_wide_(m, w[2]);
+  let mid = mul_wide_(m, w[1]);
+  let p0 = lo.y;
+  let p1 = lo.x + mid.y;
+  let p2 = mid.x + m * w[0] + select(0u, 1u, p1 < lo.x);
+  var q = p2 >> 30u;
+  var hi = (p2 << 2u) | (p1 >> 30u);  // the fraction's top 64 bits: hi, then lo32
+  var lo32 = (p1 << 2u) | (p0 >> 30u);
+  let up = hi >= 0x80000000u;  // fraction >= 1/2: the next quadrant, r negative
+  if (up) {
+    q = q + 1u;
+    hi = ~hi + select(0u, 1u, lo32 == 0u);
+    lo32 = 0u - lo32;
+  }
+  var shift = 0;
+  if (hi == 0u) { hi = lo32; lo32 = 0u; shift = 32; }
+  let z = countLeadingZeros(hi);
+  let top = (hi << z) | select(0u, lo32 >> (32u - z), z != 0u);
+  let f = ldexp(f32(top), -(32 + shift + i32(z)));
+  let r = f * 1.5707963267948966;
+  return Trig(q & 3u, select(r, -r, up));
+}
+
+fn sin_kernel_(r: f32) -> f32 {
+  let z = r * r;
+  let p = 0.0083333293858894631756 + z * (-0.000198393348360966317347 + z * 0.0000027183114939898219064);
+  return r + r * z * (-0.166666666416265235595 + z * p);
+}
+
+fn cos_kernel_(r: f32) -> f32 {
+  let z = r * r;
+  let w = z * z;
+  let p = -0.00138867637746099294692 + z * 0.0000243904487962774090654;
+  return ((1.0 - 0.499999997251031003120 * z) + w * 0.0416666233237390631894) + (w * z) * p;
+}
+
+fn sin_(x: f32) -> f32 {
+  if (isnan_(x) || isinf_(x)) { return nan_like(x); }
+  let t = trig_reduce_(abs(x));
+  let s = select(sin_kernel_(t.r), cos_kernel_(t.r), (t.q & 1u) == 1u);
+  return select(s, -s, (t.q >= 2u) != signbit_(x));
+}
+
+fn cos_(x: f32) -> f32 {
+  if (isnan_(x) || isinf_(x)) { return nan_like(x); }
+  let t = trig_reduce_(abs(x));
+  let c = select(cos_kernel_(t.r), sin_kernel_(t.r), (t.q & 1u) == 1u);
+  return select(c, -c, t.q == 1u || t.q == 2u);
+}
+
+fn tan_(x: f32) -> f32 {
+  if (isnan_(x) || isinf_(x)) { return nan_like(x); }
+  let t = trig_reduce_(abs(x));
+  let s = sin_kernel_(t.r);
+  let c = cos_kernel_(t.r);
+  let v = select(s / c, -c / s, (t.q & 1u) == 1u);
+  return select(v, -v, signbit_(x));
+}

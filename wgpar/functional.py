@@ -249,6 +249,10 @@ tril, triu, flip, roll = composites.tril, composites.triu, composites.flip, comp
 prod, norm, logsumexp, outer, diag = composites.prod, composites.norm, composites.logsumexp, composites.outer, \
     composites.diag
 isclose, allclose = composites.isclose, composites.allclose
+cumsum, cumprod = composites.cumsum, composites.cumprod
+gather, scatter, scatter_add, index_add = composites.gather, composites.scatter, composites.scatter_add, \
+    composites.index_add
+nonzero, argwhere, masked_select = composites.nonzero, composites.argwhere, composites.masked_select
 
 
 def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
@@ -285,6 +289,8 @@ __all__ = ["matmul", "bmm", "einsum", "sort", "argsort", "topk", "var", "std", "
            "where", "cat", "concatenate", "stack", "softmax", "log_softmax", "clamp", "index_select",
            "reshape", "transpose", "permute", "split", "chunk", "unbind", "tril", "triu", "flip", "roll",
            "prod", "any", "all", "norm", "logsumexp", "outer", "diag", "isclose", "allclose", "numel", "clamp_min",
-           "clamp_max", "linalg", "full_like", "empty_like", "rand_like", "randn_like",
+           "clamp_max", "cumsum", "cumprod", "gather", "scatter", "scatter_add",
+           "index_add", "nonzero", "argwhere", "masked_select",
+           "linalg", "full_like", "empty_like", "rand_like", "randn_like",
            "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
            *GENERATED]

@@ -428,12 +428,21 @@ class Tensor:
 
     def __getitem__(self, key) -> Tensor:
         """Indexing: ints, slices, None and ``...`` give a view; one integer array or tensor along a dim gathers
-        (a copy). Boolean masks are not supported (use where)."""
+        (a copy). A bool mask over the leading dims selects, ``[count, *rest]``; it reads the count back
+        (a host sync, as in PyTorch on CUDA) and is differentiable."""
+        mask = _bool_mask(key, self.device)
+        if mask is not None:
+            return _ops.mask_getitem(self, mask)
         return _ops.getitem(self, key)
 
     def __setitem__(self, key, value) -> None:
-        """Write ``value`` (a number, array or tensor, broadcast) into ``self[key]`` in place (basic indexing
-        only; outside the autograd graph)."""
+        """Write ``value`` (a number, array or tensor, broadcast) into ``self[key]`` in place, outside the
+        autograd graph: basic indexing, or a bool mask over the leading dims (no host sync: a value of one
+        row per selected entry is taken in order, its length unchecked)."""
+        mask = _bool_mask(key, self.device)
+        if mask is not None:
+            _ops.mask_setitem(self, mask, value)
+            return
         _ops.setitem(self, key, value)
 
     def index_select(self, dim: int, index) -> Tensor:
@@ -622,6 +631,21 @@ def check_same_device(*tensors: Tensor, op: str) -> Device:
         desc = ", ".join(f"{tuple(t.shape)} on {t.device}" for t in tensors)
         raise DeviceMismatchError(f"{op}: tensors are on different devices ({desc}); move them with .to(device)")
     return tensors[0].device
+
+
+def _bool_mask(key, device: Device) -> Tensor | None:
+    """The bool mask a whole indexing key is (a bool tensor, array or list, alone or in a 1-tuple),
+    uploaded to ``device``; None for every other key. A mask among other indices raises."""
+    items = key if isinstance(key, tuple) else (key,)
+    masks = [k for k in items if (isinstance(k, Tensor) and k.dtype is _dt.bool_) or
+             (isinstance(k, (np.ndarray, list)) and np.asarray(k).dtype == np.bool_)]
+    if not masks:
+        return None
+    if len(items) != 1:
+        raise IndexError("a boolean mask index must be the whole index (x[mask]); combine it with others "
+                         "through nonzero() or where()")
+    mask = masks[0]
+    return mask if isinstance(mask, Tensor) else Tensor.from_numpy(np.asarray(mask), device=device)
 
 
 class _NotInstalled:

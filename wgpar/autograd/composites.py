@@ -11,7 +11,10 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops as raw
+from ..ops import mask as mask_ops
+from ..ops import scatter as scatter_ops
 from ..ops.elementwise import broadcast_shape
+from ..ops.index import as_index
 from ..tensor import Tensor, normalize_shape, wrap_dim
 from .engine import record
 from .functions import (
@@ -550,6 +553,340 @@ def diag(a: Tensor, diagonal: int = 0) -> Tensor:
     return record("diag", raw.clone(_diagonal_view(a, k)), [a], bw)
 
 
+# -- running sums and products -------------------------------------------------------------------
+def _scan_input(op: str, a, dim, dtype) -> tuple[Tensor, int]:
+    _tensor_input(op, a)
+    if dtype is not None:
+        a = cast(a, _dt.as_dtype(dtype))
+    return a, wrap_dim(dim, a.ndim) if a.ndim else 0
+
+
+def _revcumsum(g: Tensor, d: int) -> Tensor:
+    """sum over j >= i of g[j] along d: cumsum's backward."""
+    if g.ndim == 0:
+        return g
+    return _flip_raw(raw.scan("sum", _flip_raw(g, (d,)), d), (d,))
+
+
+def cumsum(a: Tensor, dim: int, dtype=None) -> Tensor:
+    """The running sum of ``a`` along ``dim`` (torch.cumsum), a blocked scan on the device: O(n) work in
+    log_1024(n) levels, summed as a tree (not left to right: float32 results differ from a sequential sum
+    by rounding only). int32 and bool give int32 that wraps modulo 2**32, where PyTorch gives int64;
+    float16 sums in float32. The gradient is the reversed running sum of the incoming one.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to run along.
+        dtype: cast to this dtype first.
+    """
+    a, d = _scan_input("cumsum", a, dim, dtype)
+    return record("cumsum", raw.scan("sum", a, d), [a], lambda g: (_revcumsum(g, d),))
+
+
+def _cumprod_grad(x: Tensor, y: Tensor, g: Tensor, d: int) -> Tensor:
+    # d y[j] / d x[k] = prod over i <= j, i != k of x[i] (j >= k). Before a row's first zero that is
+    # y[j] / x[k]; at the first zero it is the running product with that zero replaced by 1; after it,
+    # every term holds that zero.
+    zero = raw.binary("eq", x, 0.0)
+    seen = raw.scan("sum", raw.cast(zero, _dt.int32), d)
+    before = raw.binary("eq", seen, 0)
+    first = raw.where(zero, raw.binary("eq", seen, 1), False)
+    at_before = raw.binary("div", _revcumsum(raw.binary("mul", g, y), d), raw.where(before, x, 1.0))
+    y_first = raw.scan("prod", raw.where(first, 1.0, x), d)
+    at_first = _revcumsum(raw.binary("mul", g, y_first), d)
+    return raw.where(before, at_before, raw.where(first, at_first, 0.0))
+
+
+def cumprod(a: Tensor, dim: int, dtype=None) -> Tensor:
+    """The running product of ``a`` along ``dim`` (torch.cumprod), a blocked scan on the device (see
+    cumsum). In float32 throughout, where PyTorch's CPU kernel accumulates in double: a long product of
+    numbers near 1 drifts by up to the float32 bound n * 2**-24 relative (70001 factors of 1 +- 1e-4: 5e-4).
+    int32 and bool give int32 that wraps modulo 2**32, where PyTorch gives int64. The gradient
+    is exact with zeros in the input: before a row's first zero it is the reversed running sum of g * y
+    divided by x, at the first zero the same sum over the products with that zero taken as 1, after it 0
+    (PyTorch's rule too, without a readback).
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to run along.
+        dtype: cast to this dtype first.
+    """
+    a, d = _scan_input("cumprod", a, dim, dtype)
+    out = raw.scan("prod", a, d)
+    x, y = a.detach(), out.detach()
+    return record("cumprod", out, [a], lambda g: (_cumprod_grad(x, y, g, d),), [x, y])
+
+
+# -- gather and scatter along a dim ------------------------------------------------------------------
+def _padded(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``g`` in the leading corner of zeros of ``shape`` (a src larger than the index gets no gradient
+    outside it)."""
+    if g.shape == shape:
+        return g
+    full = raw.fill(shape, 0, g.dtype, g.device)
+    raw.copy_(raw.getitem(full, tuple(slice(0, n) for n in g.shape)), g)
+    return full
+
+
+def gather(a: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    """``out[i][j][k] = a[i][index[i][j][k]][k]`` for dim 1 (any dim alike), as torch.gather: ``index`` has
+    a's number of dims and is no larger outside ``dim``; the result has its shape. The index is int32
+    (PyTorch: int64); its values must lie in [0, a.shape[dim]), checked through the range known from its
+    upload, else one readback (a host sync, as the other index checks of wgpar). The gradient is a
+    scatter_add of the incoming one.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to gather along.
+        index: an int32 tensor.
+        sparse_grad: accepted for PyTorch's signature; the gradient is dense.
+    """
+    _tensor_input("gather", a)
+    d = scatter_ops.check_index("gather", a, dim, index)
+    shape = a.shape
+    return record("gather", scatter_ops.gather(a, d, index), [a],
+                  lambda g: (scatter_ops.scatter(raw.fill(shape, 0, g.dtype, g.device), d, index, g, "add"),),
+                  [index])
+
+
+def _scatter_src(op: str, a: Tensor, src, value):
+    if (src is None) == (value is None):
+        raise TypeError(f"{op}: pass one of src (a tensor) and value (a number)")
+    src = value if src is None else src
+    if isinstance(src, Tensor) and src.dtype is not a.dtype:
+        raise TypeError(f"{op}: src's dtype {src.dtype.name} differs from the tensor's {a.dtype.name} (as PyTorch)")
+    if not isinstance(src, Tensor) and not isinstance(src, (int, float, bool, np.number)):
+        raise TypeError(f"{op}: src must be a wgpar.Tensor or a number, got {type(src).__name__}")
+    return src
+
+
+def scatter_add(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """A copy of ``a`` with ``out[i][index[i][j][k]][k] += src[i][j][k]`` for dim 1 (any dim alike), as
+    torch.scatter_add: index int32 (PyTorch: int64) with a's number of dims, no larger than src anywhere
+    nor than a outside ``dim``, checked as gather's. Without float atomics: repeated indices add up in
+    index order, so results repeat bit for bit (torch's CUDA kernel's order varies). Gradients: a gets
+    the incoming one, src its gather at ``index``.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to scatter along.
+        index: an int32 tensor.
+        src: a tensor of a's dtype.
+    """
+    _tensor_input("scatter_add", a)
+    src = _scatter_src("scatter_add", a, src, None)
+    _tensor_input("scatter_add", src)
+    d = scatter_ops.check_index("scatter_add", a, dim, index, src.shape)
+    src_shape = src.shape
+
+    def bw(g):
+        return g, _padded(scatter_ops.gather(g, d, index), src_shape)
+
+    return record("scatter_add", scatter_ops.scatter(a, d, index, src, "add"), [a, src], bw, [index])
+
+
+def scatter(a: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce: str | None = None) -> Tensor:
+    """A copy of ``a`` with ``out[i][index[i][j][k]][k] = src[i][j][k]`` for dim 1 (any dim alike), as
+    torch.scatter; ``src`` may be a number (or pass ``value=``). Index rules as scatter_add's. Where an
+    index repeats along ``dim``, PyTorch leaves the result undefined; wgpar writes the last of them (the
+    largest position along ``dim``), every time, and only that src entry gets a gradient (PyTorch's
+    formula sends the gradient to all of them). ``reduce="add"`` is scatter_add; "multiply" is refused.
+    Gradients: a gets the incoming one except where something was written, src its gather at ``index``.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim to scatter along.
+        index: an int32 tensor.
+        src: a tensor of a's dtype, or a number.
+        value: a number, PyTorch's other spelling.
+        reduce: None or "add".
+    """
+    _tensor_input("scatter", a)
+    if reduce == "add":
+        if not isinstance(src, Tensor):
+            src = raw.fill(index.shape, src if value is None else value, a.dtype, a.device)
+        return scatter_add(a, dim, index, src)
+    if reduce is not None:
+        raise ValueError(f"scatter: reduce={reduce!r} is not supported (None or 'add'; see scatter_add)")
+    src = _scatter_src("scatter", a, src, value)
+    d = scatter_ops.check_index("scatter", a, dim, index, src.shape if isinstance(src, Tensor) else None)
+    out = scatter_ops.scatter(a, d, index, src, "set")
+    if not isinstance(src, Tensor):
+        return record("scatter", out, [a], lambda g: (scatter_ops.scatter(g, d, index, 0, "set"),), [index])
+    src_shape, a_shape = src.shape, a.shape
+
+    def bw(g):
+        # The entries that won their output slot: the position along d each slot kept, compared with
+        # each entry's own.
+        pos = raw.contiguous(raw.expand(raw.reshape(
+            Tensor.from_numpy(np.arange(index.shape[d] if index.ndim else 1, dtype=np.int32), device=g.device),
+            tuple(-1 if k == d else 1 for k in range(index.ndim))), index.shape))
+        kept = scatter_ops.scatter(raw.fill(a_shape, -1, _dt.int32, g.device), d, index, pos, "set")
+        won = raw.binary("eq", scatter_ops.gather(kept, d, index), pos)
+        g_src = raw.where(won, scatter_ops.gather(g, d, index), 0.0)
+        return scatter_ops.scatter(g, d, index, 0, "set"), _padded(raw.cast(g_src, g.dtype), src_shape)
+
+    return record("scatter", out, [a, src], bw, [index])
+
+
+def index_add(a: Tensor, dim: int, index, source: Tensor, *, alpha=1) -> Tensor:
+    """A copy of ``a`` with ``alpha * source`` added at the positions ``index`` along ``dim``
+    (torch.index_add): ``index`` is 1-d (an int32 tensor, a list or an array; values in
+    [0, a.shape[dim])) and ``source`` is a's shape with len(index) along ``dim``. Repeated indices add
+    up in index order (a scatter_add, no atomics: the same bits every run). Gradients: a gets the
+    incoming one, source alpha times its index_select.
+
+    Arguments:
+        a: a tensor.
+        dim: the dim.
+        index: 1-d int32 indices.
+        source: a tensor of a's dtype.
+        alpha: a number scaling source.
+    """
+    _tensor_input("index_add", a)
+    _tensor_input("index_add", source)
+    if a.ndim == 0:
+        raise ValueError("index_add: needs a tensor of at least 1 dim")
+    d = wrap_dim(dim, a.ndim)
+    idx = as_index(index, a.device, a.shape[d], f"index_add on dim {d} of shape {a.shape}")
+    if idx.ndim != 1:
+        raise ValueError(f"index_add: the index must be 1-d, got shape {idx.shape}")
+    want = tuple(idx.numel() if k == d else s for k, s in enumerate(a.shape))
+    if source.shape != want:
+        raise ValueError(f"index_add: source of shape {source.shape} must be {want} (a's {a.shape} with "
+                         f"len(index) = {idx.numel()} along dim {d})")
+    scaled = source if alpha == 1 else binary("mul", source, alpha)
+    full = raw.contiguous(raw.expand(raw.reshape(idx, tuple(-1 if k == d else 1 for k in range(a.ndim))), want))
+    full._host_range = idx._host_range
+    return scatter_add(a, d, full, scaled)
+
+
+def _in_place(a: Tensor, f, *args, **kwargs) -> Tensor:
+    from .grad_mode import no_grad
+
+    with no_grad():
+        result = f(a, *args, **kwargs)
+    return copy_(a, result)
+
+
+def scatter_(a: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce: str | None = None) -> Tensor:
+    """In place: ``a = scatter(a, dim, index, src)``, outside the autograd graph; returns a."""
+    return _in_place(a, scatter, dim, index, src, value=value, reduce=reduce)
+
+
+def scatter_add_(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """In place: ``a = scatter_add(a, dim, index, src)``, outside the autograd graph; returns a."""
+    return _in_place(a, scatter_add, dim, index, src)
+
+
+def index_add_(a: Tensor, dim: int, index, source: Tensor, *, alpha=1) -> Tensor:
+    """In place: ``a = index_add(a, dim, index, source, alpha=alpha)``, outside the autograd graph; returns a."""
+    return _in_place(a, index_add, dim, index, source, alpha=alpha)
+
+
+# -- nonzero and boolean masks ------------------------------------------------------------------------
+def nonzero(a: Tensor, *, as_tuple: bool = False):
+    """The positions of the nonzero entries of ``a`` (NaN counts), in row-major order, as torch.nonzero:
+    an int32 [count, a.ndim] tensor (PyTorch: int64), or with ``as_tuple`` one 1-d tensor per dim. The
+    count sizes the result, so this waits for the device and reads it back (4 bytes; a host sync, as in
+    PyTorch on CUDA); the positions themselves are found on the device (a running count and a
+    compaction). Not differentiable.
+
+    Arguments:
+        a: a tensor.
+        as_tuple: return one index tensor per dim.
+    """
+    _tensor_input("nonzero", a)
+    flat = mask_ops.flat_nonzero(raw.reshape(raw.binary("ne", a, 0), (-1,)))
+    if a.ndim == 0:
+        return (flat,) if as_tuple else Tensor.empty((flat.shape[0], 0), _dt.int32, a.device)
+    cols, stride = [], a.numel()
+    for n in a.shape:
+        stride //= n or 1
+        cols.append(raw.binary("mod", raw.binary("floordiv", flat, stride), n) if flat.numel() else flat)
+    return tuple(cols) if as_tuple else raw.stack(cols, 1)
+
+
+def argwhere(a: Tensor) -> Tensor:
+    """``nonzero(a)``: the [count, a.ndim] int32 positions of the nonzero entries (torch.argwhere; reads
+    the count back)."""
+    return nonzero(a)
+
+
+def _check_mask(op: str, a: Tensor, mask: Tensor) -> None:
+    if mask.ndim > a.ndim or a.shape[:mask.ndim] != mask.shape:
+        raise IndexError(f"{op}: a boolean mask of shape {mask.shape} must match the leading dims of the indexed "
+                         f"tensor's shape {a.shape}")
+    if mask.device is not a.device:
+        raise ValueError(f"{op}: the mask is on {mask.device}, the tensor on {a.device}")
+
+
+def _selected_rank(flat_mask: Tensor, rows: int) -> Tensor:
+    """For each entry of a 1-d mask, its rank among the set entries (0 where unset), as an index into
+    ``rows`` rows (the gather kernel keeps any surplus in bounds)."""
+    at = raw.where(flat_mask, raw.binary("sub", mask_ops.running_count(flat_mask), 1), 0)
+    at._host_range = (0, rows - 1)
+    return at
+
+
+def mask_getitem(a: Tensor, mask: Tensor) -> Tensor:
+    """``a[mask]`` for a bool mask over a's leading dims: the selected entries (or rows), [count, *rest],
+    in row-major order. Reads the count back (4 bytes; the result's shape depends on it), so it waits
+    for the device, as in PyTorch on CUDA. The gradient goes back to the selected places, gathered by
+    each one's rank, with no readback."""
+    _check_mask("indexing", a, mask)
+    rest = a.shape[mask.ndim:]
+    flat_mask = raw.reshape(mask, (-1,))
+    out = raw.index_select(raw.reshape(a, (-1,) + rest), 0, mask_ops.flat_nonzero(flat_mask))
+    shape = a.shape
+
+    def bw(g):
+        if g.shape[0] == 0:
+            return (raw.fill(shape, 0, g.dtype, g.device),)
+        rows = raw.index_select(g, 0, _selected_rank(flat_mask, g.shape[0]))
+        keep = raw.reshape(flat_mask, (-1,) + (1,) * len(rest))
+        return (raw.reshape(raw.where(keep, rows, 0.0), shape),)
+
+    return record("mask_getitem", out, [a], bw, [mask])
+
+
+def mask_setitem(a: Tensor, mask: Tensor, value) -> None:
+    """``a[mask] = value`` in place, outside the autograd graph: ``value`` a number, a tensor (or array)
+    broadcasting to the selected rows' shape a.shape[mask.ndim:], or one row per selected entry
+    ([count, *rest], taken in order by each entry's rank). No readback: the count is never needed, so a
+    [k, *rest] value with k different from the count is not detected (PyTorch raises): with fewer set
+    entries the last rows go unused, with more the last row repeats."""
+    _check_mask("index assignment", a, mask)
+    rest = a.shape[mask.ndim:]
+    if isinstance(value, (np.ndarray, list, tuple)):
+        value = Tensor.from_numpy(np.asarray(value), device=a.device, dtype=a.dtype)
+    if isinstance(value, Tensor) and value.ndim == 1 + len(rest) and value.shape[0] != 1:
+        if value.shape[1:] != rest:
+            raise ValueError(f"index assignment: a value of shape {value.shape} for rows of shape {rest}")
+        if value.shape[0] == 0:
+            return
+        flat_mask = raw.reshape(mask, (-1,))
+        value = raw.reshape(raw.index_select(value, 0, _selected_rank(flat_mask, value.shape[0])), a.shape)
+    keep = raw.reshape(mask, mask.shape + (1,) * len(rest))
+    copy_(a, raw.where(keep, value, a))
+
+
+def masked_select(a: Tensor, mask: Tensor) -> Tensor:
+    """The entries of ``a`` where the bool ``mask`` is True, both broadcast together, as a 1-d tensor
+    (torch.masked_select): ``a[mask]`` flattened. Reads the count back (a host sync). Differentiable.
+
+    Arguments:
+        a: a tensor.
+        mask: a bool tensor broadcasting with a.
+    """
+    _tensor_input("masked_select", a)
+    if not isinstance(mask, Tensor) or mask.dtype is not _dt.bool_:
+        raise TypeError("masked_select: the mask must be a bool tensor")
+    shape = broadcast_shape(a.shape, mask.shape, op="masked_select")
+    flat_mask = raw.reshape(raw.contiguous(raw.expand(mask, shape)), (-1,))
+    return mask_getitem(reshape(expand(a, shape), (-1,)), flat_mask)
+
+
 def isclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
     """Where ``|a - b| <= atol + rtol * |b|`` (or a == b, which covers equal infinities), as a bool tensor
     broadcast from both (torch.isclose); NaN is close to NaN only with ``equal_nan``. Integers are
@@ -589,4 +926,6 @@ def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: 
 
 __all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
            "unbind", "tril", "triu", "flip", "roll", "prod", "any_", "all_", "vector_norm", "norm", "logsumexp",
-           "outer", "diag", "isclose", "allclose"]
+           "outer", "diag", "isclose", "allclose", "cumsum", "cumprod", "gather", "scatter", "scatter_",
+           "scatter_add", "scatter_add_", "index_add", "index_add_", "nonzero", "argwhere",
+           "mask_getitem", "mask_setitem", "masked_select"]

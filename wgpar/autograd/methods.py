@@ -166,6 +166,69 @@ def allclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: b
     return C.allclose(self, other, rtol, atol, equal_nan)
 
 
+def cumsum(self, dim: int, dtype=None) -> Tensor:
+    """The running sum along ``dim``; int32 and bool give int32 that wraps (PyTorch: int64; wgpar.cumsum)."""
+    return C.cumsum(self, dim, dtype)
+
+
+def cumprod(self, dim: int, dtype=None) -> Tensor:
+    """The running product along ``dim``, exact gradients with zeros; int32 wraps (PyTorch: int64;
+    wgpar.cumprod)."""
+    return C.cumprod(self, dim, dtype)
+
+
+def gather(self, dim: int, index, *, sparse_grad: bool = False) -> Tensor:
+    """Entries along ``dim`` picked by an int32 index of the same number of dims (wgpar.gather)."""
+    return C.gather(self, dim, index, sparse_grad=sparse_grad)
+
+
+def scatter(self, dim: int, index, src=None, *, value=None, reduce=None) -> Tensor:
+    """A copy with ``src`` (a tensor or a number) written at ``index`` along ``dim``; of repeated indices the
+    last wins (PyTorch: undefined; wgpar.scatter)."""
+    return C.scatter(self, dim, index, src, value=value, reduce=reduce)
+
+
+def scatter_(self, dim: int, index, src=None, *, value=None, reduce=None) -> Tensor:
+    """``scatter`` in place, outside the autograd graph; returns self."""
+    return C.scatter_(self, dim, index, src, value=value, reduce=reduce)
+
+
+def scatter_add(self, dim: int, index, src) -> Tensor:
+    """A copy with ``src`` added at ``index`` along ``dim``, repeated indices in index order (wgpar.scatter_add)."""
+    return C.scatter_add(self, dim, index, src)
+
+
+def scatter_add_(self, dim: int, index, src) -> Tensor:
+    """``scatter_add`` in place, outside the autograd graph; returns self."""
+    return C.scatter_add_(self, dim, index, src)
+
+
+def index_add(self, dim: int, index, source, *, alpha=1) -> Tensor:
+    """A copy with ``alpha * source`` added at the 1-d ``index`` along ``dim`` (wgpar.index_add)."""
+    return C.index_add(self, dim, index, source, alpha=alpha)
+
+
+def index_add_(self, dim: int, index, source, *, alpha=1) -> Tensor:
+    """``index_add`` in place, outside the autograd graph; returns self."""
+    return C.index_add_(self, dim, index, source, alpha=alpha)
+
+
+def nonzero(self, *, as_tuple: bool = False):
+    """The int32 positions of the nonzero entries, [count, ndim] or one tensor per dim; reads the count back
+    (a host sync; wgpar.nonzero)."""
+    return C.nonzero(self, as_tuple=as_tuple)
+
+
+def argwhere(self) -> Tensor:
+    """``nonzero()``: the [count, ndim] int32 positions of the nonzero entries (wgpar.argwhere)."""
+    return C.argwhere(self)
+
+
+def masked_select(self, mask) -> Tensor:
+    """The entries where the bool ``mask`` (broadcast) is True, 1-d; reads the count back (wgpar.masked_select)."""
+    return C.masked_select(self, mask)
+
+
 def clamp_min(self, min) -> Tensor:
     """``clamp(self, min=min)``: values below ``min`` (a number or tensor) raised to it; NaN stays NaN."""
     return F.clamp(self, min, None)
@@ -221,7 +284,9 @@ def _set_data(self, other: Tensor) -> None:
 
 
 _HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll, prod, any, all, norm, logsumexp, outer, diag, isclose,
-                 allclose, clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
+                 allclose, cumsum, cumprod, gather, scatter, scatter_, scatter_add,
+                 scatter_add_, index_add, index_add_, nonzero, argwhere, masked_select,
+                 clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
 
 
 def install() -> None:

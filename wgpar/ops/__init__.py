@@ -5,6 +5,7 @@ from .elementwise import cast, clamp, clone, contiguous, copy_, fill, fill_, run
 from .index import getitem, index_add_rows, index_select, setitem
 from .matmul import matmul
 from .reduce import reduce, softmax
+from .scan import scan
 from .shape import (
     cat,
     expand,
@@ -22,7 +23,7 @@ from .sort import argsort, scatter_along, take_along
 
 __all__ = [
     "binary", "cast", "clamp", "clone", "contiguous", "copy_", "fill", "fill_", "inplace", "run_map", "unary",
-    "where", "getitem", "index_add_rows", "index_select", "setitem", "matmul", "reduce", "softmax", "argsort",
+    "where", "getitem", "index_add_rows", "index_select", "setitem", "matmul", "reduce", "softmax", "argsort", "scan",
     "take_along", "scatter_along", "cat", "expand", "flatten", "permute", "reshape", "reshape_view", "squeeze",
     "stack", "to_device", "transpose", "unsqueeze",
 ]

@@ -225,6 +225,15 @@ for _op in (
        doc="The arccosine; NaN outside [-1, 1] (an integer tensor gives float32)"),
     Op("atan", FLOAT, "atan_(x0)", ("div_(g, 1.0 + x0 * x0)",), check=Check(np.arctan, ("any",), rtol=1e-5),
        doc="The arctangent (an integer tensor gives float32)"),
+    Op("sin", FLOAT, "sin_(x0)", ("g * cos_(x0)",), check=Check(np.sin, ("any",), rtol=1e-5),
+       doc="The sine, within a few ulp over the whole float32 range: exact argument reduction, not the "
+           "driver's (an integer tensor gives float32)"),
+    Op("cos", FLOAT, "cos_(x0)", ("-(g * sin_(x0))",), check=Check(np.cos, ("any",), rtol=1e-5),
+       doc="The cosine, within a few ulp over the whole float32 range: exact argument reduction, not the "
+           "driver's (an integer tensor gives float32)"),
+    Op("tan", FLOAT, "tan_(x0)", ("g * (1.0 + y * y)",), check=Check(np.tan, ("any",), rtol=1e-5),
+       doc="The tangent, within a few ulp over the whole float32 range: exact argument reduction, not the "
+           "driver's (an integer tensor gives float32)"),
     Op("sinh", FLOAT, "sinh_(x0)", ("g * cosh_(x0)",), check=Check(np.sinh, ("any",), rtol=1e-5),
        doc="The hyperbolic sine, accurate near 0 (an integer tensor gives float32)"),
     Op("cosh", FLOAT, "cosh_(x0)", ("g * sinh_(x0)",), check=Check(np.cosh, ("any",), rtol=1e-5),
