@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .dtypes import DType
 from .errors import StorageFreedError
+from .runtime import memory_history as _hist
 from .runtime.device import Device
 
 
@@ -77,6 +78,14 @@ class Storage:
             return
         self.block = self.device.malloc(self.nbytes)
         self.version += 1
+
+    def tag(self, category: str, only_from_other: bool = False) -> None:
+        """Put this storage's memory in ``category`` on the memory timeline (``wgpar.memory``); a new block
+        after ``free``/``materialize`` takes the category of the code that allocates it.
+
+        ``only_from_other``: keep a category given earlier (a parameter that autograd saves).
+        """
+        _hist.tag(self.device.allocator, self.block, category, only_from_other)
 
     def __repr__(self) -> str:
         state = "freed" if self.is_freed else f"{self.nbytes} bytes"

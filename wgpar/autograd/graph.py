@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from ..hooks import RemovableHandle, add_hook
+from ..runtime import memory_history as _hist
 
 _ids = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 _local = threading.local()
@@ -37,6 +38,10 @@ class Node:
         self.backward_fn = backward_fn
         self.partial = partial  # backward_fn(g, mask) computes only the masked inputs' gradients
         self.saved = tuple((t, t._storage.version) for t in saved)
+        if _hist.ACTIVE is not None:  # on the memory timeline, what backward keeps is a saved activation
+            cat = _hist.saved_category()
+            for t in saved:
+                t._storage.tag(cat, only_from_other=True)
         self.freed = False
         self.prehooks: OrderedDict | None = None  # made on first registration: most nodes have none
 
