@@ -79,13 +79,10 @@ class Storage:
         self.block = self.device.malloc(self.nbytes)
         self.version += 1
 
-    def tag(self, category: str, only_from_other: bool = False) -> None:
+    def tag(self, category: str) -> None:
         """Put this storage's memory in ``category`` on the memory timeline (``wgpar.memory``); a new block
-        after ``free``/``materialize`` takes the category of the code that allocates it.
-
-        ``only_from_other``: keep a category given earlier (a parameter that autograd saves).
-        """
-        _hist.tag(self.device.allocator, self.block, category, only_from_other)
+        after ``free``/``materialize`` takes the category of the code that allocates it."""
+        _hist.tag(self.device.allocator, self.block, category)
 
     def __repr__(self) -> str:
         state = "freed" if self.is_freed else f"{self.nbytes} bytes"

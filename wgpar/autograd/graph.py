@@ -39,9 +39,8 @@ class Node:
         self.partial = partial  # backward_fn(g, mask) computes only the masked inputs' gradients
         self.saved = tuple((t, t._storage.version) for t in saved)
         if _hist.ACTIVE is not None:  # on the memory timeline, what backward keeps is a saved activation
-            cat = _hist.saved_category()
             for t in saved:
-                t._storage.tag(cat, only_from_other=True)
+                _hist.save(t._storage)
         self.freed = False
         self.prehooks: OrderedDict | None = None  # made on first registration: most nodes have none
 
@@ -72,6 +71,9 @@ class Node:
                     "storage re-materialised for backward must be restored inside autograd.preserve_version)")
 
     def release(self) -> None:
+        if _hist.ACTIVE is not None:
+            for t, _ in self.saved:
+                _hist.unsave(t._storage)
         self.backward_fn = None
         self.saved = ()
         self.prehooks = None

@@ -112,16 +112,12 @@ def block_category(block: Block) -> str:
     return getattr(block, "category", OTHER)  # set by tag() or by an allocation while recording
 
 
-def tag(allocator: CachingAllocator, block: Block | None, name: str, only_from_other: bool = False) -> None:
-    """Give a live block of ``allocator`` category ``name`` (a retag event while recording).
-
-    ``only_from_other``: leave a block that already has a category (a parameter autograd saves stays
-    a parameter).
-    """
+def tag(allocator: CachingAllocator, block: Block | None, name: str) -> None:
+    """Give a live block of ``allocator`` category ``name`` (a retag event while recording)."""
     if block is None or block.buffer is None:
         return
     old = block_category(block)
-    if old == name or (only_from_other and old != OTHER):
+    if old == name:
         return
     if ACTIVE is None:
         block.category = name
@@ -129,10 +125,40 @@ def tag(allocator: CachingAllocator, block: Block | None, name: str, only_from_o
     allocator.retag(block, name)
 
 
-def saved_category() -> str:
-    """What a tensor autograd saves becomes: a pipeline micro-batch's forward keeps it in flight."""
-    cat = current_category()
-    return PIPELINE_ACTIVATION if cat == PIPELINE_ACTIVATION else SAVED_ACTIVATION
+_SAVED = (SAVED_ACTIVATION, PIPELINE_ACTIVATION)
+
+
+def save(storage) -> None:
+    """Autograd keeps ``storage`` for backward: an untagged block becomes a saved activation (in flight
+    inside a pipeline micro-batch's forward). Counted per graph node, so the last release undoes it."""
+    hist, block = ACTIVE, storage.block
+    if hist is None or block is None:
+        return
+    cat = block_category(block)
+    if cat == OTHER:
+        cat = PIPELINE_ACTIVATION if current_category() == PIPELINE_ACTIVATION else SAVED_ACTIVATION
+        tag(storage.device.allocator, block, cat)
+    if cat in _SAVED:
+        entry = hist.saves.get(id(block))
+        if entry is None or entry[0] is not block:
+            hist.saves[id(block)] = [block, 1]
+        else:
+            entry[1] += 1
+
+
+def unsave(storage) -> None:
+    """A graph node released ``storage``: a tensor that outlives its graph (the user's input) is "other" again."""
+    hist, block = ACTIVE, storage.block
+    if hist is None or block is None:
+        return
+    entry = hist.saves.get(id(block))
+    if entry is None or entry[0] is not block:
+        return
+    entry[1] -= 1
+    if entry[1] == 0:
+        del hist.saves[id(block)]
+        if block_category(block) in _SAVED:
+            tag(storage.device.allocator, block, OTHER)
 
 
 def _stack() -> tuple[tuple[str, int, str], ...]:
@@ -155,6 +181,7 @@ class History:
         self.events: list[Event] = []
         self.starts: dict[int, DeviceStart] = {}
         self.phases: list[tuple[int, str, int, int]] = []  # (thread, phase, start ns, end ns)
+        self.saves: dict[int, list] = {}  # id(block) -> [block, graph nodes keeping it]
         self.thread_names: dict[int, str] = {}
         self.t_start = 0
         self.t_end: int | None = None
