@@ -122,7 +122,7 @@ def main(argv=None) -> None:
             pipe.train_step(xb, yb, opts)
         wgpar.memory.record_history(enabled=False)
         path = wgpar.memory.plot(wgpar.memory.snapshot(), args.memory_plot,
-                                 title=f"{plan.name}, {args.microbatches} micro-batches on {n} devices: memory by category")
+                                 title=f"{plan.name}, {args.microbatches} micro-batches on {n} devices: memory")
         print(f"memory timeline: {path}")
 
     for r in pipe.ranks:  # synchronise after every action, so that its time includes the device's work
