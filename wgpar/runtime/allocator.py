@@ -102,6 +102,7 @@ class CachingAllocator:
         # Called before the one retry after an out-of-memory error: must return every cached buffer
         # to wgpu for real (the device waits for its queue, drops the cache, and polls).
         self.reclaim: Callable[[], object] = self.release_cache
+        _hist.register(self)
 
     def malloc(self, nbytes: int) -> Block:
         size = round_size(nbytes, self._limit)

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,6 +46,8 @@ _SKIP = (_RUNTIME_DIR, *(os.path.join(os.path.dirname(_RUNTIME_DIR), f) for f in
 
 ACTIVE: History | None = None
 _switch = threading.Lock()
+# Every allocator, registered as it is made (importing the device registry from here would be a cycle).
+_allocators: weakref.WeakSet[CachingAllocator] = weakref.WeakSet()
 _local = threading.local()
 now = time.perf_counter_ns
 
@@ -207,10 +210,14 @@ class History:
             self.phases.append((ident, name, t0, now()))
 
 
-def _allocators() -> list[tuple[int, CachingAllocator]]:
-    from .adapters import initialized_devices
+def register(allocator: CachingAllocator) -> None:
+    """Include ``allocator`` in every history started from now on (CachingAllocator calls this)."""
+    with _switch:
+        _allocators.add(allocator)
 
-    return [(d.index, d.allocator) for d in initialized_devices()]
+
+def _live_allocators() -> list[CachingAllocator]:
+    return sorted(_allocators, key=lambda a: a.device_index)
 
 
 def start() -> History:
@@ -221,13 +228,13 @@ def start() -> History:
             return ACTIVE
         hist = History()
         hist.t_start = now()
-        allocs = _allocators()
+        allocs = _live_allocators()
         # Under every allocator's lock: each device's census and its first event are consistent.
         with contextlib.ExitStack() as locks:
-            for _, a in allocs:
+            for a in allocs:
                 locks.enter_context(a._lock)
-            for index, a in allocs:
-                hist.starts[index] = a.census(hist.t_start)
+            for a in allocs:
+                hist.starts[a.device_index] = a.census(hist.t_start)
             ACTIVE = hist
         return hist
 
@@ -240,7 +247,7 @@ def stop() -> History | None:
         if hist is None:
             return None
         with contextlib.ExitStack() as locks:
-            for _, a in _allocators():
+            for a in _live_allocators():
                 locks.enter_context(a._lock)
             ACTIVE = None
         hist.stopped = True
