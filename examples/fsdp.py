@@ -81,6 +81,9 @@ def build_parser():
     ap.add_argument("--prefetch", type=common.at_least(0), default=1,
                     help="units whose gather starts ahead of the one computing")
     ap.add_argument("--offload", action="store_true", help="shards and AdamW state in host memory")
+    ap.add_argument("--memory-plot", default=None, metavar="PATH",
+                    help="record the last two steps' memory by category and plot it (.html, .svg, or .png "
+                         "with matplotlib): shards, each unit gathered for its forward and backward, gradients")
     ap.add_argument("--memory-limit-mib", type=float, default=None,
                     help="per-device limit (default: what FSDP needs plus a margin; 0: none)")
     return ap
@@ -151,6 +154,8 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     first = last = None
     for i in range(args.steps):
+        if args.memory_plot and i == max(0, args.steps - 2):
+            wgpar.memory.record_history()
         batches = [next(it) for it in loaders]
         last = ctx.run(step, [b[0] for b in batches], [b[1] for b in batches])[0]
         first = last if first is None else first
@@ -163,6 +168,11 @@ def main(argv=None) -> None:
         bar.close()
     elapsed = time.perf_counter() - t0
     print(f"loss {first:.4f} -> {last:.4f} in {args.steps} steps, {elapsed / args.steps * 1e3:.0f} ms per step")
+    if args.memory_plot:
+        wgpar.memory.record_history(enabled=False)
+        path = wgpar.memory.plot(wgpar.memory.snapshot(), args.memory_plot,
+                                 title=f"FSDP {args.strategy} on {n} ranks: memory by category, last steps")
+        print(f"memory timeline: {path}")
 
     print("\nper device, MiB      allocated  peak allocated  reserved  limit  | DataParallel would need")
     for r, d in enumerate(ctx.devices):

@@ -57,6 +57,9 @@ def build_parser():
     ap.add_argument("--epochs", type=common.at_least(1), default=5, help="passes over the training set")
     ap.add_argument("--batch-size", type=common.at_least(1), default=64, help="samples per step")
     ap.add_argument("--lr", type=common.positive_float, default=2e-3, help="Adam's learning rate")
+    ap.add_argument("--memory-plot", default=None, metavar="PATH",
+                    help="record two training steps' memory by category and plot it (.html, .svg, or .png with "
+                         "matplotlib): compare the activations in flight of --schedule gpipe and 1f1b")
     ap.add_argument("--seed", type=common.at_least(0), default=0,
                     help="seeds the weights, the train/test split and the shuffles")
     return ap
@@ -112,6 +115,15 @@ def main(argv=None) -> None:
     elapsed = time.perf_counter() - t0
     print(f"{plan.name} on {n} devices: {args.epochs * steps / elapsed:.1f} steps/s, "
           f"test accuracy {accuracy(pipe, xte, yte) * 100:.2f}%")
+
+    if args.memory_plot:
+        wgpar.memory.record_history()
+        for xb, yb in itertools.islice(loader, 2):
+            pipe.train_step(xb, yb, opts)
+        wgpar.memory.record_history(enabled=False)
+        path = wgpar.memory.plot(wgpar.memory.snapshot(), args.memory_plot,
+                                 title=f"{plan.name}, {args.microbatches} micro-batches on {n} devices: memory")
+        print(f"memory timeline: {path}")
 
     for r in pipe.ranks:  # synchronise after every action, so that its time includes the device's work
         r.profile = True

@@ -120,3 +120,16 @@ def test_train_mlp_prints_a_short_device_line_and_memory_in_mib(examples, capsys
     assert out.startswith(f"device: wgpu:0 ({dev.adapter_name}, {dev.backend})\n")
     assert re.search(r"wgpu:0 memory: allocated \d+ B \([\d.]+ MiB\)", out)
     assert _accuracies(out.replace("final test accuracy", "test accuracy"))[0] > 85
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("name,argv", [
+    ("fsdp", ["--devices", "2", "--width", "16", "--layers", "2", "--steps", "2", "--batch", "8"]),
+    ("pipeline", ["--devices", "2", "--layers", "4", "--width", "16", "--epochs", "1", "--schedule", "gpipe"]),
+])
+def test_memory_plot_flag_writes_the_timeline(examples, capsys, tmp_path, name, argv):
+    out = tmp_path / f"{name}.html"
+    examples[name].main([*argv, "--memory-plot", str(out)])
+    assert f"memory timeline: {out}" in capsys.readouterr().out
+    text = out.read_text()
+    assert "<svg" in text and "parameter" in text and "gradient" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .dtypes import DType
 from .errors import StorageFreedError
+from .runtime import memory_history as _hist
 from .runtime.device import Device
 
 
@@ -77,6 +78,11 @@ class Storage:
             return
         self.block = self.device.malloc(self.nbytes)
         self.version += 1
+
+    def tag(self, category: str) -> None:
+        """Put this storage's memory in ``category`` on the memory timeline (``wgpar.memory``); a new block
+        after ``free``/``materialize`` takes the category of the code that allocates it."""
+        _hist.tag(self.device.allocator, self.block, category)
 
     def __repr__(self) -> str:
         state = "freed" if self.is_freed else f"{self.nbytes} bytes"

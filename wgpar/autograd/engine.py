@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from .. import ops
+from ..runtime import memory_history as _hist
 from ..runtime import profiling
 from ..tensor import Tensor
 from .grad_mode import is_grad_enabled, no_grad
@@ -110,6 +111,7 @@ def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
     # A fresh, contiguous tensor: the same gradient object may reach several leaves, and
     # optimizers and clip_grad_norm_ update .grad in place.
     t.grad = ops.clone(g) if t.grad is None else ops.binary("add", t.grad, g)
+    t.grad._storage.tag(_hist.GRADIENT)
     for hook in getattr(t, "_grad_hooks", ()):
         hook(t)
 

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from ..hooks import RemovableHandle, add_hook
+from ..runtime import memory_history as _hist
 
 _ids = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 _local = threading.local()
@@ -37,6 +38,9 @@ class Node:
         self.backward_fn = backward_fn
         self.partial = partial  # backward_fn(g, mask) computes only the masked inputs' gradients
         self.saved = tuple((t, t._storage.version) for t in saved)
+        if _hist.ACTIVE is not None:  # on the memory timeline, what backward keeps is a saved activation
+            for t in saved:
+                _hist.save(t._storage)
         self.freed = False
         self.prehooks: OrderedDict | None = None  # made on first registration: most nodes have none
 
@@ -67,6 +71,9 @@ class Node:
                     "storage re-materialised for backward must be restored inside autograd.preserve_version)")
 
     def release(self) -> None:
+        if _hist.ACTIVE is not None:
+            for t, _ in self.saved:
+                _hist.unsave(t._storage)
         self.backward_fn = None
         self.saved = ()
         self.prehooks = None

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..hooks import RemovableHandle, add_hook
+from ..runtime import memory_history as _hist
 from ..tensor import Tensor
 from .parameter import Parameter
 
@@ -205,6 +206,7 @@ class Module:
                 _replace_data(p, convert(p.detach()))
                 if p.grad is not None:
                     p.grad = convert(p.grad)
+                    p.grad._storage.tag(_hist.GRADIENT)
             for k, b in list(m._buffers.items()):
                 if b is not None:
                     m._buffers[k] = convert(b)
@@ -374,6 +376,8 @@ def _replace_data(p: Tensor, new: Tensor) -> None:
     if new is p:
         return
     p._storage, p._shape, p._strides, p._offset = new._storage, new._shape, new._strides, new._offset
+    if isinstance(p, Parameter):  # its new memory is a parameter's on the memory timeline
+        p._storage.tag(_hist.PARAMETER)
 
 
 _WARNED: set[tuple[str, str]] = set()

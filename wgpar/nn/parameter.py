@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..runtime import memory_history as _hist
 from ..tensor import Tensor
 
 
@@ -17,6 +18,7 @@ class Parameter(Tensor):
         if requires_grad and not data.dtype.is_float:
             raise TypeError(f"a Parameter that requires grad must be float, got {data.dtype.name}")
         super().__init__(data._storage, data.shape, data.strides, data._offset, requires_grad=requires_grad)
+        self._storage.tag(_hist.PARAMETER)
 
     def __repr__(self) -> str:
         return "Parameter containing:\n" + super().__repr__()

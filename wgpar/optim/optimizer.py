@@ -20,6 +20,7 @@ from ..autograd.grad_mode import enable_grad, no_grad
 from ..errors import DeviceMismatchError
 from ..nn.parameter import Parameter
 from ..nn.utils import zero_grad_
+from ..runtime import memory_history as _hist
 from ..runtime import profiling
 from ..tensor import Tensor
 
@@ -171,7 +172,11 @@ class Optimizer:
         if not grad.is_contiguous() or grad._storage is p._storage:
             grad = ops.clone(grad)
         target = p if p.is_contiguous() else ops.contiguous(p)
-        self._update(target, grad, group, self.state.setdefault(p, {}))
+        state = self.state.setdefault(p, {})
+        self._update(target, grad, group, state)
+        for value in state.values():  # tagged whether or not a memory history records: it may start later
+            if isinstance(value, Tensor):
+                value._storage.tag(_hist.OPTIMIZER_STATE)
         if target is not p:
             ops.copy_(p, target)
         p._storage.version += 1

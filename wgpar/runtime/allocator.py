@@ -12,6 +12,10 @@ a buffer that would pass it is refused like a real out-of-memory error, so the c
 and the allocation retried once before OutOfMemoryError. ``wgpar.set_memory_limit`` sets it per
 device, ``WGPAR_MEMORY_LIMIT`` for every device (tests and examples show what fits in less memory).
 
+While ``wgpar.memory.record_history`` records, every malloc, free, cache release and staging
+buffer is an event of ``runtime/memory_history.py`` carrying the counts after it; otherwise each
+malloc and free reads one global more.
+
 Memory really goes back to wgpu only in :meth:`CachingAllocator.release_cache`,
 which the device calls after its queue is idle, and which drops buffers
 instead of destroying them: destroying a buffer that queued work still uses
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
 import wgpu
 
 from ..errors import OutOfMemoryError
+from . import memory_history as _hist
 
 _MIN_BLOCK = 256
 
@@ -48,7 +54,8 @@ def round_size(nbytes: int, limit: int) -> int:
 class Block:
     """One buffer handed out by the allocator; ``nbytes`` is what was asked for."""
 
-    __slots__ = ("buffer", "size", "nbytes")
+    # category: set by memory_history.tag, or by a malloc while a history records (else unset: "other")
+    __slots__ = ("buffer", "size", "nbytes", "category")
 
     def __init__(self, buffer: wgpu.GPUBuffer, size: int, nbytes: int) -> None:
         self.buffer = buffer
@@ -68,6 +75,7 @@ class CachingAllocator:
         self._limit = limit
         self._on_release = on_release
         self._name = name
+        self.device_index = -1  # the Device sets it; names the device in the memory timeline
         # Storage.__del__ frees blocks, and the cyclic GC may run it at any Python allocation, also on
         # a thread that holds this lock. So: a reentrant lock, and no object is made while it is held
         # (a nested free in mid-update would corrupt the counts or the buckets).
@@ -77,7 +85,8 @@ class CachingAllocator:
         # cycle (autograd graph, a traceback) takes its buffer into the cycle, and the collector runs
         # the buffer's finalizer (releasing the wgpu handle) as well as Storage.__del__, which puts
         # the dead buffer back in the cache: its next use aborts the process.
-        self._in_use: dict[int, wgpu.GPUBuffer] = {}
+        # The blocks too: a history's census reads their categories.
+        self._in_use: dict[int, Block] = {}
         self.allocated_bytes = 0
         self.peak_allocated_bytes = 0
         self.reserved_bytes = 0
@@ -87,30 +96,47 @@ class CachingAllocator:
         self.num_buffer_creates = 0
         self.num_cache_hits = 0
         self.num_ooms = 0
+        self.staging_bytes = 0  # host-transfer buffers (Device.create_buffer), outside reserved_bytes
+        self._seq = 0  # orders this device's memory-history events
         self.memory_limit: int | None = None  # cap on reserved_bytes; see set_limit
         # Called before the one retry after an out-of-memory error: must return every cached buffer
         # to wgpu for real (the device waits for its queue, drops the cache, and polls).
         self.reclaim: Callable[[], object] = self.release_cache
+        _hist.register(self)
 
     def malloc(self, nbytes: int) -> Block:
         size = round_size(nbytes, self._limit)
         buf = None
+        block = Block(None, size, nbytes)
         with self._lock:
             bucket = self._free.get(size)
             if bucket:
-                buf = bucket.pop()
+                buf = block.buffer = bucket.pop()
                 self.cached_bytes -= size
                 self.num_cache_hits += 1
-                self._in_use[id(buf)] = buf
+                self._in_use[id(buf)] = block
                 self._count_alloc(nbytes)
+                rec = _hist.ACTIVE
+                if rec is not None:  # only names and ints here: no object is made under the lock
+                    seq = self._seq = self._seq + 1
+                    allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        from_cache = buf is not None
         if buf is None:
-            buf = self._create_with_retry(size, nbytes)
+            buf = block.buffer = self._create_with_retry(size, nbytes)
             with self._lock:
                 self.reserved_bytes += size
                 self.num_buffer_creates += 1
-                self._in_use[id(buf)] = buf
+                self._in_use[id(buf)] = block
                 self._count_alloc(nbytes)
-        return Block(buf, size, nbytes)
+                rec = _hist.ACTIVE
+                if rec is not None:
+                    seq = self._seq = self._seq + 1
+                    allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        if rec is not None:
+            block.category = cat = _hist.current_category()
+            rec.record(self.device_index, "alloc", cat, nbytes, size, from_cache, None, seq, allocated, reserved,
+                       staging)
+        return block
 
     def _count_alloc(self, nbytes: int) -> None:
         self.allocated_bytes += nbytes
@@ -158,6 +184,59 @@ class CachingAllocator:
             del self._in_use[id(buf)]
             self._free.setdefault(block.size, new_bucket).append(buf)
             self.cached_bytes += block.size
+            rec = _hist.ACTIVE
+            if rec is not None:
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        if rec is not None:
+            rec.record(self.device_index, "free", _hist.block_category(block), block.nbytes, block.size, False, None,
+                       seq, allocated, reserved, staging)
+
+    def retag(self, block: Block, name: str) -> None:
+        """Give a live block category ``name``, as an event of the running history (memory_history.tag)."""
+        with self._lock:
+            if block.buffer is None:
+                return
+            old = _hist.block_category(block)
+            block.category = name
+            rec = _hist.ACTIVE
+            if rec is not None:
+                seq = self._seq = self._seq + 1
+        if rec is not None:
+            rec.record(self.device_index, "retag", name, block.nbytes, block.size, False, old, seq, None, None, None)
+
+    def track_staging(self, buffer: wgpu.GPUBuffer, size: int) -> None:
+        """Count a host-transfer buffer made outside the blocks (``staging_bytes``) until it is dropped."""
+        with self._lock:
+            self.staging_bytes += size
+            rec = _hist.ACTIVE
+            if rec is not None:
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        if rec is not None:
+            rec.record(self.device_index, "staging alloc", _hist.STAGING, size, size, False, None, seq, allocated,
+                       reserved, staging)
+        weakref.finalize(buffer, self._staging_dropped, size)
+
+    def _staging_dropped(self, size: int) -> None:
+        with self._lock:
+            self.staging_bytes -= size
+            rec = _hist.ACTIVE
+            if rec is not None:
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        if rec is not None:
+            rec.record(self.device_index, "staging free", _hist.STAGING, size, size, False, None, seq, allocated,
+                       reserved, staging)
+
+    def census(self, t: int) -> _hist.DeviceStart:
+        """This device's memory by category when a history starts (called with the lock held)."""
+        by_category = dict.fromkeys(_hist.TENSOR_CATEGORIES, 0)
+        live = 0
+        for block in self._in_use.values():
+            by_category[_hist.block_category(block)] += block.nbytes
+            live += block.size
+        return _hist.DeviceStart(self.device_index, t, by_category, live, self.cached_bytes, self.staging_bytes)
 
     def release_cache(self) -> int:
         """Drop every cached buffer; returns the bytes given back to wgpu."""
@@ -167,6 +246,13 @@ class CachingAllocator:
             released = self.cached_bytes
             self.reserved_bytes -= released
             self.cached_bytes = 0
+            rec = _hist.ACTIVE
+            if rec is not None and released:
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        if rec is not None and released:
+            rec.record(self.device_index, "release", _hist.CACHE, 0, released, False, None, seq, allocated, reserved,
+                       staging)
         dropped = [b for bucket in old.values() for b in bucket]
         self._on_release(dropped)
         return released
@@ -175,7 +261,7 @@ class CachingAllocator:
         with self._lock:
             values = (self.allocated_bytes, self.peak_allocated_bytes, self.reserved_bytes, self.cached_bytes,
                       self.num_allocs, self.num_frees, self.num_buffer_creates, self.num_cache_hits,
-                      self.num_ooms)
+                      self.num_ooms, self.staging_bytes)
         return dict(zip(_STAT_NAMES, values))
 
     def reset_peak(self) -> None:
@@ -184,7 +270,7 @@ class CachingAllocator:
 
 
 _STAT_NAMES = ("allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "cached_bytes", "num_allocs",
-               "num_frees", "num_buffer_creates", "num_cache_hits", "num_ooms")
+               "num_frees", "num_buffer_creates", "num_cache_hits", "num_ooms", "staging_bytes")
 
 
 T = TypeVar("T")

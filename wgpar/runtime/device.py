@@ -70,6 +70,7 @@ class Device:
         self.allocator = CachingAllocator(self._create_storage, min(self.max_binding, self.max_buffer),
                                           self._forget_buffers, name=str(self))
         self.allocator.reclaim = self.empty_cache
+        self.allocator.device_index = index
         self.allocator.set_limit(CONFIG.memory_limit)
         self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
         self._bind_groups: dict[tuple, Any] = {}
@@ -108,9 +109,10 @@ class Device:
         return self._dev.create_buffer(label=f"wgpar:{self.index}:tensor", size=size, usage=STORAGE_USAGE)
 
     def create_buffer(self, label: str, size: int, usage, mapped_at_creation: bool = False) -> wgpu.GPUBuffer:
-        """A buffer outside the allocator (readback staging, upload), made through the allocator's
+        """A buffer outside the allocator's blocks (readback staging, upload), made through the allocator's
         release-and-retry path: on out-of-memory the cache goes back to wgpu and creation is tried once
-        more before OutOfMemoryError names the bytes and this device.
+        more before OutOfMemoryError names the bytes and this device. Counted in ``memory_stats``'
+        ``staging_bytes`` (not ``reserved_bytes``) while it lives.
 
         Arguments:
             label: what the buffer is for; its wgpu label is ``wgpar:<index>:<label>``.
@@ -124,13 +126,15 @@ class Device:
             return self._dev.create_buffer(label=full, size=size, usage=usage, mapped_at_creation=mapped_at_creation)
 
         try:
-            return create_with_retry(create, self.allocator.reclaim)
+            buf = create_with_retry(create, self.allocator.reclaim)
         except OutOfMemoryError as exc:
             stats = self.allocator.stats()
             raise OutOfMemoryError(
                 f"{self}: out of memory creating the {size}-byte {label} buffer ({full}) for a host transfer, "
                 f"after releasing the cache; {stats['allocated_bytes']} bytes allocated by tensors, "
                 f"{stats['reserved_bytes']} bytes reserved ({exc})") from None
+        self.allocator.track_staging(buf, size)  # memory_stats' staging_bytes until the buffer is dropped
+        return buf
 
     def malloc(self, nbytes: int) -> Block:
         if nbytes > self.max_binding:

@@ -24,6 +24,8 @@ import numpy as np
 import wgpu
 from wgpu.backends.wgpu_native.extras import write_timestamp
 
+from . import memory_history
+
 if TYPE_CHECKING:
     from .device import Device
 
@@ -199,4 +201,22 @@ def span(name: str, cat: str = "range", **args: Any):
         args: extra fields shown with the event (bytes, rank, ...).
     """
     rec = ACTIVE
-    return _OFF if rec is None else _Span(rec, name, cat, args)
+    s = _OFF if rec is None else _Span(rec, name, cat, args)
+    if cat == "phase" and memory_history.ACTIVE is not None:  # the memory timeline marks phases too
+        return _Both(memory_history.phase(args.get("phase", name)), s)
+    return s
+
+
+class _Both:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+
+    def __enter__(self):
+        self.a.__enter__()
+        return self.b.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.b.__exit__(*exc)
+        self.a.__exit__(*exc)

@@ -26,6 +26,7 @@ from ...autograd.grad_mode import no_grad
 from ...autograd.versions import preserve_version
 from ...nn.module import Module
 from ...nn.parameter import Parameter
+from ...runtime import memory_history as _hist
 from ...runtime.device import Device
 from ...tensor import Tensor
 from ..group import ProcessGroup, Work
@@ -238,7 +239,7 @@ class FSDPParamGroup:
         if self._gather is None and self.params:
             version = self._values_version()
             if self.sharded:
-                with no_grad():
+                with no_grad(), _hist.category(_hist.FSDP_UNIT):  # the gather's buffers, on the timeline
                     send = self._send_buffer()
                     if self.world == 1:
                         self._gather = (_done(send), send, version)
@@ -269,7 +270,7 @@ class FSDPParamGroup:
         self._gather = None
         work.wait()
         try:
-            with no_grad():
+            with no_grad(), _hist.category(_hist.FSDP_UNIT):
                 for fp in self.params:
                     if fp.alias:
                         continue
@@ -335,7 +336,7 @@ class FSDPParamGroup:
         if self._reduction is not None or not any(fp.unsharded.grad is not None for fp in grad_params):
             return False
         dt = self.reduce_dtype
-        with no_grad():
+        with no_grad(), _hist.category(_hist.GRADIENT):  # the reduction's input and output
             # Padding rows must sum to zero (the optimizer steps them); the alignment tail is never read.
             missing = any(fp.unsharded.grad is None for fp in grad_params)
             if self.sharded:
@@ -405,6 +406,7 @@ class FSDPParamGroup:
                     view = ops.cast(view, fp.registered.dtype)
                 if fp.registered.grad is None:
                     fp.registered.grad = view
+                    view._storage.tag(_hist.GRADIENT)
                 else:
                     ops.inplace("add", fp.registered.grad, view)
 

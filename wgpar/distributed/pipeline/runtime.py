@@ -27,6 +27,7 @@ from ... import ops
 from ...autograd.engine import DeferredGrad, backward_input, backward_with_grad
 from ...autograd.graph import Tape, current_tape, install_tape, take_tape
 from ...creation import rng_stream
+from ...runtime import memory_history as _hist
 from ...tensor import Tensor
 from ..errors import CollectiveError
 from ..group import ProcessGroup, Work
@@ -175,15 +176,19 @@ class StageRunner:
                                          f"{a.mb}; activations between stages must be float tensors")
             stage.check_input(x, a.mb)
             x.requires_grad_(True)  # a leaf: its .grad is what goes back to the previous stage
+            x._storage.tag(_hist.PIPELINE_ACTIVATION)  # kept until this micro-batch's backward
         tape = install_tape()
         try:
-            with rng_stream([*rng_key, a.stage, a.mb]):
+            # What the micro-batch's forward allocates (what its tape keeps, its output) lives until its
+            # backward: on the memory timeline, activations in flight.
+            with rng_stream([*rng_key, a.stage, a.mb]), _hist.category(_hist.PIPELINE_ACTIVATION):
                 out = stage.module(x)
             if not isinstance(out, Tensor):
                 raise PipelineError(f"stage {a.stage} returned a {type(out).__name__} for micro-batch {a.mb}; a "
                                     "stage must return one tensor")
             if a.stage == self.last:
-                out = self._loss(a, out, targets, weights, loss_fn, losses)
+                with _hist.category(_hist.PIPELINE_ACTIVATION):
+                    out = self._loss(a, out, targets, weights, loss_fn, losses)
         finally:
             take_tape()
         return _Micro(x if a.stage > 0 else None, out, tape)
