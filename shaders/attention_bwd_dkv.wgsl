@@ -1,159 +1,116 @@
-// Fused attention backward, second kernel: dK and dV for BK keys per workgroup, walking query tiles of
-// BQ (attention_bwd_dq.wgsl computes dQ and delta first). With the probabilities recomputed from the
+// Fused attention backward, second kernel: dK and dV for ROWS keys per workgroup, walking query tiles
+// of BQ (attention_bwd_dq.wgsl computes dQ and delta first). With the probabilities recomputed from the
 // logsumexp, P^T = exp(scale * K Q^T - lse) (keys as rows here):
 //   dV = P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),  dK = scale * dS^T Q.
+// Rows per thread as attention_fwd.wgsl, with keys in the rows: thread r owns key j0 + r (its K and V
+// rows in padded workgroup memory), the Q and dO tiles are shared and read as broadcasts; CS threads
+// share a key (each accumulating DVC of the DV vec4 columns of dK and dV), so the two accumulators fit
+// in registers at large head dims. Scores in log2 units (exp2).
 // [q_lo, q_hi) are the queries of this dispatch (chunks of a long sequence add up with FLAGS bit 0).
-// Thread layouts and padding as attention_fwd.wgsl, with keys in the rows and queries in the columns.
-// Bindings and Params are declared with the kernel in Python (wgpar/ops/attention.py, _DKV).
+// Bindings and Params are declared with the kernel in Python (wgpar/ops/attention.py).
 
-const BK: u32 = {{BK}}u;  // keys per workgroup = 16 * RK
-const BQ: u32 = {{BQ}}u;  // queries per tile = 16 * CQ
-const RK: u32 = {{RK}}u;
-const CQ: u32 = {{CQ}}u;
+const ROWS: u32 = {{ROWS}}u;  // keys per workgroup
+const BQ: u32 = {{BQ}}u;      // queries per tile
+const CS: u32 = {{CS}}u;
+const NT: u32 = {{NT}}u;
 const DV: u32 = {{DV}}u;
 const DP: u32 = {{DP}}u;
-const CV: u32 = {{CV}}u;  // dK / dV vec4 columns per thread (layout as attention_fwd.wgsl's output phase)
-const NC: u32 = {{NC}}u;
-const NR: u32 = {{NR}}u;
-const RR: u32 = {{RR}}u;
-const BP: u32 = {{BP}}u;  // BQ + 1
+const DVC: u32 = {{DVC}}u;
+const LOG2E: f32 = 1.4426950408889634;
 
-var<workgroup> Ks: array<vec4<f32>, {{KS}}>;   // BK * DP, pre-multiplied by scale
+var<workgroup> Ks: array<vec4<f32>, {{KS}}>;  // ROWS * DP, pre-multiplied by scale * log2(e)
 var<workgroup> Vs: array<vec4<f32>, {{KS}}>;
-var<workgroup> Qs: array<vec4<f32>, {{QS}}>;   // BQ * DP
-var<workgroup> Gs: array<vec4<f32>, {{QS}}>;   // dO rows
-var<workgroup> Ps: array<f32, {{PS}}>;         // BK * BP
-var<workgroup> dSs: array<f32, {{PS}}>;
-var<workgroup> lse_s: array<f32, {{BQ}}>;
+var<workgroup> Qs: array<vec4<f32>, {{QS}}>;  // BQ * DV
+var<workgroup> Gs: array<vec4<f32>, {{QS}}>;  // dO rows
+var<workgroup> lse_s: array<f32, {{BQ}}>;      // log2 units
 var<workgroup> dl_s: array<f32, {{BQ}}>;
 
 {{FNS}}
 
-fn exp_nan(x: f32) -> f32 { return select(exp(x), x, isnan_(x)); }
+fn exp2_nan(x: f32) -> f32 { return select(exp2(x), x, isnan_(x)); }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size({{NT}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let ty = tid / 16u;
-  let tx = tid % 16u;
+  let r = tid % ROWS;
+  let c0 = (tid / ROWS) * DVC;
   let bh = p.bh0 + wid.y;
   let b = bh / p.H;
   let h = bh % p.H;
-  let j0 = wid.x * BK;
+  let j0 = wid.x * ROWS;  // under a causal mask the first key blocks see the most queries
+  let key = j0 + r;
   let qb = p.q_off + b * p.q_sb + h * p.q_sh;
   let kb = p.k_off + b * p.k_sb + h * p.k_sh;
   let vb = p.v_off + b * p.v_sb + h * p.v_sh;
   let gb = p.g_off + b * p.g_sb + h * p.g_sh;
-  for (var e = tid; e < BK * DV; e = e + 256u) {
-    let r = e / DV;
-    let c = e % DV;
+  let kscale = p.scale * LOG2E;
+  for (var e = tid; e < ROWS * DV; e = e + NT) {
+    let rr = e / DV;
+    let cc = e % DV;
     var kv = vec4<f32>(0.0);
     var vv = vec4<f32>(0.0);
-    if (j0 + r < p.Tk) {
-      kv = vec4<f32>(k[kb + (j0 + r) * p.k_st + c]) * p.scale;
-      vv = vec4<f32>(v[vb + (j0 + r) * p.v_st + c]);
+    if (j0 + rr < p.Tk) {
+      kv = vec4<f32>(k[kb + (j0 + rr) * p.k_st + cc]) * kscale;
+      vv = vec4<f32>(v[vb + (j0 + rr) * p.v_st + cc]);
     }
-    Ks[r * DP + c] = kv;
-    Vs[r * DP + c] = vv;
+    Ks[rr * DP + cc] = kv;
+    Vs[rr * DP + cc] = vv;
   }
-  let tr = tid / NC;
-  let tc = tid % NC;
-  var acc_k = array<array<vec4<f32>, CV>, RR>();
-  var acc_v = array<array<vec4<f32>, CV>, RR>();
+  var acc_k = array<vec4<f32>, DVC>();
+  var acc_v = array<vec4<f32>, DVC>();
   var start = p.q_lo;
   if (p.causal != 0u) { start = max(start, j0); }  // query i sees key j only if j <= i
   for (var i0 = start; i0 < p.q_hi; i0 = i0 + BQ) {
     workgroupBarrier();
-    for (var e = tid; e < BQ * DV; e = e + 256u) {
-      let r = e / DV;
-      let c = e % DV;
+    for (var e = tid; e < BQ * DV; e = e + NT) {
+      let rr = e / DV;
+      let cc = e % DV;
       var qv = vec4<f32>(0.0);
       var gv = vec4<f32>(0.0);
-      if (i0 + r < p.q_hi) {
-        qv = vec4<f32>(q[qb + (i0 + r) * p.q_st + c]);
-        gv = vec4<f32>(dout[gb + (i0 + r) * p.g_st + c]);
+      if (i0 + rr < p.q_hi) {
+        qv = vec4<f32>(q[qb + (i0 + rr) * p.q_st + cc]);
+        gv = vec4<f32>(dout[gb + (i0 + rr) * p.g_st + cc]);
       }
-      Qs[r * DP + c] = qv;
-      Gs[r * DP + c] = gv;
+      Qs[e] = qv;
+      Gs[e] = gv;
     }
-    if (tid < BQ) {
+    for (var e = tid; e < BQ; e = e + NT) {
       var lv = 0.0;
       var dl = 0.0;
-      if (i0 + tid < p.q_hi) {
-        let li = bh * p.Tq + i0 + tid;
-        lv = lse[p.l_off + li];
+      if (i0 + e < p.q_hi) {
+        let li = bh * p.Tq + i0 + e;
+        lv = lse[p.l_off + li] * LOG2E;
         dl = delta[p.d_off + li];
       }
-      lse_s[tid] = lv;
-      dl_s[tid] = dl;
+      lse_s[e] = lv;
+      dl_s[e] = dl;
     }
     workgroupBarrier();
-    var s = array<array<f32, CQ>, RK>();
-    var dp = array<array<f32, CQ>, RK>();
+    var s = array<f32, BQ>();
+    var dp = array<f32, BQ>();
     for (var d = 0u; d < DV; d = d + 1u) {
-      var qv = array<vec4<f32>, CQ>();
-      var gv = array<vec4<f32>, CQ>();
-      for (var j = 0u; j < CQ; j = j + 1u) {
-        qv[j] = Qs[(tx + 16u * j) * DP + d];
-        gv[j] = Gs[(tx + 16u * j) * DP + d];
-      }
-      for (var a = 0u; a < RK; a = a + 1u) {
-        let kv = Ks[(ty + 16u * a) * DP + d];
-        let vv = Vs[(ty + 16u * a) * DP + d];
-        for (var j = 0u; j < CQ; j = j + 1u) {
-          s[a][j] = s[a][j] + dot(kv, qv[j]);
-          dp[a][j] = dp[a][j] + dot(vv, gv[j]);
-        }
-      }
+      let kd = Ks[r * DP + d];
+      let vd = Vs[r * DP + d];
+{{SCORES}}
     }
-    for (var a = 0u; a < RK; a = a + 1u) {
-      let r = ty + 16u * a;
-      for (var j = 0u; j < CQ; j = j + 1u) {
-        let c = tx + 16u * j;
-        let ok = j0 + r < p.Tk && i0 + c < p.q_hi && (p.causal == 0u || j0 + r <= i0 + c);
-        let pv = select(0.0, exp_nan(s[a][j] - lse_s[c]), ok);
-        Ps[r * BP + c] = pv;
-        dSs[r * BP + c] = pv * (dp[a][j] - dl_s[c]);
-      }
-    }
-    workgroupBarrier();
-    if (tr < BK) {
-      for (var j = 0u; j < BQ; j = j + 1u) {
-        var gg = array<vec4<f32>, CV>();
-        var qq = array<vec4<f32>, CV>();
-        for (var cb = 0u; cb < CV; cb = cb + 1u) {
-          gg[cb] = Gs[j * DP + tc + NC * cb];
-          qq[cb] = Qs[j * DP + tc + NC * cb];
-        }
-        for (var a = 0u; a < RR; a = a + 1u) {
-          let pv = Ps[(tr + NR * a) * BP + j];
-          let ds = dSs[(tr + NR * a) * BP + j];
-          for (var cb = 0u; cb < CV; cb = cb + 1u) {
-            acc_v[a][cb] = acc_v[a][cb] + pv * gg[cb];
-            acc_k[a][cb] = acc_k[a][cb] + ds * qq[cb];
-          }
-        }
-      }
-    }
+    // Query i0 + jj is seen when it exists and (causal) does not precede the key.
+    var lim = p.q_hi - i0;
+    var first = 0u;
+    if (p.causal != 0u && key > i0) { first = key - i0; }
+    if (key >= p.Tk) { lim = 0u; }
+{{DKV}}
   }
-  let kob = p.rk_off + b * p.rk_sb + h * p.rk_sh;
-  let vob = p.rv_off + b * p.rv_sb + h * p.rv_sh;
-  if (tr < BK) {
-    for (var a = 0u; a < RR; a = a + 1u) {
-      let r = tr + NR * a;
-      if (j0 + r < p.Tk) {
-        for (var cb = 0u; cb < CV; cb = cb + 1u) {
-          let ak = kob + (j0 + r) * p.rk_st + tc + NC * cb;
-          let av = vob + (j0 + r) * p.rv_st + tc + NC * cb;
-          var gk = acc_k[a][cb] * p.scale;
-          var gv = acc_v[a][cb];
-          if ((p.flags & 1u) != 0u) {
-            gk = gk + vec4<f32>(dk[ak]);
-            gv = gv + vec4<f32>(dv[av]);
-          }
-          dk[ak] = vec4<{{TG}}>(gk);
-          dv[av] = vec4<{{TG}}>(gv);
-        }
+  if (key < p.Tk) {
+    let ak = p.rk_off + b * p.rk_sb + h * p.rk_sh + key * p.rk_st + c0;
+    let av = p.rv_off + b * p.rv_sb + h * p.rv_sh + key * p.rv_st + c0;
+    for (var x = 0u; x < DVC; x = x + 1u) {
+      var gk = acc_k[x] * p.scale;
+      var gv = acc_v[x];
+      if ((p.flags & 1u) != 0u) {
+        gk = gk + vec4<f32>(dk[ak + x]);
+        gv = gv + vec4<f32>(dv[av + x]);
       }
+      dk[ak + x] = vec4<{{TG}}>(gk);
+      dv[av + x] = vec4<{{TG}}>(gv);
     }
   }
 }

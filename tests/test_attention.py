@@ -203,3 +203,14 @@ def test_errors(rng):
         F.scaled_dot_product_attention(odd, odd, odd)
     with pytest.raises(TypeError, match="must be a wgpar.Tensor"):
         F.scaled_dot_product_attention(x, np.zeros((1, 2, 5, 8)), x)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("cv", [1, 2, 4])
+def test_unrolled_blocks_and_column_split_match(cv, causal, rng, reference):
+    """What a GPU runs (straight-line inner blocks, 8-column tiles, cv threads sharing a row's output
+    columns), here on lavapipe, with L != S."""
+    arrays = _problem((1, 2, 45, 32), (1, 2, 38, 32), rng)
+    with A.force_tiles(cv=cv, unroll=True, fwd="64x8", dq="64x8", dkv="32x8"):
+        y, ins = _run(arrays, causal, path="fused")
+    _check(y, ins, _want(reference, arrays, causal))

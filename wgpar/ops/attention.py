@@ -30,82 +30,92 @@ from .index import getitem
 from .reduce import reduce
 from .shape import permute, reshape, stack
 
-_THREADS = 256
 MAX_HEAD_DIM = 256
+MAX_THREADS = 256
 NEG = -3.4028235e38  # what the kernels write as the logsumexp of a row that saw no key
 
 
 @dataclass(frozen=True)
 class Tile:
     """A kernel's tile: ``rows`` (queries of the forward / dQ kernel, keys of the dK / dV kernel) per
-    workgroup, ``cols`` (keys, or queries) per step of its loop; both multiples of 16."""
+    workgroup, ``cols`` (keys, or queries) per step of its loop, ``cs`` threads per row (each owning
+    1 / cs of the head dim's output columns) and whether the inner loops are ``unrolled`` into
+    straight-line code (GPUs) or left as loops (CPU adapters: smaller code, and lavapipe counts loops)."""
 
     rows: int
     cols: int
+    cs: int = 1
+    unrolled: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.rows}x{self.cols}"
+        return f"{self.rows}x{self.cols}/{self.cs}{'u' if self.unrolled else ''}"
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.cs
 
 
-# Largest first; pick() takes the first that fits the device's workgroup memory.
-CANDIDATES = (Tile(64, 64), Tile(64, 32), Tile(32, 64), Tile(32, 32), Tile(16, 32), Tile(32, 16), Tile(16, 16))
+# Rows per thread (one query, or key, row per thread; ONNX Runtime's WebGPU flash attention): the
+# rows of a tile are its threads. pick() takes the first that fits. CPU adapters: more rows first (each
+# K / V tile loaded serves more queries), then more columns (fewer barriers per key). GPUs: 8 columns
+# first, since a thread holds its scores (and dP) for the tile's columns in registers: on an H200,
+# 8x12x1024x64 causal measured forward 128x16 3.48 ms, 128x8 3.09, 64x8 2.68; backward 64x16
+# 10.5 ms, 64x8 9.6.
+CANDIDATES = tuple(Tile(r, c) for r in (128, 64, 32, 16) for c in (32, 16, 8))
+GPU_CANDIDATES = tuple(Tile(r, c) for c in (8, 16, 32) for r in (64, 32, 16))
 KINDS = ("fwd", "dq", "dkv")
 _force: dict[str, Tile] = {}
 _path: list[str | None] = [None]  # "fused" / "reference" / None (decide): see force_path
 _force_cv: list[int | None] = [None]  # see force_tiles
+_force_unroll: list[bool | None] = [None]
 
 
 def shared_bytes(kind: str, t: Tile, dv: int) -> int:
-    """Workgroup memory of one kernel (``dv`` = head_dim / 4), as its WGSL declares it."""
-    dp, bp = dv + 1, t.cols + 1
-    if kind == "fwd":  # Qs, KVs, Ps, red_m + red_l, m_s, l_s, bad_s
-        return 16 * dp * (t.rows + t.cols) + 4 * t.rows * bp + 8 * 16 * t.rows + 16 * t.rows
-    if kind == "dq":  # Qs, Gs, Ks, Vs, dSs, lse_s, dl_s
-        return 16 * dp * 2 * (t.rows + t.cols) + 4 * t.rows * bp + 8 * t.rows
-    return 16 * dp * 2 * (t.rows + t.cols) + 8 * t.rows * bp + 8 * t.cols  # dkv: + Ps, dSs [keys x queries]
+    """Workgroup memory of one kernel (``dv`` = head_dim / 4), as its WGSL declares it: the rows a thread
+    owns padded by one vec4, the walked tile's rows unpadded (read as broadcasts)."""
+    own, walked = 16 * t.rows * (dv + 1), 16 * 2 * t.cols * dv
+    if kind == "fwd":  # Qs, Ks, Vs
+        return own + walked
+    if kind == "dq":  # Qs, Gs, Ks, Vs
+        return 2 * own + walked
+    return 2 * own + walked + 8 * t.cols  # dkv: Ks, Vs, Qs, Gs, lse_s, dl_s
 
 
-def output_layout(rows: int, dv: int) -> tuple[int, int, int, int]:
-    """(CV, NC, NR, RR) of the output phase: each thread owns RR rows x CV vec4 columns of the rows x dv
-    output (NC threads across, NR = 256 / NC down). Chosen for the fewest workgroup-memory loads per
-    multiply-add ((RR + CV) / (RR CV)) with every thread busy, at most 8 accumulators per thread (or the
-    fewest the tile allows)."""
-    budget = max(8, -(-rows * dv // _THREADS))
-    best = None
-    for cv in (_force_cv[0],) if _force_cv[0] else (1, 2, 4, 8):
-        nc = dv // cv
-        if dv % cv or nc == 0 or _THREADS % nc:
-            continue
-        nr = _THREADS // nc
-        idle = nr > rows
-        if not idle and rows % nr:
-            continue
-        rr = 1 if idle else rows // nr
-        if rr * cv > budget and not _force_cv[0]:
-            continue
-        key = (idle, nr if idle else 0, (rr + cv) / (rr * cv))
-        if best is None or key < best[0]:
-            best = (key, (cv, nc, nr, rr))
-    if best is None:
-        raise ValueError(f"no output layout with {_force_cv[0]} vec4 columns per thread for {rows} x {dv} vec4s")
-    return best[1]
+def column_split(kind: str, dv: int, gpu: bool) -> int:
+    """Threads per row. On a GPU, enough that a thread's accumulators stay within 16 vec4s forward and
+    8 for each gradient kernel (dQ; dK and dV hold two: 16 together), each thread recomputing its row's
+    scores: fewer registers, more threads in flight (an H200 measured 8x12x1024x128 causal forward
+    9.6 -> 6.2 ms with 2 threads per row, the backward of D = 64 11.5 -> 10.4 ms). One on a CPU
+    adapter, where the recomputed scores only cost time."""
+    if _force_cv[0]:
+        return _force_cv[0]
+    if not gpu:
+        return 1
+    return max(1, dv // 16 if kind == "fwd" else dv // 8)
 
 
 def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int | None = None) -> Tile | None:
-    """The tile of ``kind`` for ``dev``: the largest whose workgroup memory fits, no larger than the
-    rows (queries, or keys for dkv) and columns (what its loop walks) there are; None when none fits."""
+    """The tile of ``kind`` for ``dev``: the first candidate whose workgroup memory and threads fit the
+    device's limits, no larger than the rows (queries, or keys for dkv) and columns (what its loop walks)
+    there are; None when none fits."""
+    dv = head_dim // 4
     if head_dim % 4 or not 4 <= head_dim <= MAX_HEAD_DIM:
         return None
-    limit = int(dev.limits.get("max-compute-workgroup-storage-size", 16384))
-    if int(dev.limits.get("max-compute-invocations-per-workgroup", 256)) < _THREADS:
+    gpu = dev.adapter_type != "CPU"
+    cs = column_split(kind, dv, gpu)
+    if dv % cs:
         return None
+    limit = int(dev.limits.get("max-compute-workgroup-storage-size", 16384))
+    threads = min(MAX_THREADS, int(dev.limits.get("max-compute-invocations-per-workgroup", 256)))
+    unroll = _force_unroll[0] if _force_unroll[0] is not None else gpu
     forced = _force.get(kind)
-    fits = [t for t in ([forced] if forced else CANDIDATES) if shared_bytes(kind, t, head_dim // 4) <= limit]
+    fits = [Tile(t.rows, t.cols, cs, unroll) for t in ([forced] if forced else GPU_CANDIDATES if gpu else CANDIDATES)
+            if shared_bytes(kind, t, dv) <= limit and t.rows * cs <= threads]
     if not fits:
         return None
-    cap_r = max(16, -(-(n_rows or 16) // 16) * 16) if n_rows else None
-    cap_c = max(16, -(-(n_cols or 16) // 16) * 16) if n_cols else None
+    cap_r = max(16, -(-n_rows // 16) * 16) if n_rows else None
+    cap_c = max(8, -(-n_cols // 8) * 8) if n_cols else None
     for t in fits:  # a 64-row tile over 16 rows would idle three quarters of its threads
         if (cap_r is None or t.rows <= cap_r) and (cap_c is None or t.cols <= cap_c):
             return t
@@ -113,24 +123,26 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
 
 
 @contextlib.contextmanager
-def force_tiles(cv: int | None = None, **tiles: str) -> Iterator[None]:
-    """Make :func:`pick` use the given tiles (``fwd="32x32", dkv="16x16"``) where they fit, and the output
-    phase ``cv`` vec4 columns per thread (tests and benchmarks: the layouts a GPU's limits choose)."""
-    prev, prev_cv = dict(_force), _force_cv[0]
+def force_tiles(cv: int | None = None, unroll: bool | None = None, **tiles: str) -> Iterator[None]:
+    """Make :func:`pick` use the given tiles (``fwd="32x32", dkv="16x16"``) where they fit, ``cv`` threads
+    per row and unrolled (or looped) inner blocks (tests and benchmarks: the choices a GPU's limits make)."""
+    prev, prev_cv, prev_u = dict(_force), _force_cv[0], _force_unroll[0]
     try:
         for kind, name in tiles.items():
             if kind not in KINDS:
                 raise ValueError(f"unknown attention kernel {kind!r}; choose from {KINDS}")
             rows, cols = (int(x) for x in name.split("x"))
-            if rows % 16 or cols % 16 or rows < 16 or cols < 16:
-                raise ValueError(f"tile {name!r}: both sides must be multiples of 16")
+            if rows % 8 or cols % 4 or rows < 8 or cols < 4:
+                raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4")
             _force[kind] = Tile(rows, cols)
         _force_cv[0] = cv
+        _force_unroll[0] = unroll
         yield
     finally:
         _force.clear()
         _force.update(prev)
         _force_cv[0] = prev_cv
+        _force_unroll[0] = prev_u
 
 
 @contextlib.contextmanager
@@ -152,17 +164,17 @@ def forced_path() -> str | None:
 
 def loop_cost(kind: str, t: Tile, dv: int) -> tuple[int, int]:
     """(per step of the main loop, once) loop iterations of one invocation, counting every loop as
-    lavapipe's limiter may (constant-length loops included)."""
-    rm, cn = t.rows // 16, t.cols // 16
-    cv, _, _, rr = output_layout(t.rows, dv)
-    cols_ld = -(-t.cols * dv // _THREADS)
-    out_phase = t.cols * (1 + cv + rr * (1 + cv))
-    if kind == "fwd":
-        step = (2 * cols_ld + dv * (1 + cn + rm * (1 + cn)) + rm * (1 + cn) + 16 + rm * (1 + cn) + 16
-                + rr * (1 + cv) + out_phase)
-        return step, -(-t.rows * dv // _THREADS) + rr * (1 + cv) + 4
-    step = cols_ld + dv * (1 + 2 * cn + rm * (1 + 2 * cn)) + rm * (1 + cn) + out_phase
-    return step, 2 * -(-t.rows * dv // _THREADS) + dv + rr * (1 + cv) + 4
+    lavapipe's limiter may (constant-length loops included; unrolled blocks are no loops)."""
+    dvc = dv // t.cs
+    load = -(-t.cols * dv // t.threads)
+    if t.unrolled:
+        inner = 0
+    elif kind == "fwd":  # scores, max, probabilities x V, rescale
+        inner = dv * t.cols + t.cols + t.cols * (1 + dvc) + dvc
+    else:  # scores and dP, then dS x K (dq) or P x dO and dS x Q (dkv)
+        inner = dv * t.cols + t.cols * (1 + dvc)
+    step = load + dv + inner + (-(-t.cols // t.threads) if kind == "dkv" else 0)
+    return step, -(-t.rows * dv // t.threads) + dv + dvc + 4
 
 
 def chunks(kind: str, t: Tile, dv: int, n: int) -> list[tuple[int, int]]:
@@ -194,8 +206,8 @@ def supported(q: Tensor, k: Tensor, v: Tensor) -> str | None:
 
 # -- kernels ------------------------------------------------------------------------------------------
 # Every Params block starts with these 8 words ([6] = the first batch * head of a dispatch), then an
-# (offset, batch, head, row) layout in vec4 units per operand, then a few words. 256-thread workgroups
-# sized in the shaders: no WG override.
+# (offset, batch, head, row) layout in vec4 units per operand, then a few words. Workgroups of
+# rows x cs threads, sized in the shaders by fills: no WG override.
 def _layouts(*names: str) -> str:
     return ", ".join(f"{n}_off: u32, {n}_sb: u32, {n}_sh: u32, {n}_st: u32" for n in names)
 
@@ -224,20 +236,51 @@ def _vec4_layout(t: Tensor) -> tuple[Tensor, list[int]]:
     return t, [t._offset // 4] + strides
 
 
-def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
-    rm, cn = t.rows // 16, t.cols // 16
-    cv, nc, nr, rr = output_layout(t.rows, dv)
-    fills: dict[str, str | int] = {"T": dtype, "DV": dv, "DP": dv + 1,
-                                   "CV": cv, "NC": nc, "NR": nr, "RR": rr, "BP": t.cols + 1,
-                                   "PS": t.rows * (t.cols + 1), "FNS": load_source("float_fns")}
+def _rep(n: int, body: str, var: str, unroll: bool) -> str:
+    """``body`` for ``#var`` = 0 .. n - 1: straight-line code with constant indices (registers for certain
+    on a GPU compiler), or one loop."""
+    if unroll:
+        return "\n".join(body.replace(f"#{var}", f"{i}u") for i in range(n))
+    name = var.lower() + "_"
+    return f"for (var {name} = 0u; {name} < {n}u; {name} = {name} + 1u) {{\n{body.replace('#' + var, name)}\n}}"
+
+
+def _blocks(kind: str, t: Tile, dv: int) -> dict[str, str]:
+    """The inner blocks of one kernel: scores (and dP) for one d of the tile, then what they feed."""
+    n, dvc, u = t.cols, dv // t.cs, t.unrolled
     if kind == "fwd":
-        return fills | {"TO": out_dtype, "BR": t.rows, "BC": t.cols, "RM": rm, "CN": cn, "QS": t.rows * (dv + 1),
-                        "KS": t.cols * (dv + 1), "RS": 16 * t.rows, "M2": 2 * t.rows}
+        pv = _rep(dvc, "acc[#X] = acc[#X] + pj * Vs[#J * DV + c0 + #X];", "X", u)
+        return {
+            "SCORES": _rep(n, "s[#J] = s[#J] + dot(qd, Ks[#J * DV + d]);", "J", u),
+            "MAX": _rep(n, "{ let y = s[#J]; let ok = j0 + #J < lim; "
+                           "let nb = ok && (isnan_(y) || bitcast<u32>(y) == 0x7f800000u); bad = bad || nb; "
+                           "let z = select(NEG, y, ok && !nb); s[#J] = z; mx = max(mx, z); }", "J", u),
+            "PV": _rep(n, f"{{ let pj = select(0.0, exp2(s[#J] - m), s[#J] > NEG); l = l + pj;\n{pv}\n}}", "J", u)}
     if kind == "dq":
-        return fills | {"TG": out_dtype, "BR": t.rows, "BC": t.cols, "RM": rm, "CN": cn, "QS": t.rows * (dv + 1),
-                        "KS": t.cols * (dv + 1)}
-    return fills | {"TG": out_dtype, "BK": t.rows, "BQ": t.cols, "RK": rm, "CQ": cn, "KS": t.rows * (dv + 1),
-                    "QS": t.cols * (dv + 1)}
+        dq = _rep(dvc, "acc[#X] = acc[#X] + ds * Ks[#J * DV + c0 + #X];", "X", u)
+        return {
+            "SCORES": _rep(n, "s[#J] = s[#J] + dot(qd, Ks[#J * DV + d]); dp[#J] = dp[#J] + dot(gd, Vs[#J * DV + d]);",
+                           "J", u),
+            "DQ": _rep(n, "{ let pj = select(0.0, exp2_nan(s[#J] - lse2), j0 + #J < lim); "
+                          f"let ds = pj * (dp[#J] - dl);\n{dq}\n}}", "J", u)}
+    dkv = _rep(dvc, "acc_v[#X] = acc_v[#X] + pj * Gs[#J * DV + c0 + #X]; "
+                    "acc_k[#X] = acc_k[#X] + ds * Qs[#J * DV + c0 + #X];", "X", u)
+    return {
+        "SCORES": _rep(n, "s[#J] = s[#J] + dot(kd, Qs[#J * DV + d]); dp[#J] = dp[#J] + dot(vd, Gs[#J * DV + d]);",
+                       "J", u),
+        "DKV": _rep(n, "{ let pj = select(0.0, exp2_nan(s[#J] - lse_s[#J]), #J >= first && #J < lim); "
+                       f"let ds = pj * (dp[#J] - dl_s[#J]);\n{dkv}\n}}", "J", u)}
+
+
+def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
+    fills: dict[str, str | int] = {"T": dtype, "ROWS": t.rows, "CS": t.cs, "NT": t.threads, "DV": dv,
+                                   "DP": dv + 1, "DVC": dv // t.cs, "FNS": load_source("float_fns")}
+    fills |= _blocks(kind, t, dv)
+    if kind == "fwd":
+        return fills | {"TO": out_dtype, "BC": t.cols, "QS": t.rows * (dv + 1), "KS": t.cols * dv}
+    if kind == "dq":
+        return fills | {"TG": out_dtype, "BC": t.cols, "QS": t.rows * (dv + 1), "KS": t.cols * dv}
+    return fills | {"TG": out_dtype, "BQ": t.cols, "KS": t.rows * (dv + 1), "QS": t.cols * dv}
 
 
 @functools.lru_cache(maxsize=64)
@@ -369,4 +412,4 @@ def default_scale(head_dim: int) -> float:
 
 
 __all__ = ["attention_forward", "attention_backward", "supported", "pick", "force_tiles", "force_path", "forced_path",
-           "chunks", "output_layout", "Tile", "default_scale", "NEG"]
+           "chunks", "Tile", "default_scale", "NEG"]

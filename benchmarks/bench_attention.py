@@ -1,0 +1,155 @@
+"""Attention sweep: wgpar's fused kernels (forward, forward + backward) per shape and per tile
+configuration against torch's FP32 scaled_dot_product_attention, with outputs and gradients checked
+against torch (CUDA, TF32 off) or a float64 NumPy reference (small shapes, no torch).
+
+    python benchmarks/bench_attention.py                       # the default shapes, default tiles
+    python benchmarks/bench_attention.py --shapes 8x12x1024x64 --configs "fwd=128x16;fwd=64x32,cv=2,unroll=0"
+
+Each timing is the mean over enough steps for about --seconds of work, after a warm-up, with the
+device synchronised before and after (wgpar.synchronize, torch.cuda.synchronize). Writes the rows as
+JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import wgpar
+from wgpar.nn import functional as F
+from wgpar.ops import attention as A
+
+DEFAULT_SHAPES = "8x12x128x64,8x12x512x64,8x12x1024x64,4x12x2048x64,8x12x1024x128,4x8x2048x128"
+
+
+def _config(text: str) -> dict:
+    """'fwd=64x32,dq=32x32,cv=2,unroll=0' -> force_tiles keywords ('' is the default choice)."""
+    out: dict = {}
+    for item in filter(None, text.split(",")):
+        key, val = item.split("=")
+        out[key] = int(val) if key == "cv" else bool(int(val)) if key == "unroll" else val
+    return out
+
+
+def _timed(fn, sync, seconds: float) -> float:
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    one = max(time.perf_counter() - t0, 1e-6)
+    steps = int(min(50, max(3, seconds / one)))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def _reference(torch, arrs, causal):
+    """(out, dq, dk, dv) in float32 from torch on CUDA, or float64 NumPy without torch."""
+    if torch is not None and torch.cuda.is_available():
+        tq, tk, tv = (torch.from_numpy(a).cuda().requires_grad_() for a in arrs[:3])
+        y = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        y.backward(torch.from_numpy(arrs[3]).cuda())
+        return [t.detach().cpu().numpy() for t in (y, tq.grad, tk.grad, tv.grad)]
+    from tests.helpers import np_sdpa
+
+    y, grads = np_sdpa(*arrs, causal=causal)
+    return [y, *grads]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="B x H x T x D, comma-separated")
+    ap.add_argument("--causal", default="1,0", help="1 (causal), 0 or both")
+    ap.add_argument("--configs", default="", help="tile configurations separated by ';' (see _config)")
+    ap.add_argument("--seconds", type=float, default=0.3, help="timed work per measurement")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        except ImportError:
+            torch = None
+    cuda = torch is not None and torch.cuda.is_available()
+    dev = wgpar.device(0)
+    print(f"device: {dev.adapter_name} ({dev.backend}, {dev.adapter_type}); torch: "
+          f"{torch.cuda.get_device_name() if cuda else '-'}", flush=True)
+    wsync = lambda: wgpar.synchronize(dev)  # noqa: E731
+    rows = []
+    for shape in args.shapes.split(","):
+        b, h, t, d = (int(x) for x in shape.split("x"))
+        rng = np.random.default_rng(0)
+        arrs = [rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(4)]
+        for causal in (bool(int(c)) for c in args.causal.split(",")):
+            flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
+            ref = None if args.no_check else _reference(torch, arrs, causal)
+            t_ref = {}
+            if cuda:
+                tq, tk, tv = (torch.from_numpy(a).cuda().requires_grad_() for a in arrs[:3])
+                tg = torch.from_numpy(arrs[3]).cuda()
+
+                def t_fwd(tq=tq, tk=tk, tv=tv, causal=causal):
+                    with torch.no_grad():
+                        torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+                def t_both(tq=tq, tk=tk, tv=tv, tg=tg, causal=causal):
+                    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(tg)
+
+                t_ref = {"fwd": _timed(t_fwd, torch.cuda.synchronize, args.seconds),
+                         "fwd+bwd": _timed(t_both, torch.cuda.synchronize, args.seconds)}
+            q, k, v = (wgpar.tensor(a, device=dev, requires_grad=True) for a in arrs[:3])
+            g = wgpar.tensor(arrs[3], device=dev)
+            for cfg_text in args.configs.split(";") if args.configs else [""]:
+                cfg = _config(cfg_text)
+                row = {"shape": shape, "causal": causal, "config": cfg_text or "default"}
+                try:
+                    with A.force_tiles(**cfg), A.force_path("fused"):
+                        row["tiles"] = {kind: A.pick(kind, dev, d, *((t, t))).name for kind in A.KINDS}
+                        if ref is not None:
+                            for x in (q, k, v):
+                                x.grad = None
+                            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            y.backward(g)
+                            got = [y.numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()]
+                            row["max_rel_err"] = max(_rel(a, w) for a, w in zip(got, ref))
+
+                        def w_fwd(q=q, k=k, v=v, causal=causal):
+                            with wgpar.no_grad():
+                                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                        def w_both(q=q, k=k, v=v, g=g, causal=causal):
+                            F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+
+                        for name, fn, mult in (("fwd", w_fwd, 1.0), ("fwd+bwd", w_both, 3.5)):
+                            w = _timed(fn, wsync, args.seconds)
+                            row[name] = {"ms": w * 1e3, "tflops": flops * mult / w / 1e12}
+                            if name in t_ref:
+                                row[name] |= {"torch_ms": t_ref[name] * 1e3, "ratio": w / t_ref[name]}
+                except Exception as exc:  # a configuration that does not fit this device: report, go on
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
