@@ -113,6 +113,16 @@ def tensor(data, device=None, dtype=None, requires_grad: bool = False) -> Tensor
 
 
 def from_numpy(arr: np.ndarray, device=None) -> Tensor:
+    """A tensor on ``device`` holding a copy of the NumPy array ``arr`` (torch.from_numpy's spelling).
+
+    Unlike ``torch.from_numpy`` it cannot share the array's memory (the data lives in a WebGPU buffer):
+    later writes to ``arr`` do not reach the tensor; ``t.numpy()`` copies back. float64 becomes float32
+    and int64 int32 (values checked to fit), as ``wgpar.tensor`` does.
+
+    Arguments:
+        arr: a NumPy array of numbers or bools.
+        device: the target device (default: wgpar's default device).
+    """
     return Tensor.from_numpy(arr, device=device)
 
 

@@ -138,6 +138,7 @@ class Tensor:
         return math.prod(self._shape)
 
     def __len__(self) -> int:
+        """The size of dim 0, as ``len()`` of a torch tensor; a 0-d tensor has no length (TypeError)."""
         if not self._shape:
             raise TypeError("len() of a 0-d tensor")
         return self._shape[0]
@@ -274,10 +275,28 @@ class Tensor:
         return host.reshape(self._shape).copy()
 
     def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)`` / ``np.array(t, dtype)``: a host copy (waits for the device and reads back).
+
+        ``copy=False`` (never copy) raises ValueError: device memory cannot be viewed from the host.
+        """
         if copy is False:  # NumPy 2: copy=False means "never copy", and GPU memory always needs one
             raise ValueError("a wgpar.Tensor lives in GPU memory: converting it to NumPy always copies")
         arr = self.numpy()
         return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def __dlpack__(self, *args, **kwargs):
+        """Refused (BufferError): DLPack shares memory without a copy, and WebGPU buffers cannot be shared.
+
+        torch.tensor, torch.as_tensor and torch.from_dlpack all take this path when it exists, so all
+        three raise this error, naming the copy that works: ``t.numpy()``.
+        """
+        raise BufferError(f"wgpar.Tensor of shape {self._shape} lives in a WebGPU buffer on {self.device}, which "
+                          "cannot be shared through DLPack (no zero-copy view exists for another library); copy it "
+                          "to the host with t.numpy(), e.g. torch.from_numpy(t.numpy()) or torch.tensor(t.numpy())")
+
+    def __dlpack_device__(self):
+        """Refused as ``__dlpack__`` is (BufferError): WebGPU memory has no DLPack device to export from."""
+        self.__dlpack__()
 
     def tolist(self):
         """The values as (nested) Python lists; waits for the device and copies."""

@@ -1,4 +1,4 @@
-"""Gradient utilities: clip_grad_norm_ with the clip coefficient computed on the device."""
+"""Gradient utilities: clip_grad_norm_ with the clip coefficient computed on the device, clip_grad_value_."""
 
 from __future__ import annotations
 
@@ -73,7 +73,29 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     return total
 
 
-__all__ = ["clip_grad_norm_"]
+def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -> None:
+    """Clamp every gradient in place to ``[-clip_value, clip_value]`` (PyTorch's semantics; NaN stays NaN).
+
+    One clamp kernel per gradient, no readback; parameters without a gradient are skipped.
+
+    Arguments:
+        parameters: a tensor or an iterable of tensors whose ``.grad`` is clipped.
+        clip_value: the largest allowed absolute value of a gradient element.
+    """
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"clip_grad_value_: parameters[{i}] is {type(p).__name__}, not a wgpar Tensor")
+    if isinstance(clip_value, bool) or not isinstance(clip_value, (int, float)):
+        raise TypeError(f"clip_grad_value_: clip_value must be a number, got {type(clip_value).__name__}")
+    clip_value = float(clip_value)
+    with no_grad():
+        for p in params:
+            if p.grad is not None and p.grad.numel() > 0:
+                p.grad.clamp_(-clip_value, clip_value)
+
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
 
 def zero_grad_(parameters: Iterable[Tensor], set_to_none: bool = True) -> None:

@@ -6,14 +6,20 @@ costs no device work. The formulas, the order of operations (recursive updates, 
 torch's do) and ``state_dict()`` (every attribute but the optimizer) follow torch 2.x, so a schedule
 checkpointed here resumes exactly, and a torch-trained schedule's state loads. ``LinearLR`` then
 ``CosineAnnealingLR`` in a ``SequentialLR`` is the warm-up + cosine of GPT training.
+
+Also here: ``StepLR``, ``MultiStepLR``, ``ExponentialLR``, ``OneCycleLR`` (which also cycles SGD's
+momentum or Adam's beta1), ``CosineAnnealingWarmRestarts``, ``ChainedScheduler`` (several schedules'
+factors at once) and ``ReduceLROnPlateau`` (``step(metric)``: lowers the lr when the metric stalls).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import types
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .optimizer import Optimizer
@@ -272,4 +278,438 @@ def _undo_first_step(schedulers: Sequence[LRScheduler]) -> None:
             s.last_epoch -= 1
 
 
-__all__ = ["LRScheduler", "LambdaLR", "LinearLR", "CosineAnnealingLR", "SequentialLR"]
+class StepLR(LRScheduler):
+    """Multiply the lr by ``gamma`` every ``step_size`` steps: lr = initial lr * gamma ** (step // step_size).
+
+    Arguments:
+        optimizer: the optimizer.
+        step_size: steps between decays (>= 1).
+        gamma: the factor of each decay.
+        last_epoch: see LRScheduler.
+    """
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
+        if isinstance(step_size, bool) or not isinstance(step_size, numbers.Integral) or step_size < 1:
+            raise ValueError(f"StepLR: step_size must be an int >= 1, got {step_size!r}")
+        self.step_size = step_size
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
+
+
+class MultiStepLR(LRScheduler):
+    """Multiply the lr by ``gamma`` at each milestone: lr = initial lr * gamma ** (milestones passed).
+
+    Arguments:
+        optimizer: the optimizer.
+        milestones: step indices (a milestone given twice decays twice there).
+        gamma: the factor of each decay.
+        last_epoch: see LRScheduler.
+    """
+
+    def __init__(self, optimizer: Optimizer, milestones: Iterable[int], gamma: float = 0.1,
+                 last_epoch: int = -1) -> None:
+        self.milestones = Counter(milestones)
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As LRScheduler's; the milestones become a Counter again (a checkpoint file keeps a plain dict)."""
+        super().load_state_dict(state_dict)
+        self.milestones = Counter({int(k): v for k, v in self.milestones.items()})
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch not in self.milestones:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        return [g["lr"] * self.gamma ** self.milestones[self.last_epoch] for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        milestones = sorted(self.milestones.elements())
+        return [base * self.gamma ** bisect_right(milestones, self.last_epoch) for base in self.base_lrs]
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply the lr by ``gamma`` every step: lr = initial lr * gamma ** step.
+
+    Arguments:
+        optimizer: the optimizer.
+        gamma: the factor of each step.
+        last_epoch: see LRScheduler.
+    """
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self._is_initial:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [base * self.gamma ** self.last_epoch for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing from the initial lr to ``eta_min`` over ``T_i`` epochs, then a restart; the first
+    cycle has ``T_0`` epochs and each next one ``T_mult`` times as many (SGDR).
+
+    ``step()`` advances one epoch; ``step(epoch)`` sets the epoch, which may be fractional (call it with
+    ``epoch + i / iters_per_epoch`` after each batch to anneal within epochs).
+
+    Arguments:
+        optimizer: the optimizer.
+        T_0: epochs of the first cycle (an int >= 1).
+        T_mult: growth factor of the cycles (an int >= 1).
+        eta_min: the lowest lr.
+        last_epoch: see LRScheduler.
+    """
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0,
+                 last_epoch: int = -1) -> None:
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueError(f"Expected float or int eta_min, but got {eta_min} of type {type(eta_min)}")
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base in self.base_lrs]
+
+    def step(self, epoch: float | None = None) -> None:
+        """Advance one epoch, or (``epoch`` given) move to that epoch, possibly fractional."""
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur % self.T_i
+                self.T_i = self.T_i * self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:  # the cycle n holding epoch: T_0 (T_mult**n - 1) / (T_mult - 1) <= epoch
+                    n = int(math.log((epoch / self.T_0 * (self.T_mult - 1) + 1), self.T_mult))
+                    self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                    self.T_i = self.T_0 * self.T_mult ** n
+            else:
+                self.T_i = self.T_0
+                self.T_cur = epoch
+        self.last_epoch = math.floor(epoch)
+        self._get_lr_called_within_step = True
+        try:
+            values = self.get_lr()
+        finally:
+            self._get_lr_called_within_step = False
+        for group, lr in zip(self.optimizer.param_groups, values, strict=True):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+def _format_param(name: str, optimizer: Optimizer, value: Any) -> list:
+    """One value per parameter group: a list of that length, or one value repeated."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(optimizer.param_groups):
+            raise ValueError(f"{name} must have the same length as optimizer.param_groups. {name} has "
+                             f"{len(value)} values, param_groups has {len(optimizer.param_groups)}.")
+        return list(value)
+    return [value] * len(optimizer.param_groups)
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy: the lr rises from ``max_lr / div_factor`` to ``max_lr`` over the first
+    ``pct_start`` of ``total_steps``, then anneals to ``initial_lr / final_div_factor``; the momentum
+    (SGD's ``momentum``, or beta1 of Adam's ``betas``) moves the opposite way between ``max_momentum``
+    and ``base_momentum``. With ``three_phase`` the lr comes back down to ``initial_lr`` symmetrically
+    before the final anneal. Call ``step()`` after every batch; stepping past ``total_steps`` raises.
+
+    The groups get torch's keys ``initial_lr``, ``max_lr``, ``min_lr`` (and ``max_momentum``,
+    ``base_momentum``), so they travel with the optimizer's state_dict.
+
+    Arguments:
+        optimizer: the optimizer.
+        max_lr: the peak lr, or one per parameter group.
+        total_steps: steps of the cycle; or give ``epochs`` and ``steps_per_epoch``.
+        epochs: epochs of the cycle (with ``steps_per_epoch``).
+        steps_per_epoch: steps per epoch (with ``epochs``).
+        pct_start: the share of the cycle spent rising, a float in [0, 1].
+        anneal_strategy: ``"cos"`` or ``"linear"``.
+        cycle_momentum: cycle the momentum too (the optimizer needs ``momentum`` or ``betas``).
+        base_momentum: the lowest momentum (at the peak lr), or one per group.
+        max_momentum: the highest momentum (at the start and end), or one per group.
+        div_factor: initial lr = max_lr / div_factor.
+        final_div_factor: min lr = initial lr / final_div_factor.
+        three_phase: rise, fall back to the initial lr, then anneal to the min lr.
+        last_epoch: see LRScheduler.
+    """
+
+    def __init__(self, optimizer: Optimizer, max_lr: float | list[float], total_steps: int | None = None,
+                 epochs: int | None = None, steps_per_epoch: int | None = None, pct_start: float = 0.3,
+                 anneal_strategy: str = "cos", cycle_momentum: bool = True,
+                 base_momentum: float | list[float] = 0.85, max_momentum: float | list[float] = 0.95,
+                 div_factor: float = 25.0, final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1) -> None:
+        self.optimizer = _check_optimizer(optimizer)
+        if total_steps is not None:
+            if not isinstance(total_steps, int) or total_steps <= 0:
+                raise ValueError(f"Expected positive integer total_steps, but got {total_steps}")
+            self.total_steps = total_steps
+        elif epochs is not None and steps_per_epoch is not None:
+            if not isinstance(epochs, int) or epochs <= 0:
+                raise ValueError(f"Expected positive integer epochs, but got {epochs}")
+            if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
+                raise ValueError(f"Expected positive integer steps_per_epoch, but got {steps_per_epoch}")
+            self.total_steps = epochs * steps_per_epoch
+        else:
+            raise ValueError("You must define either total_steps OR (epochs AND steps_per_epoch)")
+        up = float(pct_start * self.total_steps) - 1
+        if three_phase:
+            self._schedule_phases = [
+                dict(end_step=up, start_lr="initial_lr", end_lr="max_lr",
+                     start_momentum="max_momentum", end_momentum="base_momentum"),
+                dict(end_step=float(2 * pct_start * self.total_steps) - 2, start_lr="max_lr", end_lr="initial_lr",
+                     start_momentum="base_momentum", end_momentum="max_momentum"),
+                dict(end_step=self.total_steps - 1, start_lr="initial_lr", end_lr="min_lr",
+                     start_momentum="max_momentum", end_momentum="max_momentum"),
+            ]
+        else:
+            self._schedule_phases = [
+                dict(end_step=up, start_lr="initial_lr", end_lr="max_lr",
+                     start_momentum="max_momentum", end_momentum="base_momentum"),
+                dict(end_step=self.total_steps - 1, start_lr="max_lr", end_lr="min_lr",
+                     start_momentum="base_momentum", end_momentum="max_momentum"),
+            ]
+        if not isinstance(pct_start, float) or pct_start < 0 or pct_start > 1:
+            raise ValueError(f"Expected float between 0 and 1 pct_start, but got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"anneal_strategy must be one of 'cos' or 'linear', instead got {anneal_strategy}")
+        self._anneal_func_type = anneal_strategy
+        max_lrs = _format_param("max_lr", optimizer, max_lr)
+        if last_epoch == -1:
+            for m, group in zip(max_lrs, optimizer.param_groups):
+                group["initial_lr"] = m / div_factor
+                group["max_lr"] = m
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            max_momentums = _format_param("max_momentum", optimizer, max_momentum)
+            base_momentums = _format_param("base_momentum", optimizer, base_momentum)
+            if last_epoch == -1:
+                for m, b, group in zip(max_momentums, base_momentums, optimizer.param_groups, strict=True):
+                    if self.use_beta1:
+                        group["betas"] = (m, *group["betas"][1:])
+                    else:
+                        group["momentum"] = m
+                    group["max_momentum"] = m
+                    group["base_momentum"] = b
+        super().__init__(optimizer, last_epoch)
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self._anneal_func_type == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"Tried to step {step} times. The specified number of total steps is {self.total_steps}")
+        lrs = []
+        for group in self.optimizer.param_groups:
+            start = 0.0
+            for i, phase in enumerate(self._schedule_phases):
+                end = phase["end_step"]
+                if step <= end or i == len(self._schedule_phases) - 1:
+                    pct = (step - start) / (end - start)
+                    lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
+                    if self.cycle_momentum:
+                        momentum = self._anneal(group[phase["start_momentum"]], group[phase["end_momentum"]], pct)
+                    break
+                start = phase["end_step"]
+            lrs.append(lr)
+            if self.cycle_momentum:
+                if self.use_beta1:
+                    group["betas"] = (momentum, *group["betas"][1:])
+                else:
+                    group["momentum"] = momentum
+        return lrs
+
+
+class ChainedScheduler(LRScheduler):
+    """Step several schedulers of one optimizer together: each ``step()`` steps them all in order, so
+    their multiplicative changes compound (e.g. ``ExponentialLR`` inside a ``StepLR``).
+
+    Arguments:
+        schedulers: the schedulers (not ReduceLROnPlateau, whose step needs a metric).
+        optimizer: their optimizer (default: the first scheduler's).
+    """
+
+    def __init__(self, schedulers: Sequence[LRScheduler], optimizer: Optimizer | None = None) -> None:
+        if len(schedulers) < 1:
+            raise ValueError(f"{type(self).__name__} expects at least one scheduler to be chained, but got no "
+                             "scheduler.")
+        optimizer = optimizer or schedulers[0].optimizer
+        for i, s in enumerate(schedulers):
+            if not hasattr(s, "optimizer"):
+                raise TypeError(f"{type(self).__name__} at index {i} should have `optimizer` as its attribute.")
+            if isinstance(s, ReduceLROnPlateau):
+                raise ValueError(f"{type(self).__name__} does not support `ReduceLROnPlateau` scheduler as it "
+                                 "requires additional kwargs to be specified when calling `step`, but got one at "
+                                 f"index {i} in the given schedulers sequence.")
+            if s.optimizer is not optimizer:
+                raise ValueError(f"{type(self).__name__} expects all schedulers to belong to the same optimizer, "
+                                 f"but the scheduler {type(s).__name__} at index {i} has another one")
+        self._schedulers = list(schedulers)
+        self.optimizer = optimizer
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+    def step(self) -> None:
+        for s in self._schedulers:
+            s.step()
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        nested = state.pop("_schedulers")
+        self.__dict__.update(state)
+        for s, saved in zip(self._schedulers, nested, strict=True):
+            s.load_state_dict(saved)
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply the lr by ``factor`` when a metric has not improved for ``patience`` epochs.
+
+    ``step(metric)`` after each evaluation: the metric improves on the best so far when it is lower
+    (``mode="min"``) or higher (``"max"``) by more than ``threshold`` (relative: ``best * (1 -+
+    threshold)``, or absolute). After ``patience`` epochs without improvement, each group's lr becomes
+    ``max(lr * factor, min_lr)`` (a change smaller than ``eps`` is skipped), and ``cooldown`` epochs
+    pass before bad epochs count again. A wgpar tensor as the metric costs one readback.
+
+    Arguments:
+        optimizer: the optimizer.
+        mode: ``"min"`` or ``"max"``.
+        factor: the factor of each reduction, < 1.
+        patience: epochs without improvement that are tolerated.
+        threshold: the margin an improvement must pass.
+        threshold_mode: ``"rel"`` or ``"abs"``.
+        cooldown: epochs after a reduction during which bad epochs are not counted.
+        min_lr: the lowest lr, or one per parameter group.
+        eps: the smallest change of lr that is applied.
+    """
+
+    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
+                 min_lr: list[float] | float = 0, eps: float = 1e-8) -> None:
+        if factor >= 1.0:
+            raise ValueError("Factor should be < 1.0.")
+        self.factor = factor
+        self.optimizer = _check_optimizer(optimizer)
+        if isinstance(min_lr, (list, tuple)):
+            if len(min_lr) != len(optimizer.param_groups):
+                raise ValueError(f"expected {len(optimizer.param_groups)} min_lrs, got {len(min_lr)}")
+            self.default_min_lr = None
+            self.min_lrs = list(min_lr)
+        else:
+            self.default_min_lr = min_lr
+            self.min_lrs = [min_lr] * len(optimizer.param_groups)
+        self.patience = patience
+        self.cooldown = cooldown
+        self.eps = eps
+        self.last_epoch = 0
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+        self._init_is_better(mode, threshold, threshold_mode)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best = self.mode_worse
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    def step(self, metrics: Any) -> None:
+        """Record one evaluation of the metric (a number, or a one-element tensor) and reduce the lr if due."""
+        current = float(metrics)
+        self.last_epoch += 1
+        if self._is_better(current, self.best):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad epochs during the cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            self._reduce_lr()
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def _reduce_lr(self) -> None:
+        if len(self.optimizer.param_groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise RuntimeError(f"The number of param groups in the `optimizer` ({len(self.optimizer.param_groups)})"
+                                   f" differs from when `ReduceLROnPlateau` was initialized ({len(self.min_lrs)}), "
+                                   "usually due to a new param group being added to the optimizer. Please modify "
+                                   "the `min_lrs` field to match the length of the `optimizer` param groups.")
+            self.min_lrs = [self.default_min_lr] * len(self.optimizer.param_groups)
+        for i, group in enumerate(self.optimizer.param_groups):
+            old = float(group["lr"])
+            new = max(old * self.factor, self.min_lrs[i])
+            if old - new > self.eps:
+                group["lr"] = new
+
+    @property
+    def in_cooldown(self) -> bool:
+        return self.cooldown_counter > 0
+
+    def _is_better(self, a: float, best: float) -> bool:
+        if self.mode == "min" and self.threshold_mode == "rel":
+            return a < best * (1.0 - self.threshold)
+        if self.mode == "min":
+            return a < best - self.threshold
+        if self.threshold_mode == "rel":
+            return a > best * (self.threshold + 1.0)
+        return a > best + self.threshold
+
+    def _init_is_better(self, mode: str, threshold: float, threshold_mode: str) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError("mode " + mode + " is unknown!")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError("threshold mode " + threshold_mode + " is unknown!")
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.mode = mode
+        self.threshold = threshold
+        self.threshold_mode = threshold_mode
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.__dict__.update(state_dict)
+        self._init_is_better(self.mode, self.threshold, self.threshold_mode)
+
+
+__all__ = ["LRScheduler", "LambdaLR", "LinearLR", "CosineAnnealingLR", "SequentialLR", "StepLR", "MultiStepLR",
+           "ExponentialLR", "CosineAnnealingWarmRestarts", "OneCycleLR", "ChainedScheduler", "ReduceLROnPlateau"]

@@ -11,6 +11,7 @@ from .collate import default_collate, to_device
 from .dataloader import DataLoader
 from .dataset import Dataset, TensorDataset
 from .sampler import BatchSampler, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+from .worker import WorkerInfo, get_worker_info
 
 __all__ = ["Dataset", "TensorDataset", "DataLoader", "default_collate", "to_device", "Sampler", "SequentialSampler",
-           "RandomSampler", "BatchSampler", "DistributedSampler"]
+           "RandomSampler", "BatchSampler", "DistributedSampler", "get_worker_info", "WorkerInfo"]
