@@ -77,10 +77,12 @@ class DeviceMesh:
 
     @property
     def ndim(self) -> int:
+        """Number of dims."""
         return len(self.mesh_shape)
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """Ranks per dim (``mesh_shape``)."""
         return self.mesh_shape
 
     def get_group(self, mesh_dim: str | int | None = None) -> ProcessGroup:
