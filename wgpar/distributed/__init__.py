@@ -8,7 +8,8 @@ runs a per-rank program on every rank (``run_spmd``, ``init_process_group``);
 backend. Everything above (AllReduceSync, DataParallel, the differentiable
 collectives in ``functional``, FSDP in ``fsdp/``, tensor parallelism in ``tensor_parallel/``, the
 pipeline in ``pipeline/``) uses the ProcessGroup
-interface only, so it runs unchanged on any backend.
+interface only, so it runs unchanged on any backend. ``mesh.py``'s DeviceMesh lays a
+group's ranks on named dims (the sub-groups that combine those strategies).
 """
 
 from . import fsdp, functional, pipeline
@@ -35,6 +36,7 @@ from .fsdp import (
 )
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
 from .launch import RankWorkers, default_backend, init_process_group, run_spmd
+from .mesh import DeviceMesh
 from .pipeline import (
     PipelineExecutor,
     PipelineSchedule,
@@ -71,4 +73,4 @@ __all__ = ["ProcessGroup", "Work", "wait_all", "REDUCE_OPS", "run_spmd", "init_p
            "split_module", "pipeline_mesh",
            "fsdp", "FSDP", "FSDPModule", "fully_shard", "ShardingStrategy", "MixedPrecisionPolicy",
            "OffloadPolicy", "HostSGD", "HostAdam", "HostAdamW", "full_state_dict", "sharded_state_dict",
-           "save_sharded_checkpoint", "load_sharded_checkpoint"]
+           "save_sharded_checkpoint", "load_sharded_checkpoint", "DeviceMesh"]

@@ -7,7 +7,8 @@ adapter k % A (an extra logical device on it when k >= A). Set WGPAR_ADAPTER
 per process (mpiexec's ``-env`` or a wrapper script) to pin processes to
 adapters, or pass ``init_process_group(device=...)``.
 
-A collective runs in two halves, as on thread ranks. The *launch* runs on the
+A collective runs in two halves, as on thread ranks (the protocol is
+``staged.py``'s; this file moves the data). The *launch* runs on the
 calling thread: it records the GPU copies of the input into leased staging
 buffers (in chunks, so it reads the input in the device's stream order) and
 requests their maps. The *completion* runs on the group's communication
@@ -53,19 +54,18 @@ from typing import Any
 import numpy as np
 
 from ... import dtypes as _dt
-from ... import ops as raw
 from ...runtime import adapters as _adapters
 from ...runtime.config import CONFIG
 from ...runtime.device import Device
-from ...runtime.transfer import TransferTimeout
 from ...tensor import Tensor
 from ..errors import CollectiveError, CollectiveTimeoutError, RankError
-from ..group import DEFAULT_TIMEOUT, ProcessGroup, Work, check_agreement, split_sizes
+from ..group import DEFAULT_TIMEOUT, check_agreement, split_sizes
 from .chunked import ChunkedReadback, ChunkedUpload
-from .common import Progress, byte_offset, check_timeout, kind_name, round4, writable
-from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
+from .common import Progress, byte_offset, check_timeout, kind_name, round4
+from .hostreduce import copy_into, host_dtype, reduce_into
 from .mpi_world import Interrupted, World, world
 from .shm import SharedArena, shm_slot_cap, slot_size
+from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
 _HDR = 1024  # bytes of a collective's header (its kind and metadata)
@@ -131,7 +131,7 @@ def _mpi_type(MPI, dtype: np.dtype):
     return {"f": MPI.FLOAT, "i": MPI.INT}[dtype.kind]
 
 
-class MPIGroup(ProcessGroup):
+class MPIGroup(StagedGroup):
     """One process's view of a group of MPI processes (a communicator), each owning one device.
 
     Arguments:
@@ -144,6 +144,7 @@ class MPIGroup(ProcessGroup):
     """
 
     backend = "mpi"
+    _broken_advice = "the MPI backend cannot recover: end the job and start it again"
 
     def __init__(self, w: World, comm, device: Device, timeout: float = DEFAULT_TIMEOUT, *,
                  ranks: Sequence[int] | None = None, name: str = "world") -> None:
@@ -283,27 +284,6 @@ class MPIGroup(ProcessGroup):
                 " (every send needs a matching recv)")
 
     # -- plumbing -------------------------------------------------------------------------
-    def _launch(self, kind: str) -> None:
-        why = self.broken
-        if why:
-            raise CollectiveError(f"{kind} on rank {self.rank}: the group is broken ({why}); the MPI backend "
-                                  "cannot recover: end the job and start it again")
-
-    def _submit(self, kind: str, complete: Callable[[], Any]) -> Work:
-        def run():
-            self._poll_sends()
-            try:
-                return complete()
-            except CollectiveError:
-                raise
-            except BaseException as exc:  # a local failure: the other ranks must not wait for us
-                self._fail(f"{kind}: {type(exc).__name__}: {exc}")
-                raise
-        work = Work(f"{kind} on rank {self.rank}", self._timeout * 2 + 60)
-        self._count(calls=1)
-        self._progress.submit(work, run)
-        return work
-
     def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002,
               late: Callable[[], Sequence[int]] = tuple) -> None:
         """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
@@ -377,23 +357,6 @@ class MPIGroup(ProcessGroup):
         return ChunkedUpload(self._pool, target.nbytes, self.chunk, item or host_dtype(target.dtype), copies,
                              self._timeout, what)
 
-    def _landed(self, target: Tensor, result: Tensor) -> Tensor:
-        """The upload into ``target`` is committed: bump its version, copy into ``result`` if it was a stand-in."""
-        self._count(h2d=target.nbytes)
-        target._storage.version += 1
-        if target is not result:
-            raw.copy_(result, target)
-        return result
-
-    def _mapped(self, fn: Callable[[], Any], what: str) -> Any:
-        """Run a step that waits for mapped memory; a map that times out fails the job."""
-        try:
-            return fn()
-        except TransferTimeout as exc:
-            reason = f"{what} on rank {self.rank}: {exc}"
-            self._fail(reason)
-            raise CollectiveTimeoutError(reason) from None
-
     # -- the data movers ------------------------------------------------------------------
     def _chunk_elems(self, n: int) -> int:
         """Elements per chunk of an elementwise collective of ``n`` elements (the arena is grown to fit)."""
@@ -428,7 +391,7 @@ class MPIGroup(ProcessGroup):
         for i, a in enumerate(range(0, n, E)):
             b, half = min(a + E, n), i % 2
             m = b - a
-            mine = self._mapped(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
+            mine = self._mapping(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
             ins = [arena.slot(half, k, hdt, m) for k in range(L)]
             copy_into(ins[me], mine, block=_BLOCK)
             del mine
@@ -487,7 +450,7 @@ class MPIGroup(ProcessGroup):
             for off, nb in mine:
                 s, e = max(off, c0), min(off + nb, c1)
                 if s < e:
-                    for rel, src in self._mapped(lambda s=s, e=e, off=off: rb.span(s - off, e - s, self._timeout,
+                    for rel, src in self._mapping(lambda s=s, e=e, off=off: rb.span(s - off, e - s, self._timeout,
                                                                                    what), what):
                         dst = s - c0 + rel
                         copy_into(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8), block=4 * _BLOCK)
@@ -520,10 +483,10 @@ class MPIGroup(ProcessGroup):
         self.inter_host_seconds += time.perf_counter() - t0
 
     # -- collectives ----------------------------------------------------------------------
-    def _collective(self, kind: str, meta: dict, rb: ChunkedReadback | None, body: Callable[[], Any],
-                    info: Any = None) -> Work:
-        """Submit a completion that agrees on the header, then runs ``body(infos)``; the readback is given
-        back when done (and abandoned after a failure that may leave MPI reading it)."""
+    def _collective(self, kind: str, meta: dict, rb: ChunkedReadback | None, body: Callable[[Any], Any],
+                    info: Any = None) -> Completion:
+        """A completion that agrees on the header, then runs ``body(infos)``; the readback is given back
+        when done (and abandoned after a failure that may leave MPI reading it)."""
         def complete():
             try:
                 infos = self._agree(kind, meta, info)
@@ -541,7 +504,7 @@ class MPIGroup(ProcessGroup):
                 rb.release()
             return result
 
-        return self._submit(kind, complete)
+        return complete
 
     def _run_upload(self, up: ChunkedUpload, fn: Callable[[], None]) -> None:
         try:
@@ -551,58 +514,30 @@ class MPIGroup(ProcessGroup):
             up.abandon()
             raise
 
-    def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
-        kind = kind_name("all_reduce", label)
-        self._launch(kind)
-        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
-        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
-        target = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
-        rb = self._readback(tensor)
+    def _start_all_reduce(self, kind: str, meta: dict, tensor: Tensor, op: str) -> Completion:
         n = tensor.numel()
+        return self._start_reduction(kind, meta, tensor, tensor, self._stand_in(tensor), op, 0, n, shared=True)
 
-        def body(_):
-            up = self._upload(target, kind)
-            self._run_upload(up, lambda: self._reduce(kind, rb, n, tensor.dtype, op, 0, n, up, shared=True))
-            return self._landed(target, tensor)
+    def _start_scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, target: Tensor,
+                               op: str, lo: int, hi: int) -> Completion:
+        return self._start_reduction(kind, meta, tensor, output, target, op, lo, hi, shared=False)
 
-        return self._collective(kind, meta, rb, body)
-
-    def _scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, op: str, lo: int,
-                         hi: int) -> Work:
-        self._launch(kind)
-        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
-        target = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+    def _start_reduction(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, target: Tensor, op: str,
+                         lo: int, hi: int, shared: bool) -> Completion:
         rb = self._readback(tensor)
+        n, dtype = tensor.numel(), tensor.dtype
 
         def body(_):
             up = self._upload(target, kind)
-            self._run_upload(up, lambda: self._reduce(kind, rb, tensor.numel(), tensor.dtype, op, lo, hi, up,
-                                                      shared=False))
+            self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
 
         return self._collective(kind, meta, rb, body)
 
-    def _reduce_scatter(self, tensor: Tensor, op: str, label: str | None) -> Work:
-        rows = split_sizes(tensor.shape[0], self.world_size)
-        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-        start = sum(rows[:self.rank])
-        out = Tensor.empty((rows[self.rank], *tensor.shape[1:]), tensor.dtype, self.device)
-        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
-        return self._scatter_reduced(kind_name("reduce_scatter", label), meta, tensor, out, op, start * row,
-                                     (start + rows[self.rank]) * row)
-
-    def _reduce_scatter_into(self, output: Tensor, tensor: Tensor, op: str, label: str | None) -> Work:
-        n = output.numel()
-        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name, "op": op}
-        return self._scatter_reduced(kind_name("reduce_scatter_into", label), meta, tensor, output, op,
-                                     self.rank * n, (self.rank + 1) * n)
-
-    def _broadcast(self, tensor: Tensor, src: int, label: str | None) -> Work:
-        kind = kind_name("broadcast", label)
-        self._launch(kind)
-        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "src": src}
+    def _start_broadcast(self, kind: str, meta: dict, tensor: Tensor, src: int,
+                         target: Tensor | None) -> Completion:
         pieces = [(src, 0, tensor.nbytes)]
-        if self.rank == src:
+        if target is None:  # the source
             rb = self._readback(tensor)
 
             def body(_):
@@ -610,7 +545,6 @@ class MPIGroup(ProcessGroup):
                 return tensor
 
             return self._collective(kind, meta, rb, body)
-        target = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
 
         def receive(_):
             up = self._upload(target, kind, np.dtype(np.uint8))
@@ -619,10 +553,7 @@ class MPIGroup(ProcessGroup):
 
         return self._collective(kind, meta, None, receive)
 
-    def _all_gather(self, tensor: Tensor, label: str | None) -> Work:
-        kind = kind_name("all_gather", label)
-        self._launch(kind)
-        meta = {"dtype": tensor.dtype.name}
+    def _start_all_gather(self, kind: str, meta: dict, tensor: Tensor) -> Completion:
         rb = self._readback(tensor)
         dtype = tensor.dtype
 
@@ -648,11 +579,8 @@ class MPIGroup(ProcessGroup):
 
         return self._collective(kind, meta, rb, body, info=tensor.shape)
 
-    def _all_gather_into(self, output: Tensor, tensor: Tensor, label: str | None) -> Work:
-        kind = kind_name("all_gather_into", label)
-        self._launch(kind)
-        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name}
-        target = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
+    def _start_all_gather_into(self, kind: str, meta: dict, output: Tensor, target: Tensor,
+                               tensor: Tensor) -> Completion:
         rb = self._readback(tensor)
         nb = tensor.nbytes
         pieces = [(r, r * nb, nb) for r in range(self.world_size)]
@@ -664,9 +592,7 @@ class MPIGroup(ProcessGroup):
 
         return self._collective(kind, meta, rb, body)
 
-    def _barrier(self, label: str | None) -> Work:
-        kind = kind_name("barrier", label)
-        self._launch(kind)
+    def _start_barrier(self, kind: str) -> Completion:
         return self._collective(kind, {}, None, lambda _: None)
 
     def gather_objects(self, obj: Any, label: str | None = None) -> list[Any]:
@@ -687,7 +613,7 @@ class MPIGroup(ProcessGroup):
             self._wait(reqs, kind, lambda: f"{kind}: a rank did not send its object within {self._timeout:g} s")
             return [obj if r == self.rank else pickle.loads(bufs[r]) for r in range(self.world_size)]
 
-        return self._collective(kind, {}, None, exchange, info=len(body)).wait()
+        return self._submit(kind, self._collective(kind, {}, None, exchange, info=len(body))).wait()
 
     # -- point to point -------------------------------------------------------------------
     def _check_tag(self, tag: int, what: str) -> None:
@@ -705,10 +631,7 @@ class MPIGroup(ProcessGroup):
                 self._sends.append((reqs, rb))
         return bool(self._sends)
 
-    def _send(self, tensor: Tensor, dst: int, tag: int) -> Work:
-        kind = f"send to rank {dst} (tag {tag})"
-        self._check_tag(tag, kind)
-        self._launch(kind)
+    def _start_send(self, kind: str, tensor: Tensor, dst: int, tag: int) -> Completion:
         rb = self._readback(tensor)
         header = (tensor.shape, tensor.dtype.name, rb.nbytes, self.chunk)
 
@@ -717,33 +640,26 @@ class MPIGroup(ProcessGroup):
             self._sent[dst] += 1
             try:
                 for a in range(0, rb.nbytes, self.chunk):
-                    ((_, mem),) = self._mapped(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
+                    ((_, mem),) = self._mapping(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
                                                                    kind), kind)
                     reqs.append(self._p2p_data.Isend(mem, dst, tag))  # the mapped memory itself, no copy
             finally:
                 self._sends.append((reqs, rb))
             return None
 
-        return self._submit(kind, complete)
+        return complete
 
-    def _recv(self, tensor: Tensor | None, src: int, tag: int) -> Work:
-        kind = f"recv from rank {src} (tag {tag})"
-        self._check_tag(tag, kind)
-        self._launch(kind)
-
+    def _start_recv(self, kind: str, tensor: Tensor | None, src: int, tag: int) -> Completion:
         def complete():
             hdr = bytearray(_HDR)
             self._await_message(hdr, src, tag, kind)
             self._received[src] += 1
             shape, dtype_name, nbytes, chunk = _unpack(hdr)
-            dtype = _dt.as_dtype(dtype_name)
-            if tensor is not None and (tensor.shape != shape or tensor.dtype is not dtype):
+            try:
+                out, target = self._receiving(tensor, src, tag, shape, _dt.as_dtype(dtype_name))
+            except CollectiveError:
                 self._drain(src, tag, nbytes, chunk, kind)
-                raise CollectiveError(
-                    f"recv on rank {self.rank} from rank {src} (tag {tag}): rank {src} sent {dtype.name} "
-                    f"{shape} but rank {self.rank} receives into {tensor.dtype.name} {tensor.shape}")
-            out = tensor if tensor is not None else Tensor.empty(shape, dtype, self.device)
-            target = out if writable(out) else Tensor.empty(out.shape, out.dtype, self.device)
+                raise
             buf, base = target._storage.buffer, byte_offset(target)
             up = ChunkedUpload(self._pool, nbytes, chunk, np.dtype(np.uint8),
                                lambda j, s, e: [(0, buf, base + s, round4(e - s))], self._timeout, kind,
@@ -751,7 +667,7 @@ class MPIGroup(ProcessGroup):
             self._run_upload(up, lambda: self._receive_into(up, src, tag, nbytes, chunk, kind))
             return self._landed(target, out)
 
-        return self._submit(kind, complete)
+        return complete
 
     def _await_message(self, hdr: bytearray, src: int, tag: int, kind: str) -> None:
         """Receive the header of the next message from ``src`` with ``tag``. A sender that entered a
@@ -814,9 +730,7 @@ class MPIGroup(ProcessGroup):
                        lambda: f"recv on rank {self.rank}: the message from rank {src} stopped arriving")
 
     # -- sub-groups -----------------------------------------------------------------------
-    def _split(self, ranks: tuple[int, ...]) -> MPIGroup | None:
-        kind = "split"
-        self._launch(kind)
+    def _start_split(self, kind: str, meta: dict, ranks: tuple[int, ...]) -> Completion:
         MPI = self.MPI
 
         def body(_):
@@ -829,7 +743,7 @@ class MPIGroup(ProcessGroup):
             self._children.append(g)
             return g
 
-        return self._collective(kind, {"ranks": ranks}, None, body).wait()
+        return self._collective(kind, meta, None, body)
 
 
 # -- the process's world group, and run_spmd under mpiexec ------------------------------------

@@ -13,17 +13,16 @@ host straight between the mapped buffers (every rank reads the others'
 readbacks in place and works on its own slice), meets them again so nobody
 unmaps memory another rank still reads, and commits the upload with a GPU
 copy. ``async_op=True`` returns the Work of that completion, so transfers and
-host reductions overlap the rank's compute.
+host reductions overlap the rank's compute. What the ranks agree on and how a
+collective fails is ``staged.py``'s; this file moves the data.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -31,12 +30,13 @@ from ... import dtypes as _dt
 from ... import ops as raw
 from ...runtime import profiling
 from ...runtime.device import Device
-from ...runtime.transfer import StagingBuffer, TransferTimeout, UploadBuffer
+from ...runtime.transfer import StagingBuffer, UploadBuffer
 from ...tensor import Tensor
 from ..errors import CollectiveError, CollectiveTimeoutError
-from ..group import DEFAULT_TIMEOUT, ProcessGroup, Work, check_agreement, split_sizes
-from .common import Progress, byte_offset, check_timeout, kind_name, readable, round4, writable
-from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
+from ..group import DEFAULT_TIMEOUT, check_agreement, split_sizes
+from .common import Progress, byte_offset, check_timeout, readable, round4, writable
+from .hostreduce import copy_into, host_dtype, reduce_into
+from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
 
@@ -225,7 +225,7 @@ class ThreadGroup:
         return f"ThreadGroup(world_size={self.world_size}, devices={[str(d) for d in self.devices]})"
 
 
-class ThreadRank(ProcessGroup):
+class ThreadRank(StagedGroup):
     """Rank ``rank`` of a ThreadGroup; call its methods from that rank's thread."""
 
     backend = "threads"
@@ -236,6 +236,7 @@ class ThreadRank(ProcessGroup):
         self.world_size = group.world_size
         self.device = group.devices[rank]
         self.ranks = group.ranks
+        self.name = group.name
         self._pool = TransferPool(self.device, f"{group.name}:{rank}")
         self._progress = Progress(f"wgpar-comm{group.ranks[rank]}")
 
@@ -254,32 +255,12 @@ class ThreadRank(ProcessGroup):
         return self.group.broken
 
     # -- plumbing -------------------------------------------------------------------------
-    def _launch(self, kind: str) -> None:
-        if self.group.broken:
-            raise CollectiveError(f"{kind} on rank {self.rank}: the group is broken ({self.group.broken}); "
-                                  "reset it first")
-
-    def _submit(self, kind: str, complete: Callable[[], Any]) -> Work:
-        def run():
-            try:
-                with profiling.span(kind, "collective", rank=self.group.ranks[self.rank], group=self.group.name):
-                    return complete()
-            except CollectiveError:
-                raise
-            except BaseException as exc:  # a local failure: the other ranks must not wait for us
-                self.group.abort(self.rank, f"{kind}: {type(exc).__name__}: {exc}")
-                raise
-        work = Work(f"{kind} on rank {self.rank}", self.group.timeout * 2 + 60)
-        self._count(calls=1)
-        self._progress.submit(work, run)
-        return work
-
     def _exchange(self, kind: str, payload, combine=None):
         with profiling.span("rendezvous", "collective", rank=self.group.ranks[self.rank], kind=kind):
             return self.group.exchange(self.rank, kind, payload, combine)
 
-    def _download(self, t: Tensor) -> tuple[StagingBuffer, Tensor]:
-        """Start copying ``t`` into a leased staging buffer (returns it and the tensor copied from)."""
+    def _download(self, t: Tensor) -> StagingBuffer:
+        """Start copying ``t`` into a leased staging buffer."""
         src = t if readable(t) else raw.clone(t)
         down = self._pool.down(round4(src.nbytes))
         try:
@@ -288,25 +269,17 @@ class ThreadRank(ProcessGroup):
             self._pool.give_back(down)
             raise
         self._count(d2h=src.nbytes)
-        return down, src
+        return down
 
     def _mapped_bytes(self, down: StagingBuffer, kind: str) -> memoryview:
         """The staging buffer's bytes, read in place once its map completes (with the group's timeout)."""
-        try:
-            return down.view(self.group.timeout, kind)
-        except TransferTimeout as exc:
-            self.group.abort(self.rank, str(exc))
-            raise CollectiveTimeoutError(f"{kind} on rank {self.rank}: {exc}") from None
+        return self._mapping(lambda: down.view(self.group.timeout, kind), kind)
 
     def _mapped(self, down: StagingBuffer, kind: str, dtype: _dt.DType, count: int) -> np.ndarray:
         return np.frombuffer(self._mapped_bytes(down, kind), dtype=host_dtype(dtype), count=count)
 
     def _upload_view(self, up: UploadBuffer, kind: str, dtype: _dt.DType, count: int) -> np.ndarray:
-        try:
-            mem = up.view(self.group.timeout, kind)
-        except TransferTimeout as exc:
-            self.group.abort(self.rank, str(exc))
-            raise CollectiveTimeoutError(f"{kind} on rank {self.rank}: {exc}") from None
+        mem = self._mapping(lambda: up.view(self.group.timeout, kind), kind)
         return np.frombuffer(mem, dtype=host_dtype(dtype), count=count)
 
     def _commit(self, up: UploadBuffer, target: Tensor, result: Tensor) -> Tensor:
@@ -315,11 +288,7 @@ class ThreadRank(ProcessGroup):
             up.commit(target._storage.buffer, byte_offset(target), round4(target.nbytes))
         finally:
             self._pool.give_back(up)
-        self._count(h2d=target.nbytes)
-        target._storage.version += 1
-        if target is not result:
-            raw.copy_(result, target)
-        return result
+        return self._landed(target, result)
 
     def _abandon(self, *bufs) -> None:
         for b in bufs:
@@ -331,54 +300,78 @@ class ThreadRank(ProcessGroup):
             if b is not None:
                 self._pool.give_back(b)
 
-    def _shared_phase(self, kind: str, bufs: tuple, work: Callable[..., None], *args) -> None:
-        """Run ``work(*args)`` (which reads or writes other ranks' mappings), then meet every rank again so
-        that no rank releases memory another one still uses; on failure the buffers are abandoned."""
+    def _shared_phase(self, kind: str, bufs: tuple, what: str, work: Callable[..., None], *args) -> None:
+        """Run ``work(*args)`` (which reads or writes other ranks' mappings; ``what`` names it in a profile),
+        then meet every rank again so that no rank releases memory another one still uses; on failure the
+        buffers are abandoned."""
         try:
-            with profiling.span("host reduce" if work is reduce_into else "host copy", "collective",
-                                rank=self.group.ranks[self.rank], kind=kind):
+            with profiling.span(what, "collective", rank=self.group.ranks[self.rank], kind=kind):
                 work(*args)
             self._exchange(kind + ".done", None)
         except BaseException:
             self._abandon(*bufs)
             raise
 
-    # -- collectives ----------------------------------------------------------------------
-    def _all_reduce(self, tensor: Tensor, op: str, label: str | None) -> Work:
-        kind = kind_name("all_reduce", label)
-        self._launch(kind)
-        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
-        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
-        work_t = tensor if writable(tensor) else raw.clone(tensor)  # a clone owns its padding
-        n = tensor.numel()
-        down, _ = self._download(work_t)
-        up = self._pool.up(round4(work_t.nbytes))
+    def _through_host(self, kind: str, meta: dict, src: Tensor, target_t: Tensor, result: Tensor, what: str,
+                      work: Callable[[list[np.ndarray], list[np.ndarray], np.ndarray], None]) -> Completion:
+        """The elementwise shape (all-reduce, all-gather into, reduce-scatter): download ``src``, share
+        every rank's readback and upload view, run ``work(readbacks, upload views, own upload view)``,
+        commit into ``target_t``. ``result`` is what the collective returns."""
+        down = self._download(src)
+        up = self._pool.up(round4(target_t.nbytes))
+        n, dtype, m = src.numel(), src.dtype, target_t.numel()  # src was copied at launch: do not keep it alive
 
         def complete():
             try:
-                mine = self._mapped(down, kind, tensor.dtype, n)
-                target = self._upload_view(up, kind, tensor.dtype, n)
+                mine = self._mapped(down, kind, dtype, n)
+                target = self._upload_view(up, kind, dtype, m)
                 parts, targets = self._exchange(kind, (meta, mine, target), _share_all(kind))
             except BaseException:
                 self._give_back(down, up)
                 raise
-            bounds = np.cumsum([0, *split_sizes(n, self.world_size)])
-            lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
-            self._shared_phase(kind, (down, up), reduce_into, [p[lo:hi] for p in parts],
-                               [t[lo:hi] for t in targets], op, tensor.dtype is _dt.bool_)
+            self._shared_phase(kind, (down, up), what, work, parts, targets, target)
             del mine, target, parts, targets
             self._give_back(down)
-            return self._commit(up, work_t, tensor)
+            return self._commit(up, target_t, result)
 
-        return self._submit(kind, complete)
+        return complete
 
-    def _broadcast(self, tensor: Tensor, src: int, label: str | None) -> Work:
-        kind = kind_name("broadcast", label)
-        self._launch(kind)
-        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "src": src}
+    # -- collectives ----------------------------------------------------------------------
+    def _start_all_reduce(self, kind: str, meta: dict, tensor: Tensor, op: str) -> Completion:
+        work_t = tensor if writable(tensor) else raw.clone(tensor)  # a clone owns its padding
         n = tensor.numel()
-        if self.rank == src:
-            down, _ = self._download(tensor)
+        bounds = np.cumsum([0, *split_sizes(n, self.world_size)])
+        lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
+        is_bool = tensor.dtype is _dt.bool_
+
+        def work(parts, targets, _):  # this rank reduces its slice into every rank's upload
+            reduce_into([p[lo:hi] for p in parts], [t[lo:hi] for t in targets], op, is_bool)
+
+        return self._through_host(kind, meta, work_t, work_t, tensor, "host reduce", work)
+
+    def _start_all_gather_into(self, kind: str, meta: dict, output: Tensor, target: Tensor,
+                               tensor: Tensor) -> Completion:
+        n = tensor.numel()
+
+        def work(parts, _, mine):
+            _copy_pieces([(mine[r * n:(r + 1) * n], part) for r, part in enumerate(parts)])
+
+        return self._through_host(kind, meta, tensor, target, output, "host copy", work)
+
+    def _start_scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, target: Tensor,
+                               op: str, lo: int, hi: int) -> Completion:
+        is_bool = tensor.dtype is _dt.bool_
+
+        def work(parts, _, mine):
+            reduce_into([p[lo:hi] for p in parts], [mine], op, is_bool)
+
+        return self._through_host(kind, meta, tensor, target, output, "host reduce", work)
+
+    def _start_broadcast(self, kind: str, meta: dict, tensor: Tensor, src: int,
+                         target_t: Tensor | None) -> Completion:
+        n = tensor.numel()
+        if target_t is None:  # the source
+            down = self._download(tensor)
 
             def complete():
                 try:
@@ -387,34 +380,30 @@ class ThreadRank(ProcessGroup):
                 except BaseException:
                     self._give_back(down)
                     raise
-                self._shared_phase(kind, (down,), _nothing)
+                self._shared_phase(kind, (down,), "host copy", _nothing)
                 del mine
                 self._give_back(down)
                 return tensor
 
-            return self._submit(kind, complete)
+            return complete
 
-        target_t = tensor if writable(tensor) else Tensor.empty(tensor.shape, tensor.dtype, self.device)
         up = self._pool.up(round4(tensor.nbytes))
 
-        def complete():
+        def receive():
             try:
                 target = self._upload_view(up, kind, tensor.dtype, n)
                 value = self._exchange(kind, (meta, None), _share_src(kind, src))
             except BaseException:
                 self._give_back(up)
                 raise
-            self._shared_phase(kind, (up,), copy_into, target, value)
+            self._shared_phase(kind, (up,), "host copy", copy_into, target, value)
             del target, value
             return self._commit(up, target_t, tensor)
 
-        return self._submit(kind, complete)
+        return receive
 
-    def _all_gather(self, tensor: Tensor, label: str | None) -> Work:
-        kind = kind_name("all_gather", label)
-        self._launch(kind)
-        meta = {"dtype": tensor.dtype.name}
-        down, _ = self._download(tensor)
+    def _start_all_gather(self, kind: str, meta: dict, tensor: Tensor) -> Completion:
+        down = self._download(tensor)
         dtype, n, shape = tensor.dtype, tensor.numel(), tensor.shape
 
         def complete():
@@ -432,7 +421,7 @@ class ThreadRank(ProcessGroup):
             flat = np.frombuffer(mem, dtype=np.uint8)
             pieces = [(flat[off:off + o.nbytes], part.view(np.uint8))
                       for (_, part), o, off in zip(parts, outs, offsets)]
-            self._shared_phase(kind, (down, up), _copy_pieces, pieces)
+            self._shared_phase(kind, (down, up), "host copy", _copy_pieces, pieces)
             del flat, pieces
             del mine, parts, mem
             self._give_back(down)
@@ -444,88 +433,17 @@ class ThreadRank(ProcessGroup):
             self._count(h2d=sum(o.nbytes for o in outs))
             return outs
 
-        return self._submit(kind, complete)
+        return complete
 
-    def _all_gather_into(self, output: Tensor, tensor: Tensor, label: str | None) -> Work:
-        kind = kind_name("all_gather_into", label)
-        self._launch(kind)
-        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name}
-        down, _ = self._download(tensor)
-        target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
-        up = self._pool.up(round4(output.nbytes))
-        n, dtype = tensor.numel(), tensor.dtype  # the input was copied at launch: do not keep it alive
-
-        def complete():
-            try:
-                mine = self._mapped(down, kind, dtype, n)
-                target = self._upload_view(up, kind, dtype, output.numel())
-                parts = self._exchange(kind, (meta, mine), _share_all_payloads(kind))
-            except BaseException:
-                self._give_back(down, up)
-                raise
-            pieces = [(target[r * n:(r + 1) * n], part) for r, part in enumerate(parts)]
-            self._shared_phase(kind, (down, up), _copy_pieces, pieces)
-            del pieces
-            del mine, target, parts
-            self._give_back(down)
-            return self._commit(up, target_t, output)
-
-        return self._submit(kind, complete)
-
-    def _scatter_reduced(self, kind: str, meta: dict, tensor: Tensor, output: Tensor, op: str,
-                         lo: int, hi: int) -> Work:
-        """Reduce elements [lo, hi) of the flattened ``tensor`` over ranks into ``output``."""
-        self._launch(kind)
-        check_reducible(tensor.dtype, op, f"{kind} on rank {self.rank}")
-        down, _ = self._download(tensor)
-        target_t = output if writable(output) else Tensor.empty(output.shape, output.dtype, self.device)
-        up = self._pool.up(round4(output.nbytes))
-        n, dtype = tensor.numel(), tensor.dtype  # the input was copied at launch: do not keep it alive
-
-        def complete():
-            try:
-                mine = self._mapped(down, kind, dtype, n)
-                target = self._upload_view(up, kind, dtype, output.numel())
-                parts = self._exchange(kind, (meta, mine), _share_all_payloads(kind))
-            except BaseException:
-                self._give_back(down, up)
-                raise
-            self._shared_phase(kind, (down, up), reduce_into, [p[lo:hi] for p in parts], [target], op,
-                               dtype is _dt.bool_)
-            del mine, target, parts
-            self._give_back(down)
-            return self._commit(up, target_t, output)
-
-        return self._submit(kind, complete)
-
-    def _reduce_scatter(self, tensor: Tensor, op: str, label: str | None) -> Work:
-        rows = split_sizes(tensor.shape[0], self.world_size)
-        row = math.prod(tensor.shape[1:])
-        start = sum(rows[:self.rank])
-        out = Tensor.empty((rows[self.rank], *tensor.shape[1:]), tensor.dtype, self.device)
-        meta = {"shape": tensor.shape, "dtype": tensor.dtype.name, "op": op}
-        return self._scatter_reduced(kind_name("reduce_scatter", label), meta, tensor, out, op, start * row,
-                                     (start + rows[self.rank]) * row)
-
-    def _reduce_scatter_into(self, output: Tensor, tensor: Tensor, op: str, label: str | None) -> Work:
-        n = output.numel()
-        meta = {"numel": tensor.numel(), "dtype": tensor.dtype.name, "op": op}
-        return self._scatter_reduced(kind_name("reduce_scatter_into", label), meta, tensor, output, op,
-                                     self.rank * n, (self.rank + 1) * n)
-
-    def _barrier(self, label: str | None) -> Work:
-        kind = kind_name("barrier", label)
-        self._launch(kind)
+    def _start_barrier(self, kind: str) -> Completion:
         def complete():
             self._exchange(kind, None)
 
-        return self._submit(kind, complete)
+        return complete
 
     # -- point to point -------------------------------------------------------------------
-    def _send(self, tensor: Tensor, dst: int, tag: int) -> Work:
-        kind = f"send to rank {dst} (tag {tag})"
-        self._launch(kind)
-        down, _ = self._download(tensor)
+    def _start_send(self, kind: str, tensor: Tensor, dst: int, tag: int) -> Completion:
+        down = self._download(tensor)
         meta = (tensor.shape, tensor.dtype)
 
         def complete():
@@ -538,22 +456,14 @@ class ThreadRank(ProcessGroup):
                 raise
             return None
 
-        return self._submit(kind, complete)
+        return complete
 
-    def _recv(self, tensor: Tensor | None, src: int, tag: int) -> Work:
-        kind = f"recv from rank {src} (tag {tag})"
-        self._launch(kind)
-
+    def _start_recv(self, kind: str, tensor: Tensor | None, src: int, tag: int) -> Completion:
         def complete():
             (shape, dtype), view, release = self.group.take(src, self.rank, tag)
             up = None
             try:
-                if tensor is not None and (tensor.shape != shape or tensor.dtype is not dtype):
-                    raise CollectiveError(
-                        f"recv on rank {self.rank} from rank {src} (tag {tag}): rank {src} sent {dtype.name} "
-                        f"{shape} but rank {self.rank} receives into {tensor.dtype.name} {tensor.shape}")
-                out = tensor if tensor is not None else Tensor.empty(shape, dtype, self.device)
-                target_t = out if writable(out) else Tensor.empty(out.shape, out.dtype, self.device)
+                out, target_t = self._receiving(tensor, src, tag, shape, dtype)
                 up = self._pool.up(round4(out.nbytes))
                 mem = np.frombuffer(up.view(self.group.timeout, kind), dtype=np.uint8)
                 copy_into(mem, np.frombuffer(view, dtype=np.uint8))
@@ -566,19 +476,19 @@ class ThreadRank(ProcessGroup):
                 release()
             return self._commit(up, target_t, out)
 
-        return self._submit(kind, complete)
+        return complete
 
     # -- sub-groups -----------------------------------------------------------------------
-    def _split(self, ranks: tuple[int, ...]) -> ThreadRank | None:
-        kind = "split"
-        self._launch(kind)
-
+    def _start_split(self, kind: str, meta: dict, ranks: tuple[int, ...]) -> Completion:
         def combine(d):
-            check_agreement(kind, {r: {"ranks": v} for r, v in d.items()})
+            check_agreement(kind, d)
             return self.group.child(ranks)
 
-        sub = self._submit(kind, lambda: self._exchange(kind, ranks, combine)).wait()
-        return sub.rank(ranks.index(self.rank)) if self.rank in ranks else None
+        def complete():
+            sub = self._exchange(kind, meta, combine)
+            return sub.rank(ranks.index(self.rank)) if self.rank in ranks else None
+
+        return complete
 
 
 def _nothing() -> None:

@@ -29,6 +29,7 @@ from ...nn.module import Module
 from ...nn.parameter import Parameter
 from ...tensor import Tensor
 from ..group import ProcessGroup
+from ..mesh import DeviceMesh
 from . import checkpoint as _ckpt
 from .param_group import Comms, FSDPParamGroup
 from .policies import (
@@ -219,21 +220,17 @@ def hybrid_groups(group: ProcessGroup, shard_size: int) -> tuple[ProcessGroup, P
     """(shard group, replicate group) of this rank for HYBRID_SHARD, made once per group and size.
 
     Ranks ``[k * shard_size, (k + 1) * shard_size)`` shard together; ranks with the same position in
-    their shard group replicate. Every rank calls ``split`` for every sub-group, in the same order.
+    their shard group replicate: the dims of a ``DeviceMesh(group, (replicas, shard_size),
+    mesh_dim_names=("replicate", "shard"))``.
     """
     n = group.world_size
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or n % shard_size:
         raise ValueError(f"HYBRID_SHARD: shard_size must divide the group's {n} ranks, got {shard_size!r}")
     cache = _hybrid.setdefault(group, {})
     if shard_size not in cache:
-        shard = rep = None
-        for k in range(n // shard_size):
-            sub = group.split(range(k * shard_size, (k + 1) * shard_size))
-            shard = sub if sub is not None else shard
-        for j in range(shard_size):
-            sub = group.split(range(j, n, shard_size))
-            rep = sub if sub is not None else rep
-        cache[shard_size] = (shard, rep)
+        # The sub-groups, not the mesh: the mesh holds ``group``, which would keep this weak key alive.
+        mesh = DeviceMesh(group, (n // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+        cache[shard_size] = (mesh["shard"], mesh["replicate"])
     return cache[shard_size]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..group import ProcessGroup
+from ..mesh import DeviceMesh
 
 
 def pipeline_mesh(group: ProcessGroup, pipeline_size: int) -> tuple[ProcessGroup, ProcessGroup]:
@@ -10,8 +11,9 @@ def pipeline_mesh(group: ProcessGroup, pipeline_size: int) -> tuple[ProcessGroup
 
     Rank r is pipeline rank ``r % pipeline_size`` of replica ``r // pipeline_size``. Returns this
     rank's pipeline group (to run a PipelineSchedule on) and its data-parallel group (the ranks that
-    hold the same stages in the other replicas: PipelineSchedule's ``dp_group``). Every rank of
-    ``group`` must call it, with the same size.
+    hold the same stages in the other replicas: PipelineSchedule's ``dp_group``): the dims of a
+    ``DeviceMesh(group, (replicas, pipeline_size), mesh_dim_names=("data", "pipeline"))``. Every rank
+    of ``group`` must call it, with the same size.
 
     Arguments:
         group: the whole group.
@@ -21,12 +23,5 @@ def pipeline_mesh(group: ProcessGroup, pipeline_size: int) -> tuple[ProcessGroup
     if isinstance(pipeline_size, bool) or not isinstance(pipeline_size, int) or pipeline_size < 1 or \
             world % pipeline_size:
         raise ValueError(f"pipeline_mesh: pipeline_size must divide the group's {world} ranks, got {pipeline_size!r}")
-    replicas = world // pipeline_size
-    pipe = dp = None
-    for k in range(replicas):  # every rank splits every sub-group, in the same order
-        sub = group.split(range(k * pipeline_size, (k + 1) * pipeline_size))
-        pipe = sub if sub is not None else pipe
-    for s in range(pipeline_size):
-        sub = group.split(range(s, world, pipeline_size))
-        dp = sub if sub is not None else dp
-    return pipe, dp
+    mesh = DeviceMesh(group, (world // pipeline_size, pipeline_size), mesh_dim_names=("data", "pipeline"))
+    return mesh["pipeline"], mesh["data"]

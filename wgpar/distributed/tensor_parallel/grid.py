@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..group import ProcessGroup
+from ..mesh import DeviceMesh
 
 
 class GridGroups(NamedTuple):
@@ -19,8 +20,9 @@ def tensor_data_grid(group: ProcessGroup, tensor_parallel_size: int) -> GridGrou
     """Split ``group`` into a grid: rank ``d * tensor_parallel_size + t`` is tensor rank t of data row d.
 
     Tensor groups are consecutive ranks (on one host they exchange activations every layer), data
-    groups every ``tensor_parallel_size``-th rank (they exchange gradients once a step). Every rank of
-    ``group`` calls it (each ``split`` is a collective).
+    groups every ``tensor_parallel_size``-th rank (they exchange gradients once a step): the dims of a
+    ``DeviceMesh(group, (data_size, tensor_parallel_size), mesh_dim_names=("data", "tensor"))``. Every
+    rank of ``group`` calls it (each ``split`` is a collective).
 
     Arguments:
         group: the whole group (world size a multiple of ``tensor_parallel_size``).
@@ -29,12 +31,5 @@ def tensor_data_grid(group: ProcessGroup, tensor_parallel_size: int) -> GridGrou
     world, tp = group.world_size, tensor_parallel_size
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or world % tp:
         raise ValueError(f"tensor_data_grid: tensor_parallel_size {tp!r} does not divide the group's {world} ranks")
-    dp = world // tp
-    tensor = data = None
-    for d in range(dp):
-        sub = group.split(range(d * tp, (d + 1) * tp))
-        tensor = sub if sub is not None else tensor
-    for t in range(tp):
-        sub = group.split(range(t, world, tp))
-        data = sub if sub is not None else data
-    return GridGroups(tensor, data)
+    mesh = DeviceMesh(group, (world // tp, tp), mesh_dim_names=("data", "tensor"))
+    return GridGroups(mesh["tensor"], mesh["data"])
