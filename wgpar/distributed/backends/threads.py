@@ -414,7 +414,7 @@ class ThreadRank(StagedGroup):
                 outs = [Tensor.empty(s, dtype, self.device) for s, _ in parts]
                 offsets = np.cumsum([0] + [round4(o.nbytes) for o in outs]).tolist()
                 up = self._pool.up(max(4, offsets[-1]))
-                mem = up.view(self.group.timeout, kind)
+                mem = self._mapping(lambda: up.view(self.group.timeout, kind), kind)
             except BaseException:
                 self._give_back(down, up)
                 raise
@@ -465,7 +465,7 @@ class ThreadRank(StagedGroup):
             try:
                 out, target_t = self._receiving(tensor, src, tag, shape, dtype)
                 up = self._pool.up(round4(out.nbytes))
-                mem = np.frombuffer(up.view(self.group.timeout, kind), dtype=np.uint8)
+                mem = np.frombuffer(self._mapping(lambda: up.view(self.group.timeout, kind), kind), dtype=np.uint8)
                 copy_into(mem, np.frombuffer(view, dtype=np.uint8))
                 del mem
             except BaseException:
