@@ -12,6 +12,7 @@
 //   P x V:  thread kg owns output vec4 columns kg, kg + TK, ... (CN of them) of its 4 rows: per key
 //           one P vec4 and CN V vec4 loads for 4 * CN vec4 multiply-adds.
 // Each lane sums its own keys' probabilities (l); the TK partial sums and NaN flags meet at the end.
+// The next K / V tile is fetched into registers while this one is computed.
 // Rows (Q, K, P) are padded by one vec4 so lanes reading different rows hit different banks.
 // wgpar/ops/attention.py fills the sizes and the unrolled blocks and declares bindings and Params.
 
@@ -62,21 +63,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
   var lim = vec4<u32>(k_end);
   if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }
+  // The next tile's K and V wait in registers (NL vec4s each) while this one is computed: its global
+  // loads' latency hides behind the tile's arithmetic instead of stalling between two barriers.
+  var kr = array<vec4<f32>, {{NL}}>();
+  var vr = array<vec4<f32>, {{NL}}>();
+  var jn = p.k_lo;
+{{FETCH}}
   for (var j0 = p.k_lo; j0 < k_end; j0 = j0 + BC) {
     workgroupBarrier();  // the last tile's readers are done
-    for (var e = tid; e < BC * DV; e = e + NT) {
-      let rr = e / DV;
-      let cc = e % DV;
-      var kv = vec4<f32>(0.0);
-      var vv = vec4<f32>(0.0);
-      if (j0 + rr < k_end) {
-        kv = vec4<f32>(k[kb + (j0 + rr) * p.k_st + cc]);
-        vv = vec4<f32>(v[vb + (j0 + rr) * p.v_st + cc]);
-      }
-      Ks[rr * DP + cc] = kv;
-      Vs[e] = vv;
-    }
+{{PUT}}
     workgroupBarrier();
+    jn = j0 + BC;
+{{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();  // [jj]: the 4 rows' scores for key kg + TK * jj
     for (var d = 0u; d < DV; d = d + 1u) {
       let q0 = Qs[(4u * g) * DP + d];

@@ -200,8 +200,8 @@ def loop_cost(kind: str, t: Tile, dv: int) -> tuple[int, int]:
     lavapipe's limiter may (constant-length loops included; unrolled blocks are no loops)."""
     dvc = dv // t.cs
     load = -(-t.cols * dv // t.threads)
-    if t.rm > 1:  # tile load, the d loop, the key loop of P x V
-        return load + dv + t.cols, -(-t.rows * dv // t.threads) + 4
+    if t.rm > 1:  # the d loop, the key loop of P x V (the tile's loads are unrolled)
+        return dv + t.cols, -(-t.rows * dv // t.threads) + 4
     if t.unrolled:
         inner = 0
     elif kind == "fwd":  # scores, max, probabilities x V, rescale
@@ -339,7 +339,16 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         f"if (l.{rows[r]} > 0.0) {{ val = (m.{rows[r]} + log2(l.{rows[r]})) * LN2; }} "
         f"if (bad.{rows[r]}) {{ val = nan_like(l.{rows[r]}); }} lse[p.l_off + bh * p.Tq + ib + {r}u] = val; }}\n}}"
         for r in range(4))
-    return {"ROWS": t.rows, "BC": t.cols, "TK": tk, "NT": t.threads, "DV": dv, "DP": dv + 1,
+    nl = -(-t.cols * dv // t.threads)
+    ld = "let e = tid + NT * {n}u; let rr = e / DV; let cc = e % DV;"
+    guard = "" if t.cols * dv % t.threads == 0 else " && e < BC * DV"
+    fetch = "\n".join(f"{{ {ld.format(n=n)} kr[{n}] = vec4<f32>(0.0); vr[{n}] = vec4<f32>(0.0); "
+                       f"if (jn + rr < k_end{guard}) {{ kr[{n}] = vec4<f32>(k[kb + (jn + rr) * p.k_st + cc]); "
+                       f"vr[{n}] = vec4<f32>(v[vb + (jn + rr) * p.v_st + cc]); }} }}" for n in range(nl))
+    put = "\n".join(f"{{ {ld.format(n=n)} if (e < BC * DV) {{ Ks[rr * DP + cc] = kr[{n}]; Vs[e] = vr[{n}]; }} }}"
+                     for n in range(nl))
+    return {"ROWS": t.rows, "BC": t.cols, "TK": tk, "NL": nl, "FETCH": fetch, "PUT": put, "NT": t.threads, "DV": dv,
+            "DP": dv + 1,
             "PR": t.rows // 4 + 1, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
             "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * cn, "BCT": bct, "FNS": load_source("float_fns"),
             "SCORES": scores, "MAX": mx, "REDUCE_MAX": "\n".join(f"mx = max(mx, subgroupShuffleXor(mx, {o}u));"
