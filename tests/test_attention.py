@@ -215,3 +215,49 @@ def test_unrolled_blocks_and_column_split_match(cv, causal, rng, reference):
     with A.force_tiles(cv=cv, unroll=True, fwd="64x8", dq="64x8", dkv="32x8"):
         y, ins = _run(arrays, causal, path="fused")
     _check(y, ins, _want(reference, arrays, causal))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tile", ["16x16r4t4", "32x32r4t4", "64x32r4t4"])
+def test_register_tiled_forward_matches(tile, causal, rng, reference):
+    """The forward a GPU with subgroups runs (4 rows per thread, TK lanes sharing them, row maxima and
+    sums reduced by subgroup shuffles), here on lavapipe, with L != S and ragged tiles."""
+    arrays = _problem((2, 2, 45, 16), (2, 2, 38, 16), rng)
+    with A.force_tiles(fwd=tile):
+        assert A.pick("fwd", wgpar.device(0), 16).rm == 4
+        y, ins = _run(arrays, causal, path="fused")
+    _check(y, ins, _want(reference, arrays, causal))
+
+
+def test_register_tiled_forward_float16(rng, reference):
+    arrays = _problem((2, 2, 50, 32), (2, 2, 50, 32), rng)
+    with A.force_tiles(fwd="32x16r4t4"):
+        y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
+    assert y.dtype is wgpar.float16
+    _check(y, ins, _want(reference, arrays, True), tol=3e-3)
+
+
+def test_register_tiled_forward_nan_and_chunks(rng, monkeypatch):
+    """A NaN key makes exactly the rows that see it NaN; a small loop budget chunks the keys and the
+    chunks merge to the unchunked result."""
+    arrays = _problem((1, 2, 40, 16), (1, 2, 40, 16), rng)
+    q, k, v = (wgpar.tensor(a) for a in arrays[:3])
+    with A.force_tiles(fwd="16x16r4t4"), A.force_path("fused"):
+        whole = F.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
+        monkeypatch.setattr(A, "MAX_LOOP", 60)
+        assert len(A.chunks("fwd", A.pick("fwd", wgpar.device(0), 16), 4, 40)) >= 2
+        chunked = F.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
+        monkeypatch.undo()
+        bad = arrays[1].copy()
+        bad[0, 1, 7, 3] = np.nan
+        y = F.scaled_dot_product_attention(q, wgpar.tensor(bad), v, is_causal=True).numpy()
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-6)
+    assert np.isnan(y[0, 1, 7:]).all() and not np.isnan(y[0, 1, :7]).any() and not np.isnan(y[0, 0]).any()
+
+
+def test_register_tiled_forward_is_a_gpu_rule():
+    """pick gives the register-tiled forward only where subgroups certainly hold its lanes (a GPU with
+    the subgroup feature), never to lavapipe's looped path."""
+    dev = wgpar.device(0)
+    assert A.pick("fwd", dev, 64).rm == (4 if dev.adapter_type != "CPU" and A.subgroup_lanes(dev) >= 4 else 1)
+    assert A.pick("dq", dev, 64).rm == 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,14 +47,17 @@ class Tile:
     cols: int
     cs: int = 1
     unrolled: bool = False
+    rm: int = 1  # rows per thread: 4 is the register-tiled forward (cs = TK lanes share 4 rows)
 
     @property
     def name(self) -> str:
+        if self.rm > 1:
+            return f"{self.rows}x{self.cols}r{self.rm}t{self.cs}"
         return f"{self.rows}x{self.cols}/{self.cs}{'u' if self.unrolled else ''}"
 
     @property
     def threads(self) -> int:
-        return self.rows * self.cs
+        return self.rows // self.rm * self.cs
 
 
 # Rows per thread (one query, or key, row per thread; ONNX Runtime's WebGPU flash attention): the
@@ -64,6 +68,14 @@ class Tile:
 # 10.5 ms, 64x8 9.6.
 CANDIDATES = tuple(Tile(r, c) for r in (128, 64, 32, 16) for c in (32, 16, 8))
 GPU_CANDIDATES = tuple(Tile(r, c) for c in (8, 16, 32) for r in (64, 32, 16))
+# The register-tiled forward (attention_fwd_rt.wgsl: 4 rows per thread, TK lanes of a subgroup sharing
+# them), first choice on a GPU with subgroups whose subgroups hold TK lanes: more rows per workgroup
+# first (each K / V tile loaded serves more queries), and among the lanes first those leaving each
+# thread 2 output vec4 columns (TK = head_dim / 8). H200, causal forward with the next tile prefetched:
+# 8x12x1024x64 64x32r4t8 1.29 ms, 64x16r4t8 1.56, 32x16r4t16 1.39, 16x32r4t8 2.20; 8x12x1024x128
+# 32x16r4t16 3.14, 32x16r4t8 4.22.
+RT_TILES = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 16))
+RT_LANES = (16, 8, 4)
 KINDS = ("fwd", "dq", "dkv")
 _force: dict[str, Tile] = {}
 _path: list[str | None] = [None]  # "fused" / "reference" / None (decide): see force_path
@@ -75,6 +87,8 @@ def shared_bytes(kind: str, t: Tile, dv: int) -> int:
     """Workgroup memory of one kernel (``dv`` = head_dim / 4), as its WGSL declares it: the rows a thread
     owns padded by one vec4, the walked tile's rows unpadded (read as broadcasts)."""
     own, walked = 16 * t.rows * (dv + 1), 16 * 2 * t.cols * dv
+    if kind == "fwd" and t.rm > 1:  # Qs, Ks padded, Vs, Ps (a padded vec4 per row group and key)
+        return own + 16 * t.cols * (2 * dv + 1 + t.rows // 4 + 1)
     if kind == "fwd":  # Qs, Ks, Vs
         return own + walked
     if kind == "dq":  # Qs, Gs, Ks, Vs
@@ -95,6 +109,19 @@ def column_split(kind: str, dv: int, gpu: bool) -> int:
     return max(1, dv // 16 if kind == "fwd" else dv // 8)
 
 
+def subgroup_lanes(dev) -> int:
+    """Lanes a subgroup certainly has on ``dev`` (0 without the subgroup feature). wgpu-py 0.32 reports
+    no real subgroup sizes, so: 32 on NVIDIA, AMD and Apple GPUs (their smallest), else WebGPU's minimum 4."""
+    if "subgroup" not in dev.features:
+        return 0
+    name = dev.adapter_name.lower()
+    return 32 if any(v in name for v in ("nvidia", "amd", "radeon", "apple")) else 4
+
+
+def _rt_fits(t: Tile, dv: int, dev) -> bool:
+    return t.rm == 4 and t.rows % 4 == 0 and dv % t.cs == 0 and t.cols % t.cs == 0 and t.cs <= subgroup_lanes(dev)
+
+
 def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int | None = None) -> Tile | None:
     """The tile of ``kind`` for ``dev``: the first candidate whose workgroup memory and threads fit the
     device's limits, no larger than the rows (queries, or keys for dkv) and columns (what its loop walks)
@@ -110,8 +137,17 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
     threads = min(MAX_THREADS, int(dev.limits.get("max-compute-invocations-per-workgroup", 256)))
     unroll = _force_unroll[0] if _force_unroll[0] is not None else gpu
     forced = _force.get(kind)
-    fits = [Tile(t.rows, t.cols, cs, unroll) for t in ([forced] if forced else GPU_CANDIDATES if gpu else CANDIDATES)
-            if shared_bytes(kind, t, dv) <= limit and t.rows * cs <= threads]
+    if forced and forced.rm > 1:
+        fits = [forced] if _rt_fits(forced, dv, dev) and shared_bytes(kind, forced, dv) <= limit and \
+            forced.threads <= threads else []
+    else:
+        lanes = sorted(RT_LANES, key=lambda tk: tk != dv // 2)
+        rt = [t for tk in lanes for r, c in RT_TILES for t in [Tile(r, c, tk, True, 4)]
+              if kind == "fwd" and gpu and not forced and _rt_fits(t, dv, dev)
+              and shared_bytes(kind, t, dv) <= limit and t.threads <= threads]
+        fits = rt + [Tile(t.rows, t.cols, cs, unroll)
+                     for t in ([forced] if forced else GPU_CANDIDATES if gpu else CANDIDATES)
+                     if shared_bytes(kind, t, dv) <= limit and t.rows * cs <= threads]
     if not fits:
         return None
     cap_r = max(16, -(-n_rows // 16) * 16) if n_rows else None
@@ -125,16 +161,18 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
 @contextlib.contextmanager
 def force_tiles(cv: int | None = None, unroll: bool | None = None, **tiles: str) -> Iterator[None]:
     """Make :func:`pick` use the given tiles (``fwd="32x32", dkv="16x16"``) where they fit, ``cv`` threads
-    per row and unrolled (or looped) inner blocks (tests and benchmarks: the choices a GPU's limits make)."""
+    per row and unrolled (or looped) inner blocks (tests and benchmarks: the choices a GPU's limits make).
+    ``fwd="64x32r4t8"`` is the register-tiled forward: 4 rows per thread, 8 lanes per row group."""
     prev, prev_cv, prev_u = dict(_force), _force_cv[0], _force_unroll[0]
     try:
         for kind, name in tiles.items():
             if kind not in KINDS:
                 raise ValueError(f"unknown attention kernel {kind!r}; choose from {KINDS}")
-            rows, cols = (int(x) for x in name.split("x"))
-            if rows % 8 or cols % 4 or rows < 8 or cols < 4:
-                raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4")
-            _force[kind] = Tile(rows, cols)
+            m = re.fullmatch(r"(\d+)x(\d+)(?:r4t(\d+))?", name)
+            rows, cols = (int(m[1]), int(m[2])) if m else (0, 0)
+            if rows % 8 or cols % 4 or rows < 8 or cols < 4 or (m[3] and kind != "fwd"):
+                raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4 (r4tN: forward only)")
+            _force[kind] = Tile(rows, cols, int(m[3]), True, 4) if m[3] else Tile(rows, cols)
         _force_cv[0] = cv
         _force_unroll[0] = unroll
         yield
@@ -167,6 +205,8 @@ def loop_cost(kind: str, t: Tile, dv: int) -> tuple[int, int]:
     lavapipe's limiter may (constant-length loops included; unrolled blocks are no loops)."""
     dvc = dv // t.cs
     load = -(-t.cols * dv // t.threads)
+    if t.rm > 1:  # the d loop, the key loop of P x V (the tile's loads are unrolled)
+        return dv + t.cols, -(-t.rows * dv // t.threads) + 4
     if t.unrolled:
         inner = 0
     elif kind == "fwd":  # scores, max, probabilities x V, rescale
@@ -216,6 +256,8 @@ _HEAD = "H: u32, Tq: u32, Tk: u32, causal: u32, {lo}_lo: u32, {lo}_hi: u32, bh0:
 _KERNELS = {
     "fwd": Kernel("attention_fwd", "o: w, lse: w, q: r, k: r, v: r",
                   _HEAD.format(lo="k") + _layouts("q", "k", "v", "o") + ", l_off: u32", constants=()),
+    "fwd_rt": Kernel("attention_fwd_rt", "o: w, lse: w, q: r, k: r, v: r",
+                     _HEAD.format(lo="k") + _layouts("q", "k", "v", "o") + ", l_off: u32", constants=()),
     "dq": Kernel("attention_bwd_dq", "dq: w, delta: w, q: r, k: r, v: r, dout: r, o: r, lse: r",
                  _HEAD.format(lo="k") + _layouts("q", "k", "v", "g", "o", "r") + ", l_off: u32, d_off: u32, flags: u32",
                  constants=()),
@@ -272,6 +314,55 @@ def _blocks(kind: str, t: Tile, dv: int) -> dict[str, str]:
                        f"let ds = pj * (dp[#J] - dl_s[#J]);\n{dkv}\n}}", "J", u)}
 
 
+def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
+    """Sizes and straight-line blocks of attention_fwd_rt.wgsl: a row group's 4 rows are the lanes of
+    each vec4 (s[jj], m, l, P), its accumulators acc[row * CN + x]."""
+    tk, bct, cn = t.cs, t.cols // t.cs, dv // t.cs
+    rows = "xyzw"
+    key = "kg + TK * {j}u"
+    scores = "\n".join(f"{{ let kv = Ks[({key.format(j=j)}) * DP + d]; s[{j}] = s[{j}] + "
+                       f"vec4<f32>(dot(q0, kv), dot(q1, kv), dot(q2, kv), dot(q3, kv)); }}" for j in range(bct))
+    mx = "\n".join(
+        f"{{ let y = s[{j}]; let u = bitcast<vec4<u32>>(y); let ok = vec4<u32>(j0 + {key.format(j=j)}) < lim; "
+        "let nb = ok & (((u & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | (u == vec4<u32>(0x7f800000u))); "
+        f"bad = bad | nb; let z = select(vec4<f32>(NEG), y, ok & !nb); s[{j}] = z; mx = max(mx, z); }}"
+        for j in range(bct))
+    lanes = [1 << i for i in range(tk.bit_length() - 1)]  # xor distances within a row group
+    p = "\n".join(f"{{ let pj = select(vec4<f32>(0.0), exp2(s[{j}] - m), s[{j}] > vec4<f32>(NEG)); l = l + pj; "
+                   f"Ps[({key.format(j=j)}) * PR + g] = pj; }}" for j in range(bct))
+    pv = "\n".join(f"{{ let vv = Vs[j * DV + kg + TK * {x}u];\n" +
+                    "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] + pj.{rows[r]} * vv;" for r in range(4)) + " }"
+                    for x in range(cn))
+    end = "\n".join(f"l = l + subgroupShuffleXor(l, {o}u); bad = bad | (subgroupShuffleXor("
+                     f"select(vec4<u32>(0u), vec4<u32>(1u), bad), {o}u) != vec4<u32>(0u));" for o in lanes)
+    store = "\n".join(
+        f"if (ib + {r}u < p.Tq) {{\n  let ob = p.o_off + b * p.o_sb + h * p.o_sh + (ib + {r}u) * p.o_st + kg;\n" +
+        "\n".join(f"  {{ var out = vec4<f32>(0.0); if (l.{rows[r]} > 0.0) {{ out = acc[{r * cn + x}] / l.{rows[r]}; }} "
+                   f"if (bad.{rows[r]}) {{ out = vec4<f32>(nan_like(l.{rows[r]})); }} "
+                   f"o[ob + TK * {x}u] = vec4<{out_dtype}>(out); }}" for x in range(cn)) +
+        f"\n  if (kg == 0u) {{ var val = NEG; "
+        f"if (l.{rows[r]} > 0.0) {{ val = (m.{rows[r]} + log2(l.{rows[r]})) * LN2; }} "
+        f"if (bad.{rows[r]}) {{ val = nan_like(l.{rows[r]}); }} lse[p.l_off + bh * p.Tq + ib + {r}u] = val; }}\n}}"
+        for r in range(4))
+    nl = -(-t.cols * dv // t.threads)
+    ld = "let e = tid + NT * {n}u; let rr = e / DV; let cc = e % DV;"
+    guard = "" if t.cols * dv % t.threads == 0 else " && e < BC * DV"
+    fetch = "\n".join(f"{{ {ld.format(n=n)} kr[{n}] = vec4<f32>(0.0); vr[{n}] = vec4<f32>(0.0); "
+                       f"if (jn + rr < k_end{guard}) {{ kr[{n}] = vec4<f32>(k[kb + (jn + rr) * p.k_st + cc]); "
+                       f"vr[{n}] = vec4<f32>(v[vb + (jn + rr) * p.v_st + cc]); }} }}" for n in range(nl))
+    put = "\n".join(f"{{ {ld.format(n=n)} if (e < BC * DV) {{ Ks[rr * DP + cc] = kr[{n}]; Vs[e] = vr[{n}]; }} }}"
+                     for n in range(nl))
+    return {"ROWS": t.rows, "BC": t.cols, "TK": tk, "NL": nl, "FETCH": fetch, "PUT": put, "NT": t.threads, "DV": dv,
+            "DP": dv + 1,
+            "PR": t.rows // 4 + 1, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
+            "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * cn, "BCT": bct, "FNS": load_source("float_fns"),
+            "SCORES": scores, "MAX": mx, "REDUCE_MAX": "\n".join(f"mx = max(mx, subgroupShuffleXor(mx, {o}u));"
+                                                                  for o in lanes),
+            "RESCALE": "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] * alpha.{rows[r]};"
+                                  for r in range(4) for x in range(cn)),
+            "P": p, "PV": pv, "REDUCE_END": end, "STORE": store}
+
+
 def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     fills: dict[str, str | int] = {"T": dtype, "ROWS": t.rows, "CS": t.cs, "NT": t.threads, "DV": dv,
                                    "DP": dv + 1, "DVC": dv // t.cs, "FNS": load_source("float_fns")}
@@ -285,8 +376,10 @@ def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str,
 
 @functools.lru_cache(maxsize=64)
 def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> KernelSpec:
-    fills = _fills(kind, t, dv, dtype, out_dtype)
     out_t, in_t = f"vec4<{out_dtype}>", f"vec4<{dtype}>"
+    if kind == "fwd" and t.rm > 1:
+        return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, in_t, in_t), **_rt_fills(t, dv, dtype, out_dtype))
+    fills = _fills(kind, t, dv, dtype, out_dtype)
     if kind == "fwd":
         types = (out_t, "f32", in_t, in_t, in_t)
     elif kind == "dq":
