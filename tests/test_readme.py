@@ -20,14 +20,20 @@ README = ROOT / "README.md"
 TIMEOUT = 180  # seconds per snippet
 
 
+# The README's long sections live on these pages; their snippets are held to the same rule.
+PAGES = [README, ROOT / "docs" / "distributed.md", ROOT / "docs" / "profiling.md"]
+
+
 def snippets() -> list[tuple[str, str]]:
-    """(id, code) of every ```python block: the id is the section heading above it and the block's line."""
-    text = README.read_text()
+    """(id, code) of every ```python block: the id is the page, the section heading above the block and its
+    line."""
     found = []
-    for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
-        line = text.count("\n", 0, m.start()) + 1
-        headings = re.findall(r"^#+ (.+)$", text[:m.start()], re.M)
-        found.append((f"{headings[-1] if headings else 'top'} (line {line})", m.group(1)))
+    for page in PAGES:
+        text = page.read_text()
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            line = text.count("\n", 0, m.start()) + 1
+            headings = re.findall(r"^#+ (.+)$", text[:m.start()], re.M)
+            found.append((f"{page.name}: {headings[-1] if headings else 'top'} (line {line})", m.group(1)))
     return found
 
 
@@ -56,6 +62,7 @@ def results(tmp_path_factory):
 
 def test_the_readme_has_its_snippets():
     assert len(SNIPPETS) >= 8, [name for name, _ in SNIPPETS]
+    assert all(sum(name.startswith(p.name) for name, _ in SNIPPETS) for p in PAGES), [n for n, _ in SNIPPETS]
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)), ids=[name for name, _ in SNIPPETS])
