@@ -15,8 +15,7 @@ from . import fsdp, functional, pipeline
 from .allreduce import AllReduceSync
 from .backends.mpi import MPIGroup
 from .backends.threads import ThreadGroup, ThreadRank
-from .context import MultiAdapterContext
-from .data_parallel import DataParallel, DistributedDataParallel, broadcast_module, replicate
+from .data_parallel import DistributedDataParallel, broadcast_module, replicate
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .fsdp import (
     FSDP,
@@ -44,6 +43,7 @@ from .pipeline import (
     pipeline_mesh,
     split_module,
 )
+from .single_controller import DataParallel, MultiAdapterContext
 from .tensor_parallel import (
     MLP,
     CausalSelfAttention,

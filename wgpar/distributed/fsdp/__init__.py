@@ -23,9 +23,17 @@ from .offload import HostAdam, HostAdamW, HostSGD
 from .param import OffloadedShard, ShardedState, ShardGeometry
 from .param_group import FSDPParamGroup
 from .policies import PERSIST_THRESHOLD, MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, plan_units
-from .wrapper import FSDP
 
 __all__ = ["fully_shard", "FSDP", "FSDPModule", "hybrid_groups", "ShardingStrategy", "MixedPrecisionPolicy",
            "OffloadPolicy", "PERSIST_THRESHOLD", "plan_units", "full_state_dict", "sharded_state_dict",
            "save_sharded_checkpoint", "load_sharded_checkpoint", "LocalShard", "memory_estimate", "MemoryEstimate",
            "HostSGD", "HostAdam", "HostAdamW", "ShardedState", "ShardGeometry", "OffloadedShard", "FSDPParamGroup"]
+
+
+def __getattr__(name: str):
+    # FSDP lives in single_controller/, which imports this package: loaded on first use.
+    if name == "FSDP":
+        from ..single_controller.fsdp import FSDP
+
+        return FSDP
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
