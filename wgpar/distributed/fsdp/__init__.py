@@ -6,7 +6,7 @@ FSDPModule methods), ``policies.py`` (strategies, mixed precision, offload, auto
 reduce-scatter lifecycle), ``collectives.py`` (the flat collectives over the ProcessGroup),
 ``state.py`` (hooks and prefetch), ``sharing.py`` (which unit owns a parameter),
 ``checkpoint.py`` (full and sharded state dicts and checkpoints), ``offload.py`` (host
-optimizers), ``estimate.py`` (memory_estimate) and ``wrapper.py`` (the single-controller FSDP).
+optimizers), ``estimate.py`` (memory_estimate); the single-controller FSDP is in single_controller/.
 Everything talks to other ranks through one rank's ProcessGroup only. See docs/design.md, FSDP.
 """
 
