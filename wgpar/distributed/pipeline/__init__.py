@@ -4,7 +4,8 @@
 user's), validated before they run, with their bubble, peak activations and a text timeline.
 ``stage``: PipelineStage and ``split_module``. ``runtime``: one rank's execution of a step over its
 ProcessGroup's send / recv. ``api``: PipelineSchedule, the per-rank (SPMD) object with ``step``.
-``mesh``: stages x data parallel. PipelineExecutor, the single-controller form, is in single_controller/. Nothing here touches a backend: the same code runs on any ProcessGroup.
+``mesh``: stages x data parallel. PipelineExecutor, the single-controller form, is in
+single_controller/. Nothing here touches a backend: the same code runs on any ProcessGroup.
 """
 
 from .api import PipelineSchedule
