@@ -5,10 +5,10 @@ its Work handles; ``backends/`` implement it (``threads``: ranks are threads of
 one process; ``mpi``: ranks are processes started by mpiexec); ``launch.py``
 runs a per-rank program on every rank (``run_spmd``, ``init_process_group``);
 ``single_controller/`` holds MultiAdapterContext (over the threaded backend) and the
-one driver under DataParallel, FSDP and PipelineExecutor. Everything above (AllReduceSync,
-DataParallel, the differentiable collectives in ``functional``, FSDP in ``fsdp/``, tensor parallelism in ``tensor_parallel/``, the
-pipeline in ``pipeline/``) uses the ProcessGroup
-interface only, so it runs unchanged on any backend.
+one driver under DataParallel, FSDP and PipelineExecutor. The strategies (AllReduceSync,
+DistributedDataParallel, the differentiable collectives in ``functional``, ``fsdp/``,
+``tensor_parallel/``, ``pipeline/``) use the ProcessGroup interface only, so they run unchanged
+on any backend.
 """
 
 from . import fsdp, functional, pipeline
