@@ -39,19 +39,9 @@ import common  # examples/common.py: a script's own directory is on sys.path
 import numpy as np
 
 import wgpar
+from wgpar import distributed as dist
 from wgpar import nn, optim
 from wgpar.amp import GradScaler
-from wgpar.distributed import (
-    FSDP,
-    ColwiseParallel,
-    DataParallel,
-    MultiAdapterContext,
-    PipelineExecutor,
-    RowwiseParallel,
-    broadcast_module,
-    parallelize_module,
-)
-from wgpar.distributed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from wgpar.models import GPT, GPTConfig, preset
 from wgpar.models.gpt import decay_groups, lm_loss, sample, untie
 from wgpar.optim import lr_scheduler
@@ -128,7 +118,7 @@ class Run:
     scheds: list
     scaler: GradScaler
     devices: list
-    ctx: MultiAdapterContext | None = None
+    ctx: dist.MultiAdapterContext | None = None
     sharded: bool = False
     on_resume: Callable[[int], None] = field(default=lambda step: None)
 
@@ -169,20 +159,22 @@ def single_or_tp(cfg: GPTConfig, args) -> Run:
     """One device, or Megatron tensor parallelism (--parallel tp: each block's heads and MLP split over the
     ranks, the rest replicated, every rank on the whole batch): the loop a user writes, clipping over the
     model's group (sharded layers' squares summed over the ranks, replicated ones counted once)."""
-    ctx = MultiAdapterContext(args.devices) if args.parallel == "tp" else None
+    ctx = dist.MultiAdapterContext(args.devices) if args.parallel == "tp" else None
     devices = ctx.devices if ctx else [wgpar.device(args.device)]
     models = [build_model(cfg, args, d) for d in devices]
     scaler, replicated = GradScaler(enabled=args.amp), [[] for _ in devices]
     if ctx:
         hd = cfg.n_embd // cfg.n_head
-        plan = {"blocks.*.attn.qkv": ColwiseParallel(unit=hd, chunks=3), "blocks.*.mlp.fc1": ColwiseParallel(),
-                "blocks.*.attn.out_proj": RowwiseParallel(unit=hd), "blocks.*.mlp.fc2": RowwiseParallel()}
+        col, row = dist.ColwiseParallel, dist.RowwiseParallel
+        plan = {"blocks.*.attn.qkv": col(unit=hd, chunks=3), "blocks.*.attn.out_proj": row(unit=hd),
+                "blocks.*.mlp.fc1": col(), "blocks.*.mlp.fc2": row()}
 
         def setup(r: int) -> None:
-            broadcast_module(models[r], ctx.comm(r))  # the replicated layers: rank 0's
-            parallelize_module(models[r], ctx.comm(r), plan, src_rank=None)
-            split = {id(p) for m in models[r].modules() if isinstance(m, ColumnParallelLinear) for p in m.parameters()}
-            split |= {id(m.weight) for m in models[r].modules() if isinstance(m, RowParallelLinear)}
+            dist.broadcast_module(models[r], ctx.comm(r))  # the replicated layers: rank 0's
+            dist.parallelize_module(models[r], ctx.comm(r), plan, src_rank=None)
+            mods = list(models[r].modules())
+            split = {id(p) for m in mods if isinstance(m, dist.ColumnParallelLinear) for p in m.parameters()}
+            split |= {id(m.weight) for m in mods if isinstance(m, dist.RowParallelLinear)}  # its bias: replicated
             replicated[r] = [p for p in models[r].parameters() if id(p) not in split]
         ctx.run(setup)
     opts = [make_optimizer(m.parameters(), args) for m in models]
@@ -219,13 +211,13 @@ def data_or_fully_sharded(cfg: GPTConfig, args) -> Run:
     """DataParallel (every rank a replica on its share of each micro-batch, gradients summed during the last
     micro-batch's backward) or FSDP (each block one unit whose parameters, gradients and AdamW state every
     rank holds 1/N of, gathered around its use): the library's driver does the whole step."""
-    ctx = MultiAdapterContext(args.devices)
+    ctx = dist.MultiAdapterContext(args.devices)
     model = build_model(cfg, args, ctx.devices[0])
     if args.parallel == "dp":
-        wrapper = DataParallel(model, ctx)
+        wrapper = dist.DataParallel(model, ctx)
         models = wrapper.replicas
     else:
-        wrapper = FSDP(model, ctx, auto_wrap=lambda m, name: name.startswith("blocks.") and name.count(".") == 1)
+        wrapper = dist.FSDP(model, ctx, auto_wrap=lambda m, name: name.count(".") == 1 and name.startswith("blocks"))
         models = wrapper.modules
     opts = wrapper.optimizers(lambda ps: make_optimizer(ps, args))
     scaler = GradScaler(enabled=args.amp)
@@ -245,12 +237,13 @@ def pipeline(cfg: GPTConfig, args) -> Run:
     """Pipeline parallelism (PipelineExecutor): one stage per rank, balanced by parameter count, micro-batches
     streamed by ``--schedule``. The last stage holds its own copy of the tied embedding; the two copies'
     gradients are summed after backward, so they stay equal, and clipping counts them once."""
-    ctx = MultiAdapterContext(args.devices)
+    ctx = dist.MultiAdapterContext(args.devices)
     if ctx.world_size < 2:
         raise SystemExit("--parallel pipeline needs --devices 2 or more")
     blocks = build_model(cfg, args, ctx.devices[0]).pipeline_blocks()
     tied = [blocks[0].wte.weight, untie(blocks[-1])]
-    ex = PipelineExecutor(blocks, ctx, args.microbatches, args.schedule, lm_loss, seed=args.seed, copies=tied[1:])
+    ex = dist.PipelineExecutor(blocks, ctx, args.microbatches, args.schedule, lm_loss, seed=args.seed,
+                               copies=tied[1:])
     ends = [0, ctx.world_size - 1]
     pair = dict(zip(ends, ctx.run(lambda r: ctx.comm(r).split(ends))))
 
@@ -347,40 +340,37 @@ def load_checkpoint(run: Run, out: Path, cfg: GPTConfig, args) -> int:
 
 # -- the run --------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(DEFAULTS), default="tiny")
-    ap.add_argument("--data", help="a text file to train on (default: the standard library's sources)")
-    ap.add_argument("--max-bytes", type=int, default=0, help="use at most this many bytes of the corpus (0: all)")
-    ap.add_argument("--steps", type=int, help="optimizer steps (preset default)")
-    ap.add_argument("--batch-size", type=int, help="sequences per micro-batch (preset default)")
-    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    ap.add_argument("--block-size", type=int, help="context length (default: the preset's)")
-    ap.add_argument("--n-layer", type=int, help="blocks (default: the preset's)")
-    ap.add_argument("--n-head", type=int, help="attention heads (default: the preset's)")
-    ap.add_argument("--n-embd", type=int, help="model width (default: the preset's)")
-    ap.add_argument("--dropout", type=float, default=None)
-    ap.add_argument("--lr", type=float, help="peak learning rate (preset default)")
-    ap.add_argument("--min-lr", type=float, help="final learning rate of the cosine (default lr / 10)")
-    ap.add_argument("--warmup", type=int, help="linear warm-up steps (preset default)")
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
-    ap.add_argument("--parallel", choices=sorted(STRATEGIES), default="single")
-    ap.add_argument("--devices", type=int, default=2, help="ranks for dp / tp / pipeline")
-    ap.add_argument("--microbatches", type=int, help="pipeline micro-batches per micro-batch (default: --devices)")
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "zb"], default="1f1b", help="pipeline schedule")
-    ap.add_argument("--device", type=int, default=0, help="device index for --parallel single")
-    ap.add_argument("--amp", action="store_true", help="float16 autocast with dynamic loss scaling")
-    ap.add_argument("--eval-every", type=int, help="steps between validation losses (preset default)")
-    ap.add_argument("--eval-iters", type=int, help="validation batches per evaluation (preset default)")
-    ap.add_argument("--log-every", type=int, default=10, help="steps between loss readbacks for the bar")
-    ap.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
-    ap.add_argument("--out", type=Path, default=Path("out-gpt"),
-                    help="checkpoint directory, relative to the current directory (default: out-gpt/)")
-    ap.add_argument("--no-save", action="store_true", help="write no checkpoint at the end")
-    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    ap.add_argument("--sample-tokens", type=int, default=200, help="bytes to generate at the end (0: none)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap = common.parser(__doc__)
+    flag = ap.add_argument
+    flag("--preset", choices=sorted(DEFAULTS), default="tiny")
+    flag("--data", help="a text file to train on (default: the standard library's sources)")
+    flag("--max-bytes", type=int, default=0, help="use at most this many bytes of the corpus (0: all)")
+    for name, kind, what in [("steps", int, "optimizer steps"), ("batch-size", int, "sequences per micro-batch"),
+                             ("lr", float, "peak learning rate"), ("warmup", int, "linear warm-up steps"),
+                             ("eval-every", int, "steps between validation losses"),
+                             ("eval-iters", int, "validation batches per evaluation"),
+                             ("block-size", int, "context length"), ("n-layer", int, "blocks"),
+                             ("n-head", int, "attention heads"), ("n-embd", int, "model width")]:
+        flag(f"--{name}", type=kind, help=f"{what} (default: the preset's)")
+    flag("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    flag("--dropout", type=float, default=None)
+    flag("--min-lr", type=float, help="final learning rate of the cosine (default lr / 10)")
+    flag("--weight-decay", type=float, default=0.1)
+    flag("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
+    flag("--parallel", choices=sorted(STRATEGIES), default="single")
+    flag("--devices", type=int, default=2, help="ranks for dp / tp / fsdp / pipeline")
+    flag("--microbatches", type=int, help="pipeline micro-batches per micro-batch (default: --devices)")
+    flag("--schedule", choices=["gpipe", "1f1b", "zb"], default="1f1b", help="pipeline schedule")
+    flag("--device", type=int, default=0, help="device index for --parallel single")
+    flag("--amp", action="store_true", help="float16 autocast with dynamic loss scaling")
+    flag("--log-every", type=int, default=10, help="steps between loss readbacks for the bar")
+    flag("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    flag("--out", type=Path, default=Path("out-gpt"), help="checkpoint directory")
+    flag("--no-save", action="store_true", help="write no checkpoint at the end")
+    flag("--resume", action="store_true", help="continue from the checkpoint in --out")
+    flag("--sample-tokens", type=int, default=200, help="bytes to generate at the end (0: none)")
+    flag("--seed", type=int, default=0)
+    flag("--no-progress", action="store_true", help="no tqdm bar")
     args = ap.parse_args(argv)
     for k, v in DEFAULTS[args.preset].items():
         if getattr(args, k) is None:
@@ -389,10 +379,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
     args.microbatches = args.microbatches or args.devices
     return args
-
-
-def _peak_mib(devices) -> float:
-    return max(wgpar.memory_stats(d)["peak_allocated_bytes"] for d in devices) / 2**20
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -407,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict:
     train, val = data[:cut], data[cut:]
     baseline = unigram_loss(train, val)
     run = STRATEGIES[args.parallel](cfg, args)
-    log = print if args.no_progress else (lambda *a: bar.write(" ".join(map(str, a))) if bar else print(*a))
+    log = print if args.no_progress else (lambda msg: common.report(bar, msg))
     start = load_checkpoint(run, args.out, cfg, args) if args.resume else 0
     run.on_resume(start)
     if args.resume:
@@ -442,8 +428,8 @@ def main(argv: list[str] | None = None) -> dict:
                 now = time.perf_counter()
                 rate = (done - n_last) * tokens_per_step / max(now - t_last, 1e-9)
                 t_last, n_last = now, done
-                stats = {"loss": f"{result['losses'][done]:.4f}", "tok/s": f"{rate:.0f}",
-                         "mem": f"{_peak_mib(run.devices):.0f}MiB"}
+                peak = max(wgpar.memory_stats(d)["peak_allocated_bytes"] for d in run.devices)
+                stats = {"loss": f"{result['losses'][done]:.4f}", "tok/s": f"{rate:.0f}", "mem": f"{peak >> 20}MiB"}
                 if bar:
                     bar.set_postfix(stats, refresh=False)
                 else:
@@ -464,14 +450,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"final val loss {final:.4f} nats/byte, {verdict} the unigram baseline {baseline:.4f} "
               f"({baseline - final:+.3f})")
         if args.sample_tokens:
-            prompt = val[:16]
-            out = run.generate(prompt, args.sample_tokens, args.seed)
+            out = run.generate(val[:16], args.sample_tokens, args.seed)
             result["sample"] = bytes(out[0].astype(np.uint8)).decode("utf-8", errors="replace")
             print("sample:\n" + result["sample"])
         for d in run.devices:
-            s = wgpar.memory_stats(d)
-            print(f"{d}: peak {s['peak_allocated_bytes'] / 2**20:.1f} MiB allocated, "
-                  f"{s['reserved_bytes'] / 2**20:.1f} MiB reserved")
+            print(common.memory_line(str(d), d))
     finally:
         if run.ctx:
             run.ctx.close()
