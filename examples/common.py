@@ -45,15 +45,15 @@ def check_device_index(ap: argparse.ArgumentParser, index: int, flag: str = "--d
         ap.error(f"{flag} {index} is out of range: this machine has {len(names)} adapter(s) ({listing})")
 
 
-def progress(total: int, show: bool = True):
-    """A tqdm bar (None without tqdm, or when not shown)."""
+def progress(total: int, show: bool = True, initial: int = 0):
+    """A tqdm bar (None without tqdm, or when not shown); ``initial`` steps already done (a resumed run)."""
     if not show:
         return None
     try:
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, unit="step", leave=False, dynamic_ncols=True)
 
 
 def report(bar, msg: str) -> None:

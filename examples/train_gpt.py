@@ -18,8 +18,9 @@ The bar shows the loss, tokens/s and peak device memory; the validation loss is 
 frequency alone); a sample of generated text closes the run. Checkpoints (one safetensors file per
 rank that holds a shard, one otherwise) resume exactly: same data, same schedule, same weights.
 
-Each ``--parallel`` strategy is one function below that builds a ``Trainer`` (the step, the
-evaluation, sampling and checkpoint state) on top of the same model, optimizer and schedule.
+Each ``--parallel`` strategy builds a ``Run`` on the same model, optimizer and schedule; dp, fsdp and
+pipeline hand the whole step (split, accumulation, AMP, clipping) to the library's single-controller
+driver (wgpar/distributed/single_controller/).
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
+import common  # examples/common.py: a script's own directory is on sys.path
 import numpy as np
 
 import wgpar
+from wgpar import distributed as dist
 from wgpar import nn, optim
 from wgpar.amp import GradScaler
-from wgpar.distributed import fully_shard
 from wgpar.models import GPT, GPTConfig, preset
 from wgpar.models.gpt import decay_groups, lm_loss, sample, untie
 from wgpar.optim import lr_scheduler
@@ -92,42 +95,37 @@ def get_batch(data: np.ndarray, batch: int, block: int, rng: np.random.Generator
     return x, y
 
 
-def step_batches(data: np.ndarray, args, step: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The micro-batches of training step ``step``: a function of (seed, step) alone, so a resumed run
-    sees exactly the data an uninterrupted one would."""
+def step_batch(data: np.ndarray, args, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training step ``step``'s batch (its ``--grad-accum`` micro-batches one after another): a function of
+    (seed, step) alone, so a resumed run sees exactly the data an uninterrupted one would."""
     rng = np.random.default_rng([args.seed, step])
-    return [get_batch(data, args.batch_size, args.block_size, rng) for _ in range(args.grad_accum)]
+    micro = [get_batch(data, args.batch_size, args.block_size, rng) for _ in range(args.grad_accum)]
+    return np.concatenate([x for x, _ in micro]), np.concatenate([y for _, y in micro])
 
 
-# -- what every strategy builds -------------------------------------------------------------------------
+# -- the strategies: each builds a Run on the same model, optimizer and schedule ----------------------------
 @dataclass
-class Replica:
-    """One rank's model (as trained: possibly wrapped, parallelized, or its pipeline stage), optimizer and
-    schedule."""
+class Run:
+    """``train(x, y)`` one optimizer step on the step's whole batch, returning its mean loss (a 0-d tensor,
+    read back only when the bar is updated); ``evaluate``, ``generate``; per rank its model, optimizer and
+    schedule (``sharded``: every rank's is saved, else rank 0's alone)."""
 
-    model: nn.Module
-    net: nn.Module
-    opt: optim.Optimizer
-    sched: lr_scheduler.LRScheduler
+    train: Callable[[np.ndarray, np.ndarray], wgpar.Tensor]
+    evaluate: Callable[[np.ndarray, np.ndarray], float]
+    generate: Callable[[np.ndarray, int, int], np.ndarray]
+    models: list
+    opts: list
+    scheds: list
+    scaler: GradScaler
+    devices: list
+    ctx: dist.MultiAdapterContext | None = None
+    sharded: bool = False
+    on_resume: Callable[[int], None] = field(default=lambda step: None)
 
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optim": self.opt.state_dict(), "sched": self.sched.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optim"])
-        self.sched.load_state_dict(state["sched"])
-
-
-def make_replica(model: nn.Module, args, net: nn.Module | None = None) -> Replica:
-    """AdamW (decay on matrices and embeddings only, betas 0.9 / 0.95) and warm-up + cosine to min_lr."""
-    opt = optim.AdamW(decay_groups(model.parameters(), args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
-    warm = max(1, min(args.warmup, args.steps - 1))
-    sched = lr_scheduler.SequentialLR(opt, [
-        lr_scheduler.LinearLR(opt, start_factor=1.0 / warm, total_iters=warm),
-        lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.steps - warm), eta_min=args.min_lr),
-    ], milestones=[warm])
-    return Replica(model, net if net is not None else model, opt, sched)
+    def rank_states(self) -> list[dict]:  # a sharded model's state_dict may be a collective: all ranks at once
+        states = self.ctx.run(lambda r: self.models[r].state_dict()) if self.ctx else [self.models[0].state_dict()]
+        return [{"model": m, "optim": o.state_dict(), "sched": s.state_dict()}
+                for m, o, s in zip(states, self.opts, self.scheds)]
 
 
 def build_model(cfg: GPTConfig, args, device) -> GPT:
@@ -135,412 +133,244 @@ def build_model(cfg: GPTConfig, args, device) -> GPT:
     return GPT(cfg, device=device)
 
 
-@dataclass
-class Trainer:
-    """A strategy's handles: ``step(micro_batches)`` trains one step and returns a function that reads its
-    mean loss back (called only when the bar is updated, so steps do not wait for the GPU);
-    ``evaluate(x, y)`` a validation loss; ``generate``; the checkpoint shards (``sharded``: one per rank,
-    else rank 0's alone) and the devices used."""
-
-    step: Callable[[list], Callable[[], float]]
-    evaluate: Callable[[np.ndarray, np.ndarray], float]
-    generate: Callable[[np.ndarray, int, int], np.ndarray]
-    replicas: list[Replica]
-    scaler: GradScaler
-    devices: list
-    sharded: bool = False
-    close: Callable[[], None] = field(default=lambda: None)
-    on_resume: Callable[[int], None] = field(default=lambda step: None)
+def make_optimizer(params, args) -> optim.AdamW:
+    """AdamW (decay on matrices and embeddings only, betas 0.9 / 0.95)."""
+    return optim.AdamW(decay_groups(params, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
 
 
-def finish_step(rep: Replica, scaler: GradScaler, args, group=None, summed: set[int] | None = None,
-                counted: set[int] | None = None, clip: Callable[[], object] | None = None) -> None:
-    """Unscale (AMP), clip, step (skipped on inf / NaN), advance the schedule. With a ``group`` whose
-    ranks hold different parameters (tensor or pipeline parallelism), the ranks clip by the norm of the
-    whole model: ``summed`` parameters' squares are summed over the ranks, ``counted``
-    ones (replicated) are counted once, others (a copy another rank counts) only scaled; ``clip``, if given,
-    replaces that clipping (FSDP clips over the shards itself)."""
-    scaler.unscale_(rep.opt)  # ranks holding different parts of the model agree on skipping (GradScaler)
-    if args.grad_clip > 0:
-        params = list(rep.net.parameters())
-        if clip is not None:  # the strategy's own (FSDP: the norm over every rank's shards)
-            clip()
-        elif group is None:
-            nn.utils.clip_grad_norm_(params, args.grad_clip)
-        else:
-            clip_distributed(params, summed or set(), counted or set(), args.grad_clip, group)
-    scaler.step(rep.opt)
-    rep.sched.step()
+def make_schedule(opt, args) -> lr_scheduler.LRScheduler:
+    """Linear warm-up, then cosine to min_lr."""
+    warm = max(1, min(args.warmup, args.steps - 1))
+    return lr_scheduler.SequentialLR(opt, [
+        lr_scheduler.LinearLR(opt, start_factor=1.0 / warm, total_iters=warm),
+        lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.steps - warm), eta_min=args.min_lr)], milestones=[warm])
 
 
-@wgpar.no_grad()
-def clip_distributed(params, summed: set[int], counted: set[int], max_norm: float, group) -> None:
-    """clip_grad_norm_ over a model spread across ranks: one 4-byte all-reduce of the summed squares, so
-    every rank scales by the same factor as one device holding the whole model would."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    dev = grads[0].device
-    local_sq = wgpar.zeros(1, device=dev)
-    once_sq = wgpar.zeros(1, device=dev)
-    for p in params:
-        if p.grad is not None and (id(p) in summed or id(p) in counted):
-            sq = (p.grad * p.grad).sum().reshape(1)
-            if id(p) in summed:
-                local_sq = local_sq + sq
-            else:
-                once_sq = once_sq + sq
-    group.all_reduce(local_sq, "sum", label="clip")
-    coef = wgpar.clamp(max_norm / ((local_sq + once_sq).sqrt() + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef)
+def _stepped(step: Callable, scheds: list) -> Callable:
+    def train(x, y):
+        loss = step(x, y)
+        for s in scheds:
+            s.step()
+        return loss
+    return train
 
 
-def _micro_step(net: nn.Module, x, y, scaler: GradScaler, args, n_micro: int):
-    with wgpar.autocast(enabled=args.amp):
-        loss = net(x, y)
-    scaler.scale(loss * (1.0 / n_micro)).backward()
-    return loss.detach()
+def single_or_tp(cfg: GPTConfig, args) -> Run:
+    """One device, or Megatron tensor parallelism (--parallel tp: each block's heads and MLP split over the
+    ranks, the rest replicated, every rank on the whole batch): the loop a user writes, clipping over the
+    model's group (sharded layers' squares summed over the ranks, replicated ones counted once)."""
+    ctx = dist.MultiAdapterContext(args.devices) if args.parallel == "tp" else None
+    devices = ctx.devices if ctx else [wgpar.device(args.device)]
+    models = [build_model(cfg, args, d) for d in devices]
+    scaler, replicated = GradScaler(enabled=args.amp), [[] for _ in devices]
+    if ctx:
+        hd = cfg.n_embd // cfg.n_head
+        col, row = dist.ColwiseParallel, dist.RowwiseParallel
+        plan = {"blocks.*.attn.qkv": col(unit=hd, chunks=3), "blocks.*.attn.out_proj": row(unit=hd),
+                "blocks.*.mlp.fc1": col(), "blocks.*.mlp.fc2": row()}
 
+        def setup(r: int) -> None:
+            dist.broadcast_module(models[r], ctx.comm(r))  # the replicated layers: rank 0's
+            dist.parallelize_module(models[r], ctx.comm(r), plan, src_rank=None)
+            mods = list(models[r].modules())
+            split = {id(p) for m in mods if isinstance(m, dist.ColumnParallelLinear) for p in m.parameters()}
+            split |= {id(m.weight) for m in mods if isinstance(m, dist.RowParallelLinear)}  # its bias: replicated
+            replicated[r] = [p for p in models[r].parameters() if id(p) not in split]
+        ctx.run(setup)
+    opts = [make_optimizer(m.parameters(), args) for m in models]
 
-# -- strategies ----------------------------------------------------------------------------------------
-def single(cfg: GPTConfig, args) -> Trainer:
-    """One device."""
-    dev = wgpar.device(args.device)
-    rep = make_replica(build_model(cfg, args, dev), args)
-    scaler = GradScaler(enabled=args.amp)
-
-    def step(micro):
-        rep.opt.zero_grad()
+    def work(r: int, x, y):
+        opts[r].zero_grad()
         total = None
-        for x, y in micro:
-            loss = _micro_step(rep.model, x, y, scaler, args, len(micro))
-            total = loss if total is None else total + loss
-        finish_step(rep, scaler, args)
-        scaler.update()
-        return lambda: total.item() / len(micro)
-
-    return Trainer(step, lambda x, y: _evaluate(rep.model, x, y, args), lambda p, n, s: _sample(rep.model, p, n, s),
-                   [rep], scaler, [dev])
-
-
-def _ranks_share_the_batch(ctx, args) -> None:
-    if args.batch_size % ctx.world_size:
-        raise SystemExit(f"--parallel {args.parallel}: --batch-size {args.batch_size} must divide by the "
-                         f"{ctx.world_size} ranks")
-
-
-def _split_batch_step(ctx, reps: list[Replica], scaler: GradScaler, args, finish: Callable[[int, Replica], None]):
-    """The step of the strategies that split every micro-batch over the ranks (dp, fsdp): each rank accumulates
-    its share without communicating (no_sync) until the last micro-batch, whose backward reduces the
-    gradients; then ``finish(rank, replica)`` clips and steps."""
-    n = ctx.world_size
-    share = args.batch_size // n
-
-    def work(r: int, micro):
-        rep = reps[r]
-        rep.opt.zero_grad()
-        total = None
-        for i, (x, y) in enumerate(micro):
-            sync = rep.net.no_sync() if i < len(micro) - 1 else contextlib.nullcontext()
-            with sync:
-                loss = _micro_step(rep.net, x, y, scaler, args, len(micro))
-            total = loss if total is None else total + loss
-        finish(r, rep)
-        return total
-
-    def step(micro):
-        per_rank = [[(x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]) for x, y in micro]
-                    for r in range(n)]
-        totals = ctx.run(work, per_rank)
-        scaler.update()
-        return lambda: sum(t.item() for t in totals) / (len(micro) * n)  # equal shares: the batch mean
-
-    return step
-
-
-def data_parallel(cfg: GPTConfig, args) -> Trainer:
-    """DistributedDataParallel: every rank a replica on its share of each micro-batch; gradients averaged
-    by the bucketed all-reduce during the last micro-batch's backward (the others accumulate locally)."""
-    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
-    _ranks_share_the_batch(ctx, args)
-    models = [build_model(cfg, args, d) for d in ctx.devices]
-    reps = ctx.run(lambda r: make_replica(models[r], args, wgpar.distributed.DistributedDataParallel(
-        models[r], ctx.comm(r), op="mean")))
-    scaler = GradScaler(enabled=args.amp)
-    step = _split_batch_step(ctx, reps, scaler, args, lambda r, rep: finish_step(rep, scaler, args))
-    return Trainer(step, lambda x, y: _evaluate(reps[0].model, x, y, args),
-                   lambda p, k, s: _sample(reps[0].model, p, k, s), reps, scaler, ctx.devices, close=ctx.close)
-
-
-def tensor_parallel(cfg: GPTConfig, args) -> Trainer:
-    """Megatron tensor parallelism: each block's heads and MLP split over the ranks (one all-reduce after
-    attention and one after the MLP, forward and backward); embeddings, LayerNorms and the tied output
-    layer replicated; every rank sees the whole batch. Checkpoints are sharded (one file per rank)."""
-    from wgpar.distributed import ColwiseParallel, RowwiseParallel, broadcast_module, parallelize_module
-    from wgpar.distributed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-
-    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
-    hd = cfg.n_embd // cfg.n_head
-    plan = {"blocks.*.attn.qkv": ColwiseParallel(unit=hd, chunks=3), "blocks.*.attn.out_proj": RowwiseParallel(unit=hd),
-            "blocks.*.mlp.fc1": ColwiseParallel(), "blocks.*.mlp.fc2": RowwiseParallel()}
-    models = [build_model(cfg, args, d) for d in ctx.devices]
-
-    def setup(r: int):
-        group = ctx.comm(r)
-        broadcast_module(models[r], group)  # the replicated layers: rank 0's, whatever each rank built
-        parallelize_module(models[r], group, plan, src_rank=None)
-        sharded = set()
-        for m in models[r].modules():
-            if isinstance(m, ColumnParallelLinear):
-                sharded |= {id(p) for p in m.parameters()}
-            elif isinstance(m, RowParallelLinear):
-                sharded.add(id(m.weight))  # its bias is replicated
-        replicated = {id(p) for p in models[r].parameters()} - sharded
-        return make_replica(models[r], args), sharded, replicated
-
-    built = ctx.run(setup)
-    reps = [b[0] for b in built]
-    scaler = GradScaler(enabled=args.amp)
-
-    def work(r: int, micro):
-        rep = reps[r]
-        rep.opt.zero_grad()
-        total = None
-        for x, y in micro:
-            loss = _micro_step(rep.model, x, y, scaler, args, len(micro))
-            total = loss if total is None else total + loss
-        finish_step(rep, scaler, args, ctx.comm(r), built[r][1], built[r][2])
-        return total
-
-    def step(micro):
-        totals = ctx.run(work, [micro] * ctx.world_size)
-        scaler.update()
-        return lambda: totals[0].item() / len(micro)  # every rank computed the same loss
-
-    def evaluate(x, y):
-        return ctx.run(lambda r: _evaluate(reps[r].model, x, y, args))[0]
-
-    def generate(prompt, n, seed):
-        return ctx.run(lambda r: _sample(reps[r].model, prompt, n, seed))[0]
-
-    return Trainer(step, evaluate, generate, reps, scaler, ctx.devices, sharded=True, close=ctx.close)
-
-
-def pipeline(cfg: GPTConfig, args) -> Trainer:
-    """Pipeline parallelism: the GPT cut into one stage per rank (embeddings, blocks, final norm and output
-    layer, balanced by parameter count), micro-batches streamed through them by ``--schedule``. The output
-    layer on the last stage holds its own copy of the tied embedding; the two copies' gradients are summed
-    after each step, so they stay equal. Checkpoints are sharded (one file per stage)."""
-    from wgpar.distributed import PipelineSchedule, PipelineStage, split_module
-
-    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
-    n = ctx.world_size
-    if n < 2:
-        raise SystemExit("--parallel pipeline needs --devices 2 or more")
-    if args.batch_size < args.microbatches:
-        raise SystemExit(f"--parallel pipeline: --batch-size {args.batch_size} cannot make {args.microbatches} "
-                         "micro-batches")
-    # Every rank builds the same GPT (same seed) on its device and keeps its own stage; the rest is freed.
-    parts = [split_module(build_model(cfg, args, d).pipeline_blocks(), n)[r] for r, d in enumerate(ctx.devices)]
-
-    def setup(r: int):
-        group, part = ctx.comm(r), parts[r]
-        tied_group = group.split([0, n - 1])
-        tied = part[0].wte.weight if r == 0 else untie(part[-1]) if r == n - 1 else None
-        pipe = PipelineSchedule(PipelineStage(part, r, n, ctx.devices[r]), group, args.microbatches, args.schedule,
-                                lm_loss, seed=args.seed)
-        summed = {id(p) for p in part.parameters()} - ({id(tied)} if r == n - 1 else set())
-        return make_replica(part, args), pipe, tied_group, tied, summed
-
-    built = ctx.run(setup)
-    reps = [b[0] for b in built]
-    scaler = GradScaler(enabled=args.amp)
-
-    def work(r: int, micro):
-        rep, pipe, tied_group, tied, summed = built[r]
-        rep.opt.zero_grad()
-        scale = scaler.get_scale() if args.amp else 1.0
-        total = None
-        for x, y in micro:  # the loss scale rides on the step's scale: the pipeline runs its own backward
+        for rows in np.array_split(np.arange(len(x)), args.grad_accum):
             with wgpar.autocast(enabled=args.amp):
-                loss = pipe.step(x if pipe.has_first else None, y if pipe.has_last else None,
-                                 scale=scale / len(micro))
-            if loss is not None:
-                total = loss if total is None else total + loss
-        if tied_group is not None:
-            tied_group.all_reduce(tied.grad, "sum", label="tied embedding")
-        finish_step(rep, scaler, args, ctx.comm(r), summed)
-        return total, scale
+                loss = models[r](x[rows], y[rows]) * (len(rows) / len(x))
+            scaler.scale(loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        scaler.unscale_(opts[r])
+        if args.grad_clip > 0:
+            nn.utils.clip_grad_norm_(models[r].parameters(), args.grad_clip, group=ctx.comm(r) if ctx else None,
+                                     replicated=replicated[r])
+        scaler.step(opts[r])
+        return total
 
-    def step(micro):
-        results = ctx.run(work, [micro] * n)
+    def step(x, y):
+        loss = ctx.run(work, [x] * ctx.world_size, [y] * ctx.world_size)[0] if ctx else work(0, x, y)
         scaler.update()
-        total, scale = results[n - 1]
-        return lambda: total.item() / scale  # the last stage holds the batch's mean loss (times the scale)
+        return loss
+
+    def on_ranks(fn):  # a tensor-parallel forward needs every rank
+        return (lambda *a: ctx.run(lambda r: fn(models[r], *a))[0]) if ctx else (lambda *a: fn(models[0], *a))
+
+    scheds = [make_schedule(o, args) for o in opts]
+    return Run(_stepped(step, scheds), on_ranks(lambda m, x, y: _evaluate(m, x, y, args)),
+               on_ranks(_sample), models, opts, scheds, scaler, devices, ctx, sharded=ctx is not None)
+
+
+def data_or_fully_sharded(cfg: GPTConfig, args) -> Run:
+    """DataParallel (every rank a replica on its share of each micro-batch, gradients summed during the last
+    micro-batch's backward) or FSDP (each block one unit whose parameters, gradients and AdamW state every
+    rank holds 1/N of, gathered around its use): the library's driver does the whole step."""
+    ctx = dist.MultiAdapterContext(args.devices)
+    model = build_model(cfg, args, ctx.devices[0])
+    if args.parallel == "dp":
+        wrapper = dist.DataParallel(model, ctx)
+        models = wrapper.replicas
+    else:
+        wrapper = dist.FSDP(model, ctx, auto_wrap=lambda m, name: name.count(".") == 1 and name.startswith("blocks"))
+        models = wrapper.modules
+    opts = wrapper.optimizers(lambda ps: make_optimizer(ps, args))
+    scaler = GradScaler(enabled=args.amp)
+    scheds = [make_schedule(o, args) for o in opts]
+    step = partial(wrapper.train_step, loss_fn=lm_loss, optimizers=opts, accumulate=args.grad_accum, scaler=scaler,
+                   autocast=args.amp, max_norm=args.grad_clip or None)
+    if args.parallel == "dp":
+        return Run(_stepped(step, scheds), lambda x, y: _evaluate(models[0], x, y, args),
+                   lambda p, k, s: _sample(models[0], p, k, s), models, opts, scheds, scaler, ctx.devices, ctx)
+    # Every rank must run a sharded forward (each gather needs them all): the same input on each.
+    return Run(_stepped(step, scheds), lambda x, y: ctx.run(lambda r: _evaluate(models[r], x, y, args))[0],
+               lambda p, k, s: ctx.run(lambda r: _sample(models[r], p, k, s))[0], models, opts, scheds, scaler,
+               ctx.devices, ctx, sharded=True)
+
+
+def pipeline(cfg: GPTConfig, args) -> Run:
+    """Pipeline parallelism (PipelineExecutor): one stage per rank, balanced by parameter count, micro-batches
+    streamed by ``--schedule``. The last stage holds its own copy of the tied embedding; the two copies'
+    gradients are summed after backward, so they stay equal, and clipping counts them once."""
+    ctx = dist.MultiAdapterContext(args.devices)
+    if ctx.world_size < 2:
+        raise SystemExit("--parallel pipeline needs --devices 2 or more")
+    blocks = build_model(cfg, args, ctx.devices[0]).pipeline_blocks()
+    tied = [blocks[0].wte.weight, untie(blocks[-1])]
+    ex = dist.PipelineExecutor(blocks, ctx, args.microbatches, args.schedule, lm_loss, seed=args.seed,
+                               copies=tied[1:])
+    ends = [0, ctx.world_size - 1]
+    pair = dict(zip(ends, ctx.run(lambda r: ctx.comm(r).split(ends))))
+
+    def sum_tied(r: int) -> None:
+        if r in pair:
+            pair[r].all_reduce(tied[ends.index(r)].grad, "sum", label="tied embedding")
+
+    opts = ex.optimizers(lambda ps: make_optimizer(ps, args))
+    scaler = GradScaler(enabled=args.amp)
+    scheds = [make_schedule(o, args) for o in opts]
+    step = partial(ex.train_step, optimizers=opts, accumulate=args.grad_accum, scaler=scaler, autocast=args.amp,
+                   max_norm=args.grad_clip or None, after_backward=sum_tied)
 
     def forward(x):  # the stages in turn on the driver thread (evaluation, sampling)
-        h = x
-        for r, rep in enumerate(reps):
-            h = rep.model(h if r == 0 else h.to(ctx.devices[r]))
-        return h
+        for st in ex.stages:
+            x = st.module(x if isinstance(x, np.ndarray) else x.to(st.device))
+        return x
 
-    @wgpar.no_grad()
     def evaluate(x, y):
-        for rep in reps:
-            rep.model.eval()
-        try:
-            with wgpar.autocast(enabled=args.amp):
-                return float(lm_loss(forward(x), y).item())
-        finally:
-            for rep in reps:
-                rep.model.train()
+        with evaluating(ex.modules, args.amp):
+            return float(lm_loss(forward(x), y).item())
 
     def generate(prompt, k, seed):
-        for rep in reps:
-            rep.model.eval()
-        try:
+        with evaluating(ex.modules, False):
             return sample(forward, prompt[None, :], k, cfg.block_size, 0.8, 40, np.random.default_rng(seed))
-        finally:
-            for rep in reps:
-                rep.model.train()
 
-    def on_resume(step: int) -> None:
-        for b in built:  # per-micro-batch random streams continue where the checkpointed run was
-            b[1].steps = step * args.grad_accum
+    def on_resume(step: int) -> None:  # per-micro-batch random streams continue where the run was
+        for pipe in ex.ranks:
+            pipe.steps = step * args.grad_accum
 
-    return Trainer(step, evaluate, generate, reps, scaler, ctx.devices, sharded=True, close=ctx.close,
-                   on_resume=on_resume)
+    return Run(_stepped(step, scheds), evaluate, generate, ex.modules, opts, scheds, scaler, ctx.devices, ctx,
+               sharded=True, on_resume=on_resume)
 
 
-def fully_sharded(cfg: GPTConfig, args) -> Trainer:
-    """FSDP (FULL_SHARD): each block is one unit whose parameters, gradients and AdamW state every rank
-    holds 1/N of; a block's weights are gathered right before it runs (forward, then again in backward)
-    and freed right after; gradients are reduce-scattered into the shards. The embeddings and the final
-    LayerNorm (the root's parameters) form one more unit."""
-    ctx = wgpar.distributed.MultiAdapterContext(args.devices)
-    _ranks_share_the_batch(ctx, args)
-    models = [build_model(cfg, args, d) for d in ctx.devices]
-
-    def setup(r: int) -> Replica:
-        model, group = models[r], ctx.comm(r)
-        for block in model.blocks:
-            fully_shard(block, group)
-        fully_shard(model, group)
-        return make_replica(model, args)  # over model.parameters(): this rank's shards
-
-    reps = ctx.run(setup)
-    scaler = GradScaler(enabled=args.amp)
-    # The shards differ per rank: agree on skipping, and clip by the whole model's norm.
-    step = _split_batch_step(ctx, reps, scaler, args, lambda r, rep: finish_step(
-        rep, scaler, args, ctx.comm(r), clip=lambda: rep.model.clip_grad_norm_(args.grad_clip)))
-
-    # Every rank must run a sharded forward (each gather needs them all): the same input on each.
-    def evaluate(x, y):
-        return ctx.run(lambda r: _evaluate(reps[r].model, x, y, args))[0]
-
-    def generate(prompt, k, seed):  # identical weights, logits and seeded draws: every rank samples alike
-        return ctx.run(lambda r: _sample(reps[r].model, prompt, k, seed))[0]
-
-    return Trainer(step, evaluate, generate, reps, scaler, ctx.devices, sharded=True, close=ctx.close)
+STRATEGIES = {"single": single_or_tp, "tp": single_or_tp, "dp": data_or_fully_sharded,
+              "fsdp": data_or_fully_sharded, "pipeline": pipeline}
 
 
-STRATEGIES: dict[str, Callable[[GPTConfig, argparse.Namespace], Trainer]] = {
-    "single": single,
-    "dp": data_parallel,
-    "tp": tensor_parallel,
-    "fsdp": fully_sharded,
-    "pipeline": pipeline,
-}
-
-
-@wgpar.no_grad()
-def _evaluate(model: GPT, x: np.ndarray, y: np.ndarray, args) -> float:
-    model.eval()
+@contextlib.contextmanager
+def evaluating(models, amp: bool):
+    """Eval mode (no dropout), no graph, autocast as in training; train mode again after."""
+    for m in models:
+        m.eval()
     try:
-        with wgpar.autocast(enabled=args.amp):
-            return float(model(x, y).item())
+        with wgpar.no_grad(), wgpar.autocast(enabled=amp):
+            yield
     finally:
-        model.train()
+        for m in models:
+            m.train()
+
+
+def _evaluate(model, x, y, args) -> float:
+    with evaluating([model], args.amp):
+        return float(model(x, y).item())
 
 
 def _sample(model: GPT, prompt: np.ndarray, n: int, seed: int) -> np.ndarray:
     return model.generate(prompt[None, :], n, temperature=0.8, top_k=40, rng=np.random.default_rng(seed))
 
 
-# -- checkpoints -----------------------------------------------------------------------------------------
-def _ckpt_path(out: Path, rank: int) -> Path:
-    return out / f"ckpt-rank{rank}.safetensors"
-
-
-def save_checkpoint(trainer: Trainer, out: Path, step: int, cfg: GPTConfig, args) -> None:
+# -- checkpoints: one file per rank that holds a shard, rank 0's alone otherwise ------------------------------
+def save_checkpoint(run: Run, out: Path, step: int, cfg: GPTConfig, args) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    reps = trainer.replicas if trainer.sharded else trainer.replicas[:1]
-    meta = {"step": step, "config": asdict(cfg), "parallel": args.parallel, "world_size": len(trainer.replicas),
-            "scaler": trainer.scaler.state_dict(), "seed": args.seed}
-    for r, rep in enumerate(reps):
-        wgpar.save({"meta": meta, **rep.state_dict()}, _ckpt_path(out, r))
+    meta = {"step": step, "config": asdict(cfg), "parallel": args.parallel, "world_size": len(run.models),
+            "scaler": run.scaler.state_dict(), "seed": args.seed}
+    states = run.rank_states()
+    for r, state in enumerate(states if run.sharded else states[:1]):
+        wgpar.save({"meta": meta, **state}, out / f"ckpt-rank{r}.safetensors")
 
 
-def load_checkpoint(trainer: Trainer, out: Path, cfg: GPTConfig, args) -> int:
-    """Restore every replica from ``out``; returns the step to continue from."""
-    first = _ckpt_path(out, 0)
-    if not first.exists():
-        raise SystemExit(f"--resume: no checkpoint at {first}")
-    states = []
-    for r, rep in enumerate(trainer.replicas):
-        path = _ckpt_path(out, r) if trainer.sharded else first
+def load_checkpoint(run: Run, out: Path, cfg: GPTConfig, args) -> int:
+    """Restore every rank from ``out``; returns the step to continue from."""
+    paths = [out / f"ckpt-rank{r if run.sharded else 0}.safetensors" for r in range(len(run.models))]
+    for path in paths:
         if not path.exists():
             raise SystemExit(f"--resume: {path} is missing (a sharded checkpoint needs one file per rank)")
-        states.append(wgpar.load(path, device=rep.model.device))
+    states = [wgpar.load(path, device=d) for path, d in zip(paths, run.devices)]
     meta = states[0]["meta"]
     if meta["config"] != asdict(cfg):
         raise SystemExit(f"--resume: the checkpoint's model {meta['config']} differs from this run's {asdict(cfg)}")
-    if trainer.sharded and (meta["parallel"] != args.parallel or meta["world_size"] != len(trainer.replicas)):
+    if run.sharded and (meta["parallel"] != args.parallel or meta["world_size"] != len(run.models)):
         raise SystemExit(f"--resume: the checkpoint holds {meta['world_size']} {meta['parallel']} shards; run with "
                          f"--parallel {meta['parallel']} --devices {meta['world_size']}")
-    for rep, state in zip(trainer.replicas, states):
-        rep.load_state_dict(state)
-    trainer.scaler.load_state_dict(meta["scaler"])
+    if run.ctx:
+        run.ctx.run(lambda r: run.models[r].load_state_dict(states[r]["model"]))
+    else:
+        run.models[0].load_state_dict(states[0]["model"])
+    for o, s, state in zip(run.opts, run.scheds, states):
+        o.load_state_dict(state["optim"])
+        s.load_state_dict(state["sched"])
+    run.scaler.load_state_dict(meta["scaler"])
     return int(meta["step"])
 
 
 # -- the run --------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(DEFAULTS), default="tiny")
-    ap.add_argument("--data", help="a text file to train on (default: the standard library's sources)")
-    ap.add_argument("--max-bytes", type=int, default=0, help="use at most this many bytes of the corpus (0: all)")
-    ap.add_argument("--steps", type=int, help="optimizer steps (preset default)")
-    ap.add_argument("--batch-size", type=int, help="sequences per micro-batch (preset default)")
-    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    ap.add_argument("--block-size", type=int, help="context length (default: the preset's)")
-    ap.add_argument("--n-layer", type=int, help="blocks (default: the preset's)")
-    ap.add_argument("--n-head", type=int, help="attention heads (default: the preset's)")
-    ap.add_argument("--n-embd", type=int, help="model width (default: the preset's)")
-    ap.add_argument("--dropout", type=float, default=None)
-    ap.add_argument("--lr", type=float, help="peak learning rate (preset default)")
-    ap.add_argument("--min-lr", type=float, help="final learning rate of the cosine (default lr / 10)")
-    ap.add_argument("--warmup", type=int, help="linear warm-up steps (preset default)")
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
-    ap.add_argument("--parallel", choices=sorted(STRATEGIES), default="single")
-    ap.add_argument("--devices", type=int, default=2, help="ranks for dp / tp / pipeline")
-    ap.add_argument("--microbatches", type=int, help="pipeline micro-batches per micro-batch (default: --devices)")
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "zb"], default="1f1b", help="pipeline schedule")
-    ap.add_argument("--device", type=int, default=0, help="device index for --parallel single")
-    ap.add_argument("--amp", action="store_true", help="float16 autocast with dynamic loss scaling")
-    ap.add_argument("--eval-every", type=int, help="steps between validation losses (preset default)")
-    ap.add_argument("--eval-iters", type=int, help="validation batches per evaluation (preset default)")
-    ap.add_argument("--log-every", type=int, default=10, help="steps between loss readbacks for the bar")
-    ap.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
-    ap.add_argument("--out", type=Path, default=Path("out-gpt"),
-                    help="checkpoint directory, relative to the current directory (default: out-gpt/)")
-    ap.add_argument("--no-save", action="store_true", help="write no checkpoint at the end")
-    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    ap.add_argument("--sample-tokens", type=int, default=200, help="bytes to generate at the end (0: none)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap = common.parser(__doc__)
+    flag = ap.add_argument
+    flag("--preset", choices=sorted(DEFAULTS), default="tiny")
+    flag("--data", help="a text file to train on (default: the standard library's sources)")
+    flag("--max-bytes", type=int, default=0, help="use at most this many bytes of the corpus (0: all)")
+    for name, kind, what in [("steps", int, "optimizer steps"), ("batch-size", int, "sequences per micro-batch"),
+                             ("lr", float, "peak learning rate"), ("warmup", int, "linear warm-up steps"),
+                             ("eval-every", int, "steps between validation losses"),
+                             ("eval-iters", int, "validation batches per evaluation"),
+                             ("block-size", int, "context length"), ("n-layer", int, "blocks"),
+                             ("n-head", int, "attention heads"), ("n-embd", int, "model width")]:
+        flag(f"--{name}", type=kind, help=f"{what} (default: the preset's)")
+    flag("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    flag("--dropout", type=float, default=None)
+    flag("--min-lr", type=float, help="final learning rate of the cosine (default lr / 10)")
+    flag("--weight-decay", type=float, default=0.1)
+    flag("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
+    flag("--parallel", choices=sorted(STRATEGIES), default="single")
+    flag("--devices", type=int, default=2, help="ranks for dp / tp / fsdp / pipeline")
+    flag("--microbatches", type=int, help="pipeline micro-batches per micro-batch (default: --devices)")
+    flag("--schedule", choices=["gpipe", "1f1b", "zb"], default="1f1b", help="pipeline schedule")
+    flag("--device", type=int, default=0, help="device index for --parallel single")
+    flag("--amp", action="store_true", help="float16 autocast with dynamic loss scaling")
+    flag("--log-every", type=int, default=10, help="steps between loss readbacks for the bar")
+    flag("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    flag("--out", type=Path, default=Path("out-gpt"), help="checkpoint directory")
+    flag("--no-save", action="store_true", help="write no checkpoint at the end")
+    flag("--resume", action="store_true", help="continue from the checkpoint in --out")
+    flag("--sample-tokens", type=int, default=200, help="bytes to generate at the end (0: none)")
+    flag("--seed", type=int, default=0)
+    flag("--no-progress", action="store_true", help="no tqdm bar")
     args = ap.parse_args(argv)
     for k, v in DEFAULTS[args.preset].items():
         if getattr(args, k) is None:
@@ -549,20 +379,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
     args.microbatches = args.microbatches or args.devices
     return args
-
-
-def _progress(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-
-
-def _peak_mib(devices) -> float:
-    return max(wgpar.memory_stats(d)["peak_allocated_bytes"] for d in devices) / 2**20
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -576,16 +392,16 @@ def main(argv: list[str] | None = None) -> dict:
     cut = int(0.9 * len(data))
     train, val = data[:cut], data[cut:]
     baseline = unigram_loss(train, val)
-    trainer = STRATEGIES[args.parallel](cfg, args)
-    log = print if args.no_progress else (lambda *a: bar.write(" ".join(map(str, a))) if bar else print(*a))
-    start = load_checkpoint(trainer, args.out, cfg, args) if args.resume else 0
-    trainer.on_resume(start)
+    run = STRATEGIES[args.parallel](cfg, args)
+    log = print if args.no_progress else (lambda msg: common.report(bar, msg))
+    start = load_checkpoint(run, args.out, cfg, args) if args.resume else 0
+    run.on_resume(start)
     if args.resume:
         print(f"resumed from {args.out.resolve()} at step {start} of {args.steps}")
     tokens_per_step = args.batch_size * args.block_size * args.grad_accum
     print(f"GPT {args.preset}: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.n_layer} layers, {cfg.n_head} heads, "
           f"{cfg.n_embd} wide, context {cfg.block_size}; --parallel {args.parallel} on "
-          f"{', '.join(str(d) for d in trainer.devices)}{'; amp float16' if args.amp else ''}")
+          f"{', '.join(str(d) for d in run.devices)}{'; amp float16' if args.amp else ''}")
     print(f"data: {len(data) / 1e6:.1f} MB ({'stdlib sources' if not args.data else args.data}), "
           f"{tokens_per_step} tokens per step; unigram baseline {baseline:.3f} nats/byte")
     val_rng = np.random.default_rng([args.seed, 1 << 30])  # the same validation windows at every evaluation
@@ -593,27 +409,27 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"losses": {}, "val": {}, "baseline": baseline, "start": start}
 
     def evaluate(step: int) -> float:
-        v = float(np.mean([trainer.evaluate(x, y) for x, y in val_batches]))
+        v = float(np.mean([run.evaluate(x, y) for x, y in val_batches]))
         result["val"][step] = v
         log(f"step {step}: val loss {v:.4f} (unigram baseline {baseline:.4f})")
         return v
 
-    bar = _progress(args.steps, start, not args.no_progress)
-    pending: list[tuple[int, Callable[[], float]]] = []
+    bar = common.progress(args.steps, not args.no_progress, initial=start)
+    pending: list[tuple[int, wgpar.Tensor]] = []
     t_last, n_last = time.perf_counter(), start
     try:
         for step in range(start, args.steps):
-            pending.append((step + 1, trainer.step(step_batches(train, args, step))))
+            pending.append((step + 1, run.train(*step_batch(train, args, step))))
             done = step + 1
             if done % args.log_every == 0 or done == args.steps:
                 for s, read in pending:  # the readbacks wait only for work already submitted
-                    result["losses"][s] = float(read())
+                    result["losses"][s] = float(read.item())
                 pending.clear()
                 now = time.perf_counter()
                 rate = (done - n_last) * tokens_per_step / max(now - t_last, 1e-9)
                 t_last, n_last = now, done
-                stats = {"loss": f"{result['losses'][done]:.4f}", "tok/s": f"{rate:.0f}",
-                         "mem": f"{_peak_mib(trainer.devices):.0f}MiB"}
+                peak = max(wgpar.memory_stats(d)["peak_allocated_bytes"] for d in run.devices)
+                stats = {"loss": f"{result['losses'][done]:.4f}", "tok/s": f"{rate:.0f}", "mem": f"{peak >> 20}MiB"}
                 if bar:
                     bar.set_postfix(stats, refresh=False)
                 else:
@@ -623,27 +439,25 @@ def main(argv: list[str] | None = None) -> dict:
             if args.eval_every and done % args.eval_every == 0 and done != args.steps:
                 evaluate(done)
             if args.ckpt_every and done % args.ckpt_every == 0 and done != args.steps:
-                save_checkpoint(trainer, args.out, done, cfg, args)
+                save_checkpoint(run, args.out, done, cfg, args)
         if bar:
             bar.close()
         final = evaluate(args.steps)
         if not args.no_save:
-            save_checkpoint(trainer, args.out, args.steps, cfg, args)
+            save_checkpoint(run, args.out, args.steps, cfg, args)
             print(f"checkpoint written to {args.out.resolve()} (--resume continues from it, --no-save skips it)")
         verdict = "below" if final < baseline else "NOT below"
         print(f"final val loss {final:.4f} nats/byte, {verdict} the unigram baseline {baseline:.4f} "
               f"({baseline - final:+.3f})")
         if args.sample_tokens:
-            prompt = val[:16]
-            out = trainer.generate(prompt, args.sample_tokens, args.seed)
+            out = run.generate(val[:16], args.sample_tokens, args.seed)
             result["sample"] = bytes(out[0].astype(np.uint8)).decode("utf-8", errors="replace")
             print("sample:\n" + result["sample"])
-        for d in trainer.devices:
-            s = wgpar.memory_stats(d)
-            print(f"{d}: peak {s['peak_allocated_bytes'] / 2**20:.1f} MiB allocated, "
-                  f"{s['reserved_bytes'] / 2**20:.1f} MiB reserved")
+        for d in run.devices:
+            print(common.memory_line(str(d), d))
     finally:
-        trainer.close()
+        if run.ctx:
+            run.ctx.close()
     result["final_val"] = result["val"][args.steps]
     return result
 

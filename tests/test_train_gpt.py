@@ -24,7 +24,11 @@ def gpt():
     spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["train_gpt"] = mod  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(ROOT / "examples"))  # it imports common.py as the script does
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
     return mod
 
 

@@ -4,20 +4,19 @@ Layering (docs/design.md): ``group.py`` defines the ProcessGroup interface and
 its Work handles; ``backends/`` implement it (``threads``: ranks are threads of
 one process; ``mpi``: ranks are processes started by mpiexec); ``launch.py``
 runs a per-rank program on every rank (``run_spmd``, ``init_process_group``);
-``context.py`` is the single-controller MultiAdapterContext over the threaded
-backend. Everything above (AllReduceSync, DataParallel, the differentiable
-collectives in ``functional``, FSDP in ``fsdp/``, tensor parallelism in ``tensor_parallel/``, the
-pipeline in ``pipeline/``) uses the ProcessGroup
-interface only, so it runs unchanged on any backend. ``mesh.py``'s DeviceMesh lays a
-group's ranks on named dims (the sub-groups that combine those strategies).
+``single_controller/`` holds MultiAdapterContext (over the threaded backend) and the
+one driver under DataParallel, FSDP and PipelineExecutor. The strategies (AllReduceSync,
+DistributedDataParallel, the differentiable collectives in ``functional``, ``fsdp/``,
+``tensor_parallel/``, ``pipeline/``) use the ProcessGroup interface only, so they run unchanged
+on any backend. ``mesh.py``'s DeviceMesh lays a group's ranks on named dims (the sub-groups that
+combine those strategies).
 """
 
 from . import fsdp, functional, pipeline
 from .allreduce import AllReduceSync
 from .backends.mpi import MPIGroup
 from .backends.threads import ThreadGroup, ThreadRank
-from .context import MultiAdapterContext
-from .data_parallel import DataParallel, DistributedDataParallel, broadcast_module, replicate
+from .data_parallel import DistributedDataParallel, broadcast_module, replicate
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .fsdp import (
     FSDP,
@@ -46,6 +45,7 @@ from .pipeline import (
     pipeline_mesh,
     split_module,
 )
+from .single_controller import DataParallel, MultiAdapterContext
 from .tensor_parallel import (
     MLP,
     CausalSelfAttention,

@@ -172,7 +172,7 @@ def run_spmd(fn: Callable[..., Any], world_size: int | None = None, *, devices: 
         from .backends import mpi
 
         return mpi.run_spmd(fn, world_size, timeout, args)
-    from .context import MultiAdapterContext
+    from .single_controller.context import MultiAdapterContext
 
     kw = {} if timeout is None else {"timeout": timeout}
     with MultiAdapterContext(world_size, devices=devices, **kw) as ctx:

@@ -15,7 +15,7 @@ from ..tensor import Tensor
 
 
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> Tensor:
+                    error_if_nonfinite: bool = False, *, group=None, replicated: Iterable[Tensor] = ()) -> Tensor:
     """Scale all gradients in place so that their joint norm is at most ``max_norm`` (PyTorch's semantics).
 
     The norm is taken over all gradients together as if concatenated; every
@@ -24,11 +24,20 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     kernel per gradient) with no readback; gradients spread over several
     devices have their partial norms combined on the first one.
 
+    A model spread over ranks (FSDP shards, tensor-parallel layers, pipeline stages) passes ``group``,
+    every rank calling with its own parameters: the ranks' folded partials are all-reduced (4 bytes),
+    so every rank scales by the norm of the whole model. Gradients every rank holds alike (data
+    parallelism) need no group: their local norm already is the whole model's.
+
     Arguments:
         parameters: a tensor or an iterable of tensors whose ``.grad`` is clipped (None grads are skipped).
         max_norm: the largest allowed total norm.
         norm_type: the order p of the p-norm (> 0), ``float("inf")`` for the largest absolute value.
         error_if_nonfinite: raise RuntimeError if the total norm is nan or inf (costs one readback).
+        group: this rank's ProcessGroup over the ranks holding the rest of the model (a collective then:
+            every rank of it calls, also one without gradients); None: these parameters are the model.
+        replicated: those of ``parameters`` whose gradient rank 0 of ``group`` holds too (replicated
+            layers, a tied weight's copy): counted by rank 0 only, scaled everywhere.
 
     Returns:
         the total norm of the gradients before clipping, a 0-d float32 tensor.
@@ -42,26 +51,18 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
     max_norm = float(max_norm)
     grads = [p.grad for p in params if p.grad is not None and p.grad.numel() > 0]
-    if not grads:
+    if not grads and group is None:
         return ops.fill((), 0.0, _dt.float32, params[0].device if params else _adapters.resolve(None))
     for i, g in enumerate(grads):
         if not g.dtype.is_float:
             raise TypeError(f"clip_grad_norm_: gradient {i} has dtype {g.dtype.name}")
     # The kernels index each gradient as one contiguous run from its offset.
     flats = [g if g.is_contiguous() else ops.contiguous(g) for g in grads]
-    by_dev: dict[Device, list[Tensor]] = {}
-    for f in flats:
-        by_dev.setdefault(f.device, []).append(f)
-    dev0 = flats[0].device
-    if len(by_dev) == 1:
-        summary = norm_finish(norm_partials(dev0, flats, norm_type), max_norm, norm_type)
-        coefs = {dev0: summary}
+    if group is not None:
+        summary = _norm_over_group(grads, flats, max_norm, norm_type, group, replicated)
+        coefs = {group.device: summary}
     else:
-        # Each device folds its own gradients; the folded values meet on the first device.
-        folded = [ops.to_device(norm_finish(norm_partials(d, fs, norm_type), max_norm, norm_type)[2:3], dev0)
-                  for d, fs in by_dev.items()]
-        summary = norm_finish(ops.cat(folded), max_norm, norm_type)
-        coefs = {d: summary if d is dev0 else ops.to_device(summary, d) for d in by_dev}
+        summary, coefs = _norm_over_devices(flats, max_norm, norm_type)
     total = Tensor(summary._storage, ())
     if error_if_nonfinite and not math.isfinite(total.item()):
         raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is "
@@ -71,6 +72,38 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         if f is not g:
             ops.copy_(g, f)
     return total
+
+
+def _norm_over_devices(flats: list[Tensor], max_norm: float, norm_type: float) -> tuple[Tensor, dict]:
+    by_dev: dict[Device, list[Tensor]] = {}
+    for f in flats:
+        by_dev.setdefault(f.device, []).append(f)
+    dev0 = flats[0].device
+    if len(by_dev) == 1:
+        summary = norm_finish(norm_partials(dev0, flats, norm_type), max_norm, norm_type)
+        return summary, {dev0: summary}
+    # Each device folds its own gradients; the folded values meet on the first device.
+    folded = [ops.to_device(norm_finish(norm_partials(d, fs, norm_type), max_norm, norm_type)[2:3], dev0)
+              for d, fs in by_dev.items()]
+    summary = norm_finish(ops.cat(folded), max_norm, norm_type)
+    return summary, {d: summary if d is dev0 else ops.to_device(summary, d) for d in by_dev}
+
+
+def _norm_over_group(grads: list[Tensor], flats: list[Tensor], max_norm: float, norm_type: float, group,
+                     replicated: Iterable[Tensor]) -> Tensor:
+    """The norm of every rank's gradients together: each rank folds what it counts into one value on its
+    device, one all-reduce (sum; max for the inf-norm) joins them, and every rank finishes alike."""
+    dev = group.device
+    for g in grads:
+        if g.device is not dev:
+            raise ValueError(f"clip_grad_norm_: a gradient of shape {g.shape} is on {g.device}, but over a group "
+                             f"every gradient is on the rank's device, {dev}")
+    skip = {id(p.grad) for p in replicated if p.grad is not None} if group.rank != 0 else set()
+    counted = [f for g, f in zip(grads, flats) if id(g) not in skip]
+    folded = (ops.clone(norm_finish(norm_partials(dev, counted, norm_type), max_norm, norm_type)[2:3]) if counted
+              else ops.fill((1,), 0.0, _dt.float32, dev))
+    group.all_reduce(folded, "max" if math.isinf(norm_type) else "sum", label="clip_grad_norm_")
+    return norm_finish(folded, max_norm, norm_type)
 
 
 def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -> None:

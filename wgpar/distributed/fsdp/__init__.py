@@ -6,7 +6,7 @@ FSDPModule methods), ``policies.py`` (strategies, mixed precision, offload, auto
 reduce-scatter lifecycle), ``collectives.py`` (the flat collectives over the ProcessGroup),
 ``state.py`` (hooks and prefetch), ``sharing.py`` (which unit owns a parameter),
 ``checkpoint.py`` (full and sharded state dicts and checkpoints), ``offload.py`` (host
-optimizers), ``estimate.py`` (memory_estimate) and ``wrapper.py`` (the single-controller FSDP).
+optimizers), ``estimate.py`` (memory_estimate); the single-controller FSDP is in single_controller/.
 Everything talks to other ranks through one rank's ProcessGroup only. See docs/design.md, FSDP.
 """
 
@@ -23,9 +23,17 @@ from .offload import HostAdam, HostAdamW, HostSGD
 from .param import OffloadedShard, ShardedState, ShardGeometry
 from .param_group import FSDPParamGroup
 from .policies import PERSIST_THRESHOLD, MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy, plan_units
-from .wrapper import FSDP
 
 __all__ = ["fully_shard", "FSDP", "FSDPModule", "hybrid_groups", "ShardingStrategy", "MixedPrecisionPolicy",
            "OffloadPolicy", "PERSIST_THRESHOLD", "plan_units", "full_state_dict", "sharded_state_dict",
            "save_sharded_checkpoint", "load_sharded_checkpoint", "LocalShard", "memory_estimate", "MemoryEstimate",
            "HostSGD", "HostAdam", "HostAdamW", "ShardedState", "ShardGeometry", "OffloadedShard", "FSDPParamGroup"]
+
+
+def __getattr__(name: str):
+    # FSDP lives in single_controller/, which imports this package: loaded on first use.
+    if name == "FSDP":
+        from ..single_controller.fsdp import FSDP
+
+        return FSDP
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
