@@ -135,7 +135,8 @@ def test_split_k_choice(dev):
     if dev.adapter_type.lower() == "cpu":
         assert p.split == 1
     else:
-        assert p.split == mm._SPLIT_MAX
+        assert (p.variant, p.split) == (LARGEST, mm._SPLIT_MAX)
+    assert plan_of(wgpar.empty((64, 1024)), wgpar.empty((1024, 128))).split == 1  # K too short to split
     with mm.force_variant(None, split=3):  # 3 parts of K 64 are not multiples of BK: not taken
         assert plan_of(wgpar.empty((64, 64)), wgpar.empty((64, 128))).split == 1
     with mm.force_variant(None, split=2):

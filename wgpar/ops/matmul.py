@@ -93,10 +93,14 @@ TILINGS: dict[str, Tiling] = {t.name: t for t in (
 )}
 # Below this many workgroups a smaller tile keeps more of the GPU busy.
 _MIN_WORKGROUPS = 256
-# Split-K (GPUs only: a CPU adapter gains nothing from more workgroups and pays the extra pass):
-# split while the tiles number fewer than this, keeping at least _SPLIT_MIN_K of K per part.
+# Split-K (GPUs only: a CPU adapter gains nothing from more workgroups and pays the extra pass).
+# On an H200 the summing pass costs more than the fuller GPU gains unless the largest tile gives
+# fewer than _SPLIT_BELOW workgroups and each part keeps _SPLIT_MIN_K of K (the weight gradients,
+# K = 8192 tokens: 1.2-2.5x; 1024^3 and the forward shapes got slower); then double the parts
+# until there are _SPLIT_WORKGROUPS workgroups (BENCHMARKS.md).
+_SPLIT_BELOW = 512
 _SPLIT_WORKGROUPS = 1024
-_SPLIT_MIN_K = 512
+_SPLIT_MIN_K = 1024
 _SPLIT_MAX = 8
 
 _force: str | None = None
@@ -248,7 +252,9 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     split = 1
     if _force_split is not None:
         split = _force_split
-    elif dev.adapter_type.lower() != "cpu" and nb == 1 and not edge:
+    elif (dev.adapter_type.lower() != "cpu" and nb == 1 and not edge and groups(fits[0]) < _SPLIT_BELOW
+          and K >= 2 * _SPLIT_MIN_K):
+        chosen = fits[0]  # the largest tile: its parts give the workgroups
         while (groups(chosen) * split < _SPLIT_WORKGROUPS and K // (2 * split) >= _SPLIT_MIN_K
                and split < _SPLIT_MAX):
             split *= 2
