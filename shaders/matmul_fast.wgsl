@@ -1,8 +1,9 @@
-// Batched C[b] = A[b] @ B[b] for shapes that are multiples of the tile: no
-// bounds checks anywhere. wgpar/ops/matmul.py generates the per-variant code
-// and launches this only when M % BM == N % BN == K % BK == 0 and every
-// operand is contiguous along a dimension that allows vec4 loads (A and B
-// either row-major or transposed: the generated LOAD and store code differ).
+// Batched C[b] = A[b] @ B[b]. wgpar/ops/matmul.py generates the per-variant
+// code and launches this only when every operand is contiguous along a
+// dimension that allows vec4 loads (A and B either row-major or transposed:
+// the generated LOAD and store code differ). When M % BM == N % BN == K % BK
+// == 0 there are no bounds checks; otherwise LOAD clamps its indices and gives
+// zeros past K, and WRITE skips outputs past M and N.
 //
 // Each workgroup computes a BM x BN tile of C with WM x WN threads; a thread
 // owns TM x TN outputs: TM/4 groups of 4 rows spaced 4*WM apart and TN/4
@@ -45,8 +46,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let bo = cur * SB;
 {{HEAD}}
     {
-      // Prefetch the next slice (the last iteration re-reads its own: no branch).
-      let k0 = min(k0 + BK, p.K - BK);
+      // Prefetch the next slice (the last iteration re-reads its own, or with edge checks
+      // reads zeros: no branch).
+      let k0 = {{NEXT}};
 {{LOAD}}
     }
     for (var kk = 0u; kk < KSTEPS; kk = kk + 1u) {  // 1 when COMPUTE is unrolled

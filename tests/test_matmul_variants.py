@@ -103,10 +103,49 @@ def test_choice_linear_layer_uses_fast_path_on_transposed_weight(dev):
     assert p.variant in FAST and (p.nb, p.M, p.b_layout) == (1, 2048, "t")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(132, 64, 128), (128, 64, 100), (128, 40, 128), (100, 44, 36), (4, 12, 8)])
+@pytest.mark.parametrize("variant", FAST)
+def test_fast_edges(rng, variant, layout, shape):
+    """Shapes that are not multiples of the tile: clamped loads, zeros past K, guarded stores."""
+    M, K, N = shape
+    a, b, wa, wb = operands(rng, M, K, N, layout)
+    with mm.force_variant(variant):
+        p = plan_of(wa, wb)
+        assert (p.variant, p.edge) == (variant, True)
+        got = (wa @ wb).numpy()
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_k(rng, layout, split):
+    """K in parts, each a batch entry of a partial product, summed after (the weight-gradient shape)."""
+    a, b, wa, wb = operands(rng, 64, 4 * 16 * split, 128, layout)
+    with mm.force_variant(SMALLEST, split=split):
+        p = plan_of(wa, wb)
+        assert (p.variant, p.split) == (SMALLEST, split)
+        got = (wa @ wb).numpy()
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+def test_split_k_choice(dev):
+    """A GPU splits a product with few tiles and a long K; a CPU adapter never does; nor a batch."""
+    p = plan_of(wgpar.empty((64, 8192)), wgpar.empty((8192, 128)))
+    if dev.adapter_type.lower() == "cpu":
+        assert p.split == 1
+    else:
+        assert (p.variant, p.split) == (LARGEST, mm._SPLIT_MAX)
+    assert plan_of(wgpar.empty((64, 1024)), wgpar.empty((1024, 128))).split == 1  # K too short to split
+    with mm.force_variant(None, split=3):  # 3 parts of K 64 are not multiples of BK: not taken
+        assert plan_of(wgpar.empty((64, 64)), wgpar.empty((64, 128))).split == 1
+    with mm.force_variant(None, split=2):
+        assert plan_of(wgpar.empty((2, 64, 64)), wgpar.empty((2, 64, 128))).split == 1
+
+
 @pytest.mark.parametrize("shapes", [
-    ((127, 64), (64, 128)),    # M not a multiple of any tile
-    ((128, 64), (64, 100)),    # N
-    ((128, 40), (40, 128)),    # K not a multiple of BK
+    ((128, 64), (64, 99)),     # N not a multiple of 4: no vec4 stores
+    ((128, 42), (42, 128)),    # K
     ((1, 64), (64, 128)),      # a row vector
     ((64,), (64, 128)),        # 1-d operand
 ])
@@ -115,7 +154,7 @@ def test_awkward_sizes_fall_back_to_general(rng, shapes):
     a = rng.standard_normal(sa).astype(np.float32)
     b = rng.standard_normal(sb).astype(np.float32)
     wa, wb = wgpar.tensor(a), wgpar.tensor(b)
-    if wa.ndim == 2:
+    if wa.ndim == 2 and sa[0] > 1:
         assert plan_of(wa, wb).variant == "general"
     assert rel_err((wa @ wb).numpy(), a.astype(np.float64) @ b) < 1e-5
 

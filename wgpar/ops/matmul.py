@@ -3,11 +3,14 @@
 Two kernel families:
 
 - ``general`` (shaders/matmul.wgsl): any shape, any strides, bounds-checked.
-- ``tile{BM}x{BN}`` (shaders/matmul_fast.wgsl): register-tiled, vec4 loads, no
-  bounds checks; only for shapes that are multiples of the tile and operands
-  that are row-major or transposed with vec4-aligned leading dimensions.
+- ``tile{BM}x{BN}`` (shaders/matmul_fast.wgsl): register-tiled, vec4 loads, for
+  operands that are row-major or transposed with vec4-aligned leading dimensions.
+  Shapes that are multiples of the tile run without bounds checks; others (N and K
+  multiples of 4) clamp their loads and guard their stores at the edges.
 
-:func:`plan` picks the variant; BENCHMARKS.md records why these tiles.
+On a GPU, a product with too few tiles to fill it (the weight gradients of a linear
+layer: small M x N, K = all tokens) is split along K into a batch of partial products
+summed after (split-K). :func:`plan` picks the variant; BENCHMARKS.md records why.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
 from .arith import inplace
 from .elementwise import broadcast_shape, fill
+from .reduce import reduce
 from .shape import expand, narrow, reshape, squeeze
 
 _TILE = 64  # the general kernel's output tile
@@ -89,24 +93,37 @@ TILINGS: dict[str, Tiling] = {t.name: t for t in (
 )}
 # Below this many workgroups a smaller tile keeps more of the GPU busy.
 _MIN_WORKGROUPS = 256
+# Split-K (GPUs only: a CPU adapter gains nothing from more workgroups and pays the extra pass).
+# On an H200 the summing pass costs more than the fuller GPU gains unless the largest tile gives
+# fewer than _SPLIT_BELOW workgroups and each part keeps _SPLIT_MIN_K of K (the weight gradients,
+# K = 8192 tokens: 1.2-2.5x; 1024^3 and the forward shapes got slower); then double the parts
+# until there are _SPLIT_WORKGROUPS workgroups (BENCHMARKS.md).
+_SPLIT_BELOW = 512
+_SPLIT_WORKGROUPS = 1024
+_SPLIT_MIN_K = 1024
+_SPLIT_MAX = 8
 
 _force: str | None = None
+_force_split: int | None = None
 
 
 @contextlib.contextmanager
-def force_variant(name: str | None) -> Iterator[None]:
-    """Make :func:`plan` use ``name`` ("general" or a TILINGS key) where it applies (tests, benchmarks).
+def force_variant(name: str | None, split: int | None = None) -> Iterator[None]:
+    """Make :func:`plan` use ``name`` ("general" or a TILINGS key) and split K into ``split`` parts
+    where it applies (tests, benchmarks).
 
-    A fast variant that cannot run the shape at hand still falls back to "general".
+    A fast variant that cannot run the shape at hand still falls back to "general"; a split that
+    does not divide K into multiples of the tile's BK is not taken.
     """
-    global _force
+    global _force, _force_split
     if name is not None and name != "general" and name not in TILINGS:
         raise ValueError(f"unknown matmul variant {name!r}; choose 'general' or one of {sorted(TILINGS)}")
-    prev, _force = _force, name
+    prev = _force, _force_split
+    _force, _force_split = name, split
     try:
         yield
     finally:
-        _force = prev
+        _force, _force_split = prev
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,6 +162,8 @@ class Plan:
     b_layout: str = ""
     lda: int = 0
     ldb: int = 0
+    edge: bool = False  # the shape is not a multiple of the tile: bounds-checked loads and stores
+    split: int = 1  # K in this many parts, each a batch entry of a partial product, summed after
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -176,8 +195,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         out = None
         for k0 in range(0, K, _MAX_K):
             kk = min(_MAX_K, K - k0)
-            part = Tensor.empty(batch + (M, N), out_dt, a.device)
-            _run(plan(narrow(a3, 2, k0, kk), narrow(b3, 1, k0, kk), out_dt), part)
+            part = _run(plan(narrow(a3, 2, k0, kk), narrow(b3, 1, k0, kk), out_dt), batch + (M, N), out_dt)
             out = part if out is None else inplace("add", out, part)
     if a_vec:
         out = squeeze(out, -2)
@@ -213,25 +231,55 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     la, lb = a.layout(M, K), b.layout(K, N)
     if la is None or lb is None:
         return general
+    # Vec4 loads and stores: N and K whole vec4s, and M too where A's vec4s run along m.
+    if N % 4 or K % 4 or (la[0] == "t" and M % 4):
+        return general
     candidates = [TILINGS[_force]] if _force else list(TILINGS.values())
-    fits = [t for t in candidates if M % t.bm == 0 and N % t.bn == 0 and K % t.bk == 0
-            and t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
+    fits = [t for t in candidates
+            if t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
             and t.shared_bytes <= dev.limits.get("max-compute-workgroup-storage-size", 16384)]
+    exact = [t for t in fits if M % t.bm == 0 and N % t.bn == 0 and K % t.bk == 0]
+    fits = exact or fits  # a tile the shape is a multiple of runs without bounds checks
     if not fits:
         return general
+    groups = lambda t: nb * -(-M // t.bm) * -(-N // t.bn)  # noqa: E731
     chosen = fits[-1]
     for t in fits:  # the largest tile that still gives enough workgroups
-        if nb * (M // t.bm) * (N // t.bn) >= _MIN_WORKGROUPS or _force:
+        if groups(t) >= _MIN_WORKGROUPS or _force:
             chosen = t
             break
-    return Plan(chosen.name, nb, M, N, K, a, b, la[0], lb[0], la[1], lb[1])
+    edge = not exact
+    split = 1
+    if _force_split is not None:
+        split = _force_split
+    elif (dev.adapter_type.lower() != "cpu" and nb == 1 and not edge and groups(fits[0]) < _SPLIT_BELOW
+          and K >= 2 * _SPLIT_MIN_K):
+        chosen = fits[0]  # the largest tile: its parts give the workgroups
+        while (groups(chosen) * split < _SPLIT_WORKGROUPS and K // (2 * split) >= _SPLIT_MIN_K
+               and split < _SPLIT_MAX):
+            split *= 2
+    if split > 1 and (nb != 1 or edge or K % (split * chosen.bk)):
+        split = 1
+    return Plan(chosen.name, nb, M, N, K, a, b, la[0], lb[0], la[1], lb[1], edge, split)
 
 
-def _run(p: Plan, out: Tensor) -> None:
+def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
+    """Run ``p`` into a new tensor of ``shape`` (its batch and M x N)."""
     if p.variant == "general":
+        out = Tensor.empty(shape, dtype, p.a.t.device)
         _run_general(p, out)
-    else:
+        return out
+    if p.split == 1:
+        out = Tensor.empty(shape, dtype, p.a.t.device)
         _run_fast(p, TILINGS[p.variant], out)
+        return out
+    # Split-K: part s multiplies A's columns and B's rows s*K/S .. (s+1)*K/S, as batch entry s.
+    kp = p.K // p.split
+    parts = Tensor.empty((p.split, p.M, p.N), dtype, p.a.t.device)
+    sp = Plan(p.variant, p.split, p.M, p.N, kp, Operand(p.a.t, p.a.offset, kp * p.a.sj, p.a.si, p.a.sj),
+              Operand(p.b.t, p.b.offset, kp * p.b.si, p.b.si, p.b.sj), p.a_layout, p.b_layout, p.lda, p.ldb)
+    _run_fast(sp, TILINGS[p.variant], parts)
+    return reshape(reduce("sum", parts, 0), shape)
 
 
 def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int, tuple[int, int, int]]]:
@@ -265,7 +313,7 @@ def _run_general(p: Plan, out: Tensor) -> None:
 
 def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
     a, b = p.a.t, p.b.t
-    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage)
+    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge)
     for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
         params = _FAST.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
                             off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
@@ -277,22 +325,28 @@ def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
 
 
-def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelSpec:
-    key = (t, la, lb, ta, tb, tc)
+def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool) -> KernelSpec:
+    key = (t, la, lb, ta, tb, tc, edge)
     hit = _FAST_CACHE.get(key)
     if hit is None:
-        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc)
+        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge)
     return hit
 
 
-def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelSpec:
-    """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file)."""
+def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False) -> KernelSpec:
+    """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file).
+
+    ``edge``: M, N, K need not be multiples of the tile. Loads clamp their row and vec4 column into
+    the operand and give zero past K (rows past M or columns past N only feed outputs that are not
+    stored); stores skip what lies outside C.
+    """
     wm, wn = t.bm // t.tm, t.bn // t.tn
     nthreads = wm * wn
     sa, sb = t.bm // 4 + 1, t.bn // 4 + 1
     decl, load, store = [], [], []
 
-    def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: int, stride: int):
+    def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: int, stride: int,
+                lim: str):
         # One BK-deep slice of an operand: `outer` rows/cols (m for A, n for B) by BK.
         n_vec = outer * t.bk // 4
         if n_vec % nthreads and nthreads % n_vec:
@@ -308,6 +362,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
                 per = t.bk // 4
                 o, kq = f"({e} / {per}u)", f"({e} % {per}u)"
                 src = f"{name}[{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}]"
+                if edge:
+                    kv = f"k0 / 4u + {kq}"
+                    src = (f"select(vec4<f32>(0.0), vec4<f32>({name}[{base} + min({outer0} + {o}, {lim} - 1u) * {ld}"
+                           f" + min({kv}, p.K / 4u - 1u)]), {kv} < p.K / 4u)")
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{")
                 for j, comp in enumerate("xyzw"):
@@ -319,11 +377,14 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
                 per = outer // 4
                 kr, oq = f"({e} / {per}u)", f"({e} % {per}u)"
                 src = f"{name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]"
+                if edge:
+                    src = (f"select(vec4<f32>(0.0), vec4<f32>({name}[{base} + min(k0 + {kr}, p.K - 1u) * {ld}"
+                           f" + min({outer0} / 4u + {oq}, {lim} / 4u - 1u)]), k0 + {kr} < p.K)")
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{ {slab}[(KB + {kr}) * {stride}u + {oq}] = {reg}; }}")
 
-    operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", sa)
-    operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", sb)
+    operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", sa, "p.M")
+    operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", sb, "p.N")
     ga, gb = t.tm // 4, t.tn // 4
     acc = [[f"acc{r}_{h}" for h in range(gb)] for r in range(t.tm)]
     decl += [f"  var {v} = vec4<f32>(0.0);" for row in acc for v in row]
@@ -345,8 +406,11 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
         for i in range(4):
             row = f"(row0 + {g * 4 * wm + i}u + ty * 4u)"
             for h in range(gb):
-                write.append(f"  c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
-                             f"vec4<{tc}>({acc[g * 4 + i][h]});")
+                line = (f"c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
+                        f"vec4<{tc}>({acc[g * 4 + i][h]});")
+                if edge:
+                    line = f"if ({row} < p.M && col0 / 4u + {h * wn}u + tx < p.ldc) {{ {line} }}"
+                write.append("  " + line)
 
     def stores(kbase: str) -> str:
         return "\n".join(line.replace("KB", kbase) for line in store)
@@ -360,5 +424,6 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str) -> KernelS
     consts = dict(SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn, BM=t.bm,
                   BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
     return _FAST.spec((f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"), constants=consts, DECL="\n".join(decl),
-                      LOAD="\n".join(load), PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
+                      LOAD="\n".join(load), NEXT="k0 + BK" if edge else "min(k0 + BK, p.K - BK)",
+                      PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
                       COMPUTE="\n".join(comp), WRITE="\n".join(write))
