@@ -224,3 +224,12 @@ def test_tiling_parse():
     assert mm.Tiling.parse("64x64x8x4x4ud").double
     with pytest.raises(ValueError):
         mm.Tiling.parse("128x64x8x6x4")
+
+
+def test_split_k_is_float32_only(dev, monkeypatch):
+    """On a GPU a float32 product with few tiles and a long K is split; a float16 one is not (its partial
+    products would be rounded to float16 before the sum)."""
+    monkeypatch.setattr(dev, "adapter_type", "DiscreteGPU")
+    assert plan_of(wgpar.empty((64, 8192)), wgpar.empty((8192, 128))).split == mm._SPLIT_MAX
+    half = plan_of(wgpar.empty((64, 8192), dtype=wgpar.float16), wgpar.empty((8192, 128), dtype=wgpar.float16))
+    assert half.split == 1

@@ -253,7 +253,9 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     if _force_split is not None:
         split = _force_split
     elif (dev.adapter_type.lower() != "cpu" and nb == 1 and not edge and groups(fits[0]) < _SPLIT_BELOW
-          and K >= 2 * _SPLIT_MIN_K):
+          and K >= 2 * _SPLIT_MIN_K and a.t.dtype is _dt.float32 and b.t.dtype is _dt.float32):
+        # float32 only: float16 partial products would be rounded to float16 before they are summed,
+        # where one kernel accumulates the whole K in float32.
         chosen = fits[0]  # the largest tile: its parts give the workgroups
         while (groups(chosen) * split < _SPLIT_WORKGROUPS and K // (2 * split) >= _SPLIT_MIN_K
                and split < _SPLIT_MAX):
