@@ -26,6 +26,7 @@ from ..nn.layers import GELU, MLP, Dropout, Embedding, LayerNorm, Linear
 from ..nn.module import Module
 from ..nn.parameter import Parameter
 from ..tensor import Tensor
+from ..utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
+    # Recompute each block's activations in backward instead of keeping them (wgpar.utils.checkpoint).
+    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -101,10 +104,15 @@ class GPT(Module):
     Arguments:
         cfg: a GPTConfig (or see ``PRESETS``).
         device, dtype: of the parameters.
+        gradient_checkpointing: checkpoint each block (``wgpar.utils.checkpoint``: its activations are
+            recomputed in backward, not kept); default ``cfg.checkpoint_activations``.
     """
 
-    def __init__(self, cfg: GPTConfig, device=None, dtype=_dt.float32) -> None:
+    def __init__(self, cfg: GPTConfig, device=None, dtype=_dt.float32, gradient_checkpointing: bool | None = None
+                 ) -> None:
         super().__init__()
+        if gradient_checkpointing is not None:
+            cfg = replace(cfg, checkpoint_activations=bool(gradient_checkpointing))
         self.cfg = cfg
         d = cfg.n_embd
         self.wte = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
@@ -138,7 +146,7 @@ class GPT(Module):
 
     def _trunk(self, x: Tensor) -> Tensor:
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x) if self.cfg.checkpoint_activations else block(x)
         return x
 
     def pipeline_blocks(self) -> list[Module]:
