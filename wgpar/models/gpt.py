@@ -9,9 +9,12 @@ presets are what the README and the benchmarks quote.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from ..nn.layers import GELU, MLP, Dropout, Embedding, LayerNorm, Linear
 from ..nn.module import Module
 from ..nn.parameter import Parameter
 from ..tensor import Tensor
+from ..utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
+    # Recompute each block's activations in backward instead of keeping them (wgpar.utils.checkpoint).
+    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -101,10 +107,15 @@ class GPT(Module):
     Arguments:
         cfg: a GPTConfig (or see ``PRESETS``).
         device, dtype: of the parameters.
+        gradient_checkpointing: checkpoint each block (``wgpar.utils.checkpoint``: its activations are
+            recomputed in backward, not kept); default ``cfg.checkpoint_activations``.
     """
 
-    def __init__(self, cfg: GPTConfig, device=None, dtype=_dt.float32) -> None:
+    def __init__(self, cfg: GPTConfig, device=None, dtype=_dt.float32, gradient_checkpointing: bool | None = None
+                 ) -> None:
         super().__init__()
+        if gradient_checkpointing is not None:
+            cfg = replace(cfg, checkpoint_activations=bool(gradient_checkpointing))
         self.cfg = cfg
         d = cfg.n_embd
         self.wte = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
@@ -138,7 +149,7 @@ class GPT(Module):
 
     def _trunk(self, x: Tensor) -> Tensor:
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x) if self.cfg.checkpoint_activations else block(x)
         return x
 
     def pipeline_blocks(self) -> list[Module]:
@@ -179,6 +190,89 @@ class GPT(Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self.cfg).items())
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device=None, dtype=_dt.float32, **overrides) -> GPT:
+        """A GPT-2 checkpoint in Hugging Face's layout, from local files (nothing is downloaded).
+
+        Download ``model.safetensors`` and ``config.json`` from the Hugging Face repository "gpt2" (or
+        "gpt2-medium", "gpt2-large", "gpt2-xl"; https://huggingface.co/gpt2/tree/main) into one folder; for
+        text, also ``vocab.json`` and ``merges.txt`` (``wgpar.models.gpt2_tokenizer``). wgpar's GPT is
+        GPT-2's architecture (pre-LayerNorm blocks with eps 1e-5, fused q|k|v projection, GELU-tanh MLP,
+        tied output layer), so the weights map one to one: ``h.{i}.attn.c_attn`` -> ``blocks.{i}.attn.qkv``,
+        ``attn.c_proj`` -> ``attn.out_proj``, ``mlp.c_fc`` / ``mlp.c_proj`` -> ``mlp.fc1`` / ``mlp.fc2``,
+        HF's Conv1D weights ([in, out]) transposed to Linear's [out, in]; the ``attn.bias`` /
+        ``attn.masked_bias`` buffers (the causal mask) are ignored, ``lm_head`` is ``wte``, and names may
+        carry a ``transformer.`` prefix. A config wgpar cannot express exactly raises ValueError.
+
+        Arguments:
+            path: the folder, or the ``.safetensors`` file with ``config.json`` beside it.
+            device, dtype: of the parameters.
+            overrides: GPTConfig fields to set (``dropout`` defaults to 0.0, ``checkpoint_activations``).
+        """
+        from .. import load  # through the package: the module behind it is being renamed
+
+        path = Path(path)
+        weights = path / "model.safetensors" if path.is_dir() else path
+        config_file = weights.parent / "config.json"
+        for f in (weights, config_file):
+            if not f.is_file():
+                raise FileNotFoundError(f"GPT.from_pretrained: {f} not found (download model.safetensors and "
+                                        "config.json from the Hugging Face repository 'gpt2')")
+        cfg = replace(_hf_config(json.loads(config_file.read_text()), config_file), **overrides)
+        model = cls(cfg, device=device, dtype=dtype)
+        model.load_state_dict(_hf_state(load(weights, device=model.wte.weight.device), cfg.n_layer, weights))
+        return model
+
+
+def _hf_config(hf: dict, where: Path) -> GPTConfig:
+    """GPTConfig of a Hugging Face GPT2Config, refusing what wgpar's GPT would compute differently."""
+    checks = {  # field: (GPT-2's value, what wgpar computes)
+        "activation_function": (("gelu_new", "gelu_pytorch_tanh", "gelu_fast"), "GELU with the tanh approximation"),
+        "layer_norm_epsilon": ((1e-5,), "LayerNorm eps 1e-5"),
+        "scale_attn_weights": ((True,), "attention scaled by 1/sqrt(head_dim)"),
+        "scale_attn_by_inverse_layer_idx": ((False,), "no per-layer attention scaling"),
+        "reorder_and_upcast_attn": ((False,), "float32 attention"),
+        "add_cross_attention": ((False,), "no cross-attention"),
+    }
+    for key, (allowed, ours) in checks.items():
+        if key in hf and hf[key] not in allowed:
+            raise ValueError(f"GPT.from_pretrained: {where} has {key} = {hf[key]!r}; wgpar's GPT computes {ours}")
+    if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
+        raise ValueError(f"GPT.from_pretrained: {where} has n_inner = {hf['n_inner']}; wgpar's MLP is 4 * n_embd "
+                         f"= {4 * hf['n_embd']} wide")
+    return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                     n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0, bias=True)
+
+
+# Hugging Face GPT-2 name -> (wgpar name, whether it is a Conv1D weight stored [in, out]).
+_HF_BLOCK = {"ln_1.weight": ("ln_1.weight", False), "ln_1.bias": ("ln_1.bias", False),
+             "attn.c_attn.weight": ("attn.qkv.weight", True), "attn.c_attn.bias": ("attn.qkv.bias", False),
+             "attn.c_proj.weight": ("attn.out_proj.weight", True), "attn.c_proj.bias": ("attn.out_proj.bias", False),
+             "ln_2.weight": ("ln_2.weight", False), "ln_2.bias": ("ln_2.bias", False),
+             "mlp.c_fc.weight": ("mlp.fc1.weight", True), "mlp.c_fc.bias": ("mlp.fc1.bias", False),
+             "mlp.c_proj.weight": ("mlp.fc2.weight", True), "mlp.c_proj.bias": ("mlp.fc2.bias", False)}
+_HF_TOP = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weight": "ln_f.weight",
+           "ln_f.bias": "ln_f.bias"}
+
+
+def _hf_state(hf: dict[str, Tensor], n_layer: int, where: Path) -> dict[str, Tensor]:
+    """wgpar GPT state_dict from a Hugging Face GPT-2 one (module docstring of ``from_pretrained``)."""
+    state: dict[str, Tensor] = {}
+    for name, t in hf.items():
+        key = name.removeprefix("transformer.")
+        if key == "lm_head.weight" or key.split(".", 2)[-1] in ("attn.bias", "attn.masked_bias"):
+            continue  # the output layer is tied to wte; the causal-mask buffers
+        if key in _HF_TOP:
+            state[_HF_TOP[key]] = t
+            continue
+        parts = key.split(".", 2)
+        if len(parts) != 3 or parts[0] != "h" or not parts[1].isdigit() or parts[2] not in _HF_BLOCK \
+                or int(parts[1]) >= n_layer:
+            raise ValueError(f"GPT.from_pretrained: {where} holds {name!r}, not a GPT-2 weight of this config")
+        ours, conv1d = _HF_BLOCK[parts[2]]
+        state[f"blocks.{parts[1]}.{ours}"] = F_.transpose(t, 0, 1) if conv1d else t
+    return state
 
 
 class GPTInput(Module):

@@ -1,5 +1,6 @@
-"""Utilities beside the core: ``wgpar.utils.data`` (datasets, samplers, DataLoader)."""
+"""Utilities beside the core: ``wgpar.utils.data`` (datasets, samplers, DataLoader) and
+``wgpar.utils.checkpoint`` (activation checkpointing)."""
 
-from . import data
+from . import checkpoint, data
 
-__all__ = ["data"]
+__all__ = ["checkpoint", "data"]
