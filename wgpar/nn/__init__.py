@@ -4,7 +4,7 @@ from . import functional, init, utils
 from .attention import CausalSelfAttention, MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .containers import ModuleDict, ModuleList
-from .conv import Conv1d, Conv2d
+from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, conv_transpose1d, conv_transpose2d
 from .layers import (
                      ELU,
                      GELU,
@@ -59,4 +59,4 @@ __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "
            "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss",
            "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
            "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
-           "Transformer"]
+           "Transformer", "ConvTranspose1d", "ConvTranspose2d", "conv_transpose1d", "conv_transpose2d"]
