@@ -4,7 +4,7 @@ from . import functional, init, utils
 from .attention import CausalSelfAttention, MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .containers import ModuleDict, ModuleList
-from .conv import Conv1d, Conv2d
+from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, conv_transpose1d, conv_transpose2d
 from .layers import (
                      ELU,
                      GELU,
@@ -40,6 +40,14 @@ from .module import Module
 from .normalization import GroupNorm, RMSNorm
 from .parameter import Parameter
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
+from .transformer import (
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 from .utils import clip_grad_norm_
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LayerNorm",
@@ -48,4 +56,7 @@ __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "
            "clip_grad_norm_", "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Flatten",
            "Identity", "SiLU", "LeakyReLU", "ELU", "Dropout2d",
            "GroupNorm", "RMSNorm", "AdaptiveAvgPool2d",
-           "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss"]
+           "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss",
+           "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
+           "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
+           "Transformer", "ConvTranspose1d", "ConvTranspose2d", "conv_transpose1d", "conv_transpose2d"]

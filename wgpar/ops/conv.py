@@ -140,3 +140,29 @@ def conv2d_backward(x: Tensor, weight: Tensor, g: Tensor, win: Window, groups: i
         gw = fill((gr, og, kg), 0.0, weight.dtype, weight.device) if need_w else None
         gb = fill((o,), 0.0, g.dtype, g.device) if need_b else None
     return gx, None if gw is None else reshape(gw, weight.shape), gb
+
+
+def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+    """The transposed convolution [N, C, H, W] of ``x`` [N, O, oh, ow] with ``weight`` [O, C / groups, kh, kw]
+    (sizes and dtypes checked by the caller), plus ``bias`` [C]: the adjoint of ``conv2d`` over ``win`` (whose
+    input is this output), so exactly ``conv2d_backward``'s input gradient for the output gradient ``x``:
+    weight^T @ x per chunk of images, summed back by col2im.
+
+    Arguments:
+        x, weight, bias: the operands, one float dtype.
+        win: the window of the convolution this is the adjoint of (``win.oh, win.ow`` = x's spatial size).
+        groups: channels split into this many independent groups.
+    """
+    o = weight.shape[0]
+    gr, og, kg = groups, o // groups, weight.numel() // o
+    out = Tensor.empty((win.n, win.c, win.h, win.w), x.dtype, x.device)
+    if win.n == 0:
+        return out
+    w3t = transpose(reshape(contiguous(weight), (gr, og, kg)), -2, -1)
+    x4 = reshape(contiguous(x), (win.n, gr, og, win.positions))
+    for n0, nb in chunks(win, out):
+        xs = reshape(contiguous(permute(narrow(x4, 0, n0, nb), (1, 2, 0, 3))), (gr, og, nb * win.positions))
+        col2im_into(out, matmul(w3t, xs), win, n0, nb)
+    if bias is not None:
+        inplace("add", out, reshape(bias, (1, win.c, 1, 1)))
+    return out
