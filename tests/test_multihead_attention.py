@@ -174,3 +174,20 @@ def test_errors():
     m = nn.MultiheadAttention(8, 2)
     with pytest.raises(ValueError, match="expected"):
         m(wgpar.zeros(2, 3, 5), wgpar.zeros(2, 3, 5), wgpar.zeros(2, 3, 5))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_unbatched_input_ignores_batch_first(rng, batch_first):
+    """Unbatched [L, E] input: every token attends to every token whatever batch_first says (torch's rule);
+    it equals the batched module on a batch of one."""
+    L, E, H = 7, 12, 3
+    wgpar.manual_seed(0)
+    m = nn.MultiheadAttention(E, H, batch_first=batch_first)
+    x = rng.standard_normal((L, E)).astype(np.float32)
+    y, w = m(wgpar.tensor(x), wgpar.tensor(x), wgpar.tensor(x))
+    xb = x[None] if batch_first else x[:, None]
+    yb, wb = m(wgpar.tensor(xb), wgpar.tensor(xb), wgpar.tensor(xb))
+    want = yb.numpy()[0] if batch_first else yb.numpy()[:, 0]
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert w.shape == (L, L)
+    np.testing.assert_allclose(w.numpy(), wb.numpy()[0], rtol=1e-5, atol=1e-6)

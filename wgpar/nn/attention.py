@@ -67,6 +67,9 @@ class MultiheadAttention(Module):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
         unbatched = query.ndim == 2
+        # Unbatched [L, E] input is made [L, 1, E]: sequence first whatever batch_first says (torch ignores
+        # batch_first for unbatched input).
+        seq_first = unbatched or not self.batch_first
         if unbatched:
             query, key, value = (F_.unsqueeze(t, 1) for t in (query, key, value))
             if key_padding_mask is not None:
@@ -74,7 +77,7 @@ class MultiheadAttention(Module):
         if query.ndim != 3 or key.ndim != 3 or value.ndim != 3 or query.shape[-1] != self.embed_dim:
             raise ValueError(f"MultiheadAttention: expected [L, N, {self.embed_dim}] inputs (batch_first=False) or "
                              f"[N, L, {self.embed_dim}], got {query.shape}, {key.shape}, {value.shape}")
-        if not self.batch_first:
+        if seq_first:
             query, key, value = (F_.transpose(t, 0, 1) for t in (query, key, value))
         n, lq, e = query.shape
         lk = key.shape[1]
@@ -105,7 +108,7 @@ class MultiheadAttention(Module):
             causal = is_causal and mask is None
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         out = self.out_proj(F_.reshape(F_.transpose(out, 1, 2), (n, lq, e)))
-        if not self.batch_first:
+        if seq_first:
             out = F_.transpose(out, 0, 1)
         if unbatched:
             out = F_.squeeze(out, 1)
