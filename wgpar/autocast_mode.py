@@ -5,7 +5,7 @@ run in float16 (f16 storage, f32 accumulation in the kernels), while softmax, lo
 losses, sum and exp / log / rsqrt / pow run in float32 (torch's CUDA autocast lists); other ops take
 their inputs' types, so float16 meeting float32 gives float32. Parameters stay float32 (the "master weights"): a cast
 node casts each use down and its backward casts the gradient back up. The ops themselves
-(``wgpar.autograd.functions``, ``wgpar.nn.functional``) ask this module what to do; it holds only
+(``wgpar.autograd.differentiable``, ``wgpar.nn.functional``) ask this module what to do; it holds only
 the state, one per thread, like torch's.
 """
 

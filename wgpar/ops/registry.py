@@ -1,7 +1,7 @@
 """The elementwise ops, one entry each: name, type rule, WGSL expression, gradients, API and test data.
 
 Everything else about an op follows from its entry: the kernels (ops/elementwise.py compiles the
-expression), the backward (autograd/functions.py runs each gradient expression as one fused kernel
+expression), the backward (autograd/differentiable.py runs each gradient expression as one fused kernel
 and saves what the expressions read), the Tensor method, operator and in-place forms
 (autograd/methods.py), the top-level ``wgpar.<name>`` function and ``__all__`` (functional.py),
 and the parametrised tests (tests/test_registry.py: forward against NumPy in float64, gradients

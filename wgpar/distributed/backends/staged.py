@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import dtypes as _dt
-from ... import ops as raw
+from ... import ops
 from ...runtime import profiling
 from ...runtime.transfer import TransferTimeout
 from ...tensor import Tensor
@@ -109,7 +109,7 @@ class StagedGroup(ProcessGroup):
         self._count(h2d=target.nbytes)
         target._storage.version += 1
         if target is not result:
-            raw.copy_(result, target)
+            ops.copy_(result, target)
         return result
 
     def _mapping(self, fn: Callable[[], Any], kind: str) -> Any:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ... import dtypes as _dt
-from ... import ops as raw
+from ... import ops
 from ...runtime import profiling
 from ...runtime.device import Device
 from ...runtime.transfer import StagingBuffer, UploadBuffer
@@ -261,7 +261,7 @@ class ThreadRank(StagedGroup):
 
     def _download(self, t: Tensor) -> StagingBuffer:
         """Start copying ``t`` into a leased staging buffer."""
-        src = t if readable(t) else raw.clone(t)
+        src = t if readable(t) else ops.clone(t)
         down = self._pool.down(round4(src.nbytes))
         try:
             down.start(src._storage.buffer, byte_offset(src), round4(src.nbytes))
@@ -338,7 +338,7 @@ class ThreadRank(StagedGroup):
 
     # -- collectives ----------------------------------------------------------------------
     def _start_all_reduce(self, kind: str, meta: dict, tensor: Tensor, op: str) -> Completion:
-        work_t = tensor if writable(tensor) else raw.clone(tensor)  # a clone owns its padding
+        work_t = tensor if writable(tensor) else ops.clone(tensor)  # a clone owns its padding
         n = tensor.numel()
         bounds = np.cumsum([0, *split_sizes(n, self.world_size)])
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
