@@ -302,7 +302,7 @@ def _unscale(g: Tensor, flag: Tensor, inv_scale: float) -> None:
                  grid(-(-n // WORKGROUP), dev.max_workgroups))
     if target is not g:
         ops.copy_(g, target)
-    g._storage.version += 1
+    g._storage.bump_version()
 
 
 __all__ = ["GradScaler", "OptState"]

@@ -225,13 +225,7 @@ def untie(output: GPTOutput) -> Parameter:
 def lm_loss(logits: Tensor, targets) -> Tensor:
     """Mean cross entropy of logits [B, T, V] against int targets [B, T] (host arrays or tensors)."""
     b, t, v = logits.shape
-    if isinstance(targets, Tensor):
-        flat = targets.reshape(-1)
-        known = targets._host_range  # the values are the same: so is their range, checked without a readback
-        if known is not None:
-            flat._host_range = known
-    else:
-        flat = np.asarray(targets, dtype=np.int32).reshape(-1)
+    flat = targets.reshape(-1) if isinstance(targets, Tensor) else np.asarray(targets, dtype=np.int32).reshape(-1)
     return F.cross_entropy(logits.reshape(b * t, v), flat)
 
 

@@ -107,7 +107,7 @@ class StagedGroup(ProcessGroup):
     def _landed(self, target: Tensor, result: Tensor) -> Tensor:
         """The upload into ``target`` is committed: bump its version, copy into ``result`` if it was a stand-in."""
         self._count(h2d=target.nbytes)
-        target._storage.version += 1
+        target._storage.bump_version()
         if target is not result:
             ops.copy_(result, target)
         return result
