@@ -313,3 +313,13 @@ def test_disabled_scaler_and_state_dict_round_trip(tmp_path):
         back.update()
     with pytest.raises(ValueError, match="growth factor"):
         GradScaler(growth_factor=1.0)
+
+
+def test_the_old_module_path_warns():
+    import importlib
+    import sys
+
+    sys.modules.pop("wgpar.autocast_mode", None)
+    with pytest.warns(DeprecationWarning, match="wgpar.autograd.autocast_mode"):
+        old = importlib.import_module("wgpar.autocast_mode")
+    assert old.autocast is wgpar.autocast and old.is_autocast_enabled is wgpar.amp.is_autocast_enabled

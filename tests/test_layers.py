@@ -18,12 +18,13 @@ ROOT = Path(wgpar.__file__).resolve().parent
 LAYERS = [
     ("wgpar.errors", 0), ("wgpar.dtypes", 0), ("wgpar.hooks", 0), ("wgpar.runtime", 0), ("wgpar.return_types", 0),
     ("wgpar.profiler", 0),
-    ("wgpar.storage", 1), ("wgpar.tensor", 1), ("wgpar.memory", 1), ("wgpar.autocast_mode", 1),
+    ("wgpar.storage", 1), ("wgpar.tensor", 1), ("wgpar.memory", 1),
     ("wgpar.ops", 2), ("wgpar.creation", 2),
-    ("wgpar.autograd", 3),
-    ("wgpar.nn", 4), ("wgpar.optim", 4), ("wgpar.amp", 4), ("wgpar.models", 4), ("wgpar.checkpoint", 4),
+    ("wgpar.autograd", 3), ("wgpar.autocast_mode", 3),
+    ("wgpar.nn", 4), ("wgpar.optim", 4), ("wgpar.amp", 4), ("wgpar.models", 4), ("wgpar.serialization", 4),
+    ("wgpar.checkpoint", 4),
     ("wgpar.functional", 4), ("wgpar.linalg", 4), ("wgpar.utils", 4),
-    ("wgpar.distributed", 5), ("wgpar.parallel", 5),
+    ("wgpar.distributed", 5),
 ]
 NAMES = {0: "runtime", 1: "tensor", 2: "ops", 3: "autograd", 4: "nn/optim", 5: "distributed"}
 

@@ -13,11 +13,11 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops, return_types
-from ..autocast_mode import get_autocast_dtype, is_autocast_enabled
 from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.registry import GRADS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
+from .autocast_mode import get_autocast_dtype, is_autocast_enabled
 from .engine import backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
@@ -37,7 +37,7 @@ def unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     return ops.reshape(g, shape)
 
 
-# -- autocast (wgpar/autocast_mode.py; the rules: docs/design.md "AMP") ---------------------------------
+# -- autocast (autograd/autocast_mode.py; the rules: docs/design.md "AMP") ---------------------------------
 def autocast_lower(t):
     """Inside autocast, a float32 tensor cast to the autocast dtype (a recorded cast: its gradient
     comes back float32); anything else unchanged."""

@@ -9,8 +9,8 @@ import numpy as np
 
 from .. import creation, ops
 from .. import dtypes as _dt
-from ..autocast_mode import is_autocast_enabled
 from ..autograd import differentiable as D
+from ..autograd.autocast_mode import is_autocast_enabled
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.nn_ops import AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, max_pool2d_with_indices

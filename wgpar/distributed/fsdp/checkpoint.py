@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ...autograd.grad_mode import no_grad
-from ...checkpoint import write_atomic
 from ...nn.module import Module
+from ...serialization import write_atomic
 from ...tensor import Tensor
 from ..group import ProcessGroup
 from .param import FSDPParam, OffloadedShard, fsdp_param_of
