@@ -14,7 +14,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops, return_types
 from ..ops.index import as_index, index_add_rows, index_what
-from ..ops.registry import GRADS, SAVES
+from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
 from .autocast_mode import get_autocast_dtype, is_autocast_enabled
@@ -56,18 +56,15 @@ def autocast_full(t):
     return t
 
 
-_FULL_UNARY = frozenset({"exp", "log", "rsqrt"})
-
-
 # -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
 def unary(op: str, a: Tensor) -> Tensor:
-    if op in _FULL_UNARY and is_autocast_enabled():
+    if is_autocast_enabled() and OPS[op].autocast_fp32:
         a = autocast_full(a)
     return _elementwise(op, ops.unary(op, a), (a,))
 
 
 def binary(op: str, a, b) -> Tensor:
-    if op == "pow" and is_autocast_enabled():
+    if is_autocast_enabled() and OPS[op].autocast_fp32:
         a, b = autocast_full(a), autocast_full(b)
     return _elementwise(op, ops.binary(op, a, b), (a, b))
 
