@@ -64,6 +64,7 @@ def test_autocast_op_rules(rng):
             "softmax": F.softmax(y, -1).dtype, "log_softmax": F.log_softmax(y, -1).dtype,
             "layer_norm": F.layer_norm(y, 8).dtype, "cross_entropy": F.cross_entropy(y, [0, 1, 2, 3]).dtype,
             "mse_loss": F.mse_loss(y, y.detach()).dtype, "sum": y.sum().dtype, "exp": y.exp().dtype,
+            "log": y.log().dtype, "rsqrt": y.rsqrt().dtype, "pow": (y ** 2).dtype,
             "gelu": F.gelu(y).dtype, "add f16+f32": (y + x).dtype, "mean": y.mean().dtype,
         }
         loss = F.cross_entropy(lin(x), [0, 1, 2, 3])
@@ -72,7 +73,8 @@ def test_autocast_op_rules(rng):
     assert not wgpar.amp.is_autocast_enabled() and (x @ x.T).dtype is wgpar.float32
     h, f = wgpar.float16, wgpar.float32
     assert got == {"linear": h, "matmul": h, "sdpa": h, "softmax": f, "log_softmax": f, "layer_norm": f,
-                   "cross_entropy": f, "mse_loss": f, "sum": f, "exp": f, "gelu": h, "add f16+f32": f, "mean": h}
+                   "cross_entropy": f, "mse_loss": f, "sum": f, "exp": f, "log": f,
+                   "rsqrt": f, "pow": f, "gelu": h, "add f16+f32": f, "mean": h}
     loss.backward()  # master weights: float32 parameters get float32 gradients through the casts
     assert lin.weight.dtype is f and lin.weight.grad.dtype is f and x.grad.dtype is f
 
@@ -313,3 +315,13 @@ def test_disabled_scaler_and_state_dict_round_trip(tmp_path):
         back.update()
     with pytest.raises(ValueError, match="growth factor"):
         GradScaler(growth_factor=1.0)
+
+
+def test_the_old_module_path_warns():
+    import importlib
+    import sys
+
+    sys.modules.pop("wgpar.autocast_mode", None)
+    with pytest.warns(DeprecationWarning, match="wgpar.autograd.autocast_mode"):
+        old = importlib.import_module("wgpar.autocast_mode")
+    assert old.autocast is wgpar.autocast and old.is_autocast_enabled is wgpar.amp.is_autocast_enabled

@@ -218,16 +218,6 @@ def test_work_wait_timeout_and_late_completion():
     assert isinstance(Work.completed("x", 5), Work) and Work.completed("x", 5).wait() == 5
 
 
-def test_old_package_name_still_imports_with_a_warning():
-    import importlib
-    import sys
-
-    sys.modules.pop("wgpar.parallel", None)
-    with pytest.warns(DeprecationWarning, match="wgpar.distributed"):
-        old = importlib.import_module("wgpar.parallel")
-    assert old.DataParallel is wgpar.distributed.DataParallel and old.MultiAdapterContext is MultiAdapterContext
-
-
 def test_traffic_counts_the_bytes_each_rank_moves(ctx):
     """all_reduce of n float32: 4n bytes down and 4n up per rank; all_gather_into: 4n down, 4n*world up."""
     n, w = 1000, ctx.world_size

@@ -141,9 +141,9 @@ def test_unary_ops_on_edge_values(need, dtype):
 
 
 def _unary(t, name):
-    from wgpar.autograd import functions as F
+    from wgpar.autograd import differentiable as D
 
-    return F.unary(name, t)
+    return D.unary(name, t)
 
 
 # -- binary ops over every pair of edge values ------------------------------------------------
@@ -218,9 +218,9 @@ def test_binary_ops_on_every_pair_of_edge_values(need, dtype):
 
 
 def _binary(name, a, b):
-    from wgpar.autograd import functions as F
+    from wgpar.autograd import differentiable as D
 
-    return F.binary(name, a, b)
+    return D.binary(name, a, b)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])

@@ -106,6 +106,14 @@ def test_index_computed_on_the_device_is_checked_once(dev, rng):
         x[idx]
 
 
+def test_a_reshape_keeps_the_known_range(dev):
+    idx = wgpar.tensor(np.array([[0, 4], [2, 1]], np.int32))
+    assert idx.reshape(-1)._host_range == (0, 4)  # the same values, so the same range
+    flat = idx.reshape(-1)
+    idx += 1
+    assert flat._host_range is None  # the view's storage was written
+
+
 @pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
 @pytest.mark.parametrize("bad,as_tensor", [(-1, False), (-100, False), (3, False), (2**32, False),
                                            (2**32 + 1, False), (-(2**32) + 1, False), (2**40, False),

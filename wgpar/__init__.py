@@ -7,9 +7,8 @@ README for the two commands, adapter selection and examples.
 from __future__ import annotations
 
 from . import amp, autograd, distributed, functional, models, nn, optim, profiler, return_types, utils
-from .autocast_mode import autocast
 from .autograd import backward_with_grad, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from .checkpoint import load, save
+from .autograd.autocast_mode import autocast
 from .creation import (
     arange,
     empty,
@@ -50,6 +49,7 @@ from .memory import (
     synchronize,
 )
 from .runtime import Device, adapter_names, device, devices
+from .serialization import load, save
 from .storage import Storage
 from .tensor import Tensor
 

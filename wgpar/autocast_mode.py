@@ -1,77 +1,9 @@
-"""autocast: a thread-local mixed-precision region, as ``torch.autocast`` (rules in docs/design.md, "AMP").
+"""Deprecated path of ``wgpar.autograd.autocast_mode`` (the differentiable ops consult it); kept for one release."""
 
-Inside ``with wgpar.autocast(dtype=wgpar.float16):`` matmuls, linear and convolution layers and attention
-run in float16 (f16 storage, f32 accumulation in the kernels), while softmax, log_softmax, layer_norm, the
-losses, sum and exp / log / rsqrt / pow run in float32 (torch's CUDA autocast lists); other ops take
-their inputs' types, so float16 meeting float32 gives float32. Parameters stay float32 (the "master weights"): a cast
-node casts each use down and its backward casts the gradient back up. The ops themselves
-(``wgpar.autograd.functions``, ``wgpar.nn.functional``) ask this module what to do; it holds only
-the state, one per thread, like torch's.
-"""
+import warnings
 
-from __future__ import annotations
+from .autograd.autocast_mode import *  # noqa: F403
+from .autograd.autocast_mode import __all__  # noqa: F401
 
-import functools
-import threading
-
-from . import dtypes as _dt
-
-_state = threading.local()
-
-
-def is_autocast_enabled() -> bool:
-    """Whether this thread is inside an enabled autocast region."""
-    return getattr(_state, "enabled", False)
-
-
-def get_autocast_dtype() -> _dt.DType:
-    """The lower-precision dtype of this thread's autocast region (float16)."""
-    return getattr(_state, "dtype", _dt.float16)
-
-
-class autocast:
-    """Context manager / decorator: run the ops inside in mixed precision (this thread only).
-
-    Arguments:
-        device_type: ``"wgpu"`` (the only device type; accepted for torch-style calls).
-        dtype: the lower precision, ``wgpar.float16`` (wgpar has no bfloat16).
-        enabled: False makes the region a no-op (and disables an enclosing one inside it).
-        cache_enabled: accepted for torch compatibility; wgpar casts each use of a weight (a GPT
-            uses each weight once per forward).
-
-    Adapters without the shader-f16 feature raise TypeError at the first op that would cast.
-    """
-
-    def __init__(self, device_type: str = "wgpu", dtype=_dt.float16, enabled: bool = True,
-                 cache_enabled: bool | None = None) -> None:
-        if device_type != "wgpu":
-            raise ValueError(f"autocast: device_type must be 'wgpu' (wgpar's only device type), got {device_type!r}")
-        if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
-            raise TypeError("autocast: wgpar has no bfloat16 (WGSL has no such type); use dtype=wgpar.float16")
-        dt = _dt.as_dtype(dtype)
-        if dt is not _dt.float16:
-            raise TypeError(f"autocast: dtype must be wgpar.float16, got {dt.name}")
-        self.dtype = dt
-        self.enabled = bool(enabled)
-        self._prev: list[tuple[bool, _dt.DType]] = []
-
-    def __enter__(self) -> autocast:
-        self._prev.append((is_autocast_enabled(), get_autocast_dtype()))
-        _state.enabled = self.enabled
-        _state.dtype = self.dtype
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        _state.enabled, _state.dtype = self._prev.pop()
-        return False
-
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with autocast(dtype=self.dtype, enabled=self.enabled):
-                return fn(*args, **kwargs)
-
-        return wrapper
-
-
-__all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype"]
+warnings.warn("wgpar.autocast_mode is now wgpar.autograd.autocast_mode (wgpar.autocast is unchanged); the old path "
+              "goes away in the next release", DeprecationWarning, stacklevel=2)

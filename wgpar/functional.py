@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import linalg
 from .autograd import composites
-from .autograd import functions as ops
+from .autograd import differentiable as D
 from .autograd.einsum import einsum
 from .autograd.methods import function
 from .creation import empty_like, full_like, rand_like, randn_like
@@ -22,7 +22,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     Arguments:
         a, b: float tensors.
     """
-    return ops.matmul(a, b)
+    return D.matmul(a, b)
 
 
 def where(cond: Tensor, a, b) -> Tensor:
@@ -32,7 +32,7 @@ def where(cond: Tensor, a, b) -> Tensor:
         cond: a tensor (bool or numbers).
         a, b: tensors or numbers.
     """
-    return ops.where(cond, a, b)
+    return D.where(cond, a, b)
 
 
 def cat(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
@@ -42,7 +42,7 @@ def cat(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
         tensors: a sequence of tensors of equal shapes but along ``dim``, on one device.
         dim: the dim (``axis`` its NumPy spelling).
     """
-    return ops.cat(tensors, dim if axis is None else axis)
+    return D.cat(tensors, dim if axis is None else axis)
 
 
 concatenate = cat
@@ -55,7 +55,7 @@ def stack(tensors, dim: int = 0, *, axis: int | None = None) -> Tensor:
         tensors: a sequence of tensors of one shape, on one device.
         dim: where the new dim goes (``axis`` its NumPy spelling).
     """
-    return ops.stack(tensors, dim if axis is None else axis)
+    return D.stack(tensors, dim if axis is None else axis)
 
 
 def softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
@@ -65,7 +65,7 @@ def softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
         x: a float tensor.
         axis, dim: the dim.
     """
-    return ops.softmax(x, dim_arg(axis, dim), log=False)
+    return D.softmax(x, dim_arg(axis, dim), log=False)
 
 
 def log_softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
@@ -75,7 +75,7 @@ def log_softmax(x: Tensor, axis=-1, *, dim=None) -> Tensor:
         x: a float tensor.
         axis, dim: the dim.
     """
-    return ops.softmax(x, dim_arg(axis, dim), log=True)
+    return D.softmax(x, dim_arg(axis, dim), log=True)
 
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
@@ -85,7 +85,7 @@ def clamp(x: Tensor, min=None, max=None) -> Tensor:
         x: a tensor.
         min, max: numbers or tensors (at least one).
     """
-    return ops.clamp(x, min, max)
+    return D.clamp(x, min, max)
 
 
 def index_select(x: Tensor, dim: int, index) -> Tensor:
@@ -96,7 +96,7 @@ def index_select(x: Tensor, dim: int, index) -> Tensor:
         dim: the dim.
         index: ints in [0, x.shape[dim]): an int32 tensor, a list or a NumPy array.
     """
-    return ops.index_select(x, dim, index)
+    return D.index_select(x, dim, index)
 
 
 def reshape(x: Tensor, shape) -> Tensor:
@@ -106,7 +106,7 @@ def reshape(x: Tensor, shape) -> Tensor:
         x: a tensor.
         shape: the new shape (one entry may be -1).
     """
-    return ops.reshape(x, shape)
+    return D.reshape(x, shape)
 
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
@@ -116,7 +116,7 @@ def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
         x: a tensor.
         dim0, dim1: the dims.
     """
-    return ops.transpose(x, dim0, dim1)
+    return D.transpose(x, dim0, dim1)
 
 
 def permute(x: Tensor, dims) -> Tensor:
@@ -126,7 +126,7 @@ def permute(x: Tensor, dims) -> Tensor:
         x: a tensor.
         dims: the new order.
     """
-    return ops.permute(x, dims)
+    return D.permute(x, dims)
 
 
 def bmm(a: Tensor, b: Tensor) -> Tensor:
@@ -147,7 +147,7 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = Fals
         descending: largest first.
         stable: accepted for PyTorch's signature; the sort is always stable.
     """
-    return ops.sort(x, dim, descending)
+    return D.sort(x, dim, descending)
 
 
 def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
@@ -169,7 +169,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
         largest: the largest (True) or smallest.
         sorted: accepted for PyTorch's signature; the result is always sorted.
     """
-    return ops.topk(x, k, dim, largest, sorted)
+    return D.topk(x, k, dim, largest, sorted)
 
 
 def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
@@ -212,7 +212,7 @@ def t(x: Tensor) -> Tensor:
 
 def _reduction(name: str):
     def f(x: Tensor, axis=None, keepdims: bool = False, *, dim=None, keepdim=None) -> Tensor:
-        return ops.reduce(name, x, dim_arg(axis, dim), bool(keepdims if keepdim is None else keepdim))
+        return D.reduce(name, x, dim_arg(axis, dim), bool(keepdims if keepdim is None else keepdim))
 
     f.__name__ = name
     f.__doc__ = f"{name} over an axis, a tuple of axes, or all elements."
@@ -231,8 +231,8 @@ amin.__doc__ = "The smallest values over an axis, a tuple of axes, or all elemen
 def _extreme(name: str):
     def f(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
         if isinstance(dim, Tensor):  # torch.max(a, b): the elementwise form
-            return ops.binary("maximum" if name == "max" else "minimum", x, dim)
-        return ops.extreme(name, x, dim_arg(axis, dim), bool(keepdim if keepdims is None else keepdims))
+            return D.binary("maximum" if name == "max" else "minimum", x, dim)
+        return D.extreme(name, x, dim_arg(axis, dim), bool(keepdim if keepdims is None else keepdims))
 
     f.__name__ = name
     f.__doc__ = (f"The {name} of every element (0-d), or with one int ``dim`` the named tuple (values, indices) "
@@ -274,12 +274,12 @@ def numel(x: Tensor) -> int:
 
 def clamp_min(x: Tensor, min) -> Tensor:
     """``clamp(x, min=min)`` (torch.clamp_min); NaN stays NaN."""
-    return ops.clamp(x, min, None)
+    return D.clamp(x, min, None)
 
 
 def clamp_max(x: Tensor, max) -> Tensor:
     """``clamp(x, max=max)`` (torch.clamp_max); NaN stays NaN."""
-    return ops.clamp(x, None, max)
+    return D.clamp(x, None, max)
 
 
 GENERATED = tuple(op.api for op in OPS.values() if op.api and op.function)

@@ -77,6 +77,11 @@ class Storage:
         if self.block is not None or self.numel == 0:
             return
         self.block = self.device.malloc(self.nbytes)
+        self.bump_version()
+
+    def bump_version(self) -> None:
+        """Count one in-place write: every op that writes a storage in place calls this, so tensors the
+        autograd graph saved fail backward's version check (and host-known value ranges lapse)."""
         self.version += 1
 
     def tag(self, category: str) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops
-from ..autograd import functions as F
+from ..autograd import differentiable as D
 from ..autograd.grad_mode import no_grad
 from ..optim.optimizer import Optimizer
 from ..runtime.device import Device
@@ -121,7 +121,7 @@ class GradScaler:
         if not self._enabled:
             return outputs
         if isinstance(outputs, Tensor):
-            return F.binary("mul", outputs, self._scale)
+            return D.binary("mul", outputs, self._scale)
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(o) for o in outputs)
         if isinstance(outputs, Iterable):
@@ -302,7 +302,7 @@ def _unscale(g: Tensor, flag: Tensor, inv_scale: float) -> None:
                  grid(-(-n // WORKGROUP), dev.max_workgroups))
     if target is not g:
         ops.copy_(g, target)
-    g._storage.version += 1
+    g._storage.bump_version()
 
 
 __all__ = ["GradScaler", "OptState"]

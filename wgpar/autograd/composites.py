@@ -1,4 +1,4 @@
-"""Ops built from the differentiable ops of functions.py, so their gradients come for free: var, std,
+"""Ops built from the differentiable ops of differentiable.py, so their gradients come for free: var, std,
 repeat, masked_fill, t, bmm, split / chunk / unbind, tril / triu, prod, logsumexp, norm, outer. Each costs a
 few kernels (var: mean, subtract, square, sum, divide). A few (flip, roll, diag, the norms) run raw ops and
 record a backward of their own where the composition would waste memory or get an edge wrong."""
@@ -10,14 +10,13 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from .. import ops as raw
+from .. import ops
 from ..ops import mask as mask_ops
 from ..ops import scatter as scatter_ops
 from ..ops.elementwise import broadcast_shape
 from ..ops.index import as_index
 from ..tensor import Tensor, normalize_shape, wrap_dim
-from .engine import record
-from .functions import (
+from .differentiable import (
     binary,
     cast,
     cat,
@@ -32,6 +31,7 @@ from .functions import (
     unary,
     where,
 )
+from .engine import record
 
 
 def _float_input(op: str, a) -> None:
@@ -75,11 +75,11 @@ def std(a: Tensor, dim=None, correction: float = 1.0, keepdim: bool = False) -> 
     """The standard deviation, ``sqrt(var(...))``; arguments as ``var``. Where it is 0 its gradient is 0,
     as in PyTorch (the square root's own would be inf * 0 = NaN)."""
     v = var(a, dim, correction, keepdim)
-    out = raw.unary("sqrt", v)
+    out = ops.unary("sqrt", v)
     y = out.detach()
 
     def bw(g):
-        return (raw.where(raw.binary("eq", y, 0.0), 0.0, raw.binary("div", raw.binary("mul", g, 0.5), y)),)
+        return (ops.where(ops.binary("eq", y, 0.0), 0.0, ops.binary("div", ops.binary("mul", g, 0.5), y)),)
 
     return record("std", out, [v], bw, [y])
 
@@ -236,8 +236,8 @@ def _triangle(op: str, a: Tensor, diagonal: int, upper: bool) -> Tensor:
     n, m = a.shape[-2:]
     rows = Tensor.from_numpy(np.arange(n, dtype=np.int32).reshape(n, 1), device=a.device)
     cols = Tensor.from_numpy(np.arange(m, dtype=np.int32).reshape(1, m), device=a.device)
-    offset = raw.binary("sub", cols, rows)  # j - i: 0 on the main diagonal, k on the k-th
-    drop = raw.binary("lt" if upper else "gt", offset, int(diagonal))
+    offset = ops.binary("sub", cols, rows)  # j - i: 0 on the main diagonal, k on the k-th
+    drop = ops.binary("lt" if upper else "gt", offset, int(diagonal))
     return masked_fill(a, drop, 0)
 
 
@@ -275,8 +275,8 @@ def _flip_raw(a: Tensor, dims: tuple[int, ...]) -> Tensor:
     out = a
     for d in dims:
         if a.shape[d] > 1:
-            out = raw.index_select(out, d, np.arange(a.shape[d] - 1, -1, -1, dtype=np.int32))
-    return raw.clone(out) if out is a else out
+            out = ops.index_select(out, d, np.arange(a.shape[d] - 1, -1, -1, dtype=np.int32))
+    return ops.clone(out) if out is a else out
 
 
 def flip(a: Tensor, dims) -> Tensor:
@@ -299,9 +299,9 @@ def _roll_raw(a: Tensor, shifts: tuple[int, ...], dims: tuple[int, ...]) -> Tens
         s = s % n if n else 0
         if s:
             lead = (slice(None),) * d
-            out = raw.cat([raw.getitem(out, lead + (slice(n - s, n),)), raw.getitem(out, lead + (slice(0, n - s),))],
+            out = ops.cat([ops.getitem(out, lead + (slice(n - s, n),)), ops.getitem(out, lead + (slice(0, n - s),))],
                           d)
-    return raw.clone(out) if out is a else out
+    return ops.clone(out) if out is a else out
 
 
 def roll(a: Tensor, shifts, dims=None) -> Tensor:
@@ -366,7 +366,7 @@ def prod(a: Tensor, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
     n = x.shape[-1]
     size = 1 << max(n - 1, 0).bit_length()
     if size != n:
-        ones = raw.fill(x.shape[:-1] + (size - n,), 1, x.dtype, x.device)
+        ones = ops.fill(x.shape[:-1] + (size - n,), 1, x.dtype, x.device)
         x = cat([x, ones], -1)
     if x.dtype is _dt.bool_:
         x = cast(x, _dt.int32)
@@ -378,8 +378,8 @@ def prod(a: Tensor, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
 
 
 def _count_nonzero(a: Tensor, dim, keepdim: bool, zero: bool) -> Tensor:
-    hit = raw.cast(raw.binary("eq" if zero else "ne", a, 0), _dt.int32)
-    return raw.reduce("sum", hit, None if dim is None else _dim_tuple(a, dim), keepdim)
+    hit = ops.cast(ops.binary("eq" if zero else "ne", a, 0), _dt.int32)
+    return ops.reduce("sum", hit, None if dim is None else _dim_tuple(a, dim), keepdim)
 
 
 def any_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
@@ -392,7 +392,7 @@ def any_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
         keepdim: keep the reduced dims with size 1.
     """
     _tensor_input("any", a)
-    return raw.binary("gt", _count_nonzero(a, dim, keepdim, zero=False), 0)
+    return ops.binary("gt", _count_nonzero(a, dim, keepdim, zero=False), 0)
 
 
 def all_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
@@ -405,7 +405,7 @@ def all_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
         keepdim: keep the reduced dims with size 1.
     """
     _tensor_input("all", a)
-    return raw.binary("eq", _count_nonzero(a, dim, keepdim, zero=True), 0)
+    return ops.binary("eq", _count_nonzero(a, dim, keepdim, zero=True), 0)
 
 
 def vector_norm(a: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
@@ -436,20 +436,20 @@ def vector_norm(a: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None
     if math.isinf(p):
         return reduce("max" if p > 0 else "min", unary("abs", a), dims, keepdim)
     if p == 0.0:
-        return raw.cast(_count_nonzero(a, dims, keepdim, zero=False), a.dtype)
-    mag = raw.unary("abs", a)
-    total = raw.reduce("sum", mag if p == 1.0 else raw.binary("pow", mag, p), dims, True)
-    y = raw.binary("pow", total, 1.0 / p)  # keepdim shape, for the backward
-    out = y if keepdim else raw.reshape(y, _reduce_shape(a, dims if dims is not None else tuple(range(a.ndim)),
+        return ops.cast(_count_nonzero(a, dims, keepdim, zero=False), a.dtype)
+    mag = ops.unary("abs", a)
+    total = ops.reduce("sum", mag if p == 1.0 else ops.binary("pow", mag, p), dims, True)
+    y = ops.binary("pow", total, 1.0 / p)  # keepdim shape, for the backward
+    out = y if keepdim else ops.reshape(y, _reduce_shape(a, dims if dims is not None else tuple(range(a.ndim)),
                                                          False))
 
     def bw(g):
-        g = raw.reshape(g, y.shape)
+        g = ops.reshape(g, y.shape)
         # d/dx = x |x|^(p-2) / norm^(p-1), zero where the norm is zero (PyTorch's rule).
-        scale = raw.binary("div", g, raw.binary("pow", y, p - 1.0))
-        scale = raw.where(raw.binary("eq", y, 0.0), 0.0, scale)
-        local = a if p == 2.0 else raw.binary("mul", a, raw.binary("pow", mag, p - 2.0))
-        return (raw.binary("mul", local, scale),)
+        scale = ops.binary("div", g, ops.binary("pow", y, p - 1.0))
+        scale = ops.where(ops.binary("eq", y, 0.0), 0.0, scale)
+        local = a if p == 2.0 else ops.binary("mul", a, ops.binary("pow", mag, p - 2.0))
+        return (ops.binary("mul", local, scale),)
 
     return record("vector_norm", out, [a], bw, [a, y])
 
@@ -489,8 +489,8 @@ def logsumexp(a: Tensor, dim, keepdim: bool = False) -> Tensor:
     dims = _dim_tuple(a, dim)
     if not dims and a.ndim:
         return binary("add", a, 0.0)  # nothing reduced: log(exp(a)) is a
-    m = raw.reduce("max", a.detach(), dims or None, True)
-    m = raw.where(raw.unary("isinf", m), 0.0, m)
+    m = ops.reduce("max", a.detach(), dims or None, True)
+    m = ops.where(ops.unary("isinf", m), 0.0, m)
     s = reduce("sum", unary("exp", binary("sub", a, m)), dims or None, True)
     out = binary("add", unary("log", s), m)
     return out if keepdim else reshape(out, _reduce_shape(a, dims, False))
@@ -521,9 +521,9 @@ def _diagonal_view(t: Tensor, k: int) -> Tensor:
 
 def _diag_matrix(v: Tensor, k: int) -> Tensor:
     size = v.shape[0] + abs(k)
-    out = raw.fill((size, size), 0, v.dtype, v.device)
+    out = ops.fill((size, size), 0, v.dtype, v.device)
     if v.shape[0]:
-        raw.copy_(_diagonal_view(out, k), v)
+        ops.copy_(_diagonal_view(out, k), v)
     return out
 
 
@@ -539,18 +539,18 @@ def diag(a: Tensor, diagonal: int = 0) -> Tensor:
     _tensor_input("diag", a)
     k = int(diagonal)
     if a.ndim == 1:
-        return record("diag", _diag_matrix(a, k), [a], lambda g: (raw.clone(_diagonal_view(g, k)),))
+        return record("diag", _diag_matrix(a, k), [a], lambda g: (ops.clone(_diagonal_view(g, k)),))
     if a.ndim != 2:
         raise ValueError(f"diag: needs a 1-d or 2-d tensor, got shape {a.shape}")
     shape = a.shape
 
     def bw(g):
-        full = raw.fill(shape, 0, g.dtype, g.device)
+        full = ops.fill(shape, 0, g.dtype, g.device)
         if g.shape[0]:
-            raw.copy_(_diagonal_view(full, k), g)
+            ops.copy_(_diagonal_view(full, k), g)
         return (full,)
 
-    return record("diag", raw.clone(_diagonal_view(a, k)), [a], bw)
+    return record("diag", ops.clone(_diagonal_view(a, k)), [a], bw)
 
 
 # -- running sums and products -------------------------------------------------------------------
@@ -565,7 +565,7 @@ def _revcumsum(g: Tensor, d: int) -> Tensor:
     """sum over j >= i of g[j] along d: cumsum's backward."""
     if g.ndim == 0:
         return g
-    return _flip_raw(raw.scan("sum", _flip_raw(g, (d,)), d), (d,))
+    return _flip_raw(ops.scan("sum", _flip_raw(g, (d,)), d), (d,))
 
 
 def cumsum(a: Tensor, dim: int, dtype=None) -> Tensor:
@@ -580,21 +580,21 @@ def cumsum(a: Tensor, dim: int, dtype=None) -> Tensor:
         dtype: cast to this dtype first.
     """
     a, d = _scan_input("cumsum", a, dim, dtype)
-    return record("cumsum", raw.scan("sum", a, d), [a], lambda g: (_revcumsum(g, d),))
+    return record("cumsum", ops.scan("sum", a, d), [a], lambda g: (_revcumsum(g, d),))
 
 
 def _cumprod_grad(x: Tensor, y: Tensor, g: Tensor, d: int) -> Tensor:
     # d y[j] / d x[k] = prod over i <= j, i != k of x[i] (j >= k). Before a row's first zero that is
     # y[j] / x[k]; at the first zero it is the running product with that zero replaced by 1; after it,
     # every term holds that zero.
-    zero = raw.binary("eq", x, 0.0)
-    seen = raw.scan("sum", raw.cast(zero, _dt.int32), d)
-    before = raw.binary("eq", seen, 0)
-    first = raw.where(zero, raw.binary("eq", seen, 1), False)
-    at_before = raw.binary("div", _revcumsum(raw.binary("mul", g, y), d), raw.where(before, x, 1.0))
-    y_first = raw.scan("prod", raw.where(first, 1.0, x), d)
-    at_first = _revcumsum(raw.binary("mul", g, y_first), d)
-    return raw.where(before, at_before, raw.where(first, at_first, 0.0))
+    zero = ops.binary("eq", x, 0.0)
+    seen = ops.scan("sum", ops.cast(zero, _dt.int32), d)
+    before = ops.binary("eq", seen, 0)
+    first = ops.where(zero, ops.binary("eq", seen, 1), False)
+    at_before = ops.binary("div", _revcumsum(ops.binary("mul", g, y), d), ops.where(before, x, 1.0))
+    y_first = ops.scan("prod", ops.where(first, 1.0, x), d)
+    at_first = _revcumsum(ops.binary("mul", g, y_first), d)
+    return ops.where(before, at_before, ops.where(first, at_first, 0.0))
 
 
 def cumprod(a: Tensor, dim: int, dtype=None) -> Tensor:
@@ -612,7 +612,7 @@ def cumprod(a: Tensor, dim: int, dtype=None) -> Tensor:
         dtype: cast to this dtype first.
     """
     a, d = _scan_input("cumprod", a, dim, dtype)
-    out = raw.scan("prod", a, d)
+    out = ops.scan("prod", a, d)
     x, y = a.detach(), out.detach()
     return record("cumprod", out, [a], lambda g: (_cumprod_grad(x, y, g, d),), [x, y])
 
@@ -623,8 +623,8 @@ def _padded(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     outside it)."""
     if g.shape == shape:
         return g
-    full = raw.fill(shape, 0, g.dtype, g.device)
-    raw.copy_(raw.getitem(full, tuple(slice(0, n) for n in g.shape)), g)
+    full = ops.fill(shape, 0, g.dtype, g.device)
+    ops.copy_(ops.getitem(full, tuple(slice(0, n) for n in g.shape)), g)
     return full
 
 
@@ -645,7 +645,7 @@ def gather(a: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> 
     d = scatter_ops.check_index("gather", a, dim, index)
     shape = a.shape
     return record("gather", scatter_ops.gather(a, d, index), [a],
-                  lambda g: (scatter_ops.scatter(raw.fill(shape, 0, g.dtype, g.device), d, index, g, "add"),),
+                  lambda g: (scatter_ops.scatter(ops.fill(shape, 0, g.dtype, g.device), d, index, g, "add"),),
                   [index])
 
 
@@ -704,7 +704,7 @@ def scatter(a: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce:
     _tensor_input("scatter", a)
     if reduce == "add":
         if not isinstance(src, Tensor):
-            src = raw.fill(index.shape, src if value is None else value, a.dtype, a.device)
+            src = ops.fill(index.shape, src if value is None else value, a.dtype, a.device)
         return scatter_add(a, dim, index, src)
     if reduce is not None:
         raise ValueError(f"scatter: reduce={reduce!r} is not supported (None or 'add'; see scatter_add)")
@@ -718,13 +718,13 @@ def scatter(a: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce:
     def bw(g):
         # The entries that won their output slot: the position along d each slot kept, compared with
         # each entry's own.
-        pos = raw.contiguous(raw.expand(raw.reshape(
+        pos = ops.contiguous(ops.expand(ops.reshape(
             Tensor.from_numpy(np.arange(index.shape[d] if index.ndim else 1, dtype=np.int32), device=g.device),
             tuple(-1 if k == d else 1 for k in range(index.ndim))), index.shape))
-        kept = scatter_ops.scatter(raw.fill(a_shape, -1, _dt.int32, g.device), d, index, pos, "set")
-        won = raw.binary("eq", scatter_ops.gather(kept, d, index), pos)
-        g_src = raw.where(won, scatter_ops.gather(g, d, index), 0.0)
-        return scatter_ops.scatter(g, d, index, 0, "set"), _padded(raw.cast(g_src, g.dtype), src_shape)
+        kept = scatter_ops.scatter(ops.fill(a_shape, -1, _dt.int32, g.device), d, index, pos, "set")
+        won = ops.binary("eq", scatter_ops.gather(kept, d, index), pos)
+        g_src = ops.where(won, scatter_ops.gather(g, d, index), 0.0)
+        return scatter_ops.scatter(g, d, index, 0, "set"), _padded(ops.cast(g_src, g.dtype), src_shape)
 
     return record("scatter", out, [a, src], bw, [index])
 
@@ -756,7 +756,7 @@ def index_add(a: Tensor, dim: int, index, source: Tensor, *, alpha=1) -> Tensor:
         raise ValueError(f"index_add: source of shape {source.shape} must be {want} (a's {a.shape} with "
                          f"len(index) = {idx.numel()} along dim {d})")
     scaled = source if alpha == 1 else binary("mul", source, alpha)
-    full = raw.contiguous(raw.expand(raw.reshape(idx, tuple(-1 if k == d else 1 for k in range(a.ndim))), want))
+    full = ops.contiguous(ops.expand(ops.reshape(idx, tuple(-1 if k == d else 1 for k in range(a.ndim))), want))
     full._host_range = idx._host_range
     return scatter_add(a, d, full, scaled)
 
@@ -797,14 +797,14 @@ def nonzero(a: Tensor, *, as_tuple: bool = False):
         as_tuple: return one index tensor per dim.
     """
     _tensor_input("nonzero", a)
-    flat = mask_ops.flat_nonzero(raw.reshape(raw.binary("ne", a, 0), (-1,)))
+    flat = mask_ops.flat_nonzero(ops.reshape(ops.binary("ne", a, 0), (-1,)))
     if a.ndim == 0:
         return (flat,) if as_tuple else Tensor.empty((flat.shape[0], 0), _dt.int32, a.device)
     cols, stride = [], a.numel()
     for n in a.shape:
         stride //= n or 1
-        cols.append(raw.binary("mod", raw.binary("floordiv", flat, stride), n) if flat.numel() else flat)
-    return tuple(cols) if as_tuple else raw.stack(cols, 1)
+        cols.append(ops.binary("mod", ops.binary("floordiv", flat, stride), n) if flat.numel() else flat)
+    return tuple(cols) if as_tuple else ops.stack(cols, 1)
 
 
 def argwhere(a: Tensor) -> Tensor:
@@ -824,7 +824,7 @@ def _check_mask(op: str, a: Tensor, mask: Tensor) -> None:
 def _selected_rank(flat_mask: Tensor, rows: int) -> Tensor:
     """For each entry of a 1-d mask, its rank among the set entries (0 where unset), as an index into
     ``rows`` rows (the gather kernel keeps any surplus in bounds)."""
-    at = raw.where(flat_mask, raw.binary("sub", mask_ops.running_count(flat_mask), 1), 0)
+    at = ops.where(flat_mask, ops.binary("sub", mask_ops.running_count(flat_mask), 1), 0)
     at._host_range = (0, rows - 1)
     return at
 
@@ -836,16 +836,16 @@ def mask_getitem(a: Tensor, mask: Tensor) -> Tensor:
     each one's rank, with no readback."""
     _check_mask("indexing", a, mask)
     rest = a.shape[mask.ndim:]
-    flat_mask = raw.reshape(mask, (-1,))
-    out = raw.index_select(raw.reshape(a, (-1,) + rest), 0, mask_ops.flat_nonzero(flat_mask))
+    flat_mask = ops.reshape(mask, (-1,))
+    out = ops.index_select(ops.reshape(a, (-1,) + rest), 0, mask_ops.flat_nonzero(flat_mask))
     shape = a.shape
 
     def bw(g):
         if g.shape[0] == 0:
-            return (raw.fill(shape, 0, g.dtype, g.device),)
-        rows = raw.index_select(g, 0, _selected_rank(flat_mask, g.shape[0]))
-        keep = raw.reshape(flat_mask, (-1,) + (1,) * len(rest))
-        return (raw.reshape(raw.where(keep, rows, 0.0), shape),)
+            return (ops.fill(shape, 0, g.dtype, g.device),)
+        rows = ops.index_select(g, 0, _selected_rank(flat_mask, g.shape[0]))
+        keep = ops.reshape(flat_mask, (-1,) + (1,) * len(rest))
+        return (ops.reshape(ops.where(keep, rows, 0.0), shape),)
 
     return record("mask_getitem", out, [a], bw, [mask])
 
@@ -865,10 +865,10 @@ def mask_setitem(a: Tensor, mask: Tensor, value) -> None:
             raise ValueError(f"index assignment: a value of shape {value.shape} for rows of shape {rest}")
         if value.shape[0] == 0:
             return
-        flat_mask = raw.reshape(mask, (-1,))
-        value = raw.reshape(raw.index_select(value, 0, _selected_rank(flat_mask, value.shape[0])), a.shape)
-    keep = raw.reshape(mask, mask.shape + (1,) * len(rest))
-    copy_(a, raw.where(keep, value, a))
+        flat_mask = ops.reshape(mask, (-1,))
+        value = ops.reshape(ops.index_select(value, 0, _selected_rank(flat_mask, value.shape[0])), a.shape)
+    keep = ops.reshape(mask, mask.shape + (1,) * len(rest))
+    copy_(a, ops.where(keep, value, a))
 
 
 def masked_select(a: Tensor, mask: Tensor) -> Tensor:
@@ -883,7 +883,7 @@ def masked_select(a: Tensor, mask: Tensor) -> Tensor:
     if not isinstance(mask, Tensor) or mask.dtype is not _dt.bool_:
         raise TypeError("masked_select: the mask must be a bool tensor")
     shape = broadcast_shape(a.shape, mask.shape, op="masked_select")
-    flat_mask = raw.reshape(raw.contiguous(raw.expand(mask, shape)), (-1,))
+    flat_mask = ops.reshape(ops.contiguous(ops.expand(mask, shape)), (-1,))
     return mask_getitem(reshape(expand(a, shape), (-1,)), flat_mask)
 
 
@@ -899,19 +899,19 @@ def isclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: b
         equal_nan: whether two NaNs are close.
     """
     _tensor_input("isclose", a)
-    same = raw.binary("eq", a, b)
-    fa = a if a.dtype.is_float else raw.cast(a, _dt.float32)
-    fb = b if not isinstance(b, Tensor) or b.dtype.is_float else raw.cast(b, _dt.float32)
-    gap = raw.unary("abs", raw.binary("sub", fa, fb))
-    bound = raw.binary("add", raw.binary("mul", raw.unary("abs", fb) if isinstance(fb, Tensor) else abs(fb),
+    same = ops.binary("eq", a, b)
+    fa = a if a.dtype.is_float else ops.cast(a, _dt.float32)
+    fb = b if not isinstance(b, Tensor) or b.dtype.is_float else ops.cast(b, _dt.float32)
+    gap = ops.unary("abs", ops.binary("sub", fa, fb))
+    bound = ops.binary("add", ops.binary("mul", ops.unary("abs", fb) if isinstance(fb, Tensor) else abs(fb),
                                          float(rtol)), float(atol))
     # Where either is NaN or infinite the gap is NaN or inf (-inf against inf: inf <= inf), so not close.
-    close = raw.where(raw.unary("isfinite", gap), raw.binary("le", gap, bound), False)
-    out = raw.where(same, True, close)
+    close = ops.where(ops.unary("isfinite", gap), ops.binary("le", gap, bound), False)
+    out = ops.where(same, True, close)
     if equal_nan:
-        b_nan = raw.unary("isnan", fb) if isinstance(fb, Tensor) else math.isnan(fb)
-        out = raw.where(raw.unary("isnan", fa), b_nan, out)
-    return raw.cast(out, _dt.bool_)
+        b_nan = ops.unary("isnan", fb) if isinstance(fb, Tensor) else math.isnan(fb)
+        out = ops.where(ops.unary("isnan", fa), b_nan, out)
+    return ops.cast(out, _dt.bool_)
 
 
 def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:

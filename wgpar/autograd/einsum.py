@@ -15,7 +15,7 @@ import string
 
 from ..creation import eye
 from ..tensor import Tensor
-from .functions import binary, expand, matmul, permute, reduce, reshape
+from .differentiable import binary, expand, matmul, permute, reduce, reshape
 
 _LETTERS = set(string.ascii_letters)
 _ELLIPSIS_BASE = 0x2460  # broadcast dims get characters outside the ASCII letters

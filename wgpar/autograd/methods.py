@@ -1,9 +1,9 @@
 """Tensor methods and operators of the registry's ops (ops/registry.py), generated and installed, and
-Tensor's hook to the differentiable ops (functions.py, composites.py, einsum.py).
+Tensor's hook to the differentiable ops (differentiable.py, composites.py, einsum.py).
 
 Each public op gets its method (``x.exp()``, ``x.maximum(y)``), its operators (``__add__`` and the
 reflected ``__radd__``, ``__neg__``) and, where it has one, its in-place forms (``x.add_(y)``,
-``__iadd__``); all of them call the differentiable ops of autograd/functions.py.
+``__iadd__``); all of them call the differentiable ops of autograd/differentiable.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..creation import full, tensor
 from ..ops.registry import OPS, Op
 from ..tensor import Tensor, install_ops
 from . import composites as C
-from . import functions as F
+from . import differentiable as D
 from .einsum import einsum
 
 _NOT_REFLECTED = {"eq", "ne", "lt", "le", "gt", "ge"}  # Python swaps a comparison's operands itself
@@ -26,13 +26,13 @@ def function(op: Op) -> Callable:
     name = op.name
     if op.arity == 1:
         def f(x: Tensor) -> Tensor:
-            return F.unary(name, x)
+            return D.unary(name, x)
     elif op.alpha:
         def f(a, b, alpha=1) -> Tensor:
-            return F.binary(name, a, b if alpha == 1 else b * alpha)
+            return D.binary(name, a, b if alpha == 1 else b * alpha)
     else:
         def f(a, b) -> Tensor:
-            return F.binary(name, a, b)
+            return D.binary(name, a, b)
     f.__name__ = f.__qualname__ = op.api
     args = "x: a tensor." if op.arity == 1 else "a, b: tensors (broadcast together) or Python / NumPy numbers."
     if op.alpha:
@@ -60,23 +60,23 @@ def methods(op: Op) -> dict[str, Callable]:
     out = {api: _method(api, function(op), f"{what}; elementwise, self as {'x' if op.arity == 1 else 'a'} "
                                             f"(wgpar.{api}).")}
     if op.dunder and op.arity == 1:
-        out[f"__{op.dunder}__"] = _method(f"__{op.dunder}__", lambda self: F.unary(name, self), f"{api}(self)")
+        out[f"__{op.dunder}__"] = _method(f"__{op.dunder}__", lambda self: D.unary(name, self), f"{api}(self)")
     elif op.dunder:
-        out[f"__{op.dunder}__"] = _method(f"__{op.dunder}__", lambda self, o: F.binary(name, self, o),
+        out[f"__{op.dunder}__"] = _method(f"__{op.dunder}__", lambda self, o: D.binary(name, self, o),
                                           f"{api}(self, other)")
         if op.dunder not in _NOT_REFLECTED:
-            out[f"__r{op.dunder}__"] = _method(f"__r{op.dunder}__", lambda self, o: F.binary(name, o, self),
+            out[f"__r{op.dunder}__"] = _method(f"__r{op.dunder}__", lambda self, o: D.binary(name, o, self),
                                                f"{api}(other, self)")
     if op.inplace:
         if op.alpha:
             def inplace(self, o, alpha=1):
-                return F.inplace(name, self, o if alpha == 1 else o * alpha)
+                return D.inplace(name, self, o if alpha == 1 else o * alpha)
         else:
             def inplace(self, o):
-                return F.inplace(name, self, o)
+                return D.inplace(name, self, o)
         note = "in place, outside the autograd graph (a parameter under no_grad, a buffer); returns self"
         out[f"{api}_"] = _method(f"{api}_", inplace, f"self = {api}(self, other), {note}. {what}.")
-        out[f"__i{op.dunder}__"] = _method(f"__i{op.dunder}__", lambda self, o: F.inplace(name, self, o),
+        out[f"__i{op.dunder}__"] = _method(f"__i{op.dunder}__", lambda self, o: D.inplace(name, self, o),
                                            f"self = {api}(self, other), {note}.")
     return out
 
@@ -231,12 +231,12 @@ def masked_select(self, mask) -> Tensor:
 
 def clamp_min(self, min) -> Tensor:
     """``clamp(self, min=min)``: values below ``min`` (a number or tensor) raised to it; NaN stays NaN."""
-    return F.clamp(self, min, None)
+    return D.clamp(self, min, None)
 
 
 def clamp_max(self, max) -> Tensor:
     """``clamp(self, max=max)``: values above ``max`` (a number or tensor) lowered to it; NaN stays NaN."""
-    return F.clamp(self, None, max)
+    return D.clamp(self, None, max)
 
 
 def _new(self, size, value, dtype, device, requires_grad) -> Tensor:
@@ -292,7 +292,7 @@ _HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll, prod, any, all, n
 def install() -> None:
     """Connect Tensor to this layer: its hook (``tensor.install_ops``) to the differentiable ops, and
     the methods and operators of every public op of the registry."""
-    install_ops(SimpleNamespace(**{n: getattr(F, n) for n in F.__all__}, **{n: getattr(C, n) for n in C.__all__},
+    install_ops(SimpleNamespace(**{n: getattr(D, n) for n in D.__all__}, **{n: getattr(C, n) for n in C.__all__},
                                 einsum=einsum))
     for op in OPS.values():
         if op.api:

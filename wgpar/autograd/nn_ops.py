@@ -8,7 +8,7 @@ their backward.
 from __future__ import annotations
 
 from .. import dtypes as _dt
-from .. import ops as raw
+from .. import ops
 from ..ops import batch_norm as bn
 from ..ops.conv import conv2d, conv2d_backward
 from ..ops.dropout import dropout
@@ -32,28 +32,28 @@ class CrossEntropy(Function):
 
     @staticmethod
     def forward(ctx: Context, logits: Tensor, target: Tensor, reduction: str) -> Tensor:
-        ctx.logits = raw.contiguous(logits)
-        ctx.target = raw.contiguous(target)
+        ctx.logits = ops.contiguous(logits)
+        ctx.target = ops.contiguous(target)
         ctx.reduction = reduction
         ctx.save_for_backward(logits, target)
         per_row = cross_entropy_rows(ctx.logits, ctx.target)
         if reduction == "none":
             return per_row
-        loss = raw.reduce(reduction, per_row)
-        return loss if loss.dtype is logits.dtype else raw.cast(loss, logits.dtype)
+        loss = ops.reduce(reduction, per_row)
+        return loss if loss.dtype is logits.dtype else ops.cast(loss, logits.dtype)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
         logits, target = ctx.logits, ctx.target
         n = logits.shape[0]
         if ctx.reduction == "none":  # the kernel's gradient carries 1/n; rescale each row by n * g[row]
-            ones = raw.fill((1,), 1.0, _dt.float32, logits.device)
-            grad = raw.binary("mul", cross_entropy_grad(logits, target, ones),
-                              raw.binary("mul", raw.unsqueeze(g, 1), float(n)))
+            ones = ops.fill((1,), 1.0, _dt.float32, logits.device)
+            grad = ops.binary("mul", cross_entropy_grad(logits, target, ones),
+                              ops.binary("mul", ops.unsqueeze(g, 1), float(n)))
         else:
             grad = cross_entropy_grad(logits, target, g)  # (softmax - onehot) * g / n
             if ctx.reduction == "sum":
-                grad = raw.binary("mul", grad, float(n))
+                grad = ops.binary("mul", grad, float(n))
         return grad, None, None
 
 
@@ -135,40 +135,40 @@ class BatchNorm(Function):
     @staticmethod
     def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
                 shift: Tensor | None, invstd: Tensor, batch_stats: bool) -> Tensor:
-        scale = invstd if weight is None else raw.binary("mul", invstd, weight)
+        scale = invstd if weight is None else ops.binary("mul", invstd, weight)
         ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale, ctx.batch_stats = x, mean, shift, invstd, scale, batch_stats
         ctx.dtypes = tuple(None if t is None else t.dtype for t in (weight, bias))
         ctx.save_for_backward(x, weight)
         offset = bias
         if shift is not None:
-            offset = raw.binary("mul", shift, scale) if bias is None else raw.binary("sub", bias,
-                                                                                   raw.binary("mul", shift, scale))
-            offset = raw.unary("neg", offset) if bias is None else offset
+            offset = ops.binary("mul", shift, scale) if bias is None else ops.binary("sub", bias,
+                                                                                   ops.binary("mul", shift, scale))
+            offset = ops.unary("neg", offset) if bias is None else offset
         return bn.affine(x, scale, m=mean, k3=offset)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
         x, mean, shift, invstd, scale = ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g = raw.contiguous(g)
+        g = ops.contiguous(g)
         gx = gw = gb = None
         if need_w or need_b or (need_x and ctx.batch_stats):
             sums = bn.channel_sums(x, "vb", "vb * (va - m)", b=g, mean=mean)  # sum g, sum g * (x - mean)
             s_g, s_gx = bn.column(sums, 0), bn.column(sums, 1)
             if shift is not None:  # sum g * (x - mean - shift)
-                s_gx = raw.binary("sub", s_gx, raw.binary("mul", s_g, shift))
+                s_gx = ops.binary("sub", s_gx, ops.binary("mul", s_g, shift))
             if need_w:
-                gw = _as(raw.binary("mul", s_gx, invstd), ctx.dtypes[0])
+                gw = _as(ops.binary("mul", s_gx, invstd), ctx.dtypes[0])
             if need_b:
                 gb = _as(s_g, ctx.dtypes[1])
         if need_x:
             if ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
                 count = x.shape[0] * x.shape[2]
-                k2 = raw.binary("mul", raw.binary("mul", raw.binary("mul", scale, invstd), invstd),
-                                raw.binary("mul", s_gx, -1.0 / count))
-                k3 = raw.binary("mul", scale, raw.binary("mul", s_g, -1.0 / count))
+                k2 = ops.binary("mul", ops.binary("mul", ops.binary("mul", scale, invstd), invstd),
+                                ops.binary("mul", s_gx, -1.0 / count))
+                k3 = ops.binary("mul", scale, ops.binary("mul", s_g, -1.0 / count))
                 if shift is not None:
-                    k3 = raw.binary("sub", k3, raw.binary("mul", shift, k2))
+                    k3 = ops.binary("sub", k3, ops.binary("mul", shift, k2))
                 gx = bn.affine(x, k2, m=mean, k3=k3, g=g, k1=scale)
             else:
                 gx = bn.affine(g, scale)
@@ -176,4 +176,4 @@ class BatchNorm(Function):
 
 
 def _as(t: Tensor, dtype: _dt.DType) -> Tensor:
-    return t if t.dtype is dtype else raw.cast(t, dtype)
+    return t if t.dtype is dtype else ops.cast(t, dtype)

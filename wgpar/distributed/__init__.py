@@ -15,7 +15,7 @@ combine those strategies).
 from . import fsdp, functional, pipeline
 from .allreduce import AllReduceSync
 from .backends.mpi import MPIGroup
-from .backends.threads import ThreadGroup, ThreadRank
+from .backends.threads import RankWorkers, ThreadGroup, ThreadRank
 from .data_parallel import DistributedDataParallel, broadcast_module, replicate
 from .errors import CollectiveError, CollectiveTimeoutError, RankError
 from .fsdp import (
@@ -34,7 +34,7 @@ from .fsdp import (
     sharded_state_dict,
 )
 from .group import REDUCE_OPS, ProcessGroup, Work, split_sizes, wait_all
-from .launch import RankWorkers, default_backend, init_process_group, run_spmd
+from .launch import default_backend, init_process_group, run_spmd
 from .mesh import DeviceMesh
 from .pipeline import (
     PipelineExecutor,

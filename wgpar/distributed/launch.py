@@ -18,16 +18,13 @@ does the same across processes, then ends the job.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..creation import own_generator_for_thread
 from ..runtime import adapters as _adapters
 from .backends.mpi_world import launched_by_mpi
 from .backends.threads import ThreadGroup
-from .errors import CollectiveError, RankError
 from .group import DEFAULT_TIMEOUT, ProcessGroup
 
 BACKENDS = ("threads", "mpi")
@@ -43,74 +40,6 @@ def _backend(backend: str | None, what: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"{what}: unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     return name
-
-
-class RankWorkers:
-    def __init__(self, group: ThreadGroup, name: str = "wgpar-rank") -> None:
-        self.group = group
-        self._inboxes: list[queue.Queue] = []
-        self._threads: list[threading.Thread] = []
-        for r in range(group.world_size):
-            inbox: queue.Queue = queue.Queue()
-            t = threading.Thread(target=self._loop, args=(inbox,), name=f"{name}{r}", daemon=True)
-            t.start()
-            self._inboxes.append(inbox)
-            self._threads.append(t)
-
-    @staticmethod
-    def _loop(inbox: queue.Queue) -> None:
-        own_generator_for_thread()  # ranks seed and draw apart, as processes do
-        while True:
-            item = inbox.get()
-            if item is None:
-                return
-            fn, box, done = item
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # handed to the caller of run()
-                box["error"] = exc
-            done.set()
-            # Idle until the next call without the last one's result or error (whose traceback holds
-            # that call's frames, and with them its tensors).
-            del item, fn, box, done
-
-    def run(self, fns: Sequence[Callable[[], Any]], timeout: float | None = None) -> list[Any]:
-        """Run ``fns[r]`` on rank r's thread; return their results in rank order."""
-        n = self.group.world_size
-        if len(fns) != n:
-            raise ValueError(f"run needs {n} functions (one per rank), got {len(fns)}")
-        boxes = [{} for _ in range(n)]
-        dones = [threading.Event() for _ in range(n)]
-        for r in range(n):
-            self._inboxes[r].put((fns[r], boxes[r], dones[r]))
-        # A rank stuck in GPU work past every collective timeout is reported, not waited on forever.
-        limit = timeout if timeout is not None else self.group.timeout * 2 + 60
-        first_error: tuple[int, BaseException] | None = None
-        pending = set(range(n))
-        while pending:
-            for r in sorted(pending):
-                if dones[r].wait(0.01):
-                    pending.discard(r)
-                    err = boxes[r].get("error")
-                    if err is not None:
-                        if first_error is None or (isinstance(first_error[1], CollectiveError)
-                                                   and not isinstance(err, CollectiveError)):
-                            first_error = (r, err)
-                        self.group.abort(r, f"{type(err).__name__}: {err}")
-            limit -= 0.01 * max(1, len(pending))
-            if limit <= 0 and pending:
-                self.group.abort(min(pending), "did not finish its work")
-                raise RankError(min(pending), TimeoutError(f"rank(s) {sorted(pending)} did not finish"))
-        if first_error is not None:
-            r, err = first_error
-            raise RankError(r, err) from err
-        return [b.get("value") for b in boxes]
-
-    def close(self) -> None:
-        for inbox in self._inboxes:
-            inbox.put(None)
-        for t in self._threads:
-            t.join(5)
 
 
 def init_process_group(backend: str | None = None, *, timeout: float | None = None,

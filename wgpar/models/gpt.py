@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import functions as F_
 from ..autograd.grad_mode import no_grad
 from ..nn import functional as F
 from ..nn import init
@@ -96,8 +95,8 @@ class Block(Module):
         self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F_.binary("add", x, self.drop(self.attn(self.ln_1(x))))
-        return F_.binary("add", x, self.drop(self.mlp(self.ln_2(x))))
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        return x + self.drop(self.mlp(self.ln_2(x)))
 
 
 class GPT(Module):
@@ -271,7 +270,7 @@ def _hf_state(hf: dict[str, Tensor], n_layer: int, where: Path) -> dict[str, Ten
                 or int(parts[1]) >= n_layer:
             raise ValueError(f"GPT.from_pretrained: {where} holds {name!r}, not a GPT-2 weight of this config")
         ours, conv1d = _HF_BLOCK[parts[2]]
-        state[f"blocks.{parts[1]}.{ours}"] = F_.transpose(t, 0, 1) if conv1d else t
+        state[f"blocks.{parts[1]}.{ours}"] = t.transpose(0, 1) if conv1d else t
     return state
 
 
@@ -296,7 +295,7 @@ def _embed(wte: Embedding, wpe: Embedding, drop: Dropout, block_size: int, idx) 
     t = idx.shape[1]
     if t > block_size:
         raise ValueError(f"GPT: a sequence of {t} tokens is longer than the context of {block_size}")
-    return drop(F_.binary("add", wte(idx), wpe(np.arange(t, dtype=np.int32))))
+    return drop(wte(idx) + wpe(np.arange(t, dtype=np.int32)))
 
 
 class GPTOutput(Module):
@@ -313,21 +312,15 @@ class GPTOutput(Module):
 def untie(output: GPTOutput) -> Parameter:
     """Give the output layer its own copy of the (tied) embedding weight; returns the new parameter."""
     w = output.lm_head.weight
-    output.lm_head.weight = Parameter(F_.clone(w.detach()), w.requires_grad)
+    output.lm_head.weight = Parameter(w.detach().clone(), w.requires_grad)
     return output.lm_head.weight
 
 
 def lm_loss(logits: Tensor, targets) -> Tensor:
     """Mean cross entropy of logits [B, T, V] against int targets [B, T] (host arrays or tensors)."""
     b, t, v = logits.shape
-    if isinstance(targets, Tensor):
-        flat = F_.reshape(targets, (-1,))
-        known = targets._host_range  # the values are the same: so is their range, checked without a readback
-        if known is not None:
-            flat._host_range = known
-    else:
-        flat = np.asarray(targets, dtype=np.int32).reshape(-1)
-    return F.cross_entropy(F_.reshape(logits, (b * t, v)), flat)
+    flat = targets.reshape(-1) if isinstance(targets, Tensor) else np.asarray(targets, dtype=np.int32).reshape(-1)
+    return F.cross_entropy(logits.reshape(b * t, v), flat)
 
 
 @no_grad()

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from ..autograd import functions as F_
+from ..autograd import differentiable as D
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -71,14 +71,14 @@ class MultiheadAttention(Module):
         # batch_first for unbatched input).
         seq_first = unbatched or not self.batch_first
         if unbatched:
-            query, key, value = (F_.unsqueeze(t, 1) for t in (query, key, value))
+            query, key, value = (D.unsqueeze(t, 1) for t in (query, key, value))
             if key_padding_mask is not None:
                 key_padding_mask = np.asarray(key_padding_mask)[None]
         if query.ndim != 3 or key.ndim != 3 or value.ndim != 3 or query.shape[-1] != self.embed_dim:
             raise ValueError(f"MultiheadAttention: expected [L, N, {self.embed_dim}] inputs (batch_first=False) or "
                              f"[N, L, {self.embed_dim}], got {query.shape}, {key.shape}, {value.shape}")
         if seq_first:
-            query, key, value = (F_.transpose(t, 0, 1) for t in (query, key, value))
+            query, key, value = (D.transpose(t, 0, 1) for t in (query, key, value))
         n, lq, e = query.shape
         lk = key.shape[1]
         h, hd = self.num_heads, self.head_dim
@@ -89,29 +89,29 @@ class MultiheadAttention(Module):
         else:
             q, k, v = (F.linear(x, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
                        for i, x in enumerate((query, key, value)))
-        q, k, v = (F_.transpose(F_.reshape(t, (n, -1, h, hd)), 1, 2) for t in (q, k, v))
+        q, k, v = (D.transpose(D.reshape(t, (n, -1, h, hd)), 1, 2) for t in (q, k, v))
         mask = self._mask(attn_mask, key_padding_mask, is_causal, n, lq, lk, query)
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
-            scores = F_.binary("mul", F_.matmul(q, F_.transpose(k, -2, -1)), 1.0 / math.sqrt(hd))
+            scores = D.binary("mul", D.matmul(q, D.transpose(k, -2, -1)), 1.0 / math.sqrt(hd))
             if mask is not None:
-                scores = F_.where(mask, scores, float("-inf")) if mask.dtype is _dt.bool_ else \
-                    F_.binary("add", scores, mask)
-            weights = F_.softmax(scores, -1)
-            out = F_.matmul(F.dropout(weights, dropout_p, True) if dropout_p else weights, v)
+                scores = D.where(mask, scores, float("-inf")) if mask.dtype is _dt.bool_ else \
+                    D.binary("add", scores, mask)
+            weights = D.softmax(scores, -1)
+            out = D.matmul(F.dropout(weights, dropout_p, True) if dropout_p else weights, v)
             if average_attn_weights:
-                weights = F_.reduce("mean", weights, 1)
+                weights = D.reduce("mean", weights, 1)
             if unbatched:
-                weights = F_.squeeze(weights, 0)
+                weights = D.squeeze(weights, 0)
         else:
             causal = is_causal and mask is None
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
-        out = self.out_proj(F_.reshape(F_.transpose(out, 1, 2), (n, lq, e)))
+        out = self.out_proj(D.reshape(D.transpose(out, 1, 2), (n, lq, e)))
         if seq_first:
-            out = F_.transpose(out, 0, 1)
+            out = D.transpose(out, 0, 1)
         if unbatched:
-            out = F_.squeeze(out, 1)
+            out = D.squeeze(out, 1)
         return out, weights
 
     def _mask(self, attn_mask, key_padding_mask, is_causal: bool, n: int, lq: int, lk: int, like: Tensor):
@@ -205,11 +205,11 @@ class CausalSelfAttention(Module):
         qkv = self.qkv(x)
         width = qkv.shape[-1] // 3  # local heads x head_dim: all heads on one device, this rank's under TP
         hd = self.head_dim
-        q, k, v = (F_.transpose(F_.reshape(qkv[..., i * width:(i + 1) * width], (b, t, -1, hd)), 1, 2)
+        q, k, v = (D.transpose(D.reshape(qkv[..., i * width:(i + 1) * width], (b, t, -1, hd)), 1, 2)
                    for i in range(3))
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        return self.out_proj(F_.reshape(F_.transpose(y, 1, 2), (b, t, width)))
+        return self.out_proj(D.reshape(D.transpose(y, 1, 2), (b, t, width)))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from .. import creation
+from .. import creation, ops
 from .. import dtypes as _dt
-from .. import ops as raw
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 from . import functional as F
@@ -56,9 +55,9 @@ class _BatchNorm(Module):
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             with no_grad():
-                raw.inplace("add", self.num_batches_tracked, 1)
+                ops.inplace("add", self.num_batches_tracked, 1)
             if self.momentum is None:  # a cumulative average: factor 1 / batches, on the device
-                momentum = raw.binary("div", 1.0, raw.cast(self.num_batches_tracked, _dt.float32))
+                momentum = ops.binary("div", 1.0, ops.cast(self.num_batches_tracked, _dt.float32))
         use_batch = self.training or not self.track_running_stats
         track = not self.training or self.track_running_stats
         return F.batch_norm(x, self.running_mean if track else None, self.running_var if track else None,

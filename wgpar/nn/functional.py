@@ -7,11 +7,10 @@ import warnings
 
 import numpy as np
 
-from .. import creation
+from .. import creation, ops
 from .. import dtypes as _dt
-from .. import ops as raw
-from ..autocast_mode import is_autocast_enabled
-from ..autograd import functions as F
+from ..autograd import differentiable as D
+from ..autograd.autocast_mode import is_autocast_enabled
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.nn_ops import AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, max_pool2d_with_indices
@@ -30,36 +29,36 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
                          f"(in_features {weight.shape[-1]})")
     lead = x.shape[:-1]
     if x.ndim > 2:  # [batch, seq, in] as one [batch * seq, in] product: the weight's gradient is then one
-        x = F.reshape(x, (-1, x.shape[-1]))  # matmul over all rows, not a product per batch entry summed after
-    y = F.matmul(x, F.transpose(weight, 0, 1))
+        x = D.reshape(x, (-1, x.shape[-1]))  # matmul over all rows, not a product per batch entry summed after
+    y = D.matmul(x, D.transpose(weight, 0, 1))
     if bias is not None:
-        y = F.binary("add", y, F.autocast_lower(bias) if is_autocast_enabled() else bias)
-    return F.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
+        y = D.binary("add", y, D.autocast_lower(bias) if is_autocast_enabled() else bias)
+    return D.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
 
 
 def relu(x: Tensor) -> Tensor:
     """``max(x, 0)`` elementwise (NaN stays NaN)."""
-    return F.unary("relu", x)
+    return D.unary("relu", x)
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU: ``x * Phi(x)`` exactly (``approximate="none"``) or with PyTorch's tanh approximation
     (``approximate="tanh"``, GPT-2's ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)."""
     if approximate == "none":
-        return F.unary("gelu", x)
+        return D.unary("gelu", x)
     if approximate == "tanh":
-        return F.unary("gelu_tanh", x)
+        return D.unary("gelu_tanh", x)
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
 def tanh(x: Tensor) -> Tensor:
     """``tanh(x)`` elementwise."""
-    return F.unary("tanh", x)
+    return D.unary("tanh", x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
     """``1 / (1 + exp(-x))`` elementwise."""
-    return F.unary("sigmoid", x)
+    return D.unary("sigmoid", x)
 
 
 def _no_inplace(inplace: bool, op: str) -> None:
@@ -74,7 +73,7 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
     Differs from torch: ``inplace=True`` raises.
     """
     _no_inplace(inplace, "silu")
-    return F.binary("mul", input, F.unary("sigmoid", input))
+    return D.binary("mul", input, D.unary("sigmoid", input))
 
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
@@ -84,7 +83,7 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = Fals
     Differs from torch: ``inplace=True`` raises.
     """
     _no_inplace(inplace, "leaky_relu")
-    return F.where(raw.binary("gt", input, 0.0), input, F.binary("mul", input, float(negative_slope)))
+    return D.where(ops.binary("gt", input, 0.0), input, D.binary("mul", input, float(negative_slope)))
 
 
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
@@ -94,10 +93,10 @@ def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     Differs from torch: ``inplace=True`` raises.
     """
     _no_inplace(inplace, "elu")
-    pos = raw.binary("gt", input, 0.0)
+    pos = ops.binary("gt", input, 0.0)
     # expm1 only of the non-positive side: exp of a large x would be inf, and inf * a zero gradient NaN.
-    neg = F.where(pos, 0.0, input)
-    return F.where(pos, input, F.binary("mul", F.unary("expm1", neg), float(alpha)))
+    neg = D.where(pos, 0.0, input)
+    return D.where(pos, input, D.binary("mul", D.unary("expm1", neg), float(alpha)))
 
 
 def _implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -113,7 +112,7 @@ def softmax(x: Tensor, dim: int | None = None) -> Tensor:
     implicit (deprecated) choice, with its warning: dim 0 for 0-, 1- and 3-d input, else dim 1."""
     if dim is None:
         dim = _implicit_softmax_dim("softmax", x.ndim, 2)
-    return F.softmax(x, dim, log=False)
+    return D.softmax(x, dim, log=False)
 
 
 def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
@@ -121,7 +120,7 @@ def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
     choice as in :func:`softmax`."""
     if dim is None:
         dim = _implicit_softmax_dim("log_softmax", x.ndim, 2)
-    return F.softmax(x, dim, log=True)
+    return D.softmax(x, dim, log=True)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -131,7 +130,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     if p == 1.0:
-        return F.binary("mul", x, 0.0)
+        return D.binary("mul", x, 0.0)
     if not x.dtype.is_float:
         raise TypeError(f"dropout needs a float tensor, got {x.dtype.name}")
     return Dropout.apply(x, p, int(creation.generator().integers(0, 2**32)))
@@ -173,7 +172,7 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
     scale = keep / (1.0 - p) if p < 1.0 else np.zeros(planes)
     mask = Tensor.from_numpy(scale.reshape(planes + (1,) * (input.ndim - len(planes))), device=input.device,
                              dtype=input.dtype)
-    return F.binary("mul", input, mask)
+    return D.binary("mul", input, mask)
 
 
 def _batched(x, nd: int, op: str) -> tuple[Tensor, bool]:
@@ -185,7 +184,7 @@ def _batched(x, nd: int, op: str) -> tuple[Tensor, bool]:
         raise ValueError(f"{op}: expected an input of shape {dims}, got {x.shape}")
     if not x.dtype.is_float:
         raise TypeError(f"{op}: needs a float input, got {x.dtype.name}")
-    return (F.unsqueeze(x, 0), True) if x.ndim == nd + 1 else (x, False)
+    return (D.unsqueeze(x, 0), True) if x.ndim == nd + 1 else (x, False)
 
 
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, nd: int) -> Tensor:
@@ -196,7 +195,7 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
     check_same_device(x, weight, *(() if bias is None else (bias,)), op=op)
     if is_autocast_enabled():  # convolutions run in float16 inside autocast, as torch's
-        x, weight, bias = (F.autocast_lower(t) for t in (x, weight, bias))
+        x, weight, bias = (D.autocast_lower(t) for t in (x, weight, bias))
     for t in (weight, bias):
         if t is not None and t.dtype is not x.dtype:
             raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
@@ -211,7 +210,7 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
     if bias is not None and bias.shape != (o,):
         raise ValueError(f"{op}: bias of shape {bias.shape} for {o} output channels")
     if nd == 1:  # a row of one: [N, C, 1, L] with a 1 x k kernel
-        x, weight = F.unsqueeze(x, 2), F.unsqueeze(weight, 2)
+        x, weight = D.unsqueeze(x, 2), D.unsqueeze(weight, 2)
         stride, dilation = (1, _single(stride, "stride", op)), (1, _single(dilation, "dilation", op))
         if not isinstance(padding, str):
             padding = (0, _single(padding, "padding", op))
@@ -231,8 +230,8 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
     win = window(x.shape, kernel, (sh, sw), padding, (dh, dw), op)
     y = Conv2d.apply(x, weight, bias, win, groups)
     if nd == 1:
-        y = F.squeeze(y, 2)
-    return F.squeeze(y, 0) if unbatched else y
+        y = D.squeeze(y, 2)
+    return D.squeeze(y, 0) if unbatched else y
 
 
 def _single(v, what: str, op: str):
@@ -302,7 +301,7 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, c
     win = _pool_window(x, kernel_size, stride, padding, dilation, ceil_mode, "max_pool2d")
     out, idx = max_pool2d_with_indices(x, win)
     if unbatched:
-        out, idx = F.squeeze(out, 0), raw.squeeze(idx, 0)
+        out, idx = D.squeeze(out, 0), ops.squeeze(idx, 0)
     return (out, idx) if return_indices else out
 
 
@@ -325,7 +324,7 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
         raise ValueError(f"avg_pool2d: divisor_override must be a positive int, got {divisor_override!r}")
     win = _pool_window(x, kernel_size, stride, padding, 1, ceil_mode, "avg_pool2d")
     out = AvgPool2d.apply(x, win, bool(count_include_pad), divisor_override)
-    return F.squeeze(out, 0) if unbatched else out
+    return D.squeeze(out, 0) if unbatched else out
 
 
 def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
@@ -341,8 +340,8 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
         raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
     rows, cols = (_averaging(n, int(m), x.dtype, x.device) for n, m in zip(x.shape[2:], out_hw))
-    y = F.matmul(F.matmul(rows, x), F.transpose(cols, 0, 1))
-    return F.squeeze(y, 0) if unbatched else y
+    y = D.matmul(D.matmul(rows, x), D.transpose(cols, 0, 1))
+    return D.squeeze(y, 0) if unbatched else y
 
 
 def _averaging(n: int, m: int, dtype, device) -> Tensor:
@@ -384,31 +383,31 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                              f"({c} channels)")
     check_same_device(input, *(t for t in (running_mean, running_var, weight, bias) if t is not None), op="batch_norm")
     inner = input.numel() // (n * c) if n * c else 0
-    x3 = F.reshape(input, (n, c, inner))
+    x3 = D.reshape(input, (n, c, inner))
     if training:
         if n * inner <= 1:
             raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
                              f"shape {input.shape}")
-        mean, shift, var = batch_stats(raw.contiguous(x3))
+        mean, shift, var = batch_stats(ops.contiguous(x3))
         if running_mean is not None or running_var is not None:
             with no_grad():
                 if running_mean is not None:
-                    _lerp_(running_mean, raw.binary("add", mean, shift), momentum)
+                    _lerp_(running_mean, ops.binary("add", mean, shift), momentum)
                 if running_var is not None:
-                    _lerp_(running_var, raw.binary("mul", var, n * inner / (n * inner - 1)), momentum)
+                    _lerp_(running_var, ops.binary("mul", var, n * inner / (n * inner - 1)), momentum)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
-        mean, var = (raw.cast(t, _dt.float32) for t in (running_mean, running_var))
+        mean, var = (ops.cast(t, _dt.float32) for t in (running_mean, running_var))
         shift = None
-    invstd = raw.unary("rsqrt", raw.binary("add", var, float(eps)))
-    y = BatchNorm.apply(F.contiguous(x3), weight, bias, mean, shift, invstd, bool(training))
-    return F.reshape(y, input.shape)
+    invstd = ops.unary("rsqrt", ops.binary("add", var, float(eps)))
+    y = BatchNorm.apply(D.contiguous(x3), weight, bias, mean, shift, invstd, bool(training))
+    return D.reshape(y, input.shape)
 
 
 def _lerp_(running: Tensor, value: Tensor, factor: float | Tensor) -> None:
     """``running += (value - running) * factor`` in place, on the device."""
-    raw.inplace("add", running, raw.binary("mul", raw.binary("sub", value, running), factor))
+    ops.inplace("add", running, ops.binary("mul", ops.binary("sub", value, running), factor))
 
 
 def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
@@ -434,20 +433,20 @@ def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: f
     n = weight.shape[0]
     pad = _padding_idx(padding_idx, n, "embedding")
     if isinstance(input, Tensor):
-        out = F.index_select(weight, 0, input, op="embedding")
+        out = D.index_select(weight, 0, input, op="embedding")
         idx = input
     else:
         host = np.asarray(input)
         idx = as_index(host, weight.device, n, f"embedding of {n} rows", noun="index")
-        out = raw.index_select(weight, 0, idx, op="embedding")
+        out = ops.index_select(weight, 0, idx, op="embedding")
         if is_grad_enabled() and weight.requires_grad:
             out = record("embedding", out, [weight],
                          lambda g: (index_add_rows(g, 0, idx, n, host_index=host),), [idx])
     if pad is None or not out.requires_grad:
         return out
     # Same values, but the lookups of the padding row take the detached copy: no gradient reaches it.
-    keep = raw.unsqueeze(raw.binary("ne", idx, pad), -1)
-    return F.where(keep, out, out.detach())
+    keep = ops.unsqueeze(ops.binary("ne", idx, pad), -1)
+    return D.where(keep, out, out.detach())
 
 
 def _padding_idx(padding_idx: int | None, n: int, op: str) -> int | None:
@@ -468,20 +467,20 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
     if tuple(x.shape[-len(shape):]) != shape:
         raise ValueError(f"layer_norm: input of shape {x.shape} does not end with normalized_shape {shape}")
-    x = F.autocast_full(x)
+    x = D.autocast_full(x)
     params = [t for t in (weight, bias) if t is not None]
     if x.dtype.is_float and all(t.shape == shape and t.dtype is x.dtype for t in params):
         check_same_device(x, *params, op="layer_norm")
         return _layer_norm_fused(x, shape, weight, bias, eps)
     axes = tuple(range(x.ndim - len(shape), x.ndim))
-    mu = F.reduce("mean", x, axes, keepdims=True)
-    xc = F.binary("sub", x, mu)
-    var = F.reduce("mean", F.binary("mul", xc, xc), axes, keepdims=True)
-    y = F.binary("mul", xc, F.unary("rsqrt", F.binary("add", var, eps)))
+    mu = D.reduce("mean", x, axes, keepdims=True)
+    xc = D.binary("sub", x, mu)
+    var = D.reduce("mean", D.binary("mul", xc, xc), axes, keepdims=True)
+    y = D.binary("mul", xc, D.unary("rsqrt", D.binary("add", var, eps)))
     if weight is not None:
-        y = F.binary("mul", y, weight)
+        y = D.binary("mul", y, weight)
     if bias is not None:
-        y = F.binary("add", y, bias)
+        y = D.binary("add", y, bias)
     return y
 
 
@@ -491,23 +490,23 @@ def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, 
 
     cols = int(np.prod(shape))
     rows = x.numel() // cols if cols else 0
-    x2 = raw.reshape(_raw_contiguous(x), (rows, cols))
-    w = None if weight is None else raw.reshape(_raw_contiguous(weight), (cols,))
-    b = None if bias is None else raw.reshape(_raw_contiguous(bias), (cols,))
+    x2 = ops.reshape(_raw_contiguous(x), (rows, cols))
+    w = None if weight is None else ops.reshape(_raw_contiguous(weight), (cols,))
+    b = None if bias is None else ops.reshape(_raw_contiguous(bias), (cols,))
     y2, stats = layer_norm_forward(x2, w, b, eps)
-    y = raw.reshape(y2, x.shape)
+    y = ops.reshape(y2, x.shape)
     if not (is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in (weight, bias)))):
         return y
 
     def bw(g):
-        g2 = raw.reshape(_raw_contiguous(g), (rows, cols))
+        g2 = ops.reshape(_raw_contiguous(g), (rows, cols))
         want_w = weight is not None and weight.requires_grad
         dx, gxh = layer_norm_backward(x2, w, stats, g2, want_w)
-        gw = raw.reshape(raw.reduce("sum", gxh, 0), shape) if want_w else None
-        gb = raw.reshape(raw.reduce("sum", g2, 0), shape) if bias is not None and bias.requires_grad else None
+        gw = ops.reshape(ops.reduce("sum", gxh, 0), shape) if want_w else None
+        gb = ops.reshape(ops.reduce("sum", g2, 0), shape) if bias is not None and bias.requires_grad else None
         if gw is not None and gw.dtype is not weight.dtype:
-            gw = raw.cast(gw, weight.dtype)
-        return raw.reshape(dx, x.shape), gw, gb
+            gw = ops.cast(gw, weight.dtype)
+        return ops.reshape(dx, x.shape), gw, gb
 
     return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])
 
@@ -527,13 +526,13 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bia
         if t is not None and t.shape != (c,):
             raise ValueError(f"group_norm: {name} of shape {t.shape} for {c} channels")
     rest = input.numel() // (n * num_groups) if n else 0
-    y = layer_norm(F.reshape(input, (n, num_groups, rest)), (rest,), eps=eps)
-    y = F.reshape(y, input.shape)
+    y = layer_norm(D.reshape(input, (n, num_groups, rest)), (rest,), eps=eps)
+    y = D.reshape(y, input.shape)
     per_channel = (c,) + (1,) * (input.ndim - 2)
     if weight is not None:
-        y = F.binary("mul", y, F.reshape(weight, per_channel))
+        y = D.binary("mul", y, D.reshape(weight, per_channel))
     if bias is not None:
-        y = F.binary("add", y, F.reshape(bias, per_channel))
+        y = D.binary("add", y, D.reshape(bias, per_channel))
     return y
 
 
@@ -553,18 +552,18 @@ def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps:
     if eps is None:
         eps = float(np.finfo(input.dtype.np).eps)
     axes = tuple(range(input.ndim - len(shape), input.ndim))
-    ms = F.reduce("mean", F.binary("mul", input, input), axes, keepdims=True)
-    y = F.binary("mul", input, F.unary("rsqrt", F.binary("add", ms, float(eps))))
-    return y if weight is None else F.binary("mul", y, weight)
+    ms = D.reduce("mean", D.binary("mul", input, input), axes, keepdims=True)
+    y = D.binary("mul", input, D.unary("rsqrt", D.binary("add", ms, float(eps))))
+    return y if weight is None else D.binary("mul", y, weight)
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Squared error ``(input - target) ** 2``, reduced by "mean" (default), "sum" or not ("none")."""
     if isinstance(target, Tensor) and input.shape != target.shape:
         raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
-    input, target = F.autocast_full(input), F.autocast_full(target)
-    d = F.binary("sub", input, target)
-    sq = F.binary("mul", d, d)
+    input, target = D.autocast_full(input), D.autocast_full(target)
+    d = D.binary("sub", input, target)
+    sq = D.binary("mul", d, d)
     return _reduce(sq, reduction, "mse_loss")
 
 
@@ -580,9 +579,9 @@ def _loss_args(op: str, reduction: str, size_average=None, reduce=None) -> None:
 
 def _reduce(t: Tensor, reduction: str, what: str) -> Tensor:
     if reduction == "mean":
-        return F.reduce("mean", t)
+        return D.reduce("mean", t)
     if reduction == "sum":
-        return F.reduce("sum", t)
+        return D.reduce("sum", t)
     if reduction == "none":
         return t
     raise ValueError(f"{what}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -601,17 +600,17 @@ def _pair(input, target, op: str, cast_target: bool = True) -> tuple[Tensor, Ten
         raise ValueError(f"{op}: target of shape {target.shape} for input of shape {input.shape} (wgpar does not "
                          f"broadcast them, where torch warns and broadcasts)")
     if cast_target and not target.dtype.is_float:
-        target = F.cast(target, input.dtype)
-    return F.autocast_full(input), F.autocast_full(target)
+        target = D.cast(target, input.dtype)
+    return D.autocast_full(input), D.autocast_full(target)
 
 
 def _weighted_mean_or(per: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
     """torch's rule for an elementwise weight of the input's shape: mean is sum(w * l) / sum(w)."""
     if weight is None:
         return _reduce(per, reduction, "loss")
-    per = F.binary("mul", per, weight)
+    per = D.binary("mul", per, weight)
     if reduction == "mean":
-        return F.binary("div", F.reduce("sum", per), F.reduce("sum", weight))
+        return D.binary("div", D.reduce("sum", per), D.reduce("sum", weight))
     return _reduce(per, reduction, "loss")
 
 
@@ -632,8 +631,8 @@ def _class_targets(target, c: int, ignore_index: int, like: Tensor, op: str) -> 
         if not lo <= ignore_index <= hi:
             _raise_if_out_of_range(lo, hi, c, what, False, "target")
             return target, None
-        keep = raw.binary("ne", target, ignore_index)
-        safe = raw.where(keep, target, 0)
+        keep = ops.binary("ne", target, ignore_index)
+        safe = ops.where(keep, target, 0)
         _raise_if_out_of_range(*_value_range(safe), c, what, False, "target")
         return safe, keep
     host = np.asarray(target)
@@ -650,8 +649,8 @@ def _class_targets(target, c: int, ignore_index: int, like: Tensor, op: str) -> 
 def _classes_last(x: Tensor) -> Tensor:
     """[N, C, d1, ...] as [N * d1 * ..., C]."""
     if x.ndim > 2:
-        x = F.permute(x, (0,) + tuple(range(2, x.ndim)) + (1,))
-    return F.reshape(x, (-1, x.shape[-1]))
+        x = D.permute(x, (0,) + tuple(range(2, x.ndim)) + (1,))
+    return D.reshape(x, (-1, x.shape[-1]))
 
 
 def _class_weight(weight, c: int, like: Tensor, op: str) -> Tensor | None:
@@ -680,30 +679,30 @@ def _nll(logp: Tensor, target, weight: Tensor | None, ignore_index: int, reducti
     tgt, keep = _class_targets(target, c, ignore_index, logp, op)
     lp = _classes_last(logp)
     m = lp.shape[0]
-    tgt, keep = raw.reshape(tgt, (m,)), None if keep is None else raw.reshape(keep, (m,))
+    tgt, keep = ops.reshape(tgt, (m,)), None if keep is None else ops.reshape(keep, (m,))
     # Flat positions row * C + target pick one entry per row; index_select carries the gradient.
     rows = Tensor.from_numpy(np.arange(m, dtype=np.int32) * c, device=lp.device)
-    flat = raw.binary("add", rows, tgt)
+    flat = ops.binary("add", rows, tgt)
     flat._host_range = (0, max(m * c - 1, 0))  # every kept target was checked, ignored ones are 0
-    per = F.unary("neg", F.index_select(F.reshape(lp, (-1,)), 0, flat))
-    w_t = None if weight is None else raw.cast(raw.index_select(weight, 0, tgt), lp.dtype)
+    per = D.unary("neg", D.index_select(D.reshape(lp, (-1,)), 0, flat))
+    w_t = None if weight is None else ops.cast(ops.index_select(weight, 0, tgt), lp.dtype)
     if w_t is not None:
-        per = F.binary("mul", per, w_t)
+        per = D.binary("mul", per, w_t)
     if smoothing:
-        total = F.reduce("sum", lp if weight is None else F.binary("mul", lp, raw.cast(weight, lp.dtype)), -1)
-        per = F.binary("add", F.binary("mul", per, 1.0 - smoothing), F.binary("mul", total, -smoothing / c))
+        total = D.reduce("sum", lp if weight is None else D.binary("mul", lp, ops.cast(weight, lp.dtype)), -1)
+        per = D.binary("add", D.binary("mul", per, 1.0 - smoothing), D.binary("mul", total, -smoothing / c))
     if keep is not None:  # where, not a product: an ignored entry's -inf log-probability stays out
-        per = F.where(keep, per, 0.0)
+        per = D.where(keep, per, 0.0)
     if reduction == "none":
-        return F.reshape(per, out_shape)
-    loss = F.reduce("sum", per)
+        return D.reshape(per, out_shape)
+    loss = D.reduce("sum", per)
     if reduction == "sum":
         return loss
     if w_t is not None:
-        denom = raw.reduce("sum", w_t if keep is None else raw.where(keep, w_t, 0.0))
+        denom = ops.reduce("sum", w_t if keep is None else ops.where(keep, w_t, 0.0))
     else:
-        denom = float(m) if keep is None else raw.reduce("sum", raw.cast(keep, _dt.float32))
-    return F.binary("div", loss, denom)
+        denom = float(m) if keep is None else ops.reduce("sum", ops.cast(keep, _dt.float32))
+    return D.binary("div", loss, denom)
 
 
 def _is_probabilities(target) -> bool:
@@ -739,13 +738,13 @@ def cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_aver
         raise TypeError(f"cross_entropy: logits must be float, got {input.dtype.name}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
-    x = F.autocast_full(input)
+    x = D.autocast_full(input)
     probs = _is_probabilities(target)
     unbatched = x.ndim == 1
     if unbatched:
-        x = F.unsqueeze(x, 0)
+        x = D.unsqueeze(x, 0)
         if isinstance(target, Tensor):
-            target = F.unsqueeze(target, 0) if probs else raw.reshape(target, (1,))
+            target = D.unsqueeze(target, 0) if probs else ops.reshape(target, (1,))
         else:
             target = np.asarray(target)[None]
     c = x.shape[1]
@@ -755,9 +754,9 @@ def cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_aver
     elif x.ndim == 2 and weight is None and not label_smoothing and _none_ignored(target, ignore_index):
         out = CrossEntropy.apply(x, class_targets(target, x, "cross_entropy"), reduction)
     else:
-        out = _nll(F.softmax(x, 1, log=True), target, weight, ignore_index, reduction, label_smoothing,
+        out = _nll(D.softmax(x, 1, log=True), target, weight, ignore_index, reduction, label_smoothing,
                    "cross_entropy")
-    return F.squeeze(out, 0) if unbatched and reduction == "none" else out
+    return D.squeeze(out, 0) if unbatched and reduction == "none" else out
 
 
 def _none_ignored(target, ignore_index: int) -> bool:
@@ -786,13 +785,13 @@ def _cross_entropy_probs(x: Tensor, target, weight: Tensor | None, reduction: st
                          f"(they must match)")
     c = x.shape[1]
     if smoothing:
-        target = F.binary("add", F.binary("mul", target, 1.0 - smoothing), smoothing / c)
-    prod = F.binary("mul", F.softmax(x, 1, log=True), target)
+        target = D.binary("add", D.binary("mul", target, 1.0 - smoothing), smoothing / c)
+    prod = D.binary("mul", D.softmax(x, 1, log=True), target)
     if weight is not None:
-        prod = F.binary("mul", prod, raw.reshape(raw.cast(weight, x.dtype), (c,) + (1,) * (x.ndim - 2)))
-    per = F.unary("neg", F.reduce("sum", prod, 1))
+        prod = D.binary("mul", prod, ops.reshape(ops.cast(weight, x.dtype), (c,) + (1,) * (x.ndim - 2)))
+    per = D.unary("neg", D.reduce("sum", prod, 1))
     if reduction == "mean":  # torch divides by the entries (N * d1 * ...), weight or not
-        return F.binary("div", F.reduce("sum", per), float(per.numel()))
+        return D.binary("div", D.reduce("sum", per), float(per.numel()))
     return _reduce(per, reduction, "cross_entropy")
 
 
@@ -809,14 +808,14 @@ def nll_loss(input: Tensor, target, weight: Tensor | None = None, size_average=N
     if not isinstance(input, Tensor) or input.ndim < 1 or not input.dtype.is_float:
         raise ValueError(f"nll_loss: expected float log-probabilities [N, C], [C] or [N, C, d1, ...], got "
                          f"{getattr(input, 'shape', type(input).__name__)}")
-    x = F.autocast_full(input)
+    x = D.autocast_full(input)
     unbatched = x.ndim == 1
     if unbatched:
-        x = F.unsqueeze(x, 0)
-        target = raw.reshape(target, (1,)) if isinstance(target, Tensor) else np.asarray(target)[None]
+        x = D.unsqueeze(x, 0)
+        target = ops.reshape(target, (1,)) if isinstance(target, Tensor) else np.asarray(target)[None]
     weight = _class_weight(weight, x.shape[1], x, "nll_loss")
     out = _nll(x, target, weight, ignore_index, reduction, 0.0, "nll_loss")
-    return F.squeeze(out, 0) if unbatched and reduction == "none" else out
+    return D.squeeze(out, 0) if unbatched and reduction == "none" else out
 
 
 def binary_cross_entropy(input: Tensor, target, weight: Tensor | None = None, size_average=None, reduce=None,
@@ -831,10 +830,10 @@ def binary_cross_entropy(input: Tensor, target, weight: Tensor | None = None, si
     """
     _loss_args("binary_cross_entropy", reduction, size_average, reduce)
     x, t = _pair(input, target, "binary_cross_entropy")
-    log_x = F.clamp(F.unary("log", x), min=-100.0)
-    log_1mx = F.clamp(F.unary("log1p", F.unary("neg", x)), min=-100.0)
+    log_x = D.clamp(D.unary("log", x), min=-100.0)
+    log_1mx = D.clamp(D.unary("log1p", D.unary("neg", x)), min=-100.0)
     # (t - 1) log(1 - x) - t log(x), torch's order of terms
-    per = F.binary("sub", F.binary("mul", F.binary("sub", t, 1.0), log_1mx), F.binary("mul", t, log_x))
+    per = D.binary("sub", D.binary("mul", D.binary("sub", t, 1.0), log_1mx), D.binary("mul", t, log_x))
     return _reduce(_bce_weight(per, weight, x), reduction, "binary_cross_entropy")
 
 
@@ -847,7 +846,7 @@ def _bce_weight(per: Tensor, weight, x: Tensor) -> Tensor:
         np.broadcast_shapes(weight.shape, x.shape)
     except ValueError:
         raise ValueError(f"weight of shape {weight.shape} does not broadcast to the input's {x.shape}") from None
-    return F.binary("mul", per, weight.detach())
+    return D.binary("mul", per, weight.detach())
 
 
 def binary_cross_entropy_with_logits(input: Tensor, target, weight: Tensor | None = None, size_average=None,
@@ -862,7 +861,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target, weight: Tensor | Non
     """
     _loss_args("binary_cross_entropy_with_logits", reduction, size_average, reduce)
     x, t = _pair(input, target, "binary_cross_entropy_with_logits")
-    sp = F.unary("softplus", F.unary("neg", x))
+    sp = D.unary("softplus", D.unary("neg", x))
     if pos_weight is not None:
         if not isinstance(pos_weight, Tensor):
             pos_weight = Tensor.from_numpy(np.asarray(pos_weight), device=x.device, dtype=x.dtype)
@@ -871,9 +870,9 @@ def binary_cross_entropy_with_logits(input: Tensor, target, weight: Tensor | Non
         except ValueError:
             raise ValueError(f"binary_cross_entropy_with_logits: pos_weight of shape {pos_weight.shape} does not "
                              f"broadcast to the input's {x.shape}") from None
-        coef = F.binary("add", F.binary("mul", F.binary("sub", pos_weight.detach(), 1.0), t), 1.0)
-        sp = F.binary("mul", coef, sp)
-    per = F.binary("add", F.binary("mul", F.binary("sub", 1.0, t), x), sp)
+        coef = D.binary("add", D.binary("mul", D.binary("sub", pos_weight.detach(), 1.0), t), 1.0)
+        sp = D.binary("mul", coef, sp)
+    per = D.binary("add", D.binary("mul", D.binary("sub", 1.0, t), x), sp)
     return _reduce(_bce_weight(per, weight, x), reduction, "binary_cross_entropy_with_logits")
 
 
@@ -887,7 +886,7 @@ def l1_loss(input: Tensor, target, size_average=None, reduce=None, reduction: st
     """
     _loss_args("l1_loss", reduction, size_average, reduce)
     x, t = _pair(input, target, "l1_loss")
-    return _weighted_mean_or(F.unary("abs", F.binary("sub", x, t)), _same_shape_weight(weight, x, "l1_loss"),
+    return _weighted_mean_or(D.unary("abs", D.binary("sub", x, t)), _same_shape_weight(weight, x, "l1_loss"),
                              reduction)
 
 
@@ -913,12 +912,12 @@ def smooth_l1_loss(input: Tensor, target, size_average=None, reduce=None, reduct
     if beta < 0:
         raise ValueError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
     x, t = _pair(input, target, "smooth_l1_loss")
-    d = F.binary("sub", x, t)
-    a = F.unary("abs", d)
+    d = D.binary("sub", x, t)
+    a = D.unary("abs", d)
     if beta == 0.0:
         return _reduce(a, reduction, "smooth_l1_loss")
-    quad = F.binary("mul", F.binary("mul", d, d), 0.5 / beta)
-    per = F.where(raw.binary("lt", a, float(beta)), quad, F.binary("sub", a, 0.5 * beta))
+    quad = D.binary("mul", D.binary("mul", d, d), 0.5 / beta)
+    per = D.where(ops.binary("lt", a, float(beta)), quad, D.binary("sub", a, 0.5 * beta))
     return _reduce(per, reduction, "smooth_l1_loss")
 
 
@@ -933,11 +932,11 @@ def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.
     if delta <= 0:
         raise ValueError(f"huber_loss: delta must be positive, got {delta}")
     x, t = _pair(input, target, "huber_loss")
-    d = F.binary("sub", x, t)
-    a = F.unary("abs", d)
-    quad = F.binary("mul", F.binary("mul", d, d), 0.5)
-    lin = F.binary("mul", F.binary("sub", a, 0.5 * delta), float(delta))
-    per = F.where(raw.binary("lt", a, float(delta)), quad, lin)
+    d = D.binary("sub", x, t)
+    a = D.unary("abs", d)
+    quad = D.binary("mul", D.binary("mul", d, d), 0.5)
+    lin = D.binary("mul", D.binary("sub", a, 0.5 * delta), float(delta))
+    per = D.where(ops.binary("lt", a, float(delta)), quad, lin)
     return _weighted_mean_or(per, _same_shape_weight(weight, x, "huber_loss"), reduction)
 
 
@@ -962,15 +961,15 @@ def kl_div(input: Tensor, target, size_average=None, reduce=None, reduction: str
                       UserWarning, stacklevel=2)
     x, t = _pair(input, target, "kl_div")
     if log_target:
-        per = F.binary("mul", F.unary("exp", t), F.binary("sub", t, x))
+        per = D.binary("mul", D.unary("exp", t), D.binary("sub", t, x))
     else:
-        pos = raw.binary("gt", t, 0.0)
+        pos = ops.binary("gt", t, 0.0)
         # xlogy(t, t): t log t, 0 at t == 0; the log sees 1 there so no -inf meets a zero gradient
-        t_log_t = F.where(pos, F.binary("mul", t, F.unary("log", F.where(pos, t, 1.0))), 0.0)
-        per = F.binary("sub", t_log_t, F.binary("mul", t, x))
+        t_log_t = D.where(pos, D.binary("mul", t, D.unary("log", D.where(pos, t, 1.0))), 0.0)
+        per = D.binary("sub", t_log_t, D.binary("mul", t, x))
     if reduction == "batchmean":
-        total = F.reduce("sum", per)
-        return total if x.ndim == 0 else F.binary("div", total, float(x.shape[0]))
+        total = D.reduce("sum", per)
+        return total if x.ndim == 0 else D.binary("div", total, float(x.shape[0]))
     return _reduce(per, reduction, "kl_div")
 
 
@@ -998,7 +997,7 @@ def one_hot(tensor, num_classes: int = -1) -> Tensor:
     if tensor.numel() == 0:
         if num_classes < 0:
             raise ValueError("one_hot: can not infer total number of classes from empty tensor")
-        return raw.fill(tensor.shape + (num_classes,), 0, _dt.int32, tensor.device)
+        return ops.fill(tensor.shape + (num_classes,), 0, _dt.int32, tensor.device)
     lo, hi = _value_range(tensor)
     if lo < 0:
         raise ValueError(f"one_hot: class values must be non-negative, got {lo}")
@@ -1007,7 +1006,7 @@ def one_hot(tensor, num_classes: int = -1) -> Tensor:
     elif hi >= num_classes:
         raise ValueError(f"one_hot: class values must be smaller than num_classes ({num_classes}), got {hi}")
     classes = Tensor.from_numpy(np.arange(num_classes, dtype=np.int32), device=tensor.device)
-    return raw.cast(raw.binary("eq", raw.unsqueeze(tensor, -1), classes), _dt.int32)
+    return ops.cast(ops.binary("eq", ops.unsqueeze(tensor, -1), classes), _dt.int32)
 
 
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
@@ -1061,7 +1060,7 @@ def _pad_dim(x: Tensor, d: int, before: int, after: int, mode: str, value) -> Te
                              f"{'less than' if mode == 'reflect' else 'at most'} its size {n} (input {x.shape})")
     if before < 0 or after < 0:  # crop first (a view), then pad what is left, as torch
         key = (slice(None),) * d + (slice(-min(before, 0), n - (-min(after, 0))),)
-        x = F.getitem(x, key)
+        x = D.getitem(x, key)
         n = x.shape[d]
         before, after = max(before, 0), max(after, 0)
     if before == 0 and after == 0:
@@ -1073,8 +1072,8 @@ def _pad_dim(x: Tensor, d: int, before: int, after: int, mode: str, value) -> Te
                 parts.append(x)
             elif size:
                 shape = x.shape[:d] + (size,) + x.shape[d + 1:]
-                parts.append(raw.fill(shape, value, x.dtype, x.device))
-        return F.cat(parts, d)
+                parts.append(ops.fill(shape, value, x.dtype, x.device))
+        return D.cat(parts, d)
     if n == 0 or (mode == "reflect" and max(before, after) > n - 1):
         raise ValueError(f"pad: {mode} padding ({before}, {after}) does not fit dim {d} of shape {x.shape}")
     j = np.arange(-before, n + after)
@@ -1085,7 +1084,7 @@ def _pad_dim(x: Tensor, d: int, before: int, after: int, mode: str, value) -> Te
         src = np.clip(j, 0, n - 1)
     else:
         src = j % n
-    return F.index_select(x, d, src.astype(np.int32), op=f"pad ({mode})")
+    return D.index_select(x, d, src.astype(np.int32), op=f"pad ({mode})")
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None) -> Tensor:
@@ -1098,8 +1097,8 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, o
         raise ValueError("normalize: out= is not supported; use the returned tensor")
     from ..autograd.composites import vector_norm
 
-    denom = F.clamp(vector_norm(input, p, dim, keepdim=True), min=float(eps))
-    return F.binary("div", input, denom)
+    denom = D.clamp(vector_norm(input, p, dim, keepdim=True), min=float(eps))
+    return D.binary("div", input, denom)
 
 
 def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
@@ -1165,7 +1164,7 @@ def _resize_nearest(x: Tensor, d: int, n_in: int, n_out: int, scale: float | Non
     else:
         s = np.float32(n_in / n_out if scale is None else 1.0 / scale)
         src = np.minimum(np.floor(dst.astype(np.float32) * s).astype(np.int64), n_in - 1)
-    return F.index_select(x, d, src.astype(np.int32), op="interpolate")
+    return D.index_select(x, d, src.astype(np.int32), op="interpolate")
 
 
 def _resize_linear(x: Tensor, d: int, n_in: int, n_out: int, scale: float | None, align_corners: bool) -> Tensor:
@@ -1182,9 +1181,9 @@ def _resize_linear(x: Tensor, d: int, n_in: int, n_out: int, scale: float | None
     shape = (n_out,) + (1,) * (x.ndim - 1 - d)
     w1 = Tensor.from_numpy(lam.reshape(shape), device=x.device, dtype=x.dtype)
     w0 = Tensor.from_numpy((np.float32(1.0) - lam).reshape(shape), device=x.device, dtype=x.dtype)
-    a = F.index_select(x, d, i0.astype(np.int32), op="interpolate")
-    b = F.index_select(x, d, i1.astype(np.int32), op="interpolate")
-    return F.binary("add", F.binary("mul", a, w0), F.binary("mul", b, w1))
+    a = D.index_select(x, d, i0.astype(np.int32), op="interpolate")
+    b = D.index_select(x, d, i1.astype(np.int32), op="interpolate")
+    return D.binary("add", D.binary("mul", a, w0), D.binary("mul", b, w1))
 
 
 # -- attention ----------------------------------------------------------------------------------------
@@ -1233,21 +1232,21 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
     scale = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
     if is_autocast_enabled():
-        query, key, value = F.autocast_lower(query), F.autocast_lower(key), F.autocast_lower(value)
+        query, key, value = D.autocast_lower(query), D.autocast_lower(key), D.autocast_lower(value)
     if not (query.dtype is key.dtype is value.dtype):
-        query, key, value = (F.cast(t, _dt.float32) if t.dtype is not _dt.float32 else t for t in (query, key, value))
+        query, key, value = (D.cast(t, _dt.float32) if t.dtype is not _dt.float32 else t for t in (query, key, value))
     path = fused.forced_path()
     why = "an attn_mask or dropout" if (attn_mask is not None or dropout_p > 0.0) else (
         f"{query.ndim}-d operands" if query.ndim not in (3, 4) else None)
     if why is None:
-        q4, k4, v4 = ((t if t.ndim == 4 else F.unsqueeze(t, 1)) for t in (query, key, value))
+        q4, k4, v4 = ((t if t.ndim == 4 else D.unsqueeze(t, 1)) for t in (query, key, value))
         why = fused.supported(q4, k4, v4)
     if path == "fused" and why is not None:
         raise ValueError(f"scaled_dot_product_attention: the fused kernels cannot run {why}")
     if why is not None or path == "reference":
         return _attention_reference(query, key, value, attn_mask, dropout_p, is_causal, scale)
     out = _attention_fused(q4, k4, v4, bool(is_causal), scale)
-    return out if query.ndim == 4 else F.squeeze(out, 1)
+    return out if query.ndim == 4 else D.squeeze(out, 1)
 
 
 class AttentionMaskError(TypeError, ValueError, RuntimeError):
@@ -1296,25 +1295,25 @@ def _attention_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
 def _attention_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask, dropout_p: float, is_causal: bool,
                          scale: float) -> Tensor:
     lq, lk = q.shape[-2], k.shape[-2]
-    scores = F.binary("mul", F.matmul(q, F.transpose(k, -2, -1)), scale)
+    scores = D.binary("mul", D.matmul(q, D.transpose(k, -2, -1)), scale)
     if is_causal:
-        scores = F.where(_causal_mask(lq, lk, q.device), scores, float("-inf"))
+        scores = D.where(_causal_mask(lq, lk, q.device), scores, float("-inf"))
     if attn_mask is None:
-        weights = F.softmax(scores, -1)
+        weights = D.softmax(scores, -1)
     else:
         if attn_mask.dtype is _dt.bool_:
-            scores = F.where(attn_mask, scores, float("-inf"))
+            scores = D.where(attn_mask, scores, float("-inf"))
         else:
-            scores = F.binary("add", scores, attn_mask)
+            scores = D.binary("add", scores, attn_mask)
         # A row that may attend to no key gets zeros and no gradient, as torch's (>= 2.5) safe softmax
         # gives, not softmax's 0 / 0 = NaN: its scores become finite (so the softmax backward multiplies
         # finite probabilities by a zero gradient), its probabilities 0. A NaN score is no -inf: NaN stays.
         with no_grad():
-            dead = raw.binary("eq", raw.reduce("max", scores, -1, keepdims=True), float("-inf"))
-        weights = F.where(dead, 0.0, F.softmax(F.where(dead, 0.0, scores), -1))
+            dead = ops.binary("eq", ops.reduce("max", scores, -1, keepdims=True), float("-inf"))
+        weights = D.where(dead, 0.0, D.softmax(D.where(dead, 0.0, scores), -1))
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p, True)
-    return F.matmul(weights, v)
+    return D.matmul(weights, v)
 
 
 _MASKS: dict = {}

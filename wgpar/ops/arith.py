@@ -41,7 +41,7 @@ def inplace(op: str, a: Tensor, b: Operand) -> Tensor:
     if op in _INT_DIVISION:
         _check_divisor(op, a, b)
     run_map(op, [a, b], out=a, out_dtype=a.dtype)
-    a._storage.version += 1
+    a._storage.bump_version()
     return a
 
 

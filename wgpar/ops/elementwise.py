@@ -569,7 +569,7 @@ def copy_(dst: Tensor, src: Operand) -> Tensor:
     if isinstance(src, Tensor) and src.shape != dst.shape:
         broadcast_shape(dst.shape, src.shape, op="copy_")
     run_map("copy", [src], out=dst, out_dtype=dst.dtype)
-    dst._storage.version += 1
+    dst._storage.bump_version()
     return dst
 
 

@@ -99,4 +99,4 @@ def scale_by_coefficient_(t: Tensor, summary: Tensor) -> None:
     t.device.dispatch(k, [t._storage.buffer, summary._storage.buffer],
                       _SCALE.pack(numel=t.numel(), off_g=t._offset, off_c=summary._offset + 1),
                       grid(-(-t.numel() // WORKGROUP), t.device.max_workgroups))
-    t._storage.version += 1
+    t._storage.bump_version()

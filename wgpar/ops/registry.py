@@ -1,7 +1,7 @@
 """The elementwise ops, one entry each: name, type rule, WGSL expression, gradients, API and test data.
 
 Everything else about an op follows from its entry: the kernels (ops/elementwise.py compiles the
-expression), the backward (autograd/functions.py runs each gradient expression as one fused kernel
+expression), the backward (autograd/differentiable.py runs each gradient expression as one fused kernel
 and saves what the expressions read), the Tensor method, operator and in-place forms
 (autograd/methods.py), the top-level ``wgpar.<name>`` function and ``__all__`` (functional.py),
 and the parametrised tests (tests/test_registry.py: forward against NumPy in float64, gradients
@@ -67,6 +67,8 @@ class Op:
             ``__neg__``; comparisons have no reflected form).
         inplace: also an in-place method ``<api>_`` and operator ``__i<dunder>__``.
         alpha: the method and function take PyTorch's ``alpha`` (other * alpha).
+        autocast_fp32: inside ``autocast`` its float16 operands run in float32 (torch's autocast float32
+            list: ops that need the range).
         check: test data for the generated tests.
         doc: one line for the docstrings of its method and function, saying what differs from PyTorch
             where something does.
@@ -81,6 +83,7 @@ class Op:
     dunder: str | None = None
     inplace: bool = False
     alpha: bool = False
+    autocast_fp32: bool = False
     check: Check | None = None
     doc: str = ""
     arity: int = field(init=False)
@@ -142,7 +145,7 @@ for _op in (
        check=Check(np.divide, ("any", "nonzero")),
        doc="True division a / b: always a float (int32 / int32 is float32, as PyTorch)"),
     Op("pow", FLOAT, "fpow(x0, x1)", ("g * (x1 * fpow(x0, x1 - 1.0))", "g * (y * log_(x0))"), dunder="pow",
-       inplace=True, check=Check(np.power, ("pos", "any"), rtol=1e-5),
+       inplace=True, autocast_fp32=True, check=Check(np.power, ("pos", "any"), rtol=1e-5),
        doc="a ** b, always a float: int32 ** int32 is float32 (PyTorch keeps integers)"),
     Op("floordiv", COMMON, "floordiv_{T}(x0, x1)", api="floor_divide", dunder="floordiv",
        check=Check(np.floor_divide, ("int", "intnz")),
@@ -183,13 +186,13 @@ for _op in (
        doc="-1, 0 or 1 by the sign of x; sign(NaN) is 0, as PyTorch"),
     Op("relu", COMMON, "relu_{T}(x0)", ("relu_bwd_{T}(x0, g)",), check=Check(lambda x: np.maximum(x, 0), ("away0",)),
        doc="max(x, 0); NaN stays NaN, as PyTorch"),
-    Op("exp", FLOAT, "exp_(x0)", ("g * y",), check=Check(np.exp, ("any",), rtol=1e-5),
+    Op("exp", FLOAT, "exp_(x0)", ("g * y",), autocast_fp32=True, check=Check(np.exp, ("any",), rtol=1e-5),
        doc="e ** x (an integer tensor gives float32)"),
-    Op("log", FLOAT, "log_(x0)", ("div_(g, x0)",), check=Check(np.log, ("pos",), rtol=1e-5),
+    Op("log", FLOAT, "log_(x0)", ("div_(g, x0)",), autocast_fp32=True, check=Check(np.log, ("pos",), rtol=1e-5),
        doc="The natural logarithm (an integer tensor gives float32)"),
     Op("sqrt", FLOAT, "sqrt_(x0)", ("div_(g * 0.5, y)",), check=Check(np.sqrt, ("pos",), rtol=1e-5),
        doc="The square root (an integer tensor gives float32)"),
-    Op("rsqrt", FLOAT, "rsqrt_(x0)", ("g * (fpow(y, 3.0) * -0.5)",),
+    Op("rsqrt", FLOAT, "rsqrt_(x0)", ("g * (fpow(y, 3.0) * -0.5)",), autocast_fp32=True,
        check=Check(lambda x: 1 / np.sqrt(x), ("pos",), rtol=1e-5),
        doc="1 / sqrt(x) (an integer tensor gives float32)"),
     Op("tanh", FLOAT, "tanh_(x0)", ("g * (1.0 - y * y)",), check=Check(np.tanh, ("any",), rtol=1e-5),

@@ -59,14 +59,20 @@ def _view_strides(t: Tensor, shape: tuple[int, ...]) -> tuple[int, ...] | None:
 
 
 def reshape(t: Tensor, shape) -> Tensor:
+    """``t`` with a new shape: a view where the strides allow one, else a copy. Either holds t's values, so
+    their range as known on the host carries over (index ops check it without a readback)."""
     shape = _infer(shape, t.numel(), t.shape)
     if t.numel() == 0:
         return Tensor(t._storage, shape)
+    known = t._host_range
     strides = _view_strides(t, shape)
     if strides is None:
         t = contiguous(t)
         strides = _view_strides(t, shape)
-    return view(t, shape, strides)
+    out = view(t, shape, strides)
+    if known is not None:
+        out._host_range = known
+    return out
 
 
 def reshape_view(t: Tensor, shape) -> Tensor:

@@ -56,7 +56,7 @@ class Adagrad(Optimizer):
         fresh = "sum" not in state
         if fresh:
             state["sum"] = Tensor.empty(p.shape, p.dtype, p.device)
-        state["sum"]._storage.version += 1
+        state["sum"]._storage.bump_version()
         state["step"] = step = state.get("step", 0) + 1
         clr = float(group["lr"]) / (1 + (step - 1) * float(group["lr_decay"]))
         n = p.numel()

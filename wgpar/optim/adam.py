@@ -91,7 +91,7 @@ class Adam(Optimizer):
                             neg_step_size=-step_size, bc2_sqrt=math.sqrt(bias_correction2),
                             eps=float(group["eps"]), maximize=int(bool(group["maximize"])))
         for t in moments:
-            t._storage.version += 1
+            t._storage.bump_version()
         k = _kernel(p.dtype.storage, grad.dtype.storage, amsgrad)
         p.device.dispatch(k, [p._storage.buffer, grad._storage.buffer, *(t._storage.buffer for t in moments)],
                           params, grid(-(-p.numel() // WORKGROUP), p.device.max_workgroups))

@@ -179,7 +179,7 @@ class Optimizer:
                 value._storage.tag(_hist.OPTIMIZER_STATE)
         if target is not p:
             ops.copy_(p, target)
-        p._storage.version += 1
+        p._storage.bump_version()
 
     def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         raise NotImplementedError

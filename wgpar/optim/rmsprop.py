@@ -79,7 +79,7 @@ class RMSprop(Optimizer):
             if name not in state:
                 state[name] = Tensor.empty(p.shape, p.dtype, p.device)
                 fresh |= bit
-            state[name]._storage.version += 1
+            state[name]._storage.bump_version()
             buffers.append(state[name]._storage.buffer)
         state["step"] = state.get("step", 0) + 1
         alpha = float(group["alpha"])

@@ -67,7 +67,7 @@ class SGD(Optimizer):
                 buf = state["momentum_buffer"] = Tensor.empty(p.shape, p.dtype, p.device)
                 first = 1
             buffers.append(buf._storage.buffer)
-            buf._storage.version += 1
+            buf._storage.bump_version()
         k = _kernel(p.dtype.storage, grad.dtype.storage, momentum != 0, bool(group["nesterov"]))
         n = p.numel()
         params = _SGD.pack(numel=n, off_p=p._offset, off_g=grad._offset, first=first, neg_lr=-float(group["lr"]),

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import creation
-from ..autocast_mode import autocast, get_autocast_dtype, is_autocast_enabled
 from ..autograd import engine
+from ..autograd.autocast_mode import autocast, get_autocast_dtype, is_autocast_enabled
 from ..autograd.engine import record
 from ..autograd.grad_mode import enable_grad, is_grad_enabled
 from ..autograd.graph import current_tape, install_tape, take_tape

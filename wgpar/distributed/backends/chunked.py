@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ... import ops as raw
+from ... import ops
 from ...runtime.transfer import StagingBuffer, UploadBuffer
 from ...tensor import Tensor
 from .common import byte_offset, readable, round4
@@ -30,7 +30,7 @@ class ChunkedReadback:
     """The bytes of ``t`` on their way to the host, in staging buffers of at most ``chunk`` bytes."""
 
     def __init__(self, pool: TransferPool, t: Tensor, chunk: int) -> None:
-        src = t if readable(t) else raw.clone(t)
+        src = t if readable(t) else ops.clone(t)
         self.pool = pool
         self.nbytes = src.nbytes
         self.chunk = chunk

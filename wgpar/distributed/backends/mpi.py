@@ -573,7 +573,7 @@ class MPIGroup(StagedGroup):
             up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind)
             self._run_upload(up, lambda: self._gather(kind, pieces, offs[-1], rb, up))
             for o in outs:
-                o._storage.version += 1
+                o._storage.bump_version()
             self._count(h2d=sum(o.nbytes for o in outs))
             return outs
 

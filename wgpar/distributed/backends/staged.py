@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import dtypes as _dt
-from ... import ops as raw
+from ... import ops
 from ...runtime import profiling
 from ...runtime.transfer import TransferTimeout
 from ...tensor import Tensor
@@ -107,9 +107,9 @@ class StagedGroup(ProcessGroup):
     def _landed(self, target: Tensor, result: Tensor) -> Tensor:
         """The upload into ``target`` is committed: bump its version, copy into ``result`` if it was a stand-in."""
         self._count(h2d=target.nbytes)
-        target._storage.version += 1
+        target._storage.bump_version()
         if target is not result:
-            raw.copy_(result, target)
+            ops.copy_(result, target)
         return result
 
     def _mapping(self, fn: Callable[[], Any], kind: str) -> Any:

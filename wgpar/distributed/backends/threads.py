@@ -19,20 +19,23 @@ collective fails is ``staged.py``'s; this file moves the data.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ... import dtypes as _dt
-from ... import ops as raw
+from ... import ops
+from ...creation import own_generator_for_thread
 from ...runtime import profiling
 from ...runtime.device import Device
 from ...runtime.transfer import StagingBuffer, UploadBuffer
 from ...tensor import Tensor
-from ..errors import CollectiveError, CollectiveTimeoutError
+from ..errors import CollectiveError, CollectiveTimeoutError, RankError
 from ..group import DEFAULT_TIMEOUT, check_agreement, split_sizes
 from .common import Progress, byte_offset, check_timeout, readable, round4, writable
 from .hostreduce import copy_into, host_dtype, reduce_into
@@ -261,7 +264,7 @@ class ThreadRank(StagedGroup):
 
     def _download(self, t: Tensor) -> StagingBuffer:
         """Start copying ``t`` into a leased staging buffer."""
-        src = t if readable(t) else raw.clone(t)
+        src = t if readable(t) else ops.clone(t)
         down = self._pool.down(round4(src.nbytes))
         try:
             down.start(src._storage.buffer, byte_offset(src), round4(src.nbytes))
@@ -338,7 +341,7 @@ class ThreadRank(StagedGroup):
 
     # -- collectives ----------------------------------------------------------------------
     def _start_all_reduce(self, kind: str, meta: dict, tensor: Tensor, op: str) -> Completion:
-        work_t = tensor if writable(tensor) else raw.clone(tensor)  # a clone owns its padding
+        work_t = tensor if writable(tensor) else ops.clone(tensor)  # a clone owns its padding
         n = tensor.numel()
         bounds = np.cumsum([0, *split_sizes(n, self.world_size)])
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
@@ -522,3 +525,74 @@ def _share_src(kind: str, src: int):
         check_agreement(kind, {r: v[0] for r, v in d.items()})
         return d[src][1]
     return combine
+
+
+class RankWorkers:
+    """One worker thread per rank of a ThreadGroup: ``run`` hands each rank a function and collects the
+    results in rank order (MultiAdapterContext and run_spmd drive their ranks through it)."""
+
+    def __init__(self, group: ThreadGroup, name: str = "wgpar-rank") -> None:
+        self.group = group
+        self._inboxes: list[queue.Queue] = []
+        self._threads: list[threading.Thread] = []
+        for r in range(group.world_size):
+            inbox: queue.Queue = queue.Queue()
+            t = threading.Thread(target=self._loop, args=(inbox,), name=f"{name}{r}", daemon=True)
+            t.start()
+            self._inboxes.append(inbox)
+            self._threads.append(t)
+
+    @staticmethod
+    def _loop(inbox: queue.Queue) -> None:
+        own_generator_for_thread()  # ranks seed and draw apart, as processes do
+        while True:
+            item = inbox.get()
+            if item is None:
+                return
+            fn, box, done = item
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller of run()
+                box["error"] = exc
+            done.set()
+            # Idle until the next call without the last one's result or error (whose traceback holds
+            # that call's frames, and with them its tensors).
+            del item, fn, box, done
+
+    def run(self, fns: Sequence[Callable[[], Any]], timeout: float | None = None) -> list[Any]:
+        """Run ``fns[r]`` on rank r's thread; return their results in rank order."""
+        n = self.group.world_size
+        if len(fns) != n:
+            raise ValueError(f"run needs {n} functions (one per rank), got {len(fns)}")
+        boxes = [{} for _ in range(n)]
+        dones = [threading.Event() for _ in range(n)]
+        for r in range(n):
+            self._inboxes[r].put((fns[r], boxes[r], dones[r]))
+        # A rank stuck in GPU work past every collective timeout is reported, not waited on forever.
+        limit = timeout if timeout is not None else self.group.timeout * 2 + 60
+        first_error: tuple[int, BaseException] | None = None
+        pending = set(range(n))
+        while pending:
+            for r in sorted(pending):
+                if dones[r].wait(0.01):
+                    pending.discard(r)
+                    err = boxes[r].get("error")
+                    if err is not None:
+                        if first_error is None or (isinstance(first_error[1], CollectiveError)
+                                                   and not isinstance(err, CollectiveError)):
+                            first_error = (r, err)
+                        self.group.abort(r, f"{type(err).__name__}: {err}")
+            limit -= 0.01 * max(1, len(pending))
+            if limit <= 0 and pending:
+                self.group.abort(min(pending), "did not finish its work")
+                raise RankError(min(pending), TimeoutError(f"rank(s) {sorted(pending)} did not finish"))
+        if first_error is not None:
+            r, err = first_error
+            raise RankError(r, err) from err
+        return [b.get("value") for b in boxes]
+
+    def close(self) -> None:
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for t in self._threads:
+            t.join(5)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ...autograd.grad_mode import no_grad
-from ...checkpoint import write_atomic
 from ...nn.module import Module
+from ...serialization import write_atomic
 from ...tensor import Tensor
 from ..group import ProcessGroup
 from .param import FSDPParam, OffloadedShard, fsdp_param_of
@@ -382,7 +382,7 @@ def load_sharded_checkpoint(model: Module, path: str | os.PathLike, optimizer=No
 def _write(p: Tensor, value: np.ndarray) -> None:
     if isinstance(p, OffloadedShard):
         p.host[...] = value
-        p._storage.version += 1  # gathered copies are stale
+        p._storage.bump_version()  # gathered copies are stale
     else:
         p.copy_(Tensor.from_numpy(value.astype(p.dtype.np, copy=False), device=p.device, dtype=p.dtype))
 

@@ -104,7 +104,7 @@ class _HostStepping:
                 self._host_update(run, group)
                 for p in run.params:
                     self.state[p]["step"] = run.step + 1
-                    p._storage.version += 1  # gathered copies of these shards are stale now
+                    p._storage.bump_version()  # gathered copies of these shards are stale now
         return loss
 
     def _host_update(self, run: _Run, group: dict[str, Any]) -> None:

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from ...runtime import adapters as _adapters
 from ...runtime.device import Device
 from ..backends.common import check_timeout
-from ..backends.threads import ThreadGroup, ThreadRank
+from ..backends.threads import RankWorkers, ThreadGroup, ThreadRank
 from ..group import DEFAULT_TIMEOUT
-from ..launch import RankWorkers
 
 
 class _Threads:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ... import ops
-from ...autocast_mode import autocast as _autocast
+from ...autograd.autocast_mode import autocast as _autocast
 from ...autograd.grad_mode import no_grad
 from ...creation import full
 from ...tensor import Tensor

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import ops
-from ...autocast_mode import autocast as _autocast
+from ...autograd.autocast_mode import autocast as _autocast
 from ...autograd.grad_mode import no_grad
 from ...nn.module import Module
 from ...nn.utils import clip_grad_norm_

@@ -22,7 +22,7 @@ import math
 from ... import creation
 from ... import dtypes as _dt
 from ...amp.grad_scaler import MODEL_GROUP_ATTR
-from ...autograd.functions import cat, getitem
+from ...autograd.differentiable import cat, getitem
 from ...autograd.grad_mode import no_grad
 from ...nn import functional as F
 from ...nn import init

@@ -9,7 +9,7 @@ every block, blocks in order.
 
 from __future__ import annotations
 
-from ...autograd.functions import cat, contiguous, getitem
+from ...autograd.differentiable import cat, contiguous, getitem
 from ...autograd.grad_mode import no_grad
 from ...tensor import Tensor
 from ..group import split_sizes

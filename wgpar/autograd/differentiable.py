@@ -12,13 +12,12 @@ import math
 import numpy as np
 
 from .. import dtypes as _dt
-from .. import ops as raw
-from .. import return_types
-from ..autocast_mode import get_autocast_dtype, is_autocast_enabled
+from .. import ops, return_types
 from ..ops.index import as_index, index_add_rows, index_what
-from ..ops.registry import GRADS, SAVES
+from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
+from .autocast_mode import get_autocast_dtype, is_autocast_enabled
 from .engine import backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
@@ -34,11 +33,11 @@ def unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     lead = g.ndim - len(shape)
     axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
     if axes:
-        g = raw.reduce("sum", g, tuple(axes), keepdims=True)
-    return raw.reshape(g, shape)
+        g = ops.reduce("sum", g, tuple(axes), keepdims=True)
+    return ops.reshape(g, shape)
 
 
-# -- autocast (wgpar/autocast_mode.py; the rules: docs/design.md "AMP") ---------------------------------
+# -- autocast (autograd/autocast_mode.py; the rules: docs/design.md "AMP") ---------------------------------
 def autocast_lower(t):
     """Inside autocast, a float32 tensor cast to the autocast dtype (a recorded cast: its gradient
     comes back float32); anything else unchanged."""
@@ -57,28 +56,25 @@ def autocast_full(t):
     return t
 
 
-_FULL_UNARY = frozenset({"exp", "log", "rsqrt"})
-
-
 # -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
 def unary(op: str, a: Tensor) -> Tensor:
-    if op in _FULL_UNARY and is_autocast_enabled():
+    if is_autocast_enabled() and OPS[op].autocast_fp32:
         a = autocast_full(a)
-    return _elementwise(op, raw.unary(op, a), (a,))
+    return _elementwise(op, ops.unary(op, a), (a,))
 
 
 def binary(op: str, a, b) -> Tensor:
-    if op == "pow" and is_autocast_enabled():
+    if is_autocast_enabled() and OPS[op].autocast_fp32:
         a, b = autocast_full(a), autocast_full(b)
-    return _elementwise(op, raw.binary(op, a, b), (a, b))
+    return _elementwise(op, ops.binary(op, a, b), (a, b))
 
 
 def where(cond: Tensor, a, b) -> Tensor:
-    return _elementwise("where", raw.where(cond, a, b), (cond, a, b))
+    return _elementwise("where", ops.where(cond, a, b), (cond, a, b))
 
 
 def clamp(a: Tensor, min=None, max=None) -> Tensor:
-    out = raw.clamp(a, min, max)
+    out = ops.clamp(a, min, max)
     if min is None:
         return _elementwise("clamp_max", out, (a, max), "clamp")
     if max is None:
@@ -113,7 +109,7 @@ def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None)
                 result.append(unbroadcast(g, shapes[k]))
             else:
                 args = [g if v == "g" else kept[v] for v in kernel.operands]
-                result.append(unbroadcast(raw.run_map(kernel.op, args), shapes[k]))
+                result.append(unbroadcast(ops.run_map(kernel.op, args), shapes[k]))
         return tuple(result)
 
     saved = [t for t in kept.values() if isinstance(t, Tensor)]
@@ -121,27 +117,27 @@ def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None)
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
-    out = raw.cast(a, dtype)
+    out = ops.cast(a, dtype)
     if not (is_grad_enabled() and _needs(a) and dtype.is_float):
         return out
     src = a.dtype
-    return record("cast", out, [a], lambda g: (raw.cast(g, src),))
+    return record("cast", out, [a], lambda g: (ops.cast(g, src),))
 
 
 def contiguous(a: Tensor) -> Tensor:
-    out = raw.contiguous(a)
+    out = ops.contiguous(a)
     if out is a:
         return a
     return record("contiguous", out, [a], lambda g: (g,))
 
 
 def clone(a: Tensor) -> Tensor:
-    return record("clone", raw.clone(a), [a], lambda g: (g,))
+    return record("clone", ops.clone(a), [a], lambda g: (g,))
 
 
 def to_device(a: Tensor, dev) -> Tensor:
     src = a.device
-    return record("to_device", raw.to_device(a, dev), [a], lambda g: (raw.to_device(g, src),))
+    return record("to_device", ops.to_device(a, dev), [a], lambda g: (ops.to_device(g, src),))
 
 
 # in-place ops: allowed on tensors outside the graph (optimizers run them under no_grad)
@@ -154,79 +150,79 @@ def _guard_inplace(t: Tensor, op: str) -> None:
 
 def inplace(op: str, a: Tensor, b) -> Tensor:
     _guard_inplace(a, f"{op}_")
-    return raw.inplace(op, a, b)
+    return ops.inplace(op, a, b)
 
 
 def copy_(dst: Tensor, src) -> Tensor:
     _guard_inplace(dst, "copy_")
-    return raw.copy_(dst, src)
+    return ops.copy_(dst, src)
 
 
 def fill_(dst: Tensor, value) -> Tensor:
     _guard_inplace(dst, "fill_")
-    return raw.fill_(dst, value)
+    return ops.fill_(dst, value)
 
 
 def setitem(t: Tensor, key, value) -> None:
     _guard_inplace(t, "__setitem__")
-    raw.setitem(t, key, value)
+    ops.setitem(t, key, value)
 
 
 # -- shapes -----------------------------------------------------------------------------------
 def reshape(a: Tensor, shape) -> Tensor:
-    out = raw.reshape(a, shape)
+    out = ops.reshape(a, shape)
     src = a.shape
-    return record("reshape", out, [a], lambda g: (raw.reshape(g, src),))
+    return record("reshape", out, [a], lambda g: (ops.reshape(g, src),))
 
 
 def view(a: Tensor, shape) -> Tensor:
-    out = raw.reshape_view(a, shape)
+    out = ops.reshape_view(a, shape)
     src = a.shape
-    return record("view", out, [a], lambda g: (raw.reshape(g, src),))
+    return record("view", out, [a], lambda g: (ops.reshape(g, src),))
 
 
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    out = raw.flatten(a, start_dim, end_dim)
+    out = ops.flatten(a, start_dim, end_dim)
     src = a.shape
-    return record("flatten", out, [a], lambda g: (raw.reshape(g, src),))
+    return record("flatten", out, [a], lambda g: (ops.reshape(g, src),))
 
 
 def permute(a: Tensor, axes) -> Tensor:
-    out = raw.permute(a, axes)
+    out = ops.permute(a, axes)
     axes = [wrap_dim(x, a.ndim) for x in axes]
     inv = [0] * len(axes)
     for i, x in enumerate(axes):
         inv[x] = i
-    return record("permute", out, [a], lambda g: (raw.permute(g, inv),))
+    return record("permute", out, [a], lambda g: (ops.permute(g, inv),))
 
 
 def transpose(a: Tensor, d0: int, d1: int) -> Tensor:
-    out = raw.transpose(a, d0, d1)
+    out = ops.transpose(a, d0, d1)
     if out is a:
         return a
-    return record("transpose", out, [a], lambda g: (raw.transpose(g, d0, d1),))
+    return record("transpose", out, [a], lambda g: (ops.transpose(g, d0, d1),))
 
 
 def expand(a: Tensor, shape) -> Tensor:
-    out = raw.expand(a, shape)
+    out = ops.expand(a, shape)
     src = a.shape
     return record("expand", out, [a], lambda g: (unbroadcast(g, src),))
 
 
 def squeeze(a: Tensor, dim=None) -> Tensor:
-    out = raw.squeeze(a, dim)
+    out = ops.squeeze(a, dim)
     src = a.shape
-    return record("squeeze", out, [a], lambda g: (raw.reshape(g, src),))
+    return record("squeeze", out, [a], lambda g: (ops.reshape(g, src),))
 
 
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
-    out = raw.unsqueeze(a, dim)
+    out = ops.unsqueeze(a, dim)
     src = a.shape
-    return record("unsqueeze", out, [a], lambda g: (raw.reshape(g, src),))
+    return record("unsqueeze", out, [a], lambda g: (ops.reshape(g, src),))
 
 
 def getitem(a: Tensor, key) -> Tensor:
-    out = raw.getitem(a, key)
+    out = ops.getitem(a, key)
     if not (is_grad_enabled() and _needs(a)):
         return out
     items = key if isinstance(key, tuple) else (key,)
@@ -235,8 +231,8 @@ def getitem(a: Tensor, key) -> Tensor:
         return _advanced_getitem(a, key)
 
     def bw(g):
-        full = raw.fill(a.shape, 0.0, g.dtype, g.device)
-        raw.copy_(raw.getitem(full, key), g)
+        full = ops.fill(a.shape, 0.0, g.dtype, g.device)
+        ops.copy_(ops.getitem(full, key), g)
         return (full,)
 
     return record("getitem", out, [a], bw)
@@ -261,19 +257,19 @@ def _advanced_getitem(a: Tensor, key) -> Tensor:
 
 
 def index_select(a: Tensor, dim: int, index, negative: bool = False, op: str | None = None) -> Tensor:
-    """``raw.index_select`` (``negative`` and ``op`` as there) with its backward, a scatter-add of rows."""
+    """``ops.index_select`` (``negative`` and ``op`` as there) with its backward, a scatter-add of rows."""
     d = wrap_dim(dim, a.ndim)
     n = a.shape[d]
     if not isinstance(index, Tensor):  # uploaded once, checked against n before narrowing
         index = as_index(index, a.device, n, index_what(a, d, op), negative)
-    out = raw.index_select(a, d, index, negative, op)
+    out = ops.index_select(a, d, index, negative, op)
     # The index is saved: changing it in place before backward would send the gradient to other rows.
     return record(op or "index_select", out, [a], lambda g: (index_add_rows(g, d, index, n),), [index])
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
-    out = raw.cat(tensors, dim)
+    out = ops.cat(tensors, dim)
     if not (is_grad_enabled() and any(_needs(t) for t in tensors)):
         return out
     d = wrap_dim(dim, tensors[0].ndim)
@@ -283,7 +279,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
         grads, start = [], 0
         for t, n in zip(tensors, sizes):
             key = (slice(None),) * d + (slice(start, start + n),)
-            grads.append(raw.getitem(g, key) if t.requires_grad else None)
+            grads.append(ops.getitem(g, key) if t.requires_grad else None)
             start += n
         return tuple(grads)
 
@@ -312,7 +308,7 @@ def _keep_shape(a: Tensor, axes) -> tuple[int, ...]:
 def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     if op == "sum" and is_autocast_enabled():
         a = autocast_full(a)
-    out = raw.reduce(op, a, axis, keepdims)
+    out = ops.reduce(op, a, axis, keepdims)
     if op in ("argmax", "argmin") or not (is_grad_enabled() and _needs(a)):
         return out
     axes = _reduced_axes(a, axis)
@@ -321,18 +317,18 @@ def reduce(op: str, a: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
     if op in ("sum", "mean"):
         def bw(g):
-            g = raw.reshape(g, kshape)
+            g = ops.reshape(g, kshape)
             if op == "mean":
-                g = raw.binary("mul", g, 1.0 / n)
-            return (raw.expand(g, a.shape),)
+                g = ops.binary("mul", g, 1.0 / n)
+            return (ops.expand(g, a.shape),)
         return record(op, out, [a], bw)
 
     y = out.detach()
 
     def bw(g):  # max / min: the gradient goes to the extreme entries (the NaNs if any), split over ties
-        hit = raw.cast(raw.binary("same", a, raw.reshape(y, kshape)), g.dtype)
-        count = raw.reduce("sum", hit, axes, keepdims=True)
-        return (raw.binary("mul", hit, raw.binary("div", raw.reshape(g, kshape), count)),)
+        hit = ops.cast(ops.binary("same", a, ops.reshape(y, kshape)), g.dtype)
+        count = ops.reduce("sum", hit, axes, keepdims=True)
+        return (ops.binary("mul", hit, ops.binary("div", ops.reshape(g, kshape), count)),)
 
     return record(op, out, [a], bw, [a, y])
 
@@ -349,17 +345,17 @@ def extreme(op: str, a: Tensor, dim=None, keepdim: bool = False):
     if not isinstance(a, Tensor):
         raise TypeError(f"{op}: expected a wgpar.Tensor, got {type(a).__name__}")
     d = wrap_dim(dim, a.ndim)
-    indices = raw.reduce("arg" + op, a, d, keepdims=keepdim)
-    values = raw.reduce(op, a, d, keepdims=keepdim)
+    indices = ops.reduce("arg" + op, a, d, keepdims=keepdim)
+    values = ops.reduce(op, a, d, keepdims=keepdim)
     if is_grad_enabled() and _needs(a) and a.ndim:
         kshape = _keep_shape(a, (d,))
-        picked = raw.reshape(indices, kshape)
+        picked = ops.reshape(indices, kshape)
         column = [1] * a.ndim
         column[d] = a.shape[d]
 
         def bw(g):
             positions = Tensor.from_numpy(np.arange(a.shape[d], dtype=np.int32).reshape(column), device=g.device)
-            return (raw.where(raw.binary("eq", positions, picked), raw.reshape(g, kshape), 0.0),)
+            return (ops.where(ops.binary("eq", positions, picked), ops.reshape(g, kshape), 0.0),)
 
         values = record(op, values, [a], bw, [picked])
     elif is_grad_enabled() and _needs(a):
@@ -369,11 +365,11 @@ def extreme(op: str, a: Tensor, dim=None, keepdim: bool = False):
 
 def _take(a: Tensor, indices: Tensor, d: int) -> Tensor:
     """``a``'s values at ``indices`` along dim ``d`` (distinct per line), the gradient scattered back."""
-    out = raw.take_along(a, indices, d)
+    out = ops.take_along(a, indices, d)
     if not (is_grad_enabled() and _needs(a)):
         return out
     n = a.shape[d]
-    return record("take_along", out, [a], lambda g: (raw.scatter_along(g, indices, d, n),), [indices])
+    return record("take_along", out, [a], lambda g: (ops.scatter_along(g, indices, d, n),), [indices])
 
 
 def sort(a: Tensor, dim: int = -1, descending: bool = False):
@@ -381,9 +377,9 @@ def sort(a: Tensor, dim: int = -1, descending: bool = False):
     if not isinstance(a, Tensor):
         raise TypeError(f"sort: expected a wgpar.Tensor, got {type(a).__name__}")
     if a.ndim == 0:
-        return return_types.sort(clone(a), raw.argsort(a))
+        return return_types.sort(clone(a), ops.argsort(a))
     d = wrap_dim(dim, a.ndim)
-    indices = raw.argsort(a, d, descending)
+    indices = ops.argsort(a, d, descending)
     return return_types.sort(_take(a, indices, d), indices)
 
 
@@ -398,14 +394,14 @@ def topk(a: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
         raise ValueError(f"topk: k={k!r} is out of range for dim {dim} of size {n} (shape {a.shape})")
     if a.ndim == 0:
         return return_types.topk(*sort(a))
-    indices = raw.contiguous(narrow(raw.argsort(a, d, descending=largest), d, 0, int(k)))
+    indices = ops.contiguous(narrow(ops.argsort(a, d, descending=largest), d, 0, int(k)))
     return return_types.topk(_take(a, indices, d), indices)
 
 
 def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
     if is_autocast_enabled():
         a = autocast_full(a)
-    out = raw.softmax(a, axis, log)
+    out = ops.softmax(a, axis, log)
     if not (is_grad_enabled() and _needs(a)):
         return out
     ax = wrap_dim(-1 if axis is None else axis, max(a.ndim, 1))
@@ -413,12 +409,12 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
 
     def bw(g):
         if a.ndim == 0:
-            return (raw.binary("mul", g, 0.0),)
+            return (ops.binary("mul", g, 0.0),)
         if log:
-            s = raw.reduce("sum", g, ax, keepdims=True)
-            return (raw.binary("sub", g, raw.binary("mul", raw.unary("exp", y), s)),)
-        s = raw.reduce("sum", raw.binary("mul", g, y), ax, keepdims=True)
-        return (raw.binary("mul", y, raw.binary("sub", g, s)),)
+            s = ops.reduce("sum", g, ax, keepdims=True)
+            return (ops.binary("sub", g, ops.binary("mul", ops.unary("exp", y), s)),)
+        s = ops.reduce("sum", ops.binary("mul", g, y), ax, keepdims=True)
+        return (ops.binary("mul", y, ops.binary("sub", g, s)),)
 
     return record("log_softmax" if log else "softmax", out, [a], bw, [y])
 
@@ -428,9 +424,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if is_autocast_enabled():
         a, b = autocast_lower(a), autocast_lower(b)
     if not (is_grad_enabled() and (_needs(a) or _needs(b))):
-        return raw.matmul(a, b)
+        return ops.matmul(a, b)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        return raw.matmul(a, b)  # raises the TypeError
+        return ops.matmul(a, b)  # raises the TypeError
     if a.ndim == 1 or b.ndim == 1:  # as in np.matmul: promote, multiply, drop the added dim
         a2 = unsqueeze(a, 0) if a.ndim == 1 else a
         b2 = unsqueeze(b, -1) if b.ndim == 1 else b
@@ -440,11 +436,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         if b.ndim == 1:
             out = squeeze(out, -1)
         return out
-    out = raw.matmul(a, b)
+    out = ops.matmul(a, b)
 
     def bw(g, mask=(True, True)):  # partial: a split backward computes each side in its own half
-        ga = unbroadcast(raw.matmul(g, raw.transpose(b, -2, -1)), a.shape) if mask[0] and _needs(a) else None
-        gb = unbroadcast(raw.matmul(raw.transpose(a, -2, -1), g), b.shape) if mask[1] and _needs(b) else None
+        ga = unbroadcast(ops.matmul(g, ops.transpose(b, -2, -1)), a.shape) if mask[0] and _needs(a) else None
+        gb = unbroadcast(ops.matmul(ops.transpose(a, -2, -1), g), b.shape) if mask[1] and _needs(b) else None
         return ga, gb
 
     return record("matmul", out, [a, b], bw, [a, b], partial=True)

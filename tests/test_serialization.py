@@ -311,3 +311,13 @@ def test_checkpoints_are_written_with_the_users_umask(tmp_path, dev, umask):
     assert files == ["model.safetensors", "sharded/index.json", "sharded/rank00000-of-00001.safetensors"]  # no temp
     for name in files:
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_the_old_module_path_warns():
+    import importlib
+    import sys
+
+    sys.modules.pop("wgpar.checkpoint", None)
+    with pytest.warns(DeprecationWarning, match="wgpar.serialization"):
+        old = importlib.import_module("wgpar.checkpoint")
+    assert old.save is wgpar.save and old.load is wgpar.load
