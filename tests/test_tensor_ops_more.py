@@ -391,8 +391,11 @@ def test_nonzero_and_masks_match_torch(torch, rng):
 
 # -- sin / cos / tan over the whole float32 range --------------------------------------------------
 def _ulp_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """|got - want| in units of float32 spacing at the float32-rounded truth (want in float64)."""
-    spacing = np.spacing(np.abs(want.astype(np.float32))).astype(np.float64)
+    """|got - want| in units of float32 spacing at the float32-rounded truth (want in float64). Below the
+    smallest normal float the unit is that number itself: GPUs may flush subnormal inputs and results to
+    zero (Vulkan leaves denormals to the driver; an H200 flushes them), an error of at most one such unit."""
+    tiny = np.float64(np.finfo(np.float32).tiny)
+    spacing = np.maximum(np.spacing(np.abs(want.astype(np.float32))).astype(np.float64), tiny)
     return np.abs(got.astype(np.float64) - want) / spacing
 
 
