@@ -28,6 +28,7 @@ from ...autograd.engine import DeferredGrad, backward_input, backward_with_grad
 from ...autograd.graph import Tape, current_tape, install_tape, take_tape
 from ...creation import rng_stream
 from ...runtime import memory_history as _hist
+from ...runtime import profiling
 from ...tensor import Tensor
 from ..errors import CollectiveError
 from ..group import ProcessGroup, Work
@@ -120,7 +121,7 @@ class StageRunner:
             on_stage_done: Callable[[int], None] | None = None) -> tuple[Tensor | None, list[TraceEntry]]:
         """Run this rank's actions once. Returns the weighted sum of the last stage's micro-batch losses
         (the batch's mean loss; None on ranks without the last stage) and the trace."""
-        step = _Step(self, inputs, targets, weights, loss_fn, rng_key, losses)
+        step = _Step(self, inputs, targets, weights, loss_fn, rng_key, losses, profile)
         remaining = {s: sum(1 for a in self.actions if a.stage == s and a.kind in "BW") for s in self.stages}
         saved_tape = current_tape()
         t0 = time.perf_counter()
@@ -139,8 +140,6 @@ class StageRunner:
                     remaining[a.stage] -= 1
                     if remaining[a.stage] == 0 and on_stage_done is not None:
                         on_stage_done(a.stage)  # every gradient of this stage is final
-                if profile:
-                    _memory.synchronize(self.group.device)
                 step.trace.append(TraceEntry(a, start, time.perf_counter() - t0, len(step.state), len(step.recvs),
                                              _memory.memory_stats(self.group.device)["allocated_bytes"]))
                 step.post_receives(i + 1)
@@ -252,8 +251,9 @@ class StageRunner:
 class _Step:
     """One step's state on one rank: micro-batches in flight, posted receives, sends in flight."""
 
-    def __init__(self, runner: StageRunner, inputs, targets, weights, loss_fn, rng_key, losses) -> None:
+    def __init__(self, runner: StageRunner, inputs, targets, weights, loss_fn, rng_key, losses, sync: bool) -> None:
         self.runner = runner
+        self.sync = sync  # wait for the device after each action (``profile``)
         self.inputs, self.targets, self.weights = inputs, targets, weights
         self.loss_fn, self.rng_key, self.losses = loss_fn, rng_key, losses
         self.state: dict[tuple[int, int], _Micro] = {}
@@ -297,27 +297,33 @@ class _Step:
         key = (a.stage, a.mb)
         if a.kind == "F":
             x = self.inputs[a.mb] if a.stage == 0 else self._received(i, a)
-            start = time.perf_counter()
-            rec = self.state[key] = r._forward(stage, a, x, self.targets, self.weights, self.loss_fn, self.rng_key,
-                                               self.losses)
-            if a.stage == r.last:
-                self.totals.append(rec.out.detach())
-            else:
-                self._send(rec.out.detach(), a.stage + 1, a.mb, grad=False)
         elif a.kind in "BI":
             grad = None if a.stage == r.last else self._received(i, a)
-            start = time.perf_counter()
-            g_in = r._backward(stage, a, self.state[key], grad)
-            if a.stage > 0:
-                self._send(g_in, a.stage - 1, a.mb, grad=True)
-            if a.kind == "B":
-                self.state.pop(key).release()
-        else:  # W
-            start = time.perf_counter()
-            rec = self.state.pop(key)
-            if rec.deferred is not None:
-                rec.deferred.run()
-            rec.release()
+        start = time.perf_counter()
+        # Under a profile, the action as it ran, named as in the schedule, from its input's arrival (a wait
+        # for it is idle time, as in the schedule's model) to the end of its work (of the device's too with
+        # ``sync``): pipeline/timeline.py draws these against the schedule.
+        with profiling.span(str(a), "pipeline", rank=r.rank, stage=a.stage, mb=a.mb, kind=a.kind):
+            if a.kind == "F":
+                rec = self.state[key] = r._forward(stage, a, x, self.targets, self.weights, self.loss_fn,
+                                                   self.rng_key, self.losses)
+                if a.stage == r.last:
+                    self.totals.append(rec.out.detach())
+                else:
+                    self._send(rec.out.detach(), a.stage + 1, a.mb, grad=False)
+            elif a.kind in "BI":
+                g_in = r._backward(stage, a, self.state[key], grad)
+                if a.stage > 0:
+                    self._send(g_in, a.stage - 1, a.mb, grad=True)
+                if a.kind == "B":
+                    self.state.pop(key).release()
+            else:  # W
+                rec = self.state.pop(key)
+                if rec.deferred is not None:
+                    rec.deferred.run()
+                rec.release()
+            if self.sync:
+                _memory.synchronize(r.group.device)
         return start
 
     def close(self) -> None:
