@@ -7,8 +7,10 @@ The MLP's layers are cut into stages balanced by parameter count, stage s on its
 through the stages as the schedule says; activations go forward and their gradients back through
 the host. The example prints the schedule's timeline (its model: F = 1, B = 2 time units), trains
 with a progress bar, then measures the bubble (every action synchronised with its device) next to
-the schedule's, and prints per-device memory. On lavapipe the devices run one after another, so
-the measured bubble says little there; on several GPUs it is the real one.
+the schedule's, and prints per-device memory. With --timeline PATH it profiles one step and draws
+each rank's actions as they ran above the schedule's model with the measured costs. On lavapipe
+the devices run one after another, so the measured bubble says little there; on several GPUs it is
+the real one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from train_mlp import load_digits
 import wgpar
 from wgpar import nn, optim
 from wgpar.distributed import MultiAdapterContext, PipelineExecutor
+from wgpar.distributed.pipeline import timeline
 from wgpar.nn import functional as F
 from wgpar.utils.data import DataLoader, TensorDataset
 
@@ -60,6 +63,9 @@ def build_parser():
     ap.add_argument("--memory-plot", default=None, metavar="PATH",
                     help="record two training steps' memory by category and plot it (.html, .svg, or .png with "
                          "matplotlib): compare the activations in flight of --schedule gpipe and 1f1b")
+    ap.add_argument("--timeline", default=None, metavar="PATH",
+                    help="profile one step and draw each rank's actions as they ran above the schedule's model "
+                         "(.html or .svg); the text grid is printed too")
     ap.add_argument("--seed", type=common.at_least(0), default=0,
                     help="seeds the weights, the train/test split and the shuffles")
     return ap
@@ -70,6 +76,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.batch_size < args.microbatches:
         ap.error(f"--batch-size {args.batch_size} cannot be cut into --microbatches {args.microbatches}")
+    if args.timeline and not args.timeline.lower().endswith((".html", ".htm", ".svg")):
+        ap.error(f"--timeline {args.timeline}: use a .html or .svg path")  # before training, not after
     return args
 
 
@@ -133,6 +141,15 @@ def main(argv=None) -> None:
         bubbles.append(pipe.measured_bubble())
     print(f"bubble: measured {np.median(bubbles):.1%} (median of {len(bubbles)} steps), schedule's model "
           f"{plan.bubble_fraction():.1%}")
+    if args.timeline:
+        xb, yb = next(iter(loader))
+        with wgpar.profiler.profile() as prof:
+            pipe.train_step(xb, yb, opts)
+        runs = timeline.measured(prof, plan)
+        print(timeline.text(plan, runs))
+        path = timeline.plot(plan, runs, args.timeline,
+                             title=f"{plan.name}, {args.microbatches} micro-batches on {n} devices: one step")
+        print(f"pipeline timeline: {path}")
     for r, d in enumerate(ctx.devices):
         print(common.memory_line(f"rank {r}", d))
     ctx.close()

@@ -133,3 +133,14 @@ def test_memory_plot_flag_writes_the_timeline(examples, capsys, tmp_path, name, 
     assert f"memory timeline: {out}" in capsys.readouterr().out
     text = out.read_text()
     assert "<svg" in text and "parameter" in text and "gradient" in text
+
+
+@pytest.mark.multidevice
+def test_pipeline_timeline_flag_draws_the_measured_step(examples, capsys, tmp_path):
+    out = tmp_path / "timeline.svg"
+    examples["pipeline"].main(["--devices", "2", "--layers", "4", "--width", "16", "--epochs", "1",
+                               "--microbatches", "4", "--timeline", str(out)])
+    printed = capsys.readouterr().out
+    assert f"pipeline timeline: {out}" in printed and "rank 1 run" in printed and "rank 1 model" in printed
+    text = out.read_text()
+    assert text.startswith("<svg") and all(f"<title>{s}F{m}: " in text for s in (0, 1) for m in range(4))
