@@ -70,7 +70,7 @@ def write_section(key: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     path.write_text(text)
 
 
-def timed(fn, sync, *, warmup: int = 1, repeat: int = 1, min_time: float = 0.0) -> float:
+def timed(fn, sync, repeat: int = 1, min_time: float = 0.0, *, warmup: int = 1) -> float:
     """Seconds per call of ``fn``: ``warmup`` calls and a ``sync``, then batches of ``repeat`` calls each
     followed by one ``sync``, until the batches took ``min_time`` seconds in all (one batch when 0)."""
     for _ in range(warmup):
