@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: device description and BENCHMARKS.md sections."""
+"""Shared by the benchmark scripts: timing, the torch reference, report flags and BENCHMARKS.md sections."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # lavapipe's WSI complains without it
@@ -67,3 +68,50 @@ def write_section(key: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     pat = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pat.sub(lambda _: block, text) if pat.search(text) else text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def timed(fn, sync, repeat: int = 1, min_time: float = 0.0, *, warmup: int = 1) -> float:
+    """Seconds per call of ``fn``: ``warmup`` calls and a ``sync``, then batches of ``repeat`` calls each
+    followed by one ``sync``, until the batches took ``min_time`` seconds in all (one batch when 0)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    n, total = 0, 0.0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        sync()
+        total += time.perf_counter() - t0
+        n += repeat
+        if total >= min_time:
+            return total / n
+
+
+def torch_or_none(cuda_only: bool = False):
+    """``(torch, "cuda")`` with TF32 off when CUDA is there, else ``(torch, "cpu")``; ``(None, None)`` without
+    torch, or without CUDA when ``cuda_only`` (a host reference is then no fair comparison)."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        return torch, "cuda"
+    return (None, None) if cuda_only else (torch, "cpu")
+
+
+def add_report_flags(ap) -> None:
+    """``--md PATH`` and ``--no-write``, the same on every script (``--no-md`` is the old spelling)."""
+    ap.add_argument("--md", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
+    ap.add_argument("--no-write", action="store_true", help="only print; leave the markdown file alone")
+    ap.add_argument("--no-md", dest="no_write", action="store_true", help="old spelling of --no-write")
+
+
+def finish(args, key: str, body: str) -> None:
+    """The end of every script: the section ``key`` of ``args.md`` becomes ``body`` unless ``--no-write``."""
+    if args.no_write:
+        return
+    write_section(key, body, args.md)
+    print(f"updated {args.md}")

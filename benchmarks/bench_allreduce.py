@@ -175,8 +175,7 @@ def main_mpi(args) -> None:
             f"Chunks of {group.chunk // 2**20} MiB. The threaded backend ran on the same devices in rank 0's "
             f"process; MPI Allreduce sums host arrays of the same size (no GPU copies).\n\n{table}\n")
     print(body)
-    if not args.no_write:
-        _report.write_section(f"allreduce_mpi:{_report.slug(name)}:{group.num_hosts}-host", body)
+    _report.finish(args, f"allreduce_mpi:{_report.slug(name)}:{group.num_hosts}-host", body)
 
 
 def main() -> None:
@@ -185,7 +184,7 @@ def main() -> None:
     ap.add_argument("--backend", choices=("threads", "mpi"), default="threads")
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    _report.add_report_flags(ap)
     args = ap.parse_args()
     if args.backend == "mpi":
         main_mpi(args)
@@ -202,8 +201,7 @@ def main() -> None:
     body = (f"### All-reduce on {ctx.world_size} devices: {ctx.devices[0].adapter_name}\n\n"
             f"Devices: {devs}. Date: {_report.today()}. Command: `{_report.command_line()}`\n\n{table}\n")
     print(body)
-    if not args.no_write:
-        _report.write_section(f"allreduce:{_report.slug(ctx.devices[0].adapter_name)}", body)
+    _report.finish(args, f"allreduce:{_report.slug(ctx.devices[0].adapter_name)}", body)
     ctx.close()
 
 

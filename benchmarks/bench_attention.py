@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import wgpar
-from wgpar.nn import functional as F
-from wgpar.ops import attention as A
+import numpy as np  # noqa: E402
+
+import wgpar  # noqa: E402
+from benchmarks import _report  # noqa: E402
+from wgpar.nn import functional as F  # noqa: E402
+from wgpar.ops import attention as A  # noqa: E402
 
 DEFAULT_SHAPES = "8x12x128x64,8x12x512x64,8x12x1024x64,4x12x2048x64,8x12x1024x128,4x8x2048x128"
 
@@ -36,18 +39,9 @@ def _config(text: str) -> dict:
 
 
 def _timed(fn, sync, seconds: float) -> float:
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    one = max(time.perf_counter() - t0, 1e-6)
-    steps = int(min(50, max(3, seconds / one)))
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / steps
+    """Seconds per call, the number of calls (3 to 50) chosen from one timed call to take about ``seconds``."""
+    one = max(_report.timed(fn, sync), 1e-6)
+    return _report.timed(fn, sync, int(min(50, max(3, seconds / one))), warmup=0)
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:

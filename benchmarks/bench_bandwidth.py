@@ -18,8 +18,8 @@ NumPy (here) or PyTorch on CUDA (when importable) run the same ops alongside.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,29 +33,8 @@ COLS = 4096  # row length of the 2-D cases (softmax over [rows, 4096], bias of 4
 TARGET = 0.70
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
-def time_op(fn, sync, iters: int, min_time: float) -> float:
-    """Seconds per call: ``iters`` calls back to back, then sync; batches until ``min_time``."""
-    fn()
-    fn()
-    sync()
-    n, total = 0, 0.0
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        total += time.perf_counter() - t0
-        n += iters
-        if total >= min_time:
-            return total / n
 
 
 def _np_softmax(a: np.ndarray) -> np.ndarray:
@@ -125,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-time", type=float, default=0.25, help="seconds of timed batches per op and size")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 check of wgpar's results")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-md", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
 
-    torch = _torch()
+    torch, _ = _report.torch_or_none(cuda_only=True)
+    time_op = functools.partial(_report.timed, warmup=2)  # seconds per call, after two untimed calls
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
     if torch is not None:
@@ -192,19 +171,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{reflabel} GB/s", f"{reflabel} of its copy"]
     table = _report.markdown_table(header, rows_out)
     print(table)
-    if not args.no_md:
-        slug = _report.slug(dev.adapter_name)
-        tver = f"; torch {torch.__version__} on {torch.cuda.get_device_name(0)}" if torch is not None else ""
-        body = (f"## Memory-bound kernels vs device copy bandwidth ({dev.adapter_name})\n\n"
-                f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"
-                f"- command: `{_report.command_line()}`\n"
-                f"- what: float32; GB/s = (bytes read + bytes written) / time; {args.iters} calls back to back then "
-                f"one synchronize, batches repeated for at least {args.min_time} s after a warm-up. Reference: "
-                f"`copy_buffer_to_buffer` of the same size through wgpu in the same run (and `{reflabel}`'s own "
-                f"copy for its column). Target (issue #5): 70% of the copy bandwidth from 64 MiB up; smaller sizes "
-                f"show it in parentheses.\n\n{table}\n")
-        _report.write_section(f"bandwidth:{slug}", body, args.md)
-        print(f"updated {args.md}")
+    slug = _report.slug(dev.adapter_name)
+    tver = f"; torch {torch.__version__} on {torch.cuda.get_device_name(0)}" if torch is not None else ""
+    body = (f"## Memory-bound kernels vs device copy bandwidth ({dev.adapter_name})\n\n"
+            f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"
+            f"- command: `{_report.command_line()}`\n"
+            f"- what: float32; GB/s = (bytes read + bytes written) / time; {args.iters} calls back to back then "
+            f"one synchronize, batches repeated for at least {args.min_time} s after a warm-up. Reference: "
+            f"`copy_buffer_to_buffer` of the same size through wgpu in the same run (and `{reflabel}`'s own "
+            f"copy for its column). Target (issue #5): 70% of the copy bandwidth from 64 MiB up; smaller sizes "
+            f"show it in parentheses.\n\n{table}\n")
+    _report.finish(args, f"bandwidth:{slug}", body)
     return 0
 
 

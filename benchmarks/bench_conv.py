@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,27 +37,8 @@ SHAPES = [
 ]
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None, None
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        return torch, "cuda"
-    return torch, "cpu"
 
 
-def timed(fn, sync, steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / steps
 
 
 def measure(conv, tensors, gy, no_grad, sync, steps: int, warmup: int) -> tuple[float, float]:
@@ -73,7 +53,7 @@ def measure(conv, tensors, gy, no_grad, sync, steps: int, warmup: int) -> tuple[
             t.grad = None
         conv(*tensors).backward(gy)
 
-    return timed(fwd, sync, steps, warmup), timed(fwd_bwd, sync, steps, warmup)
+    return _report.timed(fwd, sync, steps, warmup=warmup), _report.timed(fwd_bwd, sync, steps, warmup=warmup)
 
 
 def _rel_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -87,10 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-md", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
-    torch, tdev = (None, None) if args.no_torch else _torch()
+    torch, tdev = (None, None) if args.no_torch else _report.torch_or_none()
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
     tname = None
@@ -138,18 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         ["layer", "shape", "fwd ms", "fwd GFLOP/s", "fwd+bwd ms", "fwd+bwd GFLOP/s", f"{ref} fwd ms",
          f"{ref} fwd+bwd ms", "fwd+bwd ratio", "max rel. diff"], rows)
     print(table)
-    if not args.no_md:
-        key = f"conv:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}"
-        body = (f"## Conv2d, im2col + matmul ({dev.adapter_name}{', small sizes' if args.small else ''})\n\n"
-                f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
-                f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
-                f"- what: conv2d with bias, float32; fwd under no_grad, fwd+bwd with input, weight and bias "
-                f"gradients; mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
-                f"GFLOP/s: 2 N O oh ow C/G kh kw per forward, three times that for fwd+bwd. max rel. diff: "
-                f"largest difference from the reference over output and gradients, relative to the largest "
-                f"value.\n\n{table}\n")
-        _report.write_section(key, body, args.md)
-        print(f"updated {args.md}")
+    key = f"conv:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}"
+    body = (f"## Conv2d, im2col + matmul ({dev.adapter_name}{', small sizes' if args.small else ''})\n\n"
+            f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
+            f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
+            f"- what: conv2d with bias, float32; fwd under no_grad, fwd+bwd with input, weight and bias "
+            f"gradients; mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
+            f"GFLOP/s: 2 N O oh ow C/G kh kw per forward, three times that for fwd+bwd. max rel. diff: "
+            f"largest difference from the reference over output and gradients, relative to the largest "
+            f"value.\n\n{table}\n")
+    _report.finish(args, key, body)
     return 0
 
 

@@ -162,8 +162,7 @@ def main_mpi(args, X: np.ndarray, Y: np.ndarray) -> None:
             f"{moved['d2h_bytes'] / 2**20:.1f} MiB device -> host and {moved['h2d_bytes'] / 2**20:.1f} MiB "
             f"host -> device. Processes / threads time: {t_proc / t_thr:.2f} (target <= 1.0).\n\n{table}\n")
     print(body)
-    if not args.no_write:
-        _report.write_section(f"data_parallel_mpi:{_report.slug(name)}", body)
+    _report.finish(args, f"data_parallel_mpi:{_report.slug(name)}", body)
 
 
 def main() -> None:
@@ -176,7 +175,7 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--backend", choices=("threads", "mpi"), default="threads")
     ap.add_argument("--bucket-mb", type=float, default=25)
-    ap.add_argument("--no-write", action="store_true")
+    _report.add_report_flags(ap)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     X = rng.standard_normal((args.batch, args.width)).astype(np.float32)
@@ -238,8 +237,7 @@ def main() -> None:
             f"step (all ranks at once); stepping rank 0 and broadcasting the parameters instead would add "
             f"{t_bcast * 1e3:.1f} ms per step.\n")
     print(body)
-    if not args.no_write:
-        _report.write_section(f"data_parallel:{_report.slug(ctx.devices[0].adapter_name)}", body)
+    _report.finish(args, f"data_parallel:{_report.slug(ctx.devices[0].adapter_name)}", body)
     ctx.close()
 
 

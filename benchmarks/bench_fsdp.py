@@ -282,7 +282,7 @@ def main() -> None:
                     help="first trial without a memory limit (with one, memory_estimate predicts it)")
     ap.add_argument("--memory-limit-mib", type=float, default=None,
                     help="per-device limit for --largest (default: 8 MiB on a CPU adapter, none on a GPU)")
-    ap.add_argument("--no-write", action="store_true")
+    _report.add_report_flags(ap)
     args = ap.parse_args()
     only = set(args.strategies.split(",")) if args.strategies else None
     rng = np.random.default_rng(0)
@@ -340,8 +340,7 @@ def main() -> None:
             f"parameters, {params * 4 / MIB:.1f} MiB), batch {args.batch}, AdamW; each Linear a unit, every unit "
             f"sharded (persist_threshold=0). Bytes are one rank's, through the host, per step.\n\n"
             + "\n".join(sections))
-    if not args.no_write:
-        _report.write_section(f"fsdp:{_report.slug(dev0.adapter_name)}", body)
+    _report.finish(args, f"fsdp:{_report.slug(dev0.adapter_name)}", body)
 
 
 if __name__ == "__main__":

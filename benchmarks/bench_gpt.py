@@ -45,16 +45,6 @@ MIB = 2**20
 TARGET_MODEL, TARGET_ATTENTION = 1.5, 2.0
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None, None
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        return torch, "cuda"
-    return torch, "cpu"
 
 
 def torch_gpt(torch, model: GPT, device: str):
@@ -254,10 +244,11 @@ def _attention_rows(torch, tdev, cfg, args) -> list[list[str]]:
         def t_both():
             torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
 
-        t_ref = {"forward": _timed(t_fwd, tsync, args), "forward + backward": _timed(t_both, tsync, args)}
+        t_ref = {"forward": _report.timed(t_fwd, tsync, args.steps, warmup=max(1, args.warmup)),
+                 "forward + backward": _report.timed(t_both, tsync, args.steps, warmup=max(1, args.warmup))}
     wsync = lambda: wgpar.synchronize(dev)  # noqa: E731
     for name, fn, mult in (("forward", w_fwd, 1.0), ("forward + backward", w_both, 3.5)):
-        w = _timed(fn, wsync, args)
+        w = _report.timed(fn, wsync, args.steps, warmup=max(1, args.warmup))
         tr = t_ref.get(name)
         ratio = w / tr if tr else None
         met = "-" if ratio is None or tdev != "cuda" else ("yes" if ratio <= TARGET_ATTENTION else "NO")
@@ -268,15 +259,6 @@ def _attention_rows(torch, tdev, cfg, args) -> list[list[str]]:
     return rows
 
 
-def _timed(fn, sync, args) -> float:
-    for _ in range(max(1, args.warmup)):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / args.steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,12 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=0, help="wgpar device index (single)")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
     ap.add_argument("--no-attention", action="store_true", help="skip the attention-kernel table")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-write", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     cfg = preset(args.preset, block_size=args.context)
     args.context = cfg.block_size
-    torch, tdev = (None, None) if (args.no_torch or args.parallel != "single") else _torch()
+    torch, tdev = (None, None) if (args.no_torch or args.parallel != "single") else _report.torch_or_none()
     dev = wgpar.device(args.device)
     tname = None
     if torch is not None:
@@ -352,23 +333,21 @@ def main(argv: list[str] | None = None) -> int:
             ["B x H x T x D (causal)", "pass", "wgpar fused ms", "wgpar TFLOP/s", "torch SDPA FP32 ms", "ratio",
              f"<= {TARGET_ATTENTION}x (GPU)"], att_rows)
         print(att_table)
-    if not args.no_write:
-        slug = _report.slug(dev.adapter_name)
-        key = f"gpt:{slug}:{args.preset}:{args.parallel}{':amp' if args.amp else ''}"
-        ref_line = f"; reference: {tname}" if tname else ""
-        body = (f"## GPT training ({args.preset}, {args.parallel}{', amp' if args.amp else ''}) vs PyTorch eager "
-                f"({dev.adapter_name})\n\n- device: {_report.device_line(dev)}{ref_line}"
-                + f"\n- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
-                f"- what: {cfg.num_params() / 1e6:.2f}M-parameter GPT ({cfg.n_layer} layers, {cfg.n_head} heads, "
-                f"{cfg.n_embd} wide, byte vocabulary), batch {args.batch} x context {args.context}; a step is "
-                "zero_grad + forward + loss + backward + clip + AdamW with a fresh batch uploaded; "
-                f"{args.steps} timed steps after {args.warmup} warm-up steps. First losses: "
-                + "; ".join(f"{k} " + ", ".join(f"{v:.4f}" for v in vals) for k, vals in losses.items())
-                + f". Targets (issue 14): within {TARGET_MODEL}x of PyTorch eager FP32 per step, fused attention "
-                  f"within {TARGET_ATTENTION}x of torch's FP32 SDPA.\n\n{table}\n"
-                + (f"\n{att_table}\n" if att_table else ""))
-        _report.write_section(key, body, args.md)
-        print(f"updated {args.md}")
+    slug = _report.slug(dev.adapter_name)
+    key = f"gpt:{slug}:{args.preset}:{args.parallel}{':amp' if args.amp else ''}"
+    ref_line = f"; reference: {tname}" if tname else ""
+    body = (f"## GPT training ({args.preset}, {args.parallel}{', amp' if args.amp else ''}) vs PyTorch eager "
+            f"({dev.adapter_name})\n\n- device: {_report.device_line(dev)}{ref_line}"
+            + f"\n- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
+            f"- what: {cfg.num_params() / 1e6:.2f}M-parameter GPT ({cfg.n_layer} layers, {cfg.n_head} heads, "
+            f"{cfg.n_embd} wide, byte vocabulary), batch {args.batch} x context {args.context}; a step is "
+            "zero_grad + forward + loss + backward + clip + AdamW with a fresh batch uploaded; "
+            f"{args.steps} timed steps after {args.warmup} warm-up steps. First losses: "
+            + "; ".join(f"{k} " + ", ".join(f"{v:.4f}" for v in vals) for k, vals in losses.items())
+            + f". Targets (issue 14): within {TARGET_MODEL}x of PyTorch eager FP32 per step, fused attention "
+              f"within {TARGET_ATTENTION}x of torch's FP32 SDPA.\n\n{table}\n"
+            + (f"\n{att_table}\n" if att_table else ""))
+    _report.finish(args, key, body)
     return 0
 
 

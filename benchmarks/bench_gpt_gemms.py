@@ -7,7 +7,7 @@ tokens). For each shape this times wgpar's automatic choice and any forced ``--v
 torch FP32 (TF32 off) on the same operand layouts, and checks every wgpar result against torch float64.
 The summary weighs each shape by how often the step runs it.
 
-    python benchmarks/bench_gpt_gemms.py --no-md                      # lavapipe: --tokens 256 keeps it short
+    python benchmarks/bench_gpt_gemms.py --no-write                      # lavapipe: --tokens 256 keeps it short
     python benchmarks/bench_gpt_gemms.py --variants auto tile64x128x16r8x8u --splits 1 2 4 8
 """
 
@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import wgpar  # noqa: E402
 from benchmarks import _report  # noqa: E402
-from benchmarks.bench_matmul import _torch, parse_shape, put, time_loop  # noqa: E402
+from benchmarks.bench_matmul import parse_shape, put  # noqa: E402
 
 mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the function)
 
@@ -52,11 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--splits", type=int, nargs="*", default=[], help="forced split-K factors to time")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--min-time", type=float, default=0.2)
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD)
-    ap.add_argument("--no-md", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
 
-    torch = _torch()
+    torch, _ = _report.torch_or_none(cuda_only=True)
     dev = wgpar.device(0)
     print(f"device: {_report.device_line(dev)}")
     if torch is not None:
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             ta, tb = (torch.from_numpy(np.ascontiguousarray(x.T)).cuda().T if t == "t" else torch.from_numpy(x).cuda()
                       for x, t in zip((a, b), lay))
             want = (ta.double() @ tb.double()).cpu().numpy()
-            t_torch = time_loop(lambda ta=ta, tb=tb: ta @ tb, torch.cuda.synchronize, args.repeat, args.min_time)
+            t_torch = _report.timed(lambda ta=ta, tb=tb: ta @ tb, torch.cuda.synchronize, args.repeat, args.min_time)
             del ta, tb
         elif max(M, N, K) <= 2048:
             want = a.astype(np.float64) @ b
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             with mm.force_variant(force) if split is None else mm.force_variant(force, split=split):
                 p = mm.plan(wa.reshape(1, M, K), wb.reshape(1, K, N))
                 chosen = p.variant + (f"/k{p.split}" if getattr(p, "split", 1) > 1 else "")
-                sec = time_loop(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev), args.repeat,
+                sec = _report.timed(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev), args.repeat,
                                 args.min_time)
                 got = (wa @ wb).numpy().astype(np.float64)
             err = float(np.abs(got - want).max() / np.abs(want).max()) if want is not None else float("nan")
@@ -117,16 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"Per step (each shape times its dispatches): wgpar {1e3 * summary['wgpar']:.1f} ms, torch FP32 "
                 f"{1e3 * summary['torch']:.1f} ms ({100 * summary['torch'] / summary['wgpar']:.0f}%).")
         print(line)
-    if not args.no_md:
-        slug = _report.slug(dev.adapter_name)
-        tver = f"; torch {torch.__version__}, TF32 off" if torch is not None else ""
-        body = (f"## GPT-2 step GEMMs ({dev.adapter_name})\n\n- device: {_report.device_line(dev)}{tver}\n"
-                f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
-                f"- what: each matmul of a GPT-2 step (batch 8 x 1024 tokens), float32, wgpar's automatic "
-                f"choice; layout t = a transposed view, as nn.Linear and its backward pass them.\n\n"
-                f"{table}\n\n{line}\n")
-        _report.write_section(f"gpt_gemms:{slug}", body, args.md)
-        print(f"updated {args.md}")
+    slug = _report.slug(dev.adapter_name)
+    tver = f"; torch {torch.__version__}, TF32 off" if torch is not None else ""
+    body = (f"## GPT-2 step GEMMs ({dev.adapter_name})\n\n- device: {_report.device_line(dev)}{tver}\n"
+            f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
+            f"- what: each matmul of a GPT-2 step (batch 8 x 1024 tokens), float32, wgpar's automatic "
+            f"choice; layout t = a transposed view, as nn.Linear and its backward pass them.\n\n"
+            f"{table}\n\n{line}\n")
+    _report.finish(args, f"gpt_gemms:{slug}", body)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,12 +27,6 @@ from benchmarks import _report  # noqa: E402
 mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the function)
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
 def parse_shape(s: str) -> tuple[int, int, int]:
@@ -43,20 +36,6 @@ def parse_shape(s: str) -> tuple[int, int, int]:
     return parts[0], parts[1], parts[2]
 
 
-def time_loop(fn, sync, repeat: int, min_time: float = 0.0) -> float:
-    """Seconds per call: ``repeat`` calls back to back (at least ``min_time`` in all), then sync."""
-    fn()
-    sync()
-    n, total = 0, 0.0
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        sync()
-        total += time.perf_counter() - t0
-        n += repeat
-        if total >= min_time:
-            return total / n
 
 
 def gflops(M: int, K: int, N: int, sec: float) -> float:
@@ -92,14 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
     ap.add_argument("--numpy-max", type=int, default=2048, help="skip NumPy above this many rows/cols")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-md", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
 
     defaults = dict(mm.TILINGS)
     extras = {t.name: t for t in map(mm.Tiling.parse, args.tilings)}
     variants = list(args.variants) + [n for n in extras if n not in args.variants]
-    torch = _torch()
+    torch, _ = _report.torch_or_none(cuda_only=True)
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
     if torch is not None:
@@ -120,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
                                     ("torch fp16", False, torch.float16)):
                 torch.backends.cuda.matmul.allow_tf32 = tf32
                 x, y = ta.to(dt), tb.to(dt)
-                ref[label] = gflops(M, K, N, time_loop(lambda x=x, y=y: x @ y, sync, args.repeat, args.min_time))
+                ref[label] = gflops(M, K, N, _report.timed(lambda x=x, y=y: x @ y, sync, args.repeat, args.min_time))
             torch.backends.cuda.matmul.allow_tf32 = False
             del ta, tb, x, y
             torch.cuda.empty_cache()
         else:
             want = a.astype(np.float64) @ b.astype(np.float64) if max(M, N, K) <= args.numpy_max else None
         if max(M, N, K) <= args.numpy_max:
-            sec = time_loop(lambda a=a, b=b: a @ b, lambda: None, args.repeat, args.min_time)
+            sec = _report.timed(lambda a=a, b=b: a @ b, lambda: None, args.repeat, args.min_time)
             ref["numpy fp32"] = gflops(M, K, N, sec)
         for dname in dtypes:
             for layout in args.layouts:
@@ -139,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                     mm.TILINGS = {**defaults, **extras} if variant in extras else defaults  # auto sees the defaults
                     with mm.force_variant(None if variant == "auto" else variant):
                         chosen = mm.plan(wa.reshape(1, M, K), wb.reshape(1, K, N)).variant
-                        sec = time_loop(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev),
+                        sec = _report.timed(lambda wa=wa, wb=wb: wa @ wb, lambda: wgpar.synchronize(dev),
                                         args.repeat, args.min_time)
                         got = (wa @ wb).numpy()
                         err = rel_err(np.asarray(got, np.float64), want) if want is not None else float("nan")
@@ -159,17 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         ["M x K x N", "dtype", "layout", "wgpar kernel", "wgpar GFLOP/s", "of torch fp32", "max rel err", "NumPy fp32",
          "torch fp32 (TF32 off)", "torch TF32", "torch fp16"], rows)
     print(table)
-    if not args.no_md:
-        slug = _report.slug(dev.adapter_name)
-        tver = f"; torch {torch.__version__} on {torch.cuda.get_device_name(0)}" if torch is not None else ""
-        body = (f"## Matmul GFLOP/s ({dev.adapter_name})\n\n"
-                f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"
-                f"- command: `{_report.command_line()}`\n"
-                f"- what: `a @ b` (layout n: row-major operand, t: transposed view), {args.repeat} back-to-back "
-                f"calls then a wait for the "
-                f"GPU; GFLOP/s = 2MNK / time. Error: max |wgpar - float64| / max |float64|.\n\n{table}\n")
-        _report.write_section(f"matmul:{slug}", body, args.md)
-        print(f"updated {args.md}")
+    slug = _report.slug(dev.adapter_name)
+    tver = f"; torch {torch.__version__} on {torch.cuda.get_device_name(0)}" if torch is not None else ""
+    body = (f"## Matmul GFLOP/s ({dev.adapter_name})\n\n"
+            f"- device: {_report.device_line(dev)}{tver}\n- date: {_report.today()}\n"
+            f"- command: `{_report.command_line()}`\n"
+            f"- what: `a @ b` (layout n: row-major operand, t: transposed view), {args.repeat} back-to-back "
+            f"calls then a wait for the "
+            f"GPU; GFLOP/s = 2MNK / time. Error: max |wgpar - float64| / max |float64|.\n\n{table}\n")
+    _report.finish(args, f"matmul:{slug}", body)
     return 0
 
 

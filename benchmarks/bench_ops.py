@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", type=int, default=1000, help="ops per chain")
     ap.add_argument("--repeat", type=int, default=5, help="timed chains per size (best and median reported)")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-md", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
 
     dev = wgpar.device(args.device)
@@ -142,16 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         ["elements", "ops", "wgpar us/op", "of which recording (host)", "raw wgpu-py us/op (one pass)", "ratio",
          "<= 3x"], rows)
     print(table)
-    if not args.no_md:
-        slug = _report.slug(dev.adapter_name)
-        body = (f"## Elementwise chain: per-op cost vs raw wgpu-py ({dev.adapter_name})\n\n"
-                f"- device: {_report.device_line(dev)}\n- date: {_report.today()}\n"
-                f"- command: `{_report.command_line()}`\n"
-                f"- what: `x = x * 1.0001 + 0.5` repeated to {args.ops} kernels, then synchronize; baseline: "
-                f"{args.ops} dispatches of one WGSL kernel with prebuilt bind groups in one compute pass, "
-                f"then the same fence wait. Median of {args.repeat} chains, same process.\n\n{table}\n")
-        _report.write_section(f"ops:{slug}", body, args.md)
-        print(f"updated {args.md}")
+    slug = _report.slug(dev.adapter_name)
+    body = (f"## Elementwise chain: per-op cost vs raw wgpu-py ({dev.adapter_name})\n\n"
+            f"- device: {_report.device_line(dev)}\n- date: {_report.today()}\n"
+            f"- command: `{_report.command_line()}`\n"
+            f"- what: `x = x * 1.0001 + 0.5` repeated to {args.ops} kernels, then synchronize; baseline: "
+            f"{args.ops} dispatches of one WGSL kernel with prebuilt bind groups in one compute pass, "
+            f"then the same fence wait. Median of {args.repeat} chains, same process.\n\n{table}\n")
+    _report.finish(args, f"ops:{slug}", body)
     return 0
 
 

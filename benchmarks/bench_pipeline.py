@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,15 +39,6 @@ def blocks(width: int, layers: int, classes: int, device) -> list[nn.Module]:
     return mods + [nn.Linear(width, classes, device=device)]
 
 
-def timed(step, sync, steps: int) -> float:
-    """Seconds per step: one warm-up step, then ``steps`` steps between device synchronisations."""
-    step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync()
-    return (time.perf_counter() - t0) / steps
 
 
 def single_device(args, X, Y) -> float:
@@ -61,7 +51,7 @@ def single_device(args, X, Y) -> float:
         F.cross_entropy(model(wgpar.tensor(X, device=dev)), Y).backward()
         opt.step()
 
-    return timed(step, lambda: wgpar.synchronize(dev), args.steps)
+    return _report.timed(step, lambda: wgpar.synchronize(dev), args.steps)
 
 
 def traffic_per_step(ctx, step) -> int:
@@ -79,7 +69,7 @@ def pipeline_row(args, ctx, schedule: str, m: int, X, Y) -> dict:
     def step() -> None:
         pipe.train_step(X, Y, opts)
 
-    t = timed(step, lambda: ctx.run(lambda r: ctx.devices[r].synchronize()), args.steps)
+    t = _report.timed(step, lambda: ctx.run(lambda r: ctx.devices[r].synchronize()), args.steps)
     moved = traffic_per_step(ctx, step)
     for r in pipe.ranks:
         r.profile = True
@@ -100,7 +90,7 @@ def data_parallel_row(args, ctx, X, Y) -> tuple[float, int]:
     def step() -> None:
         dp.train_step(X, Y, F.cross_entropy, opts)
 
-    t = timed(step, lambda: ctx.run(lambda r: ctx.devices[r].synchronize()), args.steps)
+    t = _report.timed(step, lambda: ctx.run(lambda r: ctx.devices[r].synchronize()), args.steps)
     return t, traffic_per_step(ctx, step)
 
 
@@ -115,7 +105,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=3, help="steps with per-action synchronisation")
     ap.add_argument("--devices", type=int, default=2)
-    ap.add_argument("--no-write", action="store_true")
+    _report.add_report_flags(ap)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     X = rng.standard_normal((args.batch, args.width)).astype(np.float32)
@@ -157,8 +147,7 @@ def main() -> None:
             f"device (median); the schedule model counts F = 1, B = 2 (I = W = 1) time units and free transfers. "
             f"Host traffic: every rank's device -> host plus host -> device bytes in one step, summed.\n\n{table}\n")
     print(body)
-    if not args.no_write:
-        _report.write_section(f"pipeline:{_report.slug(ctx.devices[0].adapter_name)}", body)
+    _report.finish(args, f"pipeline:{_report.slug(ctx.devices[0].adapter_name)}", body)
     ctx.close()
 
 

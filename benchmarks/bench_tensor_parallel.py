@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--bucket-mb", type=float, default=25, help="DataParallel's gradient bucket size")
     ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--no-write", action="store_true")
+    _report.add_report_flags(ap)
     args = ap.parse_args()
     n = args.devices
     rng = np.random.default_rng(0)
@@ -170,8 +170,7 @@ def main() -> None:
             f"{(t_tp - t_share) * 1e3:.1f} ms / step (its all-reduces, where devices run concurrently; lavapipe "
             "runs them one after another, which adds the other ranks' compute).\n")
     print(body)
-    if not args.no_write:
-        _report.write_section(f"tensor_parallel:{_report.slug(ctx.devices[0].adapter_name)}", body)
+    _report.finish(args, f"tensor_parallel:{_report.slug(ctx.devices[0].adapter_name)}", body)
     ctx.close()
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,16 +33,6 @@ from wgpar.nn import functional as F  # noqa: E402
 TARGET = 1.5
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None, None
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        return torch, "cuda"
-    return torch, "cpu"
 
 
 def mlp(width: int, layers: int, device) -> nn.Module:
@@ -69,16 +58,6 @@ def torch_mlp(torch, model: nn.Module, device: str):
     return torch.nn.Sequential(*mods).to(device)
 
 
-def timed(step, sync, steps: int, warmup: int) -> float:
-    """Seconds per step: ``warmup`` steps, a wait, then ``steps`` steps and one wait."""
-    for _ in range(warmup):
-        step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync()
-    return (time.perf_counter() - t0) / steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-md", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
 
-    torch, tdev = (None, None) if args.no_torch else _torch()
+    torch, tdev = (None, None) if args.no_torch else _report.torch_or_none()
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
     tname = None
@@ -133,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         w_step(wgpar.tensor(x, device=dev), wgpar.tensor(y, device=dev))
 
     wsync = lambda: wgpar.synchronize(dev)  # noqa: E731
-    results = {"resident": {"wgpar": timed(lambda: w_step(X0, Y0), wsync, args.steps, args.warmup)},
-               "upload": {"wgpar": timed(w_upload, wsync, args.steps, args.warmup)}}
+    results = {"resident": {"wgpar": _report.timed(lambda: w_step(X0, Y0), wsync, args.steps, warmup=args.warmup)},
+               "upload": {"wgpar": _report.timed(w_upload, wsync, args.steps, warmup=args.warmup)}}
 
     if torch is not None:
         topt = torch.optim.AdamW(tmodel.parameters(), lr=args.lr)
@@ -160,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             t_step(torch.from_numpy(x).to(tdev), torch.from_numpy(y).to(tdev))
 
         tsync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
-        results["resident"]["torch"] = timed(lambda: t_step(tX0, tY0), tsync, args.steps, args.warmup)
-        results["upload"]["torch"] = timed(t_upload, tsync, args.steps, args.warmup)
+        results["resident"]["torch"] = _report.timed(lambda: t_step(tX0, tY0), tsync, args.steps, warmup=args.warmup)
+        results["upload"]["torch"] = _report.timed(t_upload, tsync, args.steps, warmup=args.warmup)
 
     print("first 3 losses (same weights and batch): " +
           "; ".join(f"{k} " + ", ".join(f"{v:.5f}" for v in vals) for k, vals in losses.items()))
@@ -184,20 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     table = _report.markdown_table(
         ["batch", "wgpar ms/step", "wgpar samples/s", f"{ref} ms/step", "ratio", "<= 1.5x (GPU)"], rows)
     print(table)
-    if not args.no_md:
-        slug = _report.slug(dev.adapter_name)
-        body = (f"## MLP training step vs PyTorch eager ({dev.adapter_name})\n\n"
-                f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
-                f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
-                f"- what: {args.layers} Linear layers {args.width} wide with ReLU between ({n_params} parameters), "
-                f"batch {args.batch}, softmax cross entropy over {args.width} classes, AdamW; a step is "
-                f"zero_grad + forward + loss + backward + step; {args.steps} steps after {args.warmup} warm-up "
-                f"steps, one wait for the device at the end. resident: the batch uploaded once and reused; "
-                f"upload: a batch copied from host memory every step. Same initial weights; first losses: "
-                + "; ".join(f"{k} " + ", ".join(f"{v:.4f}" for v in vals) for k, vals in losses.items())
-                + f". Target (issue #5): within {TARGET}x of PyTorch eager CUDA FP32, TF32 off.\n\n{table}\n")
-        _report.write_section(f"train:{slug}", body, args.md)
-        print(f"updated {args.md}")
+    slug = _report.slug(dev.adapter_name)
+    body = (f"## MLP training step vs PyTorch eager ({dev.adapter_name})\n\n"
+            f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
+            f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
+            f"- what: {args.layers} Linear layers {args.width} wide with ReLU between ({n_params} parameters), "
+            f"batch {args.batch}, softmax cross entropy over {args.width} classes, AdamW; a step is "
+            f"zero_grad + forward + loss + backward + step; {args.steps} steps after {args.warmup} warm-up "
+            f"steps, one wait for the device at the end. resident: the batch uploaded once and reused; "
+            f"upload: a batch copied from host memory every step. Same initial weights; first losses: "
+            + "; ".join(f"{k} " + ", ".join(f"{v:.4f}" for v in vals) for k, vals in losses.items())
+            + f". Target (issue #5): within {TARGET}x of PyTorch eager CUDA FP32, TF32 off.\n\n{table}\n")
+    _report.finish(args, f"train:{slug}", body)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,13 +42,6 @@ def _step_fn(model: GPT, batches):
     return step
 
 
-def _time(step, steps: int, dev) -> float:
-    wgpar.synchronize(dev)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    wgpar.synchronize(dev)
-    return (time.perf_counter() - t0) / steps
 
 
 def family_rows(kernels, steps: int, step_s: float) -> tuple[list[list[str]], float, float]:
@@ -82,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--rows", type=int, default=25, help="rows of the per-kernel table")
     ap.add_argument("--trace", type=Path, help="write the profiled steps' Chrome trace here")
-    ap.add_argument("--md", type=Path, default=_report.BENCHMARKS_MD, help="markdown file to update")
-    ap.add_argument("--no-write", action="store_true", help="only print")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     cfg = preset(args.preset, block_size=args.context)
     dev = wgpar.device(0)
@@ -92,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     step = _step_fn(model, bench_gpt._batches(cfg, args.batch, cfg.block_size, 4))
     for i in range(args.warmup):
         step(i)
-    plain = _time(step, args.steps, dev)
+    plain = _report.timed(lambda: [step(i) for i in range(args.steps)], lambda: wgpar.synchronize(dev),
+                              warmup=0) / args.steps
     with wgpar.profiler.profile() as prof:
-        profiled = _time(step, args.steps, dev)
+        profiled = _report.timed(lambda: [step(i) for i in range(args.steps)], lambda: wgpar.synchronize(dev),
+                              warmup=0) / args.steps
     overhead = profiled / plain - 1
     kernels = prof.kernels()
     rows, gpu_s, host_s = family_rows(kernels, args.steps, profiled)
@@ -115,15 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         prof.export_chrome_trace(args.trace)
         print(f"wrote {args.trace}")
-    if not args.no_write:
-        key = f"profile-gpt:{_report.slug(dev.adapter_name)}:{args.preset}"
-        body = (f"## Where the GPT step's time goes ({args.preset}, {dev.adapter_name})\n\n"
-                f"- device: {_report.device_line(dev)}\n- date: {_report.today()}\n"
-                f"- command: `{_report.command_line()}`\n- what: {summary}.\n\n{family}\n\n"
-                f"Top kernels by GPU time (wgpar.profiler's key_averages over {args.steps} steps):\n\n"
-                f"```\n{table}\n```\n")
-        _report.write_section(key, body, args.md)
-        print(f"updated {args.md}")
+    key = f"profile-gpt:{_report.slug(dev.adapter_name)}:{args.preset}"
+    body = (f"## Where the GPT step's time goes ({args.preset}, {dev.adapter_name})\n\n"
+            f"- device: {_report.device_line(dev)}\n- date: {_report.today()}\n"
+            f"- command: `{_report.command_line()}`\n- what: {summary}.\n\n{family}\n\n"
+            f"Top kernels by GPU time (wgpar.profiler's key_averages over {args.steps} steps):\n\n"
+            f"```\n{table}\n```\n")
+    _report.finish(args, key, body)
     return 0
 
 

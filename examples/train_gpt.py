@@ -26,17 +26,15 @@ driver (wgpar/distributed/single_controller/).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import sysconfig
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
 import common  # examples/common.py: a script's own directory is on sys.path
 import numpy as np
+from common import Run, evaluating, get_batch, load_checkpoint, load_corpus, save_checkpoint, unigram_loss
 
 import wgpar
 from wgpar import distributed as dist
@@ -54,47 +52,6 @@ DEFAULTS = {
 }
 
 
-# -- data --------------------------------------------------------------------------------------------
-def stdlib_sources() -> list[Path]:
-    """Every .py file of this Python's standard library (third-party packages excluded), sorted."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
-
-
-def load_corpus(path: str | None, max_bytes: int = 0) -> np.ndarray:
-    """The corpus as bytes (uint8): ``path``, or the standard library's sources joined; at most
-    ``max_bytes`` (0: all)."""
-    if path:
-        data = Path(path).read_bytes()
-    else:
-        chunks, total = [], 0
-        for f in stdlib_sources():
-            chunks.append(f.read_bytes())
-            total += len(chunks[-1])
-            if max_bytes and total >= max_bytes:
-                break
-        data = b"\n".join(chunks)
-    if max_bytes:
-        data = data[:max_bytes]
-    return np.frombuffer(data, dtype=np.uint8)
-
-
-def unigram_loss(train: np.ndarray, val: np.ndarray) -> float:
-    """Cross-entropy (nats per byte) of ``val`` under ``train``'s byte frequencies (add-one smoothed):
-    what a model that ignores context reaches."""
-    counts = np.bincount(train, minlength=256).astype(np.float64) + 1.0
-    logp = np.log(counts / counts.sum())
-    return float(-np.mean(logp[val]))
-
-
-def get_batch(data: np.ndarray, batch: int, block: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """``batch`` random windows of ``block`` bytes and the same windows shifted by one (the targets)."""
-    starts = rng.integers(0, len(data) - block - 1, size=batch)
-    x = np.stack([data[s:s + block] for s in starts]).astype(np.int32)
-    y = np.stack([data[s + 1:s + 1 + block] for s in starts]).astype(np.int32)
-    return x, y
-
-
 def step_batch(data: np.ndarray, args, step: int) -> tuple[np.ndarray, np.ndarray]:
     """Training step ``step``'s batch (its ``--grad-accum`` micro-batches one after another): a function of
     (seed, step) alone, so a resumed run sees exactly the data an uninterrupted one would."""
@@ -104,30 +61,6 @@ def step_batch(data: np.ndarray, args, step: int) -> tuple[np.ndarray, np.ndarra
 
 
 # -- the strategies: each builds a Run on the same model, optimizer and schedule ----------------------------
-@dataclass
-class Run:
-    """``train(x, y)`` one optimizer step on the step's whole batch, returning its mean loss (a 0-d tensor,
-    read back only when the bar is updated); ``evaluate``, ``generate``; per rank its model, optimizer and
-    schedule (``sharded``: every rank's is saved, else rank 0's alone)."""
-
-    train: Callable[[np.ndarray, np.ndarray], wgpar.Tensor]
-    evaluate: Callable[[np.ndarray, np.ndarray], float]
-    generate: Callable[[np.ndarray, int, int], np.ndarray]
-    models: list
-    opts: list
-    scheds: list
-    scaler: GradScaler
-    devices: list
-    ctx: dist.MultiAdapterContext | None = None
-    sharded: bool = False
-    on_resume: Callable[[int], None] = field(default=lambda step: None)
-
-    def rank_states(self) -> list[dict]:  # a sharded model's state_dict may be a collective: all ranks at once
-        states = self.ctx.run(lambda r: self.models[r].state_dict()) if self.ctx else [self.models[0].state_dict()]
-        return [{"model": m, "optim": o.state_dict(), "sched": s.state_dict()}
-                for m, o, s in zip(states, self.opts, self.scheds)]
-
-
 def build_model(cfg: GPTConfig, args, device) -> GPT:
     wgpar.manual_seed(args.seed)  # every rank's copy starts from the same weights
     return GPT(cfg, device=device)
@@ -282,19 +215,6 @@ STRATEGIES = {"single": single_or_tp, "tp": single_or_tp, "dp": data_or_fully_sh
               "fsdp": data_or_fully_sharded, "pipeline": pipeline}
 
 
-@contextlib.contextmanager
-def evaluating(models, amp: bool):
-    """Eval mode (no dropout), no graph, autocast as in training; train mode again after."""
-    for m in models:
-        m.eval()
-    try:
-        with wgpar.no_grad(), wgpar.autocast(enabled=amp):
-            yield
-    finally:
-        for m in models:
-            m.train()
-
-
 def _evaluate(model, x, y, args) -> float:
     with evaluating([model], args.amp):
         return float(model(x, y).item())
@@ -302,40 +222,6 @@ def _evaluate(model, x, y, args) -> float:
 
 def _sample(model: GPT, prompt: np.ndarray, n: int, seed: int) -> np.ndarray:
     return model.generate(prompt[None, :], n, temperature=0.8, top_k=40, rng=np.random.default_rng(seed))
-
-
-# -- checkpoints: one file per rank that holds a shard, rank 0's alone otherwise ------------------------------
-def save_checkpoint(run: Run, out: Path, step: int, cfg: GPTConfig, args) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"step": step, "config": asdict(cfg), "parallel": args.parallel, "world_size": len(run.models),
-            "scaler": run.scaler.state_dict(), "seed": args.seed}
-    states = run.rank_states()
-    for r, state in enumerate(states if run.sharded else states[:1]):
-        wgpar.save({"meta": meta, **state}, out / f"ckpt-rank{r}.safetensors")
-
-
-def load_checkpoint(run: Run, out: Path, cfg: GPTConfig, args) -> int:
-    """Restore every rank from ``out``; returns the step to continue from."""
-    paths = [out / f"ckpt-rank{r if run.sharded else 0}.safetensors" for r in range(len(run.models))]
-    for path in paths:
-        if not path.exists():
-            raise SystemExit(f"--resume: {path} is missing (a sharded checkpoint needs one file per rank)")
-    states = [wgpar.load(path, device=d) for path, d in zip(paths, run.devices)]
-    meta = states[0]["meta"]
-    if meta["config"] != asdict(cfg):
-        raise SystemExit(f"--resume: the checkpoint's model {meta['config']} differs from this run's {asdict(cfg)}")
-    if run.sharded and (meta["parallel"] != args.parallel or meta["world_size"] != len(run.models)):
-        raise SystemExit(f"--resume: the checkpoint holds {meta['world_size']} {meta['parallel']} shards; run with "
-                         f"--parallel {meta['parallel']} --devices {meta['world_size']}")
-    if run.ctx:
-        run.ctx.run(lambda r: run.models[r].load_state_dict(states[r]["model"]))
-    else:
-        run.models[0].load_state_dict(states[0]["model"])
-    for o, s, state in zip(run.opts, run.scheds, states):
-        o.load_state_dict(state["optim"])
-        s.load_state_dict(state["sched"])
-    run.scaler.load_state_dict(meta["scaler"])
-    return int(meta["step"])
 
 
 # -- the run --------------------------------------------------------------------------------------------
