@@ -1,4 +1,5 @@
 """Fused scaled-dot-product attention: one forward kernel and two backward kernels, no [T, T] matrix.
+(Each has a register-tiled form, *_rt.wgsl, for GPUs with subgroups: 4 rows per thread.)
 
 shaders/attention_fwd.wgsl computes softmax(scale * Q K^T [causal]) V flash-attention style and
 saves each row's logsumexp; shaders/attention_bwd_dq.wgsl and attention_bwd_dkv.wgsl recompute the
@@ -74,12 +75,15 @@ GPU_CANDIDATES = tuple(Tile(r, c) for c in (8, 16, 32) for r in (64, 32, 16))
 # thread 2 output vec4 columns (TK = head_dim / 8). H200, causal forward with the next tile prefetched:
 # 8x12x1024x64 64x32r4t8 1.29 ms, 64x16r4t8 1.56, 32x16r4t16 1.39, 16x32r4t8 2.20; 8x12x1024x128
 # 32x16r4t16 3.14, 32x16r4t8 4.22.
-# The backward's register-tiled kernels (attention_bwd_dq_rt / dkv_rt.wgsl) hold two rows per thread
-# group in workgroup memory (Q and dO, or K and V) and both walked operands padded, so their largest
-# tiles are smaller: in 48 KiB at D = 64, dq 64x16, dkv 32x32.
+# The backward's register-tiled kernels (attention_bwd_dq_rt / dkv_rt.wgsl) keep two operands of their own
+# rows (Q and dO, or K and V) and both walked ones, padded, in workgroup memory: in 48 KiB at D = 64 the
+# largest are dq 64x16 and dkv 32x32, which measured best. H200, 8x12x1024x64 causal backward (forward +
+# backward less forward): row per thread 9.7 ms; dq 64x16r4t8 alone 6.7 (32x32 7.6, 32x16 8.0, TK = 4
+# 7.2); dkv 32x32r4t8 alone 8.0 (32x16 7.8, 16x32 13.0, TK = 4 10.3); both 4.8. D = 128: 25.5 -> 14.9
+# with 16x16r4t16 (TK = 8 no faster than row per thread).
 RT_TILES = {"fwd": ((64, 32), (64, 16), (32, 32), (32, 16), (16, 16)),
             "dq": ((64, 16), (32, 32), (32, 16), (16, 32), (16, 16)),
-            "dkv": ((32, 32), (32, 16), (16, 32), (16, 16))}
+            "dkv": ((32, 32), (32, 16), (16, 16))}
 RT_LANES = (16, 8, 4)
 KINDS = ("fwd", "dq", "dkv")
 _force: dict[str, Tile] = {}
@@ -377,7 +381,8 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         f"if (l.{rows[r]} > 0.0) {{ val = (m.{rows[r]} + log2(l.{rows[r]})) * LN2; }} "
         f"if (bad.{rows[r]}) {{ val = nan_like(l.{rows[r]}); }} lse[p.l_off + bh * p.Tq + ib + {r}u] = val; }}\n}}"
         for r in range(4))
-    nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True), ("vr", "v", "vb", "v_st", "Vs", False)))
+    nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
+                                                 ("vr", "v", "vb", "v_st", "Vs", False)))
     return {"ROWS": t.rows, "BC": t.cols, "TK": tk, "NL": nl, "FETCH": fetch, "PUT": put, "NT": t.threads, "DV": dv,
             "DP": dv + 1,
             "PR": t.rows // 4 + 1, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
@@ -409,7 +414,8 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
     if kind == "dq":
         lanes = [1 << i for i in range(tk.bit_length() - 1)]
         li = "p.d_off + bh * p.Tq + ib + {r}u"
-        stats = "\n".join(f"if (ib + {r}u < p.Tq) {{ lse2.{rows[r]} = lse[p.l_off + bh * p.Tq + ib + {r}u] * LOG2E; }}"
+        stats = "\n".join(
+            f"if (ib + {r}u < p.Tq) {{ lse2.{rows[r]} = lse[p.l_off + bh * p.Tq + ib + {r}u] * LOG2E; }}"
                            for r in range(4))
         # delta: lane kg dots its columns kg + TK * x of dO and O, the TK partial sums meet by shuffles
         own = "\n".join(
@@ -419,16 +425,18 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
         stats += ("\nif ((p.flags & 2u) != 0u) {\n" + own + "\n" +
                   "\n".join(f"  dl = dl + subgroupShuffleXor(dl, {o}u);" for o in lanes) +
                   "\n  if (kg == 0u) {\n" +
-                  "\n".join(f"    if (ib + {r}u < p.Tq) {{ delta[{li.format(r=r)}] = dl.{rows[r]}; }}" for r in range(4)) +
+                  "\n".join(f"    if (ib + {r}u < p.Tq) {{ delta[{li.format(r=r)}] = dl.{rows[r]}; }}"
+                            for r in range(4)) +
                   "\n  }\n} else {\n" +
-                  "\n".join(f"  if (ib + {r}u < p.Tq) {{ dl.{rows[r]} = delta[{li.format(r=r)}]; }}" for r in range(4)) +
+                  "\n".join(f"  if (ib + {r}u < p.Tq) {{ dl.{rows[r]} = delta[{li.format(r=r)}]; }}"
+                            for r in range(4)) +
                   "\n}")
         ds = "\n".join(
             f"{{ let pj = select(vec4<f32>(0.0), exp2_nan4(s[{j}] - lse2), vec4<u32>(j0 + {col.format(j=j)}) < lim); "
             f"Ss[({col.format(j=j)}) * PR + g] = pj * (dp[{j}] - dl); }}" for j in range(bct))
         dq = "\n".join(f"{{ let kv = Ks[j * DP + {col.format(j=x)}]; " +
-                        " ".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] + ds.{rows[r]} * kv;" for r in range(4)) + " }"
-                        for x in range(cn))
+                        " ".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] + ds.{rows[r]} * kv;" for r in range(4)) +
+                        " }" for x in range(cn))
         store = "\n".join(
             f"if (ib + {r}u < p.Tq) {{\n  let at = p.r_off + b * p.r_sb + h * p.r_sh + (ib + {r}u) * p.r_st + kg;\n" +
             "\n".join(f"  {{ var gq = acc[{r * cn + x}] * p.scale; "
@@ -444,7 +452,8 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
         f"Ps[qi * PR + g] = pj; Ss[qi * PR + g] = pj * (dp[{j}] - dl_s[qi]); }}" for j in range(bct))
     acc = "\n".join(f"{{ let gv = Gs[j * DP + {col.format(j=x)}]; let qv = Qs[j * DP + {col.format(j=x)}]; " +
                      " ".join(f"acc_v[{r * cn + x}] = acc_v[{r * cn + x}] + pj.{rows[r]} * gv; "
-                              f"acc_k[{r * cn + x}] = acc_k[{r * cn + x}] + ds.{rows[r]} * qv;" for r in range(4)) + " }"
+                              f"acc_k[{r * cn + x}] = acc_k[{r * cn + x}] + ds.{rows[r]} * qv;" for r in range(4)) +
+                     " }"
                      for x in range(cn))
     store = "\n".join(
         f"if (jb + {r}u < p.Tk) {{\n"
