@@ -260,4 +260,52 @@ def test_register_tiled_forward_is_a_gpu_rule():
     the subgroup feature), never to lavapipe's looped path."""
     dev = wgpar.device(0)
     assert A.pick("fwd", dev, 64).rm == (4 if dev.adapter_type != "CPU" and A.subgroup_lanes(dev) >= 4 else 1)
-    assert A.pick("dq", dev, 64).rm == 1
+    for kind in ("dq", "dkv"):
+        assert A.pick(kind, dev, 64).rm == A.pick("fwd", dev, 64).rm
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tiles", [{"dq": "16x16r4t4", "dkv": "16x16r4t4"}, {"dq": "64x16r4t4", "dkv": "32x32r4t4"},
+                                   {"dq": "32x32r4t4", "dkv": "16x32r4t4"}], ids=lambda t: t["dq"] + "-" + t["dkv"])
+def test_register_tiled_backward_matches(tiles, causal, rng, reference):
+    """The gradient kernels a GPU with subgroups runs (4 query rows, or 4 key rows, per thread group of
+    TK lanes; delta's partial sums met by subgroup shuffles), here on lavapipe, with L != S both ways
+    and ragged tiles."""
+    for shapes in (((2, 2, 45, 16), (2, 2, 38, 16)), ((1, 2, 21, 32), (1, 2, 50, 32))):
+        arrays = _problem(*shapes, rng)
+        with A.force_tiles(**tiles):
+            assert A.pick("dq", wgpar.device(0), 16).rm == A.pick("dkv", wgpar.device(0), 16).rm == 4
+            y, ins = _run(arrays, causal, path="fused")
+        _check(y, ins, _want(reference, arrays, causal))
+
+
+def test_register_tiled_backward_float16(rng, reference):
+    arrays = _problem((2, 2, 50, 32), (2, 2, 50, 32), rng)
+    with A.force_tiles(fwd="32x16r4t4", dq="32x16r4t4", dkv="32x16r4t4"):
+        y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
+    assert all(t.grad.dtype is wgpar.float16 for t in ins)
+    _check(y, ins, _want(reference, arrays, True), tol=3e-3)
+
+
+def test_register_tiled_backward_nan_and_chunks(rng, monkeypatch, reference):
+    """A small loop budget splits dQ's keys and dK / dV's queries into chunks whose gradients add up; a
+    NaN key makes the dQ rows that see it NaN, and the gradients NaN where the row-per-thread kernels'
+    are."""
+    arrays = _problem((1, 2, 40, 16), (1, 2, 40, 16), rng)
+    tiles = {"dq": "16x16r4t4", "dkv": "16x16r4t4"}
+    monkeypatch.setattr(A, "MAX_LOOP", 60)
+    with A.force_tiles(**tiles):
+        for kind in ("dq", "dkv"):
+            assert len(A.chunks(kind, A.pick(kind, wgpar.device(0), 16), 4, 40)) >= 2
+        y, ins = _run(arrays, True, path="fused")
+    _check(y, ins, _want(reference, arrays, True))
+    monkeypatch.undo()
+    bad = [a.copy() for a in arrays]
+    bad[1][0, 1, 7, 3] = np.nan
+    with A.force_tiles(**tiles):
+        _, got = _run(bad, True, path="fused")
+    _, old = _run(bad, True, path="fused")  # the row-per-thread kernels (lavapipe's own choice)
+    dq = got[0].grad.numpy()
+    assert np.isnan(dq[0, 1, 7:]).all() and not np.isnan(dq[0, 0]).any()
+    for a, b in zip(got, old):  # masked pairs times the NaN key spread it alike (0 * NaN)
+        np.testing.assert_array_equal(np.isnan(a.grad.numpy()), np.isnan(b.grad.numpy()))

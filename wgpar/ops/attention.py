@@ -1,4 +1,5 @@
 """Fused scaled-dot-product attention: one forward kernel and two backward kernels, no [T, T] matrix.
+(Each has a register-tiled form, *_rt.wgsl, for GPUs with subgroups: 4 rows per thread.)
 
 shaders/attention_fwd.wgsl computes softmax(scale * Q K^T [causal]) V flash-attention style and
 saves each row's logsumexp; shaders/attention_bwd_dq.wgsl and attention_bwd_dkv.wgsl recompute the
@@ -74,7 +75,15 @@ GPU_CANDIDATES = tuple(Tile(r, c) for c in (8, 16, 32) for r in (64, 32, 16))
 # thread 2 output vec4 columns (TK = head_dim / 8). H200, causal forward with the next tile prefetched:
 # 8x12x1024x64 64x32r4t8 1.29 ms, 64x16r4t8 1.56, 32x16r4t16 1.39, 16x32r4t8 2.20; 8x12x1024x128
 # 32x16r4t16 3.14, 32x16r4t8 4.22.
-RT_TILES = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 16))
+# The backward's register-tiled kernels (attention_bwd_dq_rt / dkv_rt.wgsl) keep two operands of their own
+# rows (Q and dO, or K and V) and both walked ones, padded, in workgroup memory: in 48 KiB at D = 64 the
+# largest are dq 64x16 and dkv 32x32, which measured best. H200, 8x12x1024x64 causal backward (forward +
+# backward less forward): row per thread 9.7 ms; dq 64x16r4t8 alone 6.7 (32x32 7.6, 32x16 8.0, TK = 4
+# 7.2); dkv 32x32r4t8 alone 8.0 (32x16 7.8, 16x32 13.0, TK = 4 10.3); both 4.8. D = 128: 25.5 -> 14.9
+# with 16x16r4t16 (TK = 8 no faster than row per thread).
+RT_TILES = {"fwd": ((64, 32), (64, 16), (32, 32), (32, 16), (16, 16)),
+            "dq": ((64, 16), (32, 32), (32, 16), (16, 32), (16, 16)),
+            "dkv": ((32, 32), (32, 16), (16, 16))}
 RT_LANES = (16, 8, 4)
 KINDS = ("fwd", "dq", "dkv")
 _force: dict[str, Tile] = {}
@@ -89,6 +98,9 @@ def shared_bytes(kind: str, t: Tile, dv: int) -> int:
     own, walked = 16 * t.rows * (dv + 1), 16 * 2 * t.cols * dv
     if kind == "fwd" and t.rm > 1:  # Qs, Ks padded, Vs, Ps (a padded vec4 per row group and key)
         return own + 16 * t.cols * (2 * dv + 1 + t.rows // 4 + 1)
+    if t.rm > 1:  # Qs, Gs (or Ks, Vs) and the walked pair, padded; dS (and P^T), lse_s / dl_s for dkv
+        return 2 * own + 2 * 16 * t.cols * (dv + 1) + (1 if kind == "dq" else 2) * 16 * t.cols * (t.rows // 4 + 1) + \
+            (8 * t.cols if kind == "dkv" else 0)
     if kind == "fwd":  # Qs, Ks, Vs
         return own + walked
     if kind == "dq":  # Qs, Gs, Ks, Vs
@@ -142,8 +154,8 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
             forced.threads <= threads else []
     else:
         lanes = sorted(RT_LANES, key=lambda tk: tk != dv // 2)
-        rt = [t for tk in lanes for r, c in RT_TILES for t in [Tile(r, c, tk, True, 4)]
-              if kind == "fwd" and gpu and not forced and _rt_fits(t, dv, dev)
+        rt = [t for tk in lanes for r, c in RT_TILES[kind] for t in [Tile(r, c, tk, True, 4)]
+              if gpu and not forced and _rt_fits(t, dv, dev)
               and shared_bytes(kind, t, dv) <= limit and t.threads <= threads]
         fits = rt + [Tile(t.rows, t.cols, cs, unroll)
                      for t in ([forced] if forced else GPU_CANDIDATES if gpu else CANDIDATES)
@@ -170,8 +182,8 @@ def force_tiles(cv: int | None = None, unroll: bool | None = None, **tiles: str)
                 raise ValueError(f"unknown attention kernel {kind!r}; choose from {KINDS}")
             m = re.fullmatch(r"(\d+)x(\d+)(?:r4t(\d+))?", name)
             rows, cols = (int(m[1]), int(m[2])) if m else (0, 0)
-            if rows % 8 or cols % 4 or rows < 8 or cols < 4 or (m[3] and kind != "fwd"):
-                raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4 (r4tN: forward only)")
+            if rows % 8 or cols % 4 or rows < 8 or cols < 4:
+                raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4")
             _force[kind] = Tile(rows, cols, int(m[3]), True, 4) if m[3] else Tile(rows, cols)
         _force_cv[0] = cv
         _force_unroll[0] = unroll
@@ -205,8 +217,8 @@ def loop_cost(kind: str, t: Tile, dv: int) -> tuple[int, int]:
     lavapipe's limiter may (constant-length loops included; unrolled blocks are no loops)."""
     dvc = dv // t.cs
     load = -(-t.cols * dv // t.threads)
-    if t.rm > 1:  # the d loop, the key loop of P x V (the tile's loads are unrolled)
-        return dv + t.cols, -(-t.rows * dv // t.threads) + 4
+    if t.rm > 1:  # the d loop, the loop over the tile's keys (queries) after it; dkv loads lse / delta
+        return dv + t.cols + (-(-t.cols // t.threads) if kind == "dkv" else 0), -(-t.rows * dv // t.threads) + 4
     if t.unrolled:
         inner = 0
     elif kind == "fwd":  # scores, max, probabilities x V, rescale
@@ -261,9 +273,15 @@ _KERNELS = {
     "dq": Kernel("attention_bwd_dq", "dq: w, delta: w, q: r, k: r, v: r, dout: r, o: r, lse: r",
                  _HEAD.format(lo="k") + _layouts("q", "k", "v", "g", "o", "r") + ", l_off: u32, d_off: u32, flags: u32",
                  constants=()),
+    "dq_rt": Kernel("attention_bwd_dq_rt", "dq: w, delta: w, q: r, k: r, v: r, dout: r, o: r, lse: r",
+                    _HEAD.format(lo="k") + _layouts("q", "k", "v", "g", "o", "r") +
+                    ", l_off: u32, d_off: u32, flags: u32", constants=()),
     "dkv": Kernel("attention_bwd_dkv", "dk: w, dv: w, q: r, k: r, v: r, dout: r, lse: r, delta: r",
                   _HEAD.format(lo="q") + _layouts("q", "k", "v", "g", "rk", "rv") +
                   ", l_off: u32, d_off: u32, flags: u32", constants=()),
+    "dkv_rt": Kernel("attention_bwd_dkv_rt", "dk: w, dv: w, q: r, k: r, v: r, dout: r, lse: r, delta: r",
+                     _HEAD.format(lo="q") + _layouts("q", "k", "v", "g", "rk", "rv") +
+                     ", l_off: u32, d_off: u32, flags: u32", constants=()),
 }
 
 
@@ -314,6 +332,25 @@ def _blocks(kind: str, t: Tile, dv: int) -> dict[str, str]:
                        f"let ds = pj * (dp[#J] - dl_s[#J]);\n{dkv}\n}}", "J", u)}
 
 
+def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
+    """(NL, FETCH, PUT) of a register-tiled kernel: the next tile's rows jn .. jn + cols (below ``end``)
+    of each operand (register array, buffer, base, row stride, workgroup array, padded) fetched into NL
+    vec4 registers per thread, then put into workgroup memory."""
+    nl = -(-t.cols * dv // t.threads)
+    ld = "let e = tid + NT * {n}u; let rr = e / DV; let cc = e % DV;"
+    guard = "" if t.cols * dv % t.threads == 0 else f" && e < {t.cols * dv}u"
+    fetch = "\n".join(
+        f"{{ {ld.format(n=n)} " + " ".join(f"{r}[{n}] = vec4<f32>(0.0);" for r, *_ in ops) +
+        f" if (jn + rr < {end}{guard}) {{ " +
+        " ".join(f"{r}[{n}] = vec4<f32>({buf}[{base} + (jn + rr) * p.{st} + cc]);" for r, buf, base, st, _, _ in ops) +
+        " } }" for n in range(nl))
+    put = "\n".join(
+        f"{{ {ld.format(n=n)} if (e < {t.cols * dv}u) {{ " +
+        " ".join(f"{w}[{'rr * DP + cc' if pad else 'e'}] = {r}[{n}];" for r, _, _, _, w, pad in ops) + " } }"
+        for n in range(nl))
+    return nl, fetch, put
+
+
 def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     """Sizes and straight-line blocks of attention_fwd_rt.wgsl: a row group's 4 rows are the lanes of
     each vec4 (s[jj], m, l, P), its accumulators acc[row * CN + x]."""
@@ -344,14 +381,8 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         f"if (l.{rows[r]} > 0.0) {{ val = (m.{rows[r]} + log2(l.{rows[r]})) * LN2; }} "
         f"if (bad.{rows[r]}) {{ val = nan_like(l.{rows[r]}); }} lse[p.l_off + bh * p.Tq + ib + {r}u] = val; }}\n}}"
         for r in range(4))
-    nl = -(-t.cols * dv // t.threads)
-    ld = "let e = tid + NT * {n}u; let rr = e / DV; let cc = e % DV;"
-    guard = "" if t.cols * dv % t.threads == 0 else " && e < BC * DV"
-    fetch = "\n".join(f"{{ {ld.format(n=n)} kr[{n}] = vec4<f32>(0.0); vr[{n}] = vec4<f32>(0.0); "
-                       f"if (jn + rr < k_end{guard}) {{ kr[{n}] = vec4<f32>(k[kb + (jn + rr) * p.k_st + cc]); "
-                       f"vr[{n}] = vec4<f32>(v[vb + (jn + rr) * p.v_st + cc]); }} }}" for n in range(nl))
-    put = "\n".join(f"{{ {ld.format(n=n)} if (e < BC * DV) {{ Ks[rr * DP + cc] = kr[{n}]; Vs[e] = vr[{n}]; }} }}"
-                     for n in range(nl))
+    nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
+                                                 ("vr", "v", "vb", "v_st", "Vs", False)))
     return {"ROWS": t.rows, "BC": t.cols, "TK": tk, "NL": nl, "FETCH": fetch, "PUT": put, "NT": t.threads, "DV": dv,
             "DP": dv + 1,
             "PR": t.rows // 4 + 1, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
@@ -361,6 +392,81 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
             "RESCALE": "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] * alpha.{rows[r]};"
                                   for r in range(4) for x in range(cn)),
             "P": p, "PV": pv, "REDUCE_END": end, "STORE": store}
+
+
+def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str | int]:
+    """Sizes and straight-line blocks of attention_bwd_dq_rt.wgsl / attention_bwd_dkv_rt.wgsl: a row
+    group's 4 rows (queries for dq, keys for dkv) are the lanes of each vec4 (s[jj], dp[jj], P, dS), its
+    accumulators acc[row * CN + x]."""
+    tk, bct, cn = t.cs, t.cols // t.cs, dv // t.cs
+    rows = "xyzw"
+    col = "kg + TK * {j}u"
+    a, b = ("q", "g") if kind == "dq" else ("k", "v")  # the thread's own rows' operands
+    w1, w2 = ("Ks", "Vs") if kind == "dq" else ("Qs", "Gs")  # the walked tile's
+    scores = "\n".join(
+        f"{{ let c1 = {w1}[({col.format(j=j)}) * DP + d]; let c2 = {w2}[({col.format(j=j)}) * DP + d]; "
+        f"s[{j}] = s[{j}] + vec4<f32>({', '.join(f'dot({a}{r}, c1)' for r in range(4))}); "
+        f"dp[{j}] = dp[{j}] + vec4<f32>({', '.join(f'dot({b}{r}, c2)' for r in range(4))}); }}" for j in range(bct))
+    fills: dict[str, str | int] = {
+        "ROWS": t.rows, "BC": t.cols, "TK": tk, "NT": t.threads, "DV": dv, "DP": dv + 1, "PR": t.rows // 4 + 1,
+        "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * cn,
+        "BCT": bct, "FNS": load_source("float_fns"), "SCORES": scores}
+    if kind == "dq":
+        lanes = [1 << i for i in range(tk.bit_length() - 1)]
+        li = "p.d_off + bh * p.Tq + ib + {r}u"
+        stats = "\n".join(
+            f"if (ib + {r}u < p.Tq) {{ lse2.{rows[r]} = lse[p.l_off + bh * p.Tq + ib + {r}u] * LOG2E; }}"
+                           for r in range(4))
+        # delta: lane kg dots its columns kg + TK * x of dO and O, the TK partial sums meet by shuffles
+        own = "\n".join(
+            f"  if (ib + {r}u < p.Tq) {{ let ob = p.o_off + b * p.o_sb + h * p.o_sh + (ib + {r}u) * p.o_st;\n" +
+            "\n".join(f"    dl.{rows[r]} = dl.{rows[r]} + dot(Gs[(4u * g + {r}u) * DP + {col.format(j=x)}], "
+                       f"vec4<f32>(o[ob + {col.format(j=x)}]));" for x in range(cn)) + "\n  }" for r in range(4))
+        stats += ("\nif ((p.flags & 2u) != 0u) {\n" + own + "\n" +
+                  "\n".join(f"  dl = dl + subgroupShuffleXor(dl, {o}u);" for o in lanes) +
+                  "\n  if (kg == 0u) {\n" +
+                  "\n".join(f"    if (ib + {r}u < p.Tq) {{ delta[{li.format(r=r)}] = dl.{rows[r]}; }}"
+                            for r in range(4)) +
+                  "\n  }\n} else {\n" +
+                  "\n".join(f"  if (ib + {r}u < p.Tq) {{ dl.{rows[r]} = delta[{li.format(r=r)}]; }}"
+                            for r in range(4)) +
+                  "\n}")
+        ds = "\n".join(
+            f"{{ let pj = select(vec4<f32>(0.0), exp2_nan4(s[{j}] - lse2), vec4<u32>(j0 + {col.format(j=j)}) < lim); "
+            f"Ss[({col.format(j=j)}) * PR + g] = pj * (dp[{j}] - dl); }}" for j in range(bct))
+        dq = "\n".join(f"{{ let kv = Ks[j * DP + {col.format(j=x)}]; " +
+                        " ".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] + ds.{rows[r]} * kv;" for r in range(4)) +
+                        " }" for x in range(cn))
+        store = "\n".join(
+            f"if (ib + {r}u < p.Tq) {{\n  let at = p.r_off + b * p.r_sb + h * p.r_sh + (ib + {r}u) * p.r_st + kg;\n" +
+            "\n".join(f"  {{ var gq = acc[{r * cn + x}] * p.scale; "
+                       f"if ((p.flags & 1u) != 0u) {{ gq = gq + vec4<f32>(dq[at + TK * {x}u]); }} "
+                       f"dq[at + TK * {x}u] = vec4<{out_dtype}>(gq); }}" for x in range(cn)) + "\n}" for r in range(4))
+        nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
+                                                     ("vr", "v", "vb", "v_st", "Vs", True)))
+        return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "NL": nl, "FETCH": fetch, "PUT": put}
+    ds = "\n".join(
+        f"{{ let qi = {col.format(j=j)}; let qq = i0 + qi; "
+        "var ok = key_ok & vec4<bool>(qq < p.q_hi); if (p.causal != 0u) { ok = ok & (vec4<u32>(qq) >= keys); } "
+        f"let pj = select(vec4<f32>(0.0), exp2_nan4(s[{j}] - lse_s[qi]), ok); "
+        f"Ps[qi * PR + g] = pj; Ss[qi * PR + g] = pj * (dp[{j}] - dl_s[qi]); }}" for j in range(bct))
+    acc = "\n".join(f"{{ let gv = Gs[j * DP + {col.format(j=x)}]; let qv = Qs[j * DP + {col.format(j=x)}]; " +
+                     " ".join(f"acc_v[{r * cn + x}] = acc_v[{r * cn + x}] + pj.{rows[r]} * gv; "
+                              f"acc_k[{r * cn + x}] = acc_k[{r * cn + x}] + ds.{rows[r]} * qv;" for r in range(4)) +
+                     " }"
+                     for x in range(cn))
+    store = "\n".join(
+        f"if (jb + {r}u < p.Tk) {{\n"
+        f"  let ak = p.rk_off + b * p.rk_sb + h * p.rk_sh + (jb + {r}u) * p.rk_st + kg;\n"
+        f"  let av = p.rv_off + b * p.rv_sb + h * p.rv_sh + (jb + {r}u) * p.rv_st + kg;\n" +
+        "\n".join(f"  {{ var gk = acc_k[{r * cn + x}] * p.scale; var gv = acc_v[{r * cn + x}]; "
+                   f"if ((p.flags & 1u) != 0u) {{ gk = gk + vec4<f32>(dk[ak + TK * {x}u]); "
+                   f"gv = gv + vec4<f32>(dv[av + TK * {x}u]); }} "
+                   f"dk[ak + TK * {x}u] = vec4<{out_dtype}>(gk); dv[av + TK * {x}u] = vec4<{out_dtype}>(gv); }}"
+                   for x in range(cn)) + "\n}" for r in range(4))
+    nl, fetch, put = _rt_stage(t, dv, "p.q_hi", (("qr", "q", "qb", "q_st", "Qs", True),
+                                                  ("gr", "dout", "gb", "g_st", "Gs", True)))
+    return fills | {"DS": ds, "ACC": acc, "STORE": store, "NL": nl, "FETCH": fetch, "PUT": put}
 
 
 def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
@@ -379,6 +485,10 @@ def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> KernelSp
     out_t, in_t = f"vec4<{out_dtype}>", f"vec4<{dtype}>"
     if kind == "fwd" and t.rm > 1:
         return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, in_t, in_t), **_rt_fills(t, dv, dtype, out_dtype))
+    if t.rm > 1:
+        types = (out_t, "f32", in_t, in_t, in_t, in_t, in_t, "f32") if kind == "dq" else \
+            (out_t, out_t, in_t, in_t, in_t, in_t, "f32", "f32")
+        return _KERNELS[kind + "_rt"].spec(types, **_rt_bwd_fills(kind, t, dv, out_dtype))
     fills = _fills(kind, t, dv, dtype, out_dtype)
     if kind == "fwd":
         types = (out_t, "f32", in_t, in_t, in_t)

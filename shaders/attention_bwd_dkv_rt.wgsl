@@ -1,0 +1,115 @@
+// Fused attention backward, dK and dV with register tiles: the contract of attention_bwd_dkv.wgsl
+// ([q_lo, q_hi) query chunks adding up with FLAGS bit 0, causal tiles skipped, a NaN logsumexp giving
+// NaN probabilities), the structure of attention_fwd_rt.wgsl with keys as rows: each thread holds
+// RM = 4 key rows, so one shared Q / dO vec4 feeds 4 keys' dot products instead of one.
+// A workgroup takes ROWS keys of one (batch, head) in row groups of 4; TK adjacent threads (one
+// subgroup's lanes) share a group. Per tile of BQ queries:
+//   S^T, dP^T: lane kg computes the 4 keys x queries kg, kg + TK, ... (BCT of them);
+//              P^T = exp2(S^T - lse log2 e), dS^T = P^T * (dP^T - delta), both written to workgroup
+//              memory as one vec4 (the group's 4 keys) per query;
+//   dV += P^T dO, dK += dS^T Q: lane kg owns vec4 columns kg, kg + TK, ... (CN of them) of its 4 keys'
+//              dK and dV: per query 2 vec4 of P / dS and 2 CN Q / dO loads for 8 CN multiply-adds.
+// No reduction crosses lanes. The next Q / dO tile is fetched into registers while this one is computed.
+// Rows are padded by one vec4. wgpar/ops/attention.py fills the sizes and blocks, bindings and Params.
+
+const ROWS: u32 = {{ROWS}}u;  // keys per workgroup
+const BQ: u32 = {{BC}}u;      // queries per tile
+const TK: u32 = {{TK}}u;      // threads per row group (a power of two, within one subgroup)
+const NT: u32 = {{NT}}u;      // ROWS / 4 * TK threads
+const DV: u32 = {{DV}}u;      // head_dim / 4
+const DP: u32 = {{DP}}u;      // DV + 1
+const PR: u32 = {{PR}}u;      // ROWS / 4 + 1: one query's P row (a vec4 per row group), padded
+const LOG2E: f32 = 1.4426950408889634;
+
+var<workgroup> Ks: array<vec4<f32>, {{QS}}>;  // ROWS * DP, pre-multiplied by scale * log2(e)
+var<workgroup> Vs: array<vec4<f32>, {{QS}}>;
+var<workgroup> Qs: array<vec4<f32>, {{KS}}>;  // BQ * DP
+var<workgroup> Gs: array<vec4<f32>, {{KS}}>;  // dO rows
+var<workgroup> Ps: array<vec4<f32>, {{PS}}>;  // BQ * PR: P^T
+var<workgroup> Ss: array<vec4<f32>, {{PS}}>;  // dS^T
+var<workgroup> lse_s: array<f32, {{BC}}>;      // log2 units
+var<workgroup> dl_s: array<f32, {{BC}}>;
+
+{{FNS}}
+
+fn exp2_nan4(x: vec4<f32>) -> vec4<f32> {
+  return select(exp2(x), x, (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
+}
+
+@compute @workgroup_size({{NT}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let g = tid / TK;   // row group: keys 4g .. 4g + 3 of the block
+  let kg = tid % TK;  // lane within the group: queries kg + TK * jj, columns kg + TK * x
+  let bh = p.bh0 + wid.y;
+  let b = bh / p.H;
+  let h = bh % p.H;
+  let j0 = wid.x * ROWS;  // under a causal mask the first key blocks see the most queries
+  let jb = j0 + 4u * g;
+  let keys = vec4<u32>(jb, jb + 1u, jb + 2u, jb + 3u);
+  let qb = p.q_off + b * p.q_sb + h * p.q_sh;
+  let kb = p.k_off + b * p.k_sb + h * p.k_sh;
+  let vb = p.v_off + b * p.v_sb + h * p.v_sh;
+  let gb = p.g_off + b * p.g_sb + h * p.g_sh;
+  let kscale = p.scale * LOG2E;
+  for (var e = tid; e < ROWS * DV; e = e + NT) {
+    let rr = e / DV;
+    let cc = e % DV;
+    var kv = vec4<f32>(0.0);
+    var vv = vec4<f32>(0.0);
+    if (j0 + rr < p.Tk) {
+      kv = vec4<f32>(k[kb + (j0 + rr) * p.k_st + cc]) * kscale;
+      vv = vec4<f32>(v[vb + (j0 + rr) * p.v_st + cc]);
+    }
+    Ks[rr * DP + cc] = kv;
+    Vs[rr * DP + cc] = vv;
+  }
+  var acc_k = array<vec4<f32>, {{NACC}}>();  // [row][x]
+  var acc_v = array<vec4<f32>, {{NACC}}>();
+  var start = p.q_lo;
+  if (p.causal != 0u) { start = max(start, j0); }  // query i sees key j only if j <= i
+  let key_ok = keys < vec4<u32>(p.Tk);
+  var qr = array<vec4<f32>, {{NL}}>();
+  var gr = array<vec4<f32>, {{NL}}>();
+  var jn = start;
+{{FETCH}}
+  for (var i0 = start; i0 < p.q_hi; i0 = i0 + BQ) {
+    workgroupBarrier();  // the last tile's readers are done
+{{PUT}}
+    for (var e = tid; e < BQ; e = e + NT) {
+      var lv = 0.0;
+      var dl = 0.0;
+      if (i0 + e < p.q_hi) {
+        let li = bh * p.Tq + i0 + e;
+        lv = lse[p.l_off + li] * LOG2E;
+        dl = delta[p.d_off + li];
+      }
+      lse_s[e] = lv;
+      dl_s[e] = dl;
+    }
+    workgroupBarrier();
+    jn = i0 + BQ;
+{{FETCH}}
+    var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 keys' scores for query kg + TK * jj
+    var dp = array<vec4<f32>, {{BCT}}>();  // and dP^T
+    for (var d = 0u; d < DV; d = d + 1u) {
+      let k0 = Ks[(4u * g) * DP + d];
+      let k1 = Ks[(4u * g + 1u) * DP + d];
+      let k2 = Ks[(4u * g + 2u) * DP + d];
+      let k3 = Ks[(4u * g + 3u) * DP + d];
+      let v0 = Vs[(4u * g) * DP + d];
+      let v1 = Vs[(4u * g + 1u) * DP + d];
+      let v2 = Vs[(4u * g + 2u) * DP + d];
+      let v3 = Vs[(4u * g + 3u) * DP + d];
+{{SCORES}}
+    }
+    // Query i is seen by key j when it exists, the key exists and (causal) j <= i.
+{{DS}}
+    workgroupBarrier();  // P^T and dS^T complete
+    for (var j = 0u; j < BQ; j = j + 1u) {
+      let pj = Ps[j * PR + g];
+      let ds = Ss[j * PR + g];
+{{ACC}}
+    }
+  }
+{{STORE}}
+}
