@@ -6,8 +6,8 @@
 Every public name of each public module (its ``__all__``, or the public functions it defines), with its
 signature and the first paragraph of its docstring; a class lists its own public methods and properties
 under it. A name appears once, in the first section that has it (subpackages before their parent). A
-missing docstring shows as such, so the overview also says what is left to document.
-tests/test_api_docs.py fails while docs/api.md is out of date.
+missing docstring shows as such, and tests/test_api_docs.py fails on one (and while docs/api.md is
+out of date).
 """
 
 from __future__ import annotations
