@@ -30,3 +30,16 @@ def test_the_overview_covers_every_section_and_the_readme_links_it():
                  "class `wgpar.distributed.fsdp.FSDP("):
         assert name in text, name
     assert "(docs/api.md)" in (ROOT / "README.md").read_text()
+
+
+def test_every_public_name_has_a_docstring():
+    text = (ROOT / "docs" / "api.md").read_text()
+    undocumented = [line.strip() for line in text.splitlines() if "*(no docstring)*" in line]
+    assert not undocumented, f"{len(undocumented)} public names lack a docstring:\n" + "\n".join(undocumented[:20])
+
+
+def test_the_overview_has_the_submodule_sections():
+    text = (ROOT / "docs" / "api.md").read_text()
+    for section in ("wgpar.nn.utils", "wgpar.linalg", "wgpar.utils.checkpoint", "wgpar.profiler", "wgpar.memory",
+                    "wgpar.models", "wgpar.distributed.functional", "wgpar.distributed.single_controller"):
+        assert f"\n## {section}\n" in text, section

@@ -6,8 +6,8 @@
 Every public name of each public module (its ``__all__``, or the public functions it defines), with its
 signature and the first paragraph of its docstring; a class lists its own public methods and properties
 under it. A name appears once, in the first section that has it (subpackages before their parent). A
-missing docstring shows as such, so the overview also says what is left to document.
-tests/test_api_docs.py fails while docs/api.md is out of date.
+missing docstring shows as such, and tests/test_api_docs.py fails on one (and while docs/api.md is
+out of date).
 """
 
 from __future__ import annotations
@@ -29,18 +29,24 @@ SECTIONS = [
     ("wgpar", "tensors, factories, devices, memory, checkpoints, and the elementwise ops as functions"),
     ("wgpar.Tensor", "the tensor: its methods and properties"),
     ("wgpar.autograd", "graphs, tapes, backward, custom functions"),
+    ("wgpar.nn.utils", "gradient utilities"),
     ("wgpar.nn", "Module, Parameter and layers"),
     ("wgpar.nn.functional", "losses and activations as functions"),
     ("wgpar.nn.init", "parameter initialisation"),
-    ("wgpar.nn.utils", "gradient utilities"),
+    ("wgpar.linalg", "linear algebra (vector norms)"),
     ("wgpar.optim.lr_scheduler", "learning-rate schedules"),
     ("wgpar.optim", "optimizers"),
     ("wgpar.amp", "mixed precision: autocast and GradScaler"),
     ("wgpar.models", "ready-made models (GPT)"),
     ("wgpar.utils.data", "datasets, samplers, DataLoader"),
+    ("wgpar.utils.checkpoint", "activation checkpointing"),
+    ("wgpar.profiler", "the profiler: kernel and range timings"),
+    ("wgpar.memory", "memory statistics, history snapshots and timelines"),
     ("wgpar.distributed.tensor_parallel", "tensor parallelism"),
     ("wgpar.distributed.pipeline", "pipeline parallelism"),
     ("wgpar.distributed.fsdp", "fully sharded data parallelism"),
+    ("wgpar.distributed.functional", "differentiable collectives"),
+    ("wgpar.distributed.single_controller", "one process driving several devices"),
     ("wgpar.distributed", "process groups, collectives, launching, data parallelism"),
 ]
 SKIP_METHODS_OF_LAYERS = {"forward", "extra_repr"}  # every layer has them; Module documents them once

@@ -135,14 +135,49 @@ def _factory(shape, value, dtype, device, requires_grad) -> Tensor:
 
 
 def zeros(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``shape`` filled with 0, as ``torch.zeros``.
+
+    Differs from torch: the default dtype is float32 and a dtype wgpar lacks (float64, int64) gives the
+    nearest one (float32, int32) with a DTypeWarning; the tensor lives on a wgpu device (there is no CPU
+    tensor); ``out=``, ``layout=`` and ``pin_memory=`` are not accepted.
+
+    Arguments:
+        shape: the sizes, as ints or one sequence of ints.
+        dtype: a wgpar dtype or its name (also a NumPy or torch dtype).
+        device: a Device, an index, ``"wgpu"`` or ``"wgpu:N"`` (default device 0).
+        requires_grad: make it a leaf that records gradients (floating dtypes only, else TypeError).
+    """
     return _factory(shape, 0, dtype, device, requires_grad)
 
 
 def ones(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``shape`` filled with 1, as ``torch.ones``.
+
+    Differs from torch as ``wgpar.zeros`` does (float32 default, int64 given as int32, wgpu devices only,
+    no ``out=``/``layout=``).
+
+    Arguments:
+        shape: the sizes, as ints or one sequence of ints.
+        dtype: a wgpar dtype or its name (also a NumPy or torch dtype).
+        device: a Device, an index, ``"wgpu"`` or ``"wgpu:N"`` (default device 0).
+        requires_grad: make it a leaf that records gradients (floating dtypes only, else TypeError).
+    """
     return _factory(shape, 1, dtype, device, requires_grad)
 
 
 def full(shape, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``shape`` filled with ``fill_value``, as ``torch.full``.
+
+    Without ``dtype`` the dtype follows the value as in torch: a bool gives bool, a float float32, an int
+    int32 (torch: int64). Wgpu devices only; no ``out=``/``layout=``.
+
+    Arguments:
+        shape: the sizes: an int or a sequence of ints.
+        fill_value: the value (a Python or NumPy number or bool).
+        dtype: a wgpar dtype or its name; None infers it from ``fill_value``.
+        device: a Device, an index, ``"wgpu"`` or ``"wgpu:N"`` (default device 0).
+        requires_grad: make it a leaf that records gradients (floating dtypes only, else TypeError).
+    """
     if dtype is None:  # as in PyTorch: a bool fills a bool tensor, a float a float32 one
         if isinstance(fill_value, (bool, np.bool_)):
             dtype = _dt.bool_
@@ -209,6 +244,16 @@ def randn_like(t: Tensor, dtype=None, *, device=None, requires_grad: bool = Fals
 
 
 def empty(*shape, dtype=_dt.float32, device=None) -> Tensor:
+    """An uninitialised tensor of ``shape``, as ``torch.empty``: its values are whatever its buffer held.
+
+    Differs from torch: no ``requires_grad`` argument (set ``t.requires_grad = True`` afterwards), float32
+    default, wgpu devices only, no ``out=``/``layout=``/``memory_format=``.
+
+    Arguments:
+        shape: the sizes, as ints or one sequence of ints.
+        dtype: a wgpar dtype or its name.
+        device: a Device, an index, ``"wgpu"`` or ``"wgpu:N"`` (default device 0).
+    """
     return Tensor.empty(normalize_shape(shape), dtype, device)
 
 

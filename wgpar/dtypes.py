@@ -28,6 +28,8 @@ class DType:
 
     @property
     def is_float(self) -> bool:
+        """True for the floating dtypes (computed in f32 by the kernels: float32 and float16), like
+        ``torch.dtype.is_floating_point``."""
         return self.compute == "f32"
 
     def __repr__(self) -> str:

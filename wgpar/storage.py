@@ -31,6 +31,10 @@ class Storage:
     def buffer(self):
         # Every kernel, copy, upload and readback gets its buffer here, so this is the one check
         # for freed storage; the live case pays nothing more than before.
+        """The wgpu buffer holding this storage's elements (None for an empty storage).
+
+        Raises StorageFreedError if the storage was freed (e.g. an FSDP shard resharded); no torch counterpart.
+        """
         block = self.block
         if block is not None:
             return block.buffer
@@ -43,6 +47,8 @@ class Storage:
 
     @property
     def nbytes(self) -> int:
+        """Size of the storage in bytes: ``numel * dtype.itemsize`` (``torch.UntypedStorage.nbytes()``, here a
+        property)."""
         return self.numel * self.dtype.itemsize
 
     @property

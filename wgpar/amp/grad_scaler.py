@@ -39,6 +39,9 @@ from ..tensor import Tensor
 
 
 class OptState(enum.Enum):
+    """Where an optimizer is in GradScaler's step: READY, UNSCALED (``unscale_`` ran), STEPPED (``step`` ran),
+    as torch's OptState."""
+
     READY = 0
     UNSCALED = 1
     STEPPED = 2
@@ -237,27 +240,48 @@ class GradScaler:
 
     # -- state ----------------------------------------------------------------------------
     def get_scale(self) -> float:
+        """The current scale factor as a Python float (1.0 when disabled), as
+        ``torch.amp.GradScaler.get_scale``; no device sync."""
         return self._scale if self._enabled else 1.0
 
     def get_growth_factor(self) -> float:
+        """The factor the scale is multiplied by after ``growth_interval`` steps without inf/NaN."""
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
+        """Set the growth factor.
+
+        Arguments:
+            new_factor: the new factor.
+        """
         self._growth_factor = float(new_factor)
 
     def get_backoff_factor(self) -> float:
+        """The factor the scale is multiplied by after a step with inf/NaN gradients."""
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
+        """Set the backoff factor.
+
+        Arguments:
+            new_factor: the new factor.
+        """
         self._backoff_factor = float(new_factor)
 
     def get_growth_interval(self) -> int:
+        """How many consecutive steps without inf/NaN grow the scale."""
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
+        """Set the growth interval.
+
+        Arguments:
+            new_interval: the new interval, in steps.
+        """
         self._growth_interval = int(new_interval)
 
     def is_enabled(self) -> bool:
+        """Whether the scaler scales (``enabled=False`` makes every method a pass-through)."""
         return self._enabled
 
     def state_dict(self) -> dict[str, Any]:
@@ -269,6 +293,15 @@ class GradScaler:
                 "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore scale, factors, interval and growth tracker from ``state_dict()``, as torch's (a disabled
+        scaler ignores it).
+
+        Raises RuntimeError for an empty dict, KeyError for a missing key, ValueError for a scale that is
+        not positive and finite.
+
+        Arguments:
+            state_dict: what ``state_dict()`` returned (``scale`` may be a number or a tensor).
+        """
         if not self._enabled:
             return
         if len(state_dict) == 0:

@@ -312,6 +312,8 @@ class DeferredGrad:
         return len(self._later)
 
     def run(self) -> None:
+        """Accumulate the deferred weight gradients into the leaves' ``.grad`` (a backward pass over the
+        remaining nodes); a second call does nothing."""
         later, self._later = self._later, []
         if not later:
             return
@@ -325,6 +327,7 @@ class DeferredGrad:
         _in_pass(go)
 
     def release(self) -> None:
+        """Drop the deferred work without running it, freeing the tensors its nodes saved."""
         for n, *_ in self._later:
             n.release()
         self._later = []

@@ -15,6 +15,13 @@ class Context:
         self._saved: tuple[Tensor, ...] = ()
 
     def save_for_backward(self, *tensors: Tensor) -> None:
+        """Keep tensors for backward (``ctx.save_for_backward`` in torch); read them back as ``ctx.saved_tensors``.
+
+        As in torch, modifying one of them in place before backward makes backward raise RuntimeError.
+
+        Arguments:
+            tensors: Tensors or None.
+        """
         for t in tensors:
             if t is not None and not isinstance(t, Tensor):
                 raise TypeError(f"save_for_backward takes tensors, got {type(t).__name__}")
@@ -22,6 +29,7 @@ class Context:
 
     @property
     def saved_tensors(self) -> tuple[Tensor, ...]:
+        """The tensors given to ``save_for_backward``, in that order."""
         return self._saved
 
 
@@ -37,14 +45,38 @@ class Function:
 
     @staticmethod
     def forward(ctx: Context, *args, **kwargs) -> Tensor:
+        """Compute the output from the inputs (override it as a staticmethod, as in ``torch.autograd.Function``).
+
+        Runs under no_grad; it must return one Tensor (several outputs are not supported). Save what
+        backward needs with ``ctx.save_for_backward``.
+
+        Arguments:
+            ctx: the Context shared with backward.
+            args, kwargs: what ``apply`` was called with.
+        """
         raise NotImplementedError("Function subclasses must implement forward(ctx, *args)")
 
     @staticmethod
     def backward(ctx: Context, grad: Tensor):
+        """Gradients of the inputs from the gradient of the output (override it as a staticmethod).
+
+        Return one gradient per positional argument of ``apply`` (a tuple when there are several; None for
+        an input without gradient); each must have its input's shape (checked).
+
+        Arguments:
+            ctx: the Context forward filled.
+            grad: the gradient with respect to the output.
+        """
         raise NotImplementedError("Function subclasses must implement backward(ctx, grad)")
 
     @classmethod
     def apply(cls, *args, **kwargs) -> Tensor:
+        """Run ``forward`` and, when grad is enabled and some tensor argument requires grad, record one graph
+        node whose backward calls ``backward``, as ``torch.autograd.Function.apply``.
+
+        Arguments:
+            args, kwargs: passed to ``forward`` after the context; only positional tensors get gradients.
+        """
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         with no_grad():
             out = cls.forward(ctx, *args, **kwargs)

@@ -9,10 +9,19 @@ _state = threading.local()
 
 
 def is_grad_enabled() -> bool:
+    """Whether ops record the autograd graph on this thread (``torch.is_grad_enabled``); False inside ``no_grad``."""
     return getattr(_state, "enabled", True)
 
 
 def set_grad_enabled(mode: bool) -> None:
+    """Turn recording of the autograd graph on or off for this thread.
+
+    Unlike ``torch.set_grad_enabled`` this is a plain function, not a context manager: use ``no_grad()``
+    or ``enable_grad()`` for a block.
+
+    Arguments:
+        mode: True to record, False not to.
+    """
     _state.enabled = bool(mode)
 
 

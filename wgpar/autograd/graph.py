@@ -28,6 +28,14 @@ _local = threading.local()
 
 
 class Node:
+    """One recorded op of the autograd graph (``grad_fn`` in torch terms): its inputs, backward function and
+    saved tensors.
+
+    ``name`` labels it in errors; ``partial`` marks a backward function that takes a mask of the inputs
+    whose gradients are wanted. Saved tensors are kept with their storage's version so that backward
+    can refuse ones modified in place.
+    """
+
     __slots__ = ("id", "name", "inputs", "backward_fn", "partial", "saved", "freed", "prehooks", "__weakref__")
 
     def __init__(self, name: str, inputs: Sequence, backward_fn: Callable, saved: Sequence,
@@ -63,6 +71,8 @@ class Node:
         return add_hook(self.prehooks, hook)
 
     def check_versions(self) -> None:
+        """Raise RuntimeError if a saved tensor was modified in place since it was saved (torch's
+        version-counter check)."""
         for t, version in self.saved:
             if t._storage.version != version:
                 raise RuntimeError(
@@ -71,6 +81,8 @@ class Node:
                     "storage re-materialised for backward must be restored inside autograd.preserve_version)")
 
     def release(self) -> None:
+        """Drop the backward function, saved tensors and prehooks (backward does so after using the node
+        unless ``retain_graph``); the node is then marked freed."""
         if _hist.ACTIVE is not None:
             for t, _ in self.saved:
                 _hist.unsave(t._storage)
@@ -90,6 +102,11 @@ class Tape:
         self.nodes: list[Node] = []
 
     def record(self, node: Node) -> None:
+        """Append ``node`` to this tape (the engine calls it for every node recorded while the tape is installed).
+
+        Arguments:
+            node: the recorded graph node.
+        """
         self.nodes.append(node)
 
     def release(self) -> None:

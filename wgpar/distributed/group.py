@@ -77,22 +77,46 @@ class Work:
 
     @classmethod
     def completed(cls, what: str, result: Any = None) -> Work:
+        """A Work already done, holding ``result`` (for operations that finish at once).
+
+        Arguments:
+            what: the operation's name, for errors.
+            result: what ``wait()`` returns.
+        """
         work = cls(what, 0.0)
         work.set_result(result)
         return work
 
     def set_result(self, result: Any) -> None:
+        """Complete the work with ``result`` (backends call it).
+
+        Arguments:
+            result: what ``wait()`` returns.
+        """
         self._result = result
         self._done.set()
 
     def set_error(self, error: BaseException) -> None:
+        """Complete the work with an error that ``wait()`` raises (backends call it).
+
+        Arguments:
+            error: the exception.
+        """
         self._error = error
         self._done.set()
 
     def is_completed(self) -> bool:
+        """Whether the collective has finished (successfully or not), without blocking."""
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Any:
+        """Block until the collective finished and return its result, as ``torch.distributed.Work.wait``.
+
+        Raises the collective's error (a CollectiveError), or CollectiveTimeoutError after ``timeout``.
+
+        Arguments:
+            timeout: seconds to wait (None: the group's limit).
+        """
         limit = self._limit if timeout is None else float(timeout)
         if not self._done.wait(limit):
             raise CollectiveTimeoutError(f"{self.what}: not complete after {limit:g} s")
@@ -314,6 +338,7 @@ class ProcessGroup(abc.ABC):
         return dict(self._traffic())
 
     def reset_traffic(self) -> None:
+        """Set this rank's ``traffic()`` counts back to zero."""
         t = self._traffic()
         for k in t:
             t[k] = 0

@@ -23,18 +23,42 @@ def memory_stats(device=None) -> dict[str, int]:
 
 
 def memory_allocated(device=None) -> int:
+    """Bytes held by live tensors on ``device`` (exact), like ``torch.cuda.memory_allocated``; no device sync.
+
+    Arguments:
+        device: a Device, an index or ``"wgpu:N"`` (default device 0).
+    """
     return memory_stats(device)["allocated_bytes"]
 
 
 def max_memory_allocated(device=None) -> int:
+    """The peak of ``memory_allocated`` on ``device`` since the start or the last ``reset_peak_memory_stats``,
+    like ``torch.cuda.max_memory_allocated``.
+
+    Arguments:
+        device: a Device, an index or ``"wgpu:N"`` (default device 0).
+    """
     return memory_stats(device)["peak_allocated_bytes"]
 
 
 def memory_reserved(device=None) -> int:
+    """Bytes of wgpu buffers ``device``'s allocator holds, its cache included, like ``torch.cuda.memory_reserved``.
+
+    Staging buffers for host transfers are not counted here (``memory_stats()["staging_bytes"]``).
+
+    Arguments:
+        device: a Device, an index or ``"wgpu:N"`` (default device 0).
+    """
     return memory_stats(device)["reserved_bytes"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
+    """Restart the peak that ``max_memory_allocated`` reports on ``device`` from the current allocation, like
+    ``torch.cuda.reset_peak_memory_stats``.
+
+    Arguments:
+        device: a Device, an index or ``"wgpu:N"`` (default device 0).
+    """
     _adapters.resolve(device).allocator.reset_peak()
 
 

@@ -57,6 +57,7 @@ class MemorySnapshot:
 
     @property
     def devices(self) -> list[int]:
+        """The device indices the snapshot has events or starting counts for, sorted."""
         return sorted(set(self.starts) | {e.device for e in self.events})
 
     def timeline(self, device: int) -> Timeline:

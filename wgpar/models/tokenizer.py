@@ -55,6 +55,7 @@ class GPT2Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of tokens in the vocabulary (the encoder's size)."""
         return len(self.encoder)
 
     @property

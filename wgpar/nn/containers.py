@@ -68,10 +68,20 @@ class ModuleList(Module):
         return ModuleList([*self, *other])
 
     def append(self, module: Module) -> ModuleList:
+        """Add ``module`` at the end, as ``torch.nn.ModuleList.append``; returns the list.
+
+        Arguments:
+            module: a Module (anything else raises TypeError).
+        """
         self._modules[str(len(self))] = _check(module, "ModuleList.append")
         return self
 
     def extend(self, modules: Iterable[Module]) -> ModuleList:
+        """Append every module of ``modules`` in order, as ``torch.nn.ModuleList.extend``; returns the list.
+
+        Arguments:
+            modules: an iterable of Modules.
+        """
         try:
             modules = list(modules)
         except TypeError:
@@ -81,6 +91,12 @@ class ModuleList(Module):
         return self
 
     def insert(self, index: int, module: Module) -> None:
+        """Insert ``module`` before position ``index`` (list semantics), as ``torch.nn.ModuleList.insert``.
+
+        Arguments:
+            index: the position.
+            module: a Module.
+        """
         mods = list(self._modules.values())
         mods.insert(index, _check(module, "ModuleList.insert"))
         self._modules.clear()
@@ -88,6 +104,11 @@ class ModuleList(Module):
             self._modules[str(i)] = m
 
     def pop(self, index: int = -1) -> Module:
+        """Remove and return the module at ``index``, as ``torch.nn.ModuleList.pop``.
+
+        Arguments:
+            index: the position (default the last).
+        """
         m = self[index]
         del self[index]
         return m
@@ -129,23 +150,38 @@ class ModuleDict(Module):
         return key in self._modules
 
     def keys(self):
+        """The names of the modules, in insertion order."""
         return self._modules.keys()
 
     def values(self):
+        """The modules, in insertion order."""
         return self._modules.values()
 
     def items(self):
+        """``(name, module)`` pairs, in insertion order."""
         return self._modules.items()
 
     def clear(self) -> None:
+        """Remove every module."""
         self._modules.clear()
 
     def pop(self, key: str) -> Module:
+        """Remove the module named ``key`` and return it, as ``torch.nn.ModuleDict.pop``.
+
+        Arguments:
+            key: its name.
+        """
         m = self[key]
         del self[key]
         return m
 
     def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
+        """Add or replace modules from a mapping, a ModuleDict or ``(name, module)`` pairs, as
+        ``torch.nn.ModuleDict.update``.
+
+        Arguments:
+            modules: the modules to add.
+        """
         pairs = modules.items() if isinstance(modules, (Mapping, ModuleDict)) else modules
         for entry in pairs:
             if not (isinstance(entry, (tuple, list)) and len(entry) == 2):

@@ -229,6 +229,7 @@ class Module:
 
     @property
     def device(self):
+        """The device of the module's first parameter, None if it has none (torch Modules have no such attribute)."""
         p = next(self.parameters(), None)
         return p.device if p is not None else None
 

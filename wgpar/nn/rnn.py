@@ -90,9 +90,11 @@ class RNNBase(Module):
 
     @property
     def num_directions(self) -> int:
+        """2 for a bidirectional layer, else 1."""
         return 2 if self.bidirectional else 1
 
     def reset_parameters(self) -> None:
+        """Draw every weight and bias from U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), as torch's RNN layers do."""
         bound = 1.0 / math.sqrt(self.hidden_size)
         for p in self.parameters():
             init.uniform_(p, -bound, bound)

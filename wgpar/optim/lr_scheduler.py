@@ -66,6 +66,8 @@ class LRScheduler:
             self._is_initial = False
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step, one per param group; subclasses implement it (``step`` calls it),
+        as in torch."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_lr()")
 
     def get_last_lr(self) -> list[float]:
@@ -129,6 +131,12 @@ class LambdaLR(LRScheduler):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the scheduler from ``state_dict()``; the lambdas themselves are not saved, only the
+        attributes of callable objects among them (as in torch).
+
+        Arguments:
+            state_dict: what ``state_dict()`` returned.
+        """
         state = dict(state_dict)
         lambdas = state.pop("lr_lambdas")
         self.__dict__.update(state)
@@ -137,6 +145,7 @@ class LambdaLR(LRScheduler):
                 fn.__dict__.update(saved)
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step: each group's initial lr times its lambda of ``last_epoch``."""
         return [base * fn(self.last_epoch) for fn, base in zip(self.lr_lambdas, self.base_lrs, strict=True)]
 
 
@@ -164,6 +173,8 @@ class LinearLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step, one per param group, computed from the current ones (torch's
+        chainable ``get_lr``); ``step`` calls it."""
         groups = self.optimizer.param_groups
         if self.last_epoch == 0:
             return [g["lr"] * self.start_factor for g in groups]
@@ -195,6 +206,8 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step, one per param group, computed from the current ones (torch's
+        chainable ``get_lr``); ``step`` calls it."""
         groups = self.optimizer.param_groups
         if self._is_initial:
             return [g["lr"] for g in groups]
@@ -247,6 +260,8 @@ class SequentialLR(LRScheduler):
         self._last_lr = self._schedulers[idx].get_last_lr()
 
     def step(self) -> None:
+        """Advance one step: the scheduler whose milestone range holds the new step steps (one just reached
+        starts from its initial lr)."""
         self.last_epoch += 1
         idx = bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[idx]
@@ -257,11 +272,17 @@ class SequentialLR(LRScheduler):
         self._last_lr = scheduler.get_last_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state with each child scheduler's ``state_dict()`` (the optimizer left out), as torch's."""
         state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
         state["_schedulers"] = [s.state_dict() for s in self._schedulers]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from ``state_dict()``, the child schedulers included.
+
+        Arguments:
+            state_dict: what ``state_dict()`` returned.
+        """
         state = dict(state_dict)
         nested = state.pop("_schedulers")
         self.__dict__.update(state)
@@ -296,6 +317,8 @@ class StepLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step, one per param group, computed from the current ones (torch's
+        chainable ``get_lr``); ``step`` calls it."""
         if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
@@ -326,6 +349,8 @@ class MultiStepLR(LRScheduler):
         self.milestones = Counter({int(k): v for k, v in self.milestones.items()})
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step, one per param group, computed from the current ones (torch's
+        chainable ``get_lr``); ``step`` calls it."""
         if self.last_epoch not in self.milestones:
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma ** self.milestones[self.last_epoch] for g in self.optimizer.param_groups]
@@ -349,6 +374,8 @@ class ExponentialLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step, one per param group, computed from the current ones (torch's
+        chainable ``get_lr``); ``step`` calls it."""
         if self._is_initial:
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
@@ -388,6 +415,8 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step: ``eta_min + (base - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``
+        per group."""
         return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
                 for base in self.base_lrs]
 
@@ -532,6 +561,8 @@ class OneCycleLR(LRScheduler):
         return (end - start) * pct + start
 
     def get_lr(self) -> list[float]:
+        """The learning rates of this step (one per param group); with ``cycle_momentum`` it also writes each
+        group's momentum (or beta1). Raises ValueError past ``total_steps``, as torch does."""
         step = self.last_epoch
         if step > self.total_steps:
             raise ValueError(f"Tried to step {step} times. The specified number of total steps is {self.total_steps}")
@@ -585,16 +616,23 @@ class ChainedScheduler(LRScheduler):
         self._last_lr = [g["lr"] for g in optimizer.param_groups]
 
     def step(self) -> None:
+        """Step every chained scheduler in order; ``get_last_lr()`` then gives the groups' resulting lrs."""
         for s in self._schedulers:
             s.step()
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state with each chained scheduler's ``state_dict()`` (the optimizer left out)."""
         state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
         state["_schedulers"] = [s.state_dict() for s in self._schedulers]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from ``state_dict()``, the chained schedulers included.
+
+        Arguments:
+            state_dict: what ``state_dict()`` returned.
+        """
         state = dict(state_dict)
         nested = state.pop("_schedulers")
         self.__dict__.update(state)
@@ -685,6 +723,7 @@ class ReduceLROnPlateau(LRScheduler):
 
     @property
     def in_cooldown(self) -> bool:
+        """True while the cooldown after a reduction lasts (no bad epochs are counted then)."""
         return self.cooldown_counter > 0
 
     def _is_better(self, a: float, best: float) -> bool:
@@ -707,6 +746,11 @@ class ReduceLROnPlateau(LRScheduler):
         self.threshold_mode = threshold_mode
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from ``state_dict()`` (mode and threshold comparisons rebuilt), as torch's.
+
+        Arguments:
+            state_dict: what ``state_dict()`` returned.
+        """
         self.__dict__.update(state_dict)
         self._init_is_better(self.mode, self.threshold, self.threshold_mode)
 

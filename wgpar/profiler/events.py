@@ -52,6 +52,7 @@ class DeviceInfo:
 
     @property
     def timed(self) -> bool:
+        """Whether the device gave GPU timestamps (nothing is missing)."""
         return not self.missing
 
 
@@ -159,10 +160,12 @@ class EventAverage:
 
     @property
     def gpu_time_avg(self) -> float:
+        """GPU time per timed call (0.0 when none was timed)."""
         return self.gpu_time_total / self.gpu_count if self.gpu_count else 0.0
 
     @property
     def host_time_avg(self) -> float:
+        """Host time per call (0.0 with no calls)."""
         return self.host_time_total / self.count if self.count else 0.0
 
     @property

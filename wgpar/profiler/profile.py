@@ -35,11 +35,14 @@ class profile:
         self.stop()
 
     def start(self) -> None:
+        """Start recording (what entering the ``with`` block does), as ``torch.profiler.profile.start``."""
         rec = profiling.Recorder()
         rec.start()
         self._rec, self._results = rec, None
 
     def stop(self) -> None:
+        """Stop recording and build the results (what leaving the ``with`` block does); RuntimeError without
+        ``start``."""
         if self._rec is None:
             raise RuntimeError("profile.stop() without start()")
         self._rec.stop()
@@ -47,6 +50,7 @@ class profile:
 
     @property
     def results(self) -> Results:
+        """The recorded events and device info once the profile stopped; RuntimeError while it runs or before it ran."""
         if self._results is None:
             raise RuntimeError("the profile is still running (or never ran): results exist once it stopped")
         return self._results

@@ -137,6 +137,15 @@ class Device:
         return buf
 
     def malloc(self, nbytes: int) -> Block:
+        """Take a block of at least ``nbytes`` bytes from this device's caching allocator (wgpar's own, no
+        torch counterpart).
+
+        Raises BindingLimitError when ``nbytes`` exceeds the device's largest storage binding
+        (max-storage-buffer-binding-size): a tensor must fit in one binding.
+
+        Arguments:
+            nbytes: the size in bytes.
+        """
         if nbytes > self.max_binding:
             raise BindingLimitError(
                 f"{self}: a tensor of {nbytes} bytes exceeds this device's largest storage binding "
@@ -371,5 +380,7 @@ class Device:
 
     # -- stats ----------------------------------------------------------------------------
     def memory_stats(self) -> dict[str, int]:
+        """This device's allocator counts (allocated_bytes, peak_allocated_bytes, reserved_bytes, ...); see
+        ``wgpar.memory_stats``."""
         return self.allocator.stats()
 

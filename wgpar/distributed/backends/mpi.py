@@ -196,6 +196,7 @@ class MPIGroup(StagedGroup):
     # -- state ----------------------------------------------------------------------------
     @property
     def timeout(self) -> float:
+        """The collective timeout, in seconds."""
         return self._timeout
 
     @timeout.setter
@@ -206,6 +207,7 @@ class MPIGroup(StagedGroup):
 
     @property
     def broken(self) -> str | None:
+        """Why the group is broken (this rank's failure or the world's), None while it works."""
         return self._broken or self.world.failure
 
     def abort(self, reason: str) -> None:

@@ -85,6 +85,7 @@ class ThreadGroup:
 
     @property
     def timeout(self) -> float:
+        """The collective timeout, in seconds."""
         return self._timeout
 
     @timeout.setter
@@ -114,6 +115,7 @@ class ThreadGroup:
 
     @property
     def broken(self) -> str | None:
+        """Why the group is broken (a failed or timed-out collective), None while it works."""
         return self._broken
 
     def reset(self) -> None:
@@ -193,6 +195,15 @@ class ThreadGroup:
 
     # -- point to point -------------------------------------------------------------------
     def post(self, src: int, dst: int, tag: int, message: tuple) -> None:
+        """Put ``message`` in the mailbox from ``src`` to ``dst`` under ``tag`` (point-to-point send);
+        CollectiveError if the group is broken.
+
+        Arguments:
+            src: the sending rank.
+            dst: the receiving rank.
+            tag: the message tag.
+            message: the payload.
+        """
         with self._cond:
             if self._broken:
                 raise CollectiveError(f"send from rank {src} to rank {dst}: the group is broken ({self._broken})")
@@ -200,6 +211,15 @@ class ThreadGroup:
             self._cond.notify_all()
 
     def take(self, src: int, dst: int, tag: int) -> tuple:
+        """Wait for and remove the oldest message from ``src`` to ``dst`` under ``tag`` (point-to-point receive).
+
+        Raises CollectiveError if the group breaks, CollectiveTimeoutError (and breaks the group) after the timeout.
+
+        Arguments:
+            src: the sending rank.
+            dst: the receiving rank.
+            tag: the message tag.
+        """
         deadline = time.monotonic() + self._timeout
         key = (src, dst, tag)
         with self._cond:
@@ -219,6 +239,11 @@ class ThreadGroup:
 
     # -- sub-groups -----------------------------------------------------------------------
     def child(self, ranks: tuple[int, ...]) -> ThreadGroup:
+        """A sub-group over ``ranks`` of this group, with the same timeout; aborting this group breaks it too.
+
+        Arguments:
+            ranks: the member ranks, as indices into this group.
+        """
         sub = ThreadGroup([self.devices[r] for r in ranks], self._timeout,
                           ranks=[self.ranks[r] for r in ranks], name=f"{self.name}/{'.'.join(map(str, ranks))}")
         self._children.append(sub)
@@ -245,16 +270,24 @@ class ThreadRank(StagedGroup):
 
     @property
     def timeout(self) -> float:
+        """The group's collective timeout, in seconds."""
         return self.group.timeout
 
     def abort(self, reason: str) -> None:
+        """Mark the group (and its sub-groups) broken: every rank waiting in a collective raises.
+
+        Arguments:
+            reason: why, shown in their errors.
+        """
         self.group.abort(self.rank, reason)
 
     def reset(self) -> None:
+        """Forget a failure and everything pending so the group can be used again (``ThreadGroup.reset``)."""
         self.group.reset()
 
     @property
     def broken(self) -> str | None:
+        """Why the group is broken, None while it works."""
         return self.group.broken
 
     # -- plumbing -------------------------------------------------------------------------
@@ -592,6 +625,7 @@ class RankWorkers:
         return [b.get("value") for b in boxes]
 
     def close(self) -> None:
+        """Stop the worker threads (waits up to 5 s for each)."""
         for inbox in self._inboxes:
             inbox.put(None)
         for t in self._threads:

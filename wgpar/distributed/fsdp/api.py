@@ -53,6 +53,7 @@ class FSDPModule:
 
     @property
     def fsdp_state(self) -> FSDPState:
+        """This module's FSDP state (its parameter groups and hooks)."""
         return self.__dict__["_fsdp_state"]
 
     def fsdp_groups(self) -> list[FSDPParamGroup]:
@@ -202,6 +203,12 @@ class FSDPModule:
         self.fsdp_state.lazy_init()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """``Module.zero_grad``, also clearing offloaded shards' host gradients and gradients accumulated
+        under ``no_sync``.
+
+        Arguments:
+            set_to_none: set gradients to None (default, as torch) rather than zero them.
+        """
         super().zero_grad(set_to_none)
         for grp in self.fsdp_groups():
             for fp in grp.params:

@@ -99,14 +99,17 @@ class ShardGeometry:
 
     @property
     def numel(self) -> int:
+        """Elements of the whole (unsharded) parameter."""
         return math.prod(self.shape)
 
     @property
     def shard_shape(self) -> tuple[int, ...]:
+        """The shape of one rank's shard: ``per_rank`` rows."""
         return (self.per_rank, *self.shape[1:]) if self.shape else (self.per_rank,)
 
     @property
     def shard_numel(self) -> int:
+        """Elements of one rank's shard, padding included."""
         return self.per_rank * self.row
 
     def real_rows(self, rank: int | None = None) -> tuple[int, int]:
@@ -147,6 +150,11 @@ class OffloadedShard(Parameter):
             self.host_grad += view
 
     def clear_host_grad(self, set_to_none: bool = True) -> None:
+        """Drop (or zero) the host gradient.
+
+        Arguments:
+            set_to_none: set it to None rather than fill it with zeros.
+        """
         if self.host_grad is None:
             return
         if set_to_none:
@@ -155,6 +163,7 @@ class OffloadedShard(Parameter):
             self.host_grad[...] = 0
 
     def numpy(self) -> np.ndarray:
+        """A copy of the shard's host values."""
         return self.host.copy()
 
     def __repr__(self) -> str:

@@ -138,10 +138,12 @@ class FSDPParamGroup:
 
     @property
     def sharded(self) -> bool:
+        """Whether the unit is sharded over more than its own rank (it has a shard group)."""
         return self.comms.shard is not None
 
     @property
     def world(self) -> int:
+        """The number of ranks the unit is sharded over (1 when not sharded)."""
         return self.comms.shard.world_size if self.comms.shard is not None else 1
 
     def _build(self, entries: list[_Entry]) -> list[FSDPParam]:
@@ -228,6 +230,7 @@ class FSDPParamGroup:
 
     @property
     def gathering(self) -> bool:
+        """Whether an all-gather of the unit's parameters is in flight."""
         return self._gather is not None
 
     def unshard(self, async_op: bool = False) -> None:
@@ -324,6 +327,7 @@ class FSDPParamGroup:
     # -- gradients --------------------------------------------------------------------------
     @property
     def reducing(self) -> bool:
+        """Whether a reduction of the unit's gradients is in flight."""
         return self._reduction is not None
 
     def launch_reduction(self) -> bool:

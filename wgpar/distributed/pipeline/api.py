@@ -97,13 +97,16 @@ class PipelineSchedule:
 
     @property
     def has_first(self) -> bool:
+        """Whether this rank holds stage 0 (which takes the inputs)."""
         return 0 in self.stages
 
     @property
     def has_last(self) -> bool:
+        """Whether this rank holds the last stage (which computes the loss)."""
         return self.schedule.num_stages - 1 in self.stages
 
     def parameters(self):
+        """The parameters of this rank's stages, in stage order."""
         for s in sorted(self.stages):
             yield from self.stages[s].parameters()
 

@@ -60,6 +60,7 @@ class Action:
         return cls(int(m.group(1)), m.group(2), int(m.group(3)))
 
     def describe(self) -> str:
+        """The action in words, e.g. its kind, micro-batch and stage."""
         return f"{self} ({KINDS[self.kind]} of micro-batch {self.mb} on stage {self.stage})"
 
     def __str__(self) -> str:
@@ -105,6 +106,7 @@ class Schedule:
 
     @property
     def num_ranks(self) -> int:
+        """The number of ranks the schedule runs on."""
         return len(self.actions)
 
     @property
@@ -117,6 +119,11 @@ class Schedule:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
     def rank_of(self, stage: int) -> int:
+        """The rank that runs ``stage``.
+
+        Arguments:
+            stage: a stage index.
+        """
         return self.stage_to_rank[stage]
 
     # -- validation -----------------------------------------------------------------------
@@ -234,6 +241,11 @@ class Schedule:
 
     # -- reports --------------------------------------------------------------------------
     def makespan(self, costs: Mapping[str, float] | None = None) -> float:
+        """The simulated time of the whole schedule (see ``simulate``).
+
+        Arguments:
+            costs: the cost of each action kind (default F=1, B=2, I=W=1).
+        """
         return max((t.end for rank in self.simulate(costs) for t in rank), default=0.0)
 
     def bubble_fraction(self, costs: Mapping[str, float] | None = None) -> float:

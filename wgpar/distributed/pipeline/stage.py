@@ -131,13 +131,16 @@ class PipelineStage:
 
     @property
     def is_first(self) -> bool:
+        """Whether this is stage 0."""
         return self.stage_index == 0
 
     @property
     def is_last(self) -> bool:
+        """Whether this is the last stage."""
         return self.stage_index == self.num_stages - 1
 
     def parameters(self):
+        """The parameters of the stage's module."""
         return self.module.parameters()
 
     def check_input(self, x: Tensor, mb: int) -> None:

@@ -62,10 +62,12 @@ class MultiAdapterContext:
 
     @property
     def world_size(self) -> int:
+        """The number of ranks (devices)."""
         return len(self.devices)
 
     @property
     def timeout(self) -> float:
+        """The collective timeout of the context's group, in seconds."""
         return self.group.timeout
 
     @timeout.setter
@@ -73,12 +75,22 @@ class MultiAdapterContext:
         self.group.timeout = seconds
 
     def rank_of(self, device: Device) -> int:
+        """The rank that runs on ``device``; ValueError if it is not in the context.
+
+        Arguments:
+            device: a Device.
+        """
         for r, d in enumerate(self.devices):
             if d is device:
                 return r
         raise ValueError(f"{device} is not part of this context ({[str(d) for d in self.devices]})")
 
     def device_of(self, rank: int) -> Device:
+        """The device of rank ``rank``; ValueError if out of range.
+
+        Arguments:
+            rank: a rank index.
+        """
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} out of range for {self.world_size} ranks")
         return self.devices[rank]
@@ -89,6 +101,7 @@ class MultiAdapterContext:
 
     @property
     def workers(self) -> RankWorkers:
+        """The ranks' worker threads."""
         return self._threads.workers()
 
     def run(self, fn, *per_rank_args, timeout: float | None = None) -> list:
@@ -110,6 +123,7 @@ class MultiAdapterContext:
         self.group.reset()
 
     def close(self) -> None:
+        """Stop the ranks' threads (also done when the context is garbage-collected)."""
         self._finalizer()
 
     def __enter__(self) -> MultiAdapterContext:

@@ -52,10 +52,12 @@ class DataParallel(DataDriver):
 
     @property
     def replicas(self) -> list[Module]:
+        """Every rank's copy of the module, in rank order."""
         return [d.module for d in self.ranks]
 
     @property
     def module(self) -> Module:
+        """Rank 0's copy of the module (like ``torch.nn.DataParallel.module``)."""
         return self.ranks[0].module
 
     @property
@@ -76,5 +78,6 @@ class DataParallel(DataDriver):
         clip_grad_norm_(self.replicas[rank].parameters(), max_norm)  # replicated gradients: no communication
 
     def zero_grad(self) -> None:
+        """``zero_grad()`` on every replica."""
         for m in self.replicas:
             m.zero_grad()

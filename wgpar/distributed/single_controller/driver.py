@@ -79,6 +79,7 @@ class Driver:
 
     @property
     def world_size(self) -> int:
+        """The number of ranks."""
         return self.context.world_size
 
     def _per_rank(self, items: Sequence, what: str) -> list:
@@ -142,15 +143,22 @@ class Driver:
         return result
 
     def zero_grad(self) -> None:
+        """``zero_grad()`` on every rank's module."""
         for m in self.modules:
             m.zero_grad()
 
     def train(self, mode: bool = True):
+        """``train(mode)`` on every rank's module; returns the driver.
+
+        Arguments:
+            mode: training (True) or evaluation mode.
+        """
         for m in self.modules:
             m.train(mode)
         return self
 
     def eval(self):
+        """``train(False)``: every rank's module in evaluation mode; returns the driver."""
         return self.train(False)
 
 
@@ -161,6 +169,13 @@ class DataDriver(Driver):
     _sizes: list[int] | None = None
 
     def forward(self, x, *rest) -> list:
+        """Split the batch along dim 0 over the ranks, run each rank's module on its part (on its device), and
+        return the outputs in rank order.
+
+        Arguments:
+            x: the batch (a tensor or array); its rows decide the split.
+            rest: more arguments, split like ``x``.
+        """
         what = type(self).__name__
         sizes = batch_sizes(x, self.world_size, what)
         args = [split_batch(a, sizes, f"{what}: argument {i}") for i, a in enumerate((x, *rest))]
@@ -206,6 +221,11 @@ class DataDriver(Driver):
         self._run(one, self._per_rank(losses, "backward"))
 
     def step(self, optimizers: Sequence) -> None:
+        """``step()`` of each rank's optimizer, on that rank's thread.
+
+        Arguments:
+            optimizers: one optimizer per rank (see ``optimizers``).
+        """
         self.context.run(lambda r, opt: opt.step(), self._per_rank(optimizers, "step"))
 
     def no_sync(self) -> contextlib.AbstractContextManager:

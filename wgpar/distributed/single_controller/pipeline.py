@@ -90,6 +90,7 @@ class PipelineExecutor(Driver):
         return [s.module for s in self.stages]
 
     def parameters(self):
+        """The parameters of every stage, in stage order."""
         for s in self.stages:
             yield from s.parameters()
 
@@ -186,6 +187,7 @@ class PipelineExecutor(Driver):
                                 "cannot run steps until it returns") from exc
 
     def last_traces(self) -> list:
+        """Each rank's trace of its last step (its actions with start and end times), in rank order."""
         return [r.last_trace for r in self.ranks]
 
     def measured_bubble(self) -> float:

@@ -89,6 +89,7 @@ class ParallelCausalSelfAttention(CausalSelfAttention):
 
     @property
     def local_heads(self) -> int:
+        """The number of attention heads on this rank."""
         return self.out_proj.local_in_features // self.head_dim
 
     @classmethod

@@ -54,6 +54,15 @@ class ColwiseParallel(ParallelStyle):
     chunks: int | None = None
 
     def apply(self, module: Module, group: ProcessGroup, src_rank: int | None = 0, name: str = "") -> Module:
+        """Replace the Linear ``module`` by a ColumnParallelLinear over ``group`` with this style's settings
+        (``parallelize_module`` calls it).
+
+        Arguments:
+            module: the Linear to split.
+            group: the tensor-parallel ProcessGroup.
+            src_rank: the rank whose weights every rank takes (None: each keeps its own).
+            name: the module's qualified name, for errors and labels.
+        """
         return ColumnParallelLinear.from_linear(_linear(module, self, name), group, gather_output=self.gather_output,
                                                 unit=_or1(self.unit), chunks=_or1(self.chunks), src_rank=src_rank,
                                                 label=name or "linear")
@@ -74,6 +83,15 @@ class RowwiseParallel(ParallelStyle):
     unit: int | None = None
 
     def apply(self, module: Module, group: ProcessGroup, src_rank: int | None = 0, name: str = "") -> Module:
+        """Replace the Linear ``module`` by a RowParallelLinear over ``group`` with this style's settings
+        (``parallelize_module`` calls it).
+
+        Arguments:
+            module: the Linear to split.
+            group: the tensor-parallel ProcessGroup.
+            src_rank: the rank whose weights every rank takes (None: each keeps its own).
+            name: the module's qualified name, for errors and labels.
+        """
         return RowParallelLinear.from_linear(_linear(module, self, name), group,
                                              input_is_parallel=self.input_is_parallel, unit=_or1(self.unit),
                                              src_rank=src_rank, label=name or "linear")
