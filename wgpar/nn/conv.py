@@ -19,6 +19,20 @@ from .module import Module
 from .parameter import Parameter
 
 
+def _check_channels(name: str, nd: int, in_channels: int, out_channels: int, groups: int, padding_mode: str,
+                    kernel_size) -> tuple[int, ...]:
+    """The checks a convolution and a transposed one share; returns the kernel size as an nd-tuple."""
+    if in_channels < 1 or out_channels < 1 or groups < 1:
+        raise ValueError(f"{name}: channels and groups must be positive, got in_channels={in_channels}, "
+                         f"out_channels={out_channels}, groups={groups}")
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must be "
+                         f"divisible by groups ({groups})")
+    if padding_mode != "zeros":
+        raise ValueError(f"{name}: only padding_mode='zeros' is supported, got {padding_mode!r}")
+    return _tuple(kernel_size, nd, "kernel_size", name)
+
+
 class _ConvNd(Module):
     _nd = 0
 
@@ -27,15 +41,7 @@ class _ConvNd(Module):
                  dtype=_dt.float32) -> None:
         super().__init__()
         name = type(self).__name__
-        if in_channels < 1 or out_channels < 1 or groups < 1:
-            raise ValueError(f"{name}: channels and groups must be positive, got in_channels={in_channels}, "
-                             f"out_channels={out_channels}, groups={groups}")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must be "
-                             f"divisible by groups ({groups})")
-        if padding_mode != "zeros":
-            raise ValueError(f"{name}: only padding_mode='zeros' is supported, got {padding_mode!r}")
-        kernel = _tuple(kernel_size, self._nd, "kernel_size", name)
+        kernel = _check_channels(name, self._nd, in_channels, out_channels, groups, padding_mode, kernel_size)
         if isinstance(padding, str) and padding not in ("valid", "same"):
             raise ValueError(f"{name}: padding must be an int, a tuple, 'valid' or 'same', got {padding!r}")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
@@ -231,15 +237,7 @@ class _ConvTransposeNd(Module):
                  dtype=_dt.float32) -> None:
         super().__init__()
         name = type(self).__name__
-        if in_channels < 1 or out_channels < 1 or groups < 1:
-            raise ValueError(f"{name}: channels and groups must be positive, got in_channels={in_channels}, "
-                             f"out_channels={out_channels}, groups={groups}")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must be "
-                             f"divisible by groups ({groups})")
-        if padding_mode != "zeros":
-            raise ValueError(f"{name}: only padding_mode='zeros' is supported, got {padding_mode!r}")
-        kernel = _tuple(kernel_size, self._nd, "kernel_size", name)
+        kernel = _check_channels(name, self._nd, in_channels, out_channels, groups, padding_mode, kernel_size)
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
         self.stride = _tuple(stride, self._nd, "stride", name)
         self.padding = _tuple(padding, self._nd, "padding", name)

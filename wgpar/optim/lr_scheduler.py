@@ -226,7 +226,31 @@ class CosineAnnealingLR(LRScheduler):
                 for base in self.base_lrs]
 
 
-class SequentialLR(LRScheduler):
+class _OfSchedulers(LRScheduler):
+    """A scheduler made of others (``self._schedulers``): its state holds each one's ``state_dict()``."""
+
+    _schedulers: list[LRScheduler]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state with each child scheduler's ``state_dict()`` (the optimizer left out), as torch's."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from ``state_dict()``, the child schedulers included.
+
+        Arguments:
+            state_dict: what ``state_dict()`` returned.
+        """
+        state = dict(state_dict)
+        nested = state.pop("_schedulers")
+        self.__dict__.update(state)
+        for s, saved in zip(self._schedulers, nested, strict=True):
+            s.load_state_dict(saved)
+
+
+class SequentialLR(_OfSchedulers):
     """Run ``schedulers`` one after another, switching at the ``milestones`` (step indices).
 
     Arguments:
@@ -271,23 +295,6 @@ class SequentialLR(LRScheduler):
             scheduler.step()
         self._last_lr = scheduler.get_last_lr()
 
-    def state_dict(self) -> dict[str, Any]:
-        """The scheduler's state with each child scheduler's ``state_dict()`` (the optimizer left out), as torch's."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from ``state_dict()``, the child schedulers included.
-
-        Arguments:
-            state_dict: what ``state_dict()`` returned.
-        """
-        state = dict(state_dict)
-        nested = state.pop("_schedulers")
-        self.__dict__.update(state)
-        for s, saved in zip(self._schedulers, nested):
-            s.load_state_dict(saved)
 
 
 def _undo_first_step(schedulers: Sequence[LRScheduler]) -> None:
@@ -587,7 +594,7 @@ class OneCycleLR(LRScheduler):
         return lrs
 
 
-class ChainedScheduler(LRScheduler):
+class ChainedScheduler(_OfSchedulers):
     """Step several schedulers of one optimizer together: each ``step()`` steps them all in order, so
     their multiplicative changes compound (e.g. ``ExponentialLR`` inside a ``StepLR``).
 
@@ -621,23 +628,6 @@ class ChainedScheduler(LRScheduler):
             s.step()
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
-    def state_dict(self) -> dict[str, Any]:
-        """The scheduler's state with each chained scheduler's ``state_dict()`` (the optimizer left out)."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from ``state_dict()``, the chained schedulers included.
-
-        Arguments:
-            state_dict: what ``state_dict()`` returned.
-        """
-        state = dict(state_dict)
-        nested = state.pop("_schedulers")
-        self.__dict__.update(state)
-        for s, saved in zip(self._schedulers, nested, strict=True):
-            s.load_state_dict(saved)
 
 
 class ReduceLROnPlateau(LRScheduler):
