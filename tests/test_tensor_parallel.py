@@ -418,7 +418,9 @@ def test_adamw_training_matches_single_device(ctx, rng):
         got = _state(model)
         assert sorted(got) == sorted(want)
         for k, v in got.items():
-            _assert_rel(v, _expected_slice(model, k, want[k]), f"rank {r} {k} after 10 steps")
+            # Adam divides by sqrt(v): a near-zero gradient summed in another order can move a step by a
+            # few 1e-5 of a bias's largest entry after 10 steps (1.8e-5 seen once in ~20 runs).
+            _assert_rel(v, _expected_slice(model, k, want[k]), f"rank {r} {k} after 10 steps", tol=1e-4)
 
     ctx.run(rank)
 
