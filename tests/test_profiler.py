@@ -133,7 +133,8 @@ def test_record_function_ranges_nest_as_context_and_decorator(dev, rng):
         assert r.thread == outer.thread
     rows = {r.key: r for r in prof.key_averages() if r.kind == "range"}
     assert rows["inner"].count == 2 and rows["outer"].count == 1
-    assert 0 < rows["inner"].gpu_time_total <= rows["outer"].gpu_time_total  # kernels recorded inside them
+    # kernels recorded inside them; the totals are float sums of the same durations in another order
+    assert 0 < rows["inner"].gpu_time_total <= rows["outer"].gpu_time_total * (1 + 1e-9)
 
 
 def test_a_two_rank_all_reduce_shows_on_each_ranks_track():
