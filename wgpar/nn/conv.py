@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .. import creation
+from .. import creation, ops
 from .. import dtypes as _dt
-from .. import ops as raw
 from ..autograd import Context, Function
 from ..ops import conv as conv_ops
 from ..ops.window import Window, pair, window
@@ -137,7 +136,7 @@ class ConvTranspose2dFn(Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         gx = conv_ops.conv2d(g, weight, None, ctx.win, ctx.groups) if need_x else None
         gw = conv_ops.conv2d_backward(g, weight, x, ctx.win, ctx.groups, False, True, False)[1] if need_w else None
-        gb = raw.reduce("sum", raw.reshape(g, (g.shape[0], g.shape[1], -1)), (0, 2)) if need_b else None
+        gb = ops.reduce("sum", ops.reshape(g, (g.shape[0], g.shape[1], -1)), (0, 2)) if need_b else None
         return gx, gw, gb, None, None
 
 
