@@ -194,12 +194,14 @@ def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] 
              retain_graph: bool = False) -> None:
     """Accumulate d(sum of tensors * grads)/d(leaf) into every leaf's ``.grad``."""
     tensors, grads = _as_lists(tensors, grads)
+    _in_pass(lambda: backward_within_pass(tensors, grads, retain_graph))
 
-    def run():
-        pending, roots = _seed(tensors, grads)
-        _walk(_topo(roots), pending, retain_graph)
 
-    _in_pass(run)
+def backward_within_pass(tensors: Sequence[Tensor], grads: list[Tensor | None], retain_graph: bool = False) -> None:
+    """Backpropagate from ``tensors`` inside the pass already running (activation checkpointing's
+    recomputation): callbacks queued by hooks run once, at the end of that pass, not of this walk."""
+    pending, roots = _seed(tensors, grads)
+    _walk(_topo(roots), pending, retain_graph)
 
 
 def _seed(tensors: Sequence[Tensor], grads: list[Tensor | None]) -> tuple[dict[int, Tensor], list[Node]]:

@@ -124,8 +124,7 @@ class _Region:
         if roots:
             # Inside the running pass, not a nested backward(): hooks' queued callbacks (FSDP's end of
             # backward) must run once, after the whole pass.
-            pending, nodes = engine._seed([t for t, _ in roots], [g for _, g in roots])
-            engine._walk(engine._topo(nodes), pending, False)
+            engine.backward_within_pass([t for t, _ in roots], [g for _, g in roots])
         return tuple(d.grad if t.requires_grad else None for t, d in zip(self.inputs, leaves))
 
 
