@@ -192,34 +192,39 @@ def test_kernel_runs_on_the_parameters_device(devs2, rng):
         opt.step()
 
 
-def test_state_dict_round_trip_continues_identically(rng, dev):
-    for cls, kw in [(optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
-                    (optim.AdamW, dict(lr=0.01, amsgrad=True))]:
-        ws, ps = _params(rng)
-        opt = cls(ps, **kw)
-        grads = [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(6)]
-        for gs in grads[:3]:
-            for p, g in zip(ps, gs):
-                p.grad = wgpar.tensor(g)
-            opt.step()
-        sd = opt.state_dict()
-        assert set(sd) == {"state", "param_groups"} and sorted(sd["state"]) == [0, 1, 2, 3]
-        assert sd["param_groups"][0]["params"] == [0, 1, 2, 3]
-        qs = [Parameter(wgpar.tensor(p.numpy())) for p in ps]
-        opt2 = cls(qs, lr=123.0)  # the loaded groups bring their hyperparameters
-        opt2.load_state_dict(sd)
-        assert opt2.param_groups[0]["lr"] == kw["lr"]
-        for gs in grads[3:]:
-            for p, q, g in zip(ps, qs, gs):
-                p.grad, q.grad = wgpar.tensor(g), wgpar.tensor(g)
-            opt.step()
-            opt2.step()
-        for p, q in zip(ps, qs):
-            np.testing.assert_array_equal(p.numpy(), q.numpy())
-        for a, b in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
-            assert a.keys() == b.keys()
-            for k in a:
-                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+@pytest.mark.parametrize("cls,kw", [(optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
+                                    (optim.AdamW, dict(lr=0.01, amsgrad=True)),
+                                    (optim.RMSprop, dict(lr=0.01, momentum=0.9, centered=True)),
+                                    (optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1))],
+                         ids=["SGD", "AdamW", "RMSprop", "Adagrad"])
+def test_state_dict_round_trip_continues_identically(cls, kw, rng, dev):
+    ws, ps = _params(rng)
+    opt = cls(ps, **kw)
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(6)]
+    for gs in grads[:3]:
+        for p, g in zip(ps, gs):
+            p.grad = wgpar.tensor(g)
+        opt.step()
+    sd = opt.state_dict()
+    assert set(sd) == {"state", "param_groups"} and sorted(sd["state"]) == [0, 1, 2, 3]
+    assert sd["param_groups"][0]["params"] == [0, 1, 2, 3]
+    qs = [Parameter(wgpar.tensor(p.numpy())) for p in ps]
+    opt2 = cls(qs, lr=123.0)  # the loaded groups bring their hyperparameters
+    opt2.load_state_dict(sd)
+    assert opt2.param_groups[0]["lr"] == kw["lr"]
+    if cls in (optim.RMSprop, optim.Adagrad):  # they count steps: the count comes back too
+        assert opt2.state[qs[0]]["step"] == 3
+    for gs in grads[3:]:
+        for p, q, g in zip(ps, qs, gs):
+            p.grad, q.grad = wgpar.tensor(g), wgpar.tensor(g)
+        opt.step()
+        opt2.step()
+    for p, q in zip(ps, qs):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    for a, b in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
 
 
 def test_zero_grad(rng, dev):
