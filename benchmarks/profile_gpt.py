@@ -1,10 +1,10 @@
 """Where a GPT training step spends its time: wgpar.profiler around bench_gpt's step, per kernel family.
 
-Times ``--steps`` steps without the profiler, then the same steps inside ``wgpar.profiler.profile()``
-(the profiler's cost is the ratio of the two), and writes the per-kernel picture: each kernel family's
-GPU time per step and its share, achieved GFLOP/s where the kernel reports FLOPs, the host time spent
-recording dispatches, and the GPU's idle time (the step's wall time minus the GPU time of its
-kernels). ``--trace PATH`` also writes the Chrome / Perfetto trace of the profiled steps.
+Times ``--steps`` steps without the profiler, then the same steps inside ``wgpar.profiler.profile()``,
+``--rounds`` times (the profiler's cost is the median ratio of the two), and writes the per-kernel
+picture: each kernel family's GPU time per step and its share, achieved GFLOP/s where the kernel
+reports FLOPs, the host time spent recording dispatches, and the GPU's idle time (the step's wall
+time minus the GPU time of its kernels). ``--trace PATH`` also writes the Chrome / Perfetto trace of the profiled steps.
 
     python benchmarks/profile_gpt.py --preset tiny --batch 4 --steps 2 --no-write         # lavapipe
     python benchmarks/profile_gpt.py --preset gpt2 --batch 8 --steps 3 --trace gpt2.json   # one GPU
@@ -13,6 +13,7 @@ kernels). ``--trace PATH`` also writes the Chrome / Perfetto trace of the profil
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--rows", type=int, default=25, help="rows of the per-kernel table")
     ap.add_argument("--trace", type=Path, help="write the profiled steps' Chrome trace here")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of plain then profiled steps (medians kept)")
+    ap.add_argument("--timing", choices=["kernels", "exact"], default="kernels",
+                    help="the profiler's GPU timing (profile(timing=...))")
     _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     cfg = preset(args.preset, block_size=args.context)
@@ -83,19 +87,26 @@ def main(argv: list[str] | None = None) -> int:
     step = _step_fn(model, bench_gpt._batches(cfg, args.batch, cfg.block_size, 4))
     for i in range(args.warmup):
         step(i)
-    plain = _report.timed(lambda: [step(i) for i in range(args.steps)], lambda: wgpar.synchronize(dev),
-                              warmup=0) / args.steps
-    with wgpar.profiler.profile() as prof:
-        profiled = _report.timed(lambda: [step(i) for i in range(args.steps)], lambda: wgpar.synchronize(dev),
-                              warmup=0) / args.steps
-    overhead = profiled / plain - 1
+    def run() -> float:
+        return _report.timed(lambda: [step(i) for i in range(args.steps)], lambda: wgpar.synchronize(dev),
+                             warmup=0) / args.steps
+
+    plains, profileds = [], []
+    for _ in range(args.rounds):  # alternate, a fresh profile each round: the cost of a user's first one too
+        plains.append(run())
+        with wgpar.profiler.profile(timing=args.timing) as prof:
+            profileds.append(run())
+    plain, profiled = statistics.median(plains), statistics.median(profileds)
+    overhead = statistics.median(b / a - 1 for a, b in zip(plains, profileds))
+    rounds = ", ".join(f"{1e3 * a:.1f} / {1e3 * b:.1f}" for a, b in zip(plains, profileds))
     kernels = prof.kernels()
-    rows, gpu_s, host_s = family_rows(kernels, args.steps, profiled)
-    idle = max(profiled - gpu_s, 0.0)
+    rows, gpu_s, host_s = family_rows(kernels, args.steps, profileds[-1])
+    idle = max(profileds[-1] - gpu_s, 0.0)
     tokens = args.batch * cfg.block_size
     summary = (f"step {plain * 1e3:.1f} ms without the profiler, {profiled * 1e3:.1f} ms with it "
-               f"({100 * overhead:+.1f}%); per profiled step: {len(kernels) / args.steps:.0f} dispatches, "
-               f"GPU busy {gpu_s * 1e3:.1f} ms, GPU idle {idle * 1e3:.1f} ms ({100 * idle / profiled:.0f}%), "
+               f"({100 * overhead:+.1f}%, timing={args.timing!r}; median of {args.rounds} rounds, plain / profiled "
+               f"ms per round: {rounds}); in the last profile, per step: {len(kernels) / args.steps:.0f} dispatches, "
+               f"GPU busy {gpu_s * 1e3:.1f} ms, GPU idle {idle * 1e3:.1f} ms ({100 * idle / profileds[-1]:.0f}%), "
                f"host recording {host_s * 1e3:.1f} ms ({host_s / max(len(kernels) / args.steps, 1) * 1e6:.1f} us "
                f"per dispatch); {tokens / plain:.0f} tokens/s")
     print(f"device: {_report.device_line(dev)}")

@@ -68,8 +68,9 @@ def test_every_kernel_of_a_training_step_is_timed_with_its_phase(dev, rng, monke
     assert any(r.gflops for r in prof.key_averages() if r.kind == "kernel" and r.key.startswith("wgpar:matmul"))
 
 
-def test_gpu_times_are_positive_do_not_overlap_and_fit_in_the_wall_time(dev, rng):
-    with profile() as prof:
+@pytest.mark.parametrize("timing", ["kernels", "exact"])
+def test_gpu_times_are_positive_do_not_overlap_and_fit_in_the_wall_time(dev, rng, timing):
+    with profile(timing=timing) as prof:
         _train_step(dev, rng)
         a = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=dev)
         for _ in range(1100):  # more than one submit's worth of timestamp slots (1024 dispatches)
@@ -83,6 +84,41 @@ def test_gpu_times_are_positive_do_not_overlap_and_fit_in_the_wall_time(dev, rng
     spans = sorted((k.gpu_start, k.gpu_start + k.gpu_dur) for k in kernels)
     assert all(end <= nxt + 1000 for (_, end), (nxt, _) in zip(spans, spans[1:]))  # one queue: in sequence
     assert max(end for _, end in spans) <= res.wall + 1000
+
+
+def _stamps_written(monkeypatch) -> list:
+    written = []
+    real = profiling.write_timestamp
+    monkeypatch.setattr(profiling, "write_timestamp", lambda cp, qs, i: (written.append(i), real(cp, qs, i)))
+    return written
+
+
+@pytest.mark.parametrize("timing", ["kernels", "exact"])
+def test_kernels_timing_shares_one_stamp_between_consecutive_dispatches(dev, rng, monkeypatch, timing):
+    """The default writes one timestamp per dispatch plus one per compute pass, and a pass's kernels
+    follow each other without gaps; "exact" writes two per dispatch."""
+    a = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=dev)
+    wgpar.synchronize(dev)
+    written = _stamps_written(monkeypatch)
+    with profile(timing=timing) as prof:
+        b = a
+        for _ in range(7):  # one pass: no copy ends it
+            b = b * 1.5
+        b.numpy()
+    kernels = [k for k in prof.kernels() if k.device == dev.index]
+    assert len(kernels) == 7 and all(k.gpu_dur > 0 for k in kernels)
+    assert len(written) == (8 if timing == "kernels" else 14)
+    gaps = [nxt.gpu_start - (k.gpu_start + k.gpu_dur) for k, nxt in zip(kernels, kernels[1:])]
+    if timing == "kernels":
+        assert all(abs(g) <= 1 for g in gaps)  # each starts at the stamp that ended the one before
+    else:
+        assert all(g >= -1 for g in gaps)
+    np.testing.assert_allclose(b.numpy(), a.numpy() * 1.5 ** 7, rtol=1e-6)
+
+
+def test_an_unknown_timing_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="timing='fast'.*'kernels', 'exact'"):
+        profile(timing="fast")
 
 
 def test_the_chrome_trace_is_well_formed(dev, rng, tmp_path):
@@ -175,10 +211,14 @@ def test_no_query_set_or_recorder_exists_while_no_profile_runs(dev, rng, monkeyp
     with profile():
         _train_step(dev, rng)
         assert dev._ptrack is not None
-    assert len(made) == 1 and made[0]["count"] == 2 * dev.max_dispatches_per_submit
+    opened = list(profiling.DEVICES)  # each open device gets its query set when the profile starts
+    assert len(made) == len(opened) and dev in opened
+    assert {m["label"] for m in made} == {f"wgpar:{d.index}:profiler" for d in opened}
+    mine = [m for m in made if m["label"] == f"wgpar:{dev.index}:profiler"]
+    assert len(mine) == 1 and mine[0]["count"] == 2 * dev.max_dispatches_per_submit
     assert profiling.ACTIVE is None and dev._ptrack is None
     _train_step(dev, rng)
-    assert len(made) == 1
+    assert len(made) == len(opened)
 
 
 def test_without_timestamp_queries_it_falls_back_to_host_times_and_says_so(dev, rng, monkeypatch, tmp_path):

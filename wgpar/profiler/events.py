@@ -63,6 +63,7 @@ class Results:
     devices: list[DeviceInfo]
     threads: dict[int, str]
     wall: int  # nanoseconds from start to stop (after the devices finished)
+    timing: str = "kernels"  # profile(timing=...): how GPU times were taken
 
 
 def build(rec: Recorder) -> Results:
@@ -80,20 +81,24 @@ def build(rec: Recorder) -> Results:
             times: list[tuple[int | None, int | None]] = [(None, None)] * len(records)
             if where is not None:
                 chunk, off = where
-                stamps = track.stamps[chunk][off // 8: off // 8 + 2 * len(records)].astype(float) * track.period
+                stamps = (track.stamps[chunk][off // 8: off // 8 + records[-1][-1] + 1].astype(float)
+                          * track.period).tolist()
                 anchor = ts if prev_end is None else max(ts, prev_end)
                 shift = anchor - stamps[0]
-                times = [(int(a + shift) - t0, int(b - a)) if b >= a > 0 else (None, None)
-                         for a, b in zip(stamps[0::2].tolist(), stamps[1::2].tolist())]
+                times = []
+                for r in records:
+                    a, b = stamps[r[-2]], stamps[r[-1]]
+                    times.append((int(a + shift) - t0, int(b - a)) if b >= a > 0 else (None, None))
                 prev_end = int(stamps[-1] + shift)
-            for (kspec, groups, flops, nbytes, th, h0, h1), (g0, gd) in zip(records, times):
+            for (kspec, groups, flops, nbytes, th, h0, h1, _, _), (g0, gd) in zip(records, times):
                 kernels.append(KernelEvent(kspec.label, kspec.family, dev.index, tuple(groups), flops, nbytes, th,
                                            h0 - t0, h1 - h0, g0, gd))
     kernels = _with_phases(kernels, ranges)
     kernels.sort(key=lambda k: k.host_start)
     ranges.sort(key=lambda r: r.start)
     devices.sort(key=lambda d: d.index)
-    return Results(kernels, ranges, devices, dict(rec.threads), rec.t_end - rec.t_start)
+    return Results(kernels, ranges, devices, dict(rec.threads), rec.t_end - rec.t_start,
+                   "exact" if rec.exact else "kernels")
 
 
 def _with_phases(kernels: list[KernelEvent], ranges: list[RangeEvent]) -> list[KernelEvent]:
@@ -271,7 +276,9 @@ def notes(res: Results, gpu_total: float) -> list[str]:
            f"wall time {_us(res.wall / 1e3)}, GPU time {_us(gpu_total)}"]
     for d in res.devices:
         if d.timed:
-            out.append(f"  {d.name}: GPU time from timestamp queries around every dispatch")
+            how = ("two around every dispatch" if res.timing == "exact" else
+                   "one between consecutive dispatches (each kernel's launch gap included)")
+            out.append(f"  {d.name}: GPU time from timestamp queries, {how}")
         else:
             out.append(f"  {d.name}: GPU time NOT measured (the device lacks {', '.join(d.missing)}); "
                        "host recording and submit times only")

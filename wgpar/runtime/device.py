@@ -93,6 +93,7 @@ class Device:
         self.num_dispatches = 0
         self.max_dispatches_per_submit = _ARENA_SLOTS  # a full parameter arena submits
         self._ptrack: _prof.DeviceTrack | None = None  # set while a profile records this device
+        _prof.DEVICES.add(self)
 
     # -- identity -------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -7,10 +7,15 @@ profile runs, ``ACTIVE`` is None and the dispatch path pays one global read; not
 (no query set, no buffer, no thread state).
 
 While one runs, every dispatch on a device whose adapter offers ``timestamp-query-inside-passes``
-is bracketed by two timestamp writes inside the open compute pass (two slots per dispatch of one
-reused query set). At submit the used slots are resolved into a buffer region of their own, in
-the same command buffer; nothing is read back until the profile stops. Elsewhere only host times
-are recorded, and the results say so.
+is timed with timestamp writes inside the open compute pass (slots of one reused query set). Each
+timestamp write costs the GPU a few microseconds (on an H100 about 5 us: the stream drains), so by
+default (``timing="kernels"``) consecutive dispatches of a pass share one: a stamp opens the pass's
+first dispatch and one follows each dispatch, and a kernel's time runs from the stamp before it to the
+stamp after it (its launch and the barrier before it included). ``timing="exact"`` brackets each
+dispatch with two stamps of its own (twice the cost; the gaps between kernels inside a pass show as
+idle). At submit the used slots are resolved into a buffer region of their own, in the same command
+buffer; nothing is read back until the profile stops. Elsewhere only host times are recorded, and
+the results say so.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,11 +36,13 @@ if TYPE_CHECKING:
     from .device import Device
 
 TIMESTAMP_FEATURES = ("timestamp-query", "timestamp-query-inside-passes")
+TIMINGS = ("kernels", "exact")
 _CHUNK = 1 << 20  # bytes of one resolve buffer (8 bytes per timestamp)
 _RESOLVE_ALIGN = 256  # resolve_query_set's destination offsets
 now = time.perf_counter_ns
 
 ACTIVE: Recorder | None = None
+DEVICES: weakref.WeakSet[Device] = weakref.WeakSet()  # every open device (each adds itself)
 _switch = threading.Lock()
 
 
@@ -56,28 +64,37 @@ class DeviceTrack:
                 self.period = _timestamp_period(device)
             except Exception as exc:  # profiling must never fail the program: time on the host instead
                 self.missing = [f"a timestamp query set ({exc})"]
-        self.pending: list[tuple] = []  # (kspec, groups, flops, nbytes, thread, host start, host end)
+        # (kspec, groups, flops, nbytes, thread, host start, host end, slot before, slot after)
+        self.pending: list[tuple] = []
+        self.slots = 0  # query slots written in the open batch
+        self.stamped_pass = None  # the compute pass whose last dispatch's closing stamp is the latest slot
         self.batches: list[tuple] = []  # (records, (chunk, offset) or None, thread, host start, host end of submit)
         self.chunks: list[Any] = []
         self.used: list[int] = []
         self._inflight: tuple | None = None
         self.stamps: list[np.ndarray] = []  # the chunks' contents, read at stop
+        if self.query_set is not None:
+            self._new_chunk()  # now, not inside the first profiled submit
+
+    def _new_chunk(self) -> None:
+        # Not Device.create_buffer: its out-of-memory retry synchronizes, and we may be inside a flush.
+        self.chunks.append(self.device._dev.create_buffer(
+            label=f"wgpar:{self.device.index}:profiler", size=_CHUNK,
+            usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC))
+        self.used.append(0)
 
     def resolve(self, encoder) -> None:
         """Before a submit: resolve this batch's timestamps into a region of a resolve buffer."""
         t = now()
         records, self.pending = self.pending, []
+        slots, self.slots, self.stamped_pass = self.slots, 0, None
         where = None
-        if records and self.query_set is not None:
-            nbytes = 16 * len(records)
-            if not self.chunks or self.used[-1] + nbytes > _CHUNK:
-                # Not Device.create_buffer: its out-of-memory retry synchronizes, and we are inside a flush.
-                self.chunks.append(self.device._dev.create_buffer(
-                    label=f"wgpar:{self.device.index}:profiler", size=_CHUNK,
-                    usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC))
-                self.used.append(0)
+        if slots and self.query_set is not None:
+            nbytes = 8 * slots
+            if self.used[-1] + nbytes > _CHUNK:
+                self._new_chunk()
             where = (len(self.chunks) - 1, self.used[-1])
-            encoder.resolve_query_set(self.query_set, 0, 2 * len(records), self.chunks[-1], self.used[-1])
+            encoder.resolve_query_set(self.query_set, 0, slots, self.chunks[-1], self.used[-1])
             self.used[-1] += -(-nbytes // _RESOLVE_ALIGN) * _RESOLVE_ALIGN
         self._inflight = (records, where, self.recorder._thread(), t)
 
@@ -89,8 +106,8 @@ class DeviceTrack:
 
     def read_back(self) -> None:
         """Copy every resolve buffer to the host (once, at stop, after the device finished)."""
-        self.stamps = [np.frombuffer(self.device.download(c, 0, used), dtype=np.uint64)
-                       for c, used in zip(self.chunks, self.used)]
+        self.stamps = [np.frombuffer(self.device.download(c, 0, used), dtype=np.uint64) if used
+                       else np.zeros(0, np.uint64) for c, used in zip(self.chunks, self.used)]
         self.chunks = []
 
 
@@ -108,7 +125,10 @@ class Recorder:
     """What one profile collects: per-device tracks and host ranges (name, category, thread, start,
     end, arguments), host times from ``time.perf_counter_ns``."""
 
-    def __init__(self) -> None:
+    def __init__(self, timing: str = "kernels") -> None:
+        if timing not in TIMINGS:
+            raise ValueError(f"profile(timing={timing!r}): expected one of {', '.join(map(repr, TIMINGS))}")
+        self.exact = timing == "exact"
         self.tracks: dict[int, DeviceTrack] = {}
         self.ranges: list[tuple] = []
         self.threads: dict[int, str] = {}
@@ -133,12 +153,18 @@ class Recorder:
         qs = track.query_set
         if qs is None:
             cp.dispatch_workgroups(*groups)
+            before = after = -1
         else:
-            i = 2 * len(track.pending)
-            write_timestamp(cp, qs, i)
+            if self.exact or track.stamped_pass is not cp:  # the pass's first dispatch (or every one, exact)
+                write_timestamp(cp, qs, track.slots)
+                track.slots += 1
+                track.stamped_pass = cp
+            before = after = track.slots
+            before -= 1
             cp.dispatch_workgroups(*groups)
-            write_timestamp(cp, qs, i + 1)
-        track.pending.append((kspec, groups, flops, nbytes, self._thread(), t0, now()))
+            write_timestamp(cp, qs, after)
+            track.slots += 1
+        track.pending.append((kspec, groups, flops, nbytes, self._thread(), t0, now(), before, after))
 
     def host(self, name: str, cat: str, t0: int, t1: int, args: dict) -> None:
         self.ranges.append((name, cat, self._thread(), t0, t1, args))
@@ -148,6 +174,10 @@ class Recorder:
         with _switch:
             if ACTIVE is not None:
                 raise RuntimeError("a wgpar profile is already running; profiles do not nest")
+            for dev in list(DEVICES):  # query sets and a resolve buffer now, not in the first steps
+                with dev._lock:
+                    if dev._ptrack is None:
+                        dev._ptrack = self.tracks[id(dev)] = DeviceTrack(dev, self)
             self.t_start = now()
             ACTIVE = self
 
