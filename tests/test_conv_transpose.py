@@ -92,6 +92,7 @@ def test_chunked_batches_match_one_chunk(rng, monkeypatch):
     grads = [t.grad.numpy() for t in (xw, ww, bw)]
     patch_bytes = 4 * 9 * 6 * 5 * 4  # one image's patches of the adjoint conv: 4 channels, 3x3, 6x5 positions
     monkeypatch.setattr(conv_ops, "WORKSPACE_BYTES", 2 * patch_bytes)  # chunks of two images
+    monkeypatch.setattr(conv_ops, "_force", "im2col")
     assert len(conv_ops.chunks(wgpar.ops.window.window((5, 4, 12, 9), 3, 2, 1, 1, "t"), y)) == 3
     xw2 = wgpar.tensor(x, requires_grad=True)
     ww2, bw2 = wgpar.tensor(wt, requires_grad=True), wgpar.tensor(b, requires_grad=True)
