@@ -67,6 +67,10 @@ _DW_MAX_TAPS = 64
 # least _PART_MIN positions (the partial sums cost parts x the weight's size).
 _WGRAD_WORKGROUPS = 1024
 _PART_MIN = 1024
+# Tiles for products of few rows (grouped convs, the input gradient of a 3-channel stem): the 64-row
+# tile would compute mostly padding there.
+_SHORT_TILES = (Tiling(8, 128, 16, 4, 4, unroll=True), Tiling(16, 128, 16, 4, 8, unroll=True),
+                Tiling(32, 128, 16, 4, 8, unroll=True))
 # Positions per thread of the depthwise weight gradient on a GPU (a CPU takes as many as the loop allows).
 _DW_PER = 8
 
@@ -166,7 +170,7 @@ def _run_gemm(kernel: Kernel, helpers: str, la: str, out: Tensor, bufs: list[Ten
     """Dispatch the implicit GEMM ``kernel`` (helpers ``shaders/<helpers>.wgsl``) over Z products M x N x K,
     splitting a grid past the device's workgroups per dimension."""
     dev = out.device
-    t = gemm_tiling(dev, M, N, Z)
+    t = next((t for t in _SHORT_TILES if M <= t.bm), None) or gemm_tiling(dev, M, N, Z)
     if t is None:
         raise RuntimeError(f"conv2d: {dev} fits no matmul tile (workgroup limits {dev.limits})")
     k = _gemm_spec(kernel, helpers, t, la, tuple(b.dtype.storage for b in [out, *bufs]), out.dtype.storage)
