@@ -76,7 +76,7 @@ class Dropout(Function):
 
 
 class Conv2d(Function):
-    """2-d convolution (im2col + matmul; ops/conv.py), its input gradient through col2im.
+    """2-d convolution (ops/conv.py picks the kernels: depthwise, implicit GEMM, matmul or im2col).
 
     ``apply(x, weight, bias, window, groups)`` with sizes and dtypes checked by the caller; bias may be None.
     """

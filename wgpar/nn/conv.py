@@ -96,7 +96,7 @@ class Conv1d(_ConvNd):
 
 class Conv2d(_ConvNd):
     """2-d convolution over [N, C_in, H, W] (or [C_in, H, W]) to [N, C_out, H_out, W_out], as
-    ``torch.nn.Conv2d``; runs as im2col + matmul (docs/design.md, "Convolution").
+    ``torch.nn.Conv2d``; runs as implicit GEMM, a depthwise kernel or a matmul (docs/design.md, "Convolution").
 
     Arguments:
         in_channels, out_channels: channels of the input and the output.

@@ -254,7 +254,7 @@ def _single(v, what: str, op: str):
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
            groups: int = 1) -> Tensor:
     """1-d convolution (cross-correlation, as torch) of ``input`` [N, C, L] (or [C, L]) with ``weight``
-    [O, C / groups, k]: [N, O, L_out]. Runs as a 2-d convolution of height 1 (im2col + matmul).
+    [O, C / groups, k]: [N, O, L_out]. Runs as a 2-d convolution of height 1.
 
     Arguments:
         input: the input, float.
@@ -270,8 +270,8 @@ def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
            groups: int = 1) -> Tensor:
     """2-d convolution (cross-correlation, as torch) of ``input`` [N, C, H, W] (or [C, H, W]) with
-    ``weight`` [O, C / groups, kh, kw]: [N, O, H_out, W_out]. Runs as im2col + the tuned matmul
-    (docs/design.md, "Convolution").
+    ``weight`` [O, C / groups, kh, kw]: [N, O, H_out, W_out]. Runs as implicit GEMM on the tuned
+    matmul's tiles, a depthwise kernel or a plain matmul for 1x1 (docs/design.md, "Convolution").
 
     Arguments:
         input: the input, float.
@@ -358,8 +358,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     """2-d transposed convolution of ``input`` [N, C_in, H, W] (or [C_in, H, W]) with ``weight``
     [C_in, C_out / groups, kh, kw], as ``torch.nn.functional.conv_transpose2d``: the adjoint of conv2d (its
     input gradient), output size (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1 per dim.
-    Runs as weight^T @ input per chunk of images and col2im (docs/design.md, "Convolution"); its input gradient
-    is a conv2d.
+    Runs as conv2d's input gradient (docs/design.md, "Convolution"); its input gradient is a conv2d.
 
     Arguments:
         input: the input, float.
