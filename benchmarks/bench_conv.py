@@ -1,21 +1,25 @@
-"""Conv2d forward and forward + backward: wgpar (im2col + matmul, col2im) against PyTorch, per shape.
+"""Convolution and CNN layers, forward and forward + backward: wgpar against PyTorch, per shape; and a
+ResNet-18 training step on CIFAR-10-shaped data (``--resnet``).
 
-Shapes are ResNet-50-like layers (a 7x7 stride-2 stem, 3x3 and 1x1 convolutions, a depthwise 3x3);
-``--small`` divides batch and spatial sizes by 4 so it runs on lavapipe. A timing is the mean of
-``--steps`` calls after a warm-up, ended by one wait for the device; GFLOP/s counts 2 * N * O *
-oh * ow * C/G * kh * kw per forward and twice that for backward (input and weight gradients). The
-reference is PyTorch on CUDA (TF32 off) when available, else on the CPU; the outputs and gradients
-of the first call are compared.
+Layer rows are ResNet-like convolutions (a 7x7 stride-2 stem, 3x3 at stride 1 and 2, 5x5, dilation 2, 1x1,
+grouped and depthwise 3x3) and the pooling and normalisation layers around them. ``--small`` divides batch
+and spatial sizes by 4 so it runs on lavapipe. A timing is the mean of ``--steps`` calls after a warm-up,
+ended by one wait for the device. GFLOP/s counts 2 N O oh ow C/G kh kw per convolution forward and three
+times that for forward + backward. Peak memory: the most bytes allocated during a forward + backward above
+what was allocated before it (wgpar.memory.max_memory_allocated, torch.cuda.max_memory_allocated). The
+reference is PyTorch FP32 on CUDA (TF32 off); without CUDA, torch on the CPU only checks the results (the
+largest difference of output and gradients, relative to the largest value) and is not timed.
 
-    python benchmarks/bench_conv.py --small
-    python benchmarks/bench_conv.py              # full sizes, on a GPU
+    python benchmarks/bench_conv.py --small --steps 1 --no-write    # smoke test (lavapipe)
+    python benchmarks/bench_conv.py                                  # full sizes, on a GPU
+    python benchmarks/bench_conv.py --resnet                         # ResNet-18 step, batch 128, 32x32
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,45 +28,247 @@ import numpy as np  # noqa: E402
 
 import wgpar  # noqa: E402
 from benchmarks import _report  # noqa: E402
-from wgpar.nn import functional as F  # noqa: E402
 
-# name, (N, C, H, W), (O, kernel, stride, padding, groups)
-SHAPES = [
-    ("stem 7x7/2", (32, 3, 224, 224), (64, 7, 2, 3, 1)),
-    ("3x3 64", (32, 64, 56, 56), (64, 3, 1, 1, 1)),
-    ("3x3 128", (32, 128, 28, 28), (128, 3, 1, 1, 1)),
-    ("3x3 256", (32, 256, 14, 14), (256, 3, 1, 1, 1)),
-    ("1x1 256->64", (32, 256, 56, 56), (64, 1, 1, 0, 1)),
-    ("depthwise 3x3 256", (32, 256, 28, 28), (256, 3, 1, 1, 256)),
+# name, input (N, C, H, W), the layer from an nn namespace (wgpar.nn or torch.nn), conv (O, k, s, d, g) for FLOPs
+LAYERS = [
+    ("stem 7x7/2", (32, 3, 224, 224), lambda nn: nn.Conv2d(3, 64, 7, 2, 3), (64, 7, 2, 1, 1)),
+    ("3x3 64", (32, 64, 56, 56), lambda nn: nn.Conv2d(64, 64, 3, 1, 1), (64, 3, 1, 1, 1)),
+    ("3x3/2 64->128", (32, 64, 56, 56), lambda nn: nn.Conv2d(64, 128, 3, 2, 1), (128, 3, 2, 1, 1)),
+    ("3x3 128", (32, 128, 28, 28), lambda nn: nn.Conv2d(128, 128, 3, 1, 1), (128, 3, 1, 1, 1)),
+    ("3x3 256", (32, 256, 14, 14), lambda nn: nn.Conv2d(256, 256, 3, 1, 1), (256, 3, 1, 1, 1)),
+    ("5x5 64", (32, 64, 28, 28), lambda nn: nn.Conv2d(64, 64, 5, 1, 2), (64, 5, 1, 1, 1)),
+    ("3x3 dil2 128", (32, 128, 28, 28), lambda nn: nn.Conv2d(128, 128, 3, 1, 2, 2), (128, 3, 1, 2, 1)),
+    ("1x1 256->64", (32, 256, 56, 56), lambda nn: nn.Conv2d(256, 64, 1), (64, 1, 1, 1, 1)),
+    ("grouped 3x3 256 g32", (32, 256, 28, 28), lambda nn: nn.Conv2d(256, 256, 3, 1, 1, groups=32), (256, 3, 1, 1, 32)),
+    ("depthwise 3x3 256", (32, 256, 28, 28), lambda nn: nn.Conv2d(256, 256, 3, 1, 1, groups=256),
+     (256, 3, 1, 1, 256)),
+    ("maxpool 3x3/2", (32, 64, 112, 112), lambda nn: nn.MaxPool2d(3, 2, 1), None),
+    ("avgpool 2x2", (32, 256, 28, 28), lambda nn: nn.AvgPool2d(2), None),
+    ("batchnorm2d 64", (32, 64, 56, 56), lambda nn: nn.BatchNorm2d(64), None),
+    ("adaptive avgpool 1", (32, 512, 7, 7), lambda nn: nn.AdaptiveAvgPool2d(1), None),
 ]
 
 
+class _Lib:
+    """What a benchmark needs of wgpar or torch: tensors, no_grad, sync, peak memory."""
+
+    def __init__(self, name: str, torch=None, tdev=None, dev=None) -> None:
+        self.name, self.torch, self.tdev, self.dev = name, torch, tdev, dev
+        self.nn = torch.nn if torch is not None else wgpar.nn
+        self.F = torch.nn.functional if torch is not None else wgpar.nn.functional
+        self.no_grad = torch.no_grad if torch is not None else wgpar.no_grad
+        self.optim = torch.optim if torch is not None else wgpar.optim
+
+    def tensor(self, a: np.ndarray, requires_grad: bool = False):
+        if self.torch is not None:
+            return self.torch.tensor(a, device=self.tdev, requires_grad=requires_grad)
+        return wgpar.tensor(a, device=self.dev, requires_grad=requires_grad)
+
+    def to(self, module):
+        return module.to(self.tdev) if self.torch is not None else module.to(self.dev)
+
+    def sync(self) -> None:
+        if self.torch is None:
+            wgpar.synchronize(self.dev)
+        elif self.tdev == "cuda":
+            self.torch.cuda.synchronize()
+
+    def allocated(self) -> int:
+        if self.torch is None:
+            return wgpar.memory.memory_allocated(self.dev)
+        return self.torch.cuda.memory_allocated() if self.tdev == "cuda" else 0
+
+    def reset_peak(self) -> None:
+        self.sync()
+        if self.torch is None:
+            wgpar.memory.reset_peak_memory_stats(self.dev)
+        elif self.tdev == "cuda":
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def peak(self) -> int:
+        self.sync()
+        if self.torch is None:
+            return wgpar.memory.max_memory_allocated(self.dev)
+        return self.torch.cuda.max_memory_allocated() if self.tdev == "cuda" else 0
 
 
-
-
-def measure(conv, tensors, gy, no_grad, sync, steps: int, warmup: int) -> tuple[float, float]:
-    """Seconds per forward (under ``no_grad``) and per forward + backward of ``conv(*tensors)``."""
-
-    def fwd():
-        with no_grad():
-            conv(*tensors)
-
-    def fwd_bwd():
-        for t in tensors:
-            t.grad = None
-        conv(*tensors).backward(gy)
-
-    return _report.timed(fwd, sync, steps, warmup=warmup), _report.timed(fwd_bwd, sync, steps, warmup=warmup)
+def _numpy(t) -> np.ndarray:
+    return t.numpy() if isinstance(t, wgpar.Tensor) else t.detach().cpu().numpy()
 
 
 def _rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(1.0, np.abs(b).max()))
 
 
+def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict | None, steps: int, warmup: int,
+              timed: bool):
+    """(outputs and gradients of the first call, fwd s, fwd+bwd s, peak bytes of a fwd+bwd, state dict)."""
+    layer = lib.to(make(lib.nn))
+    if state is not None:
+        layer.load_state_dict(state if lib.torch is not None else {k: _numpy(v) for k, v in state.items()})
+    xt = lib.tensor(x, requires_grad=True)
+    params = list(layer.parameters())
+    y = layer(xt)
+    g = lib.tensor(gy if gy is not None else np.ones(y.shape, np.float32))
+    y.backward(g)
+    results = [_numpy(y), _numpy(xt.grad)] + [_numpy(p.grad) for p in params]
+    if not timed:
+        return results, None, None, None, layer.state_dict()
+
+    def fwd():
+        with lib.no_grad():
+            layer(xt)
+
+    def fwd_bwd():
+        xt.grad = None
+        for p in params:
+            p.grad = None
+        layer(xt).backward(g)
+
+    tf = _report.timed(fwd, lib.sync, steps, warmup=warmup)
+    tfb = _report.timed(fwd_bwd, lib.sync, steps, warmup=warmup)
+    xt.grad = None
+    for p in params:
+        p.grad = None
+    lib.reset_peak()
+    before = lib.allocated()
+    fwd_bwd()
+    peak = lib.peak() - before
+    return results, tf, tfb, peak, layer.state_dict()
+
+
+def layers(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
+    ours = _Lib("wgpar", dev=dev)
+    theirs = _Lib("torch", torch, tdev) if torch is not None else None
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, (n, c, h, w), make, conv in LAYERS:
+        if args.only and not any(s in name for s in args.only):
+            continue
+        if args.small:
+            n, h, w = max(n // 4, 1), max(h // 4, 8), max(w // 4, 8)
+        x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+        # the reference first: its initial parameters (and output shape) are what wgpar loads
+        ref = None
+        if theirs is not None:
+            ref = run_layer(theirs, make, x, None, None, args.steps, args.warmup, False)
+            gy = rng.standard_normal(ref[0][0].shape, dtype=np.float32)
+            ref = run_layer(theirs, make, x, gy, ref[4], args.steps, args.warmup, tdev == "cuda")
+        else:
+            gy = None
+        got = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True)
+        check = "-" if ref is None else f"{max(_rel_diff(a, b) for a, b in zip(got[0], ref[0])):.0e}"
+        _, wf, wfb, wpeak, _ = got
+        tf, tfb, tpeak = (ref[1], ref[2], ref[3]) if ref is not None else (None, None, None)
+        flops = None
+        if conv is not None:
+            o, k, s, d, g = conv
+            oh, ow = got[0][0].shape[2:]
+            flops = 2.0 * n * o * oh * ow * (c // g) * k * k
+        ms = lambda t: f"{t * 1e3:.2f}" if t else "-"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa: E731
+        row = [name, f"{n}x{c}x{h}x{w}", ms(wf), ms(tf), ratio(wf, tf), ms(wfb), ms(tfb), ratio(wfb, tfb),
+               f"{3 * flops / wfb / 1e9:.0f}" if flops else "-", f"{wpeak / 2**20:.1f}",
+               f"{tpeak / 2**20:.1f}" if tpeak else "-", ratio(wpeak, tpeak), check]
+        rows.append(row)
+        print("  ".join(row), flush=True)
+    return ["layer", "input", "fwd ms", "torch fwd ms", "fwd ratio", "fwd+bwd ms", "torch fwd+bwd ms",
+            "fwd+bwd ratio", "fwd+bwd GFLOP/s", "peak MiB", "torch peak MiB", "peak ratio", "max rel. diff"], rows
+
+
+def resnet18(nn, F, classes: int = 10):
+    """ResNet-18 for 32x32 inputs (a 3x3 stem, no max pooling), as the CIFAR-10 training recipes build it."""
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = F.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return F.relu(y + (x if self.down is None else self.down(x)))
+
+    class ResNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            blocks, cin = [], 64
+            for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+                blocks += [Block(cin, cout, stride), Block(cout, cout, 1)]
+                cin = cout
+            self.blocks = nn.Sequential(*blocks)
+            self.fc = nn.Linear(512, classes)
+
+        def forward(self, x):
+            y = self.blocks(F.relu(self.bn1(self.conv1(x))))
+            return self.fc(F.adaptive_avg_pool2d(y, 1).reshape(x.shape[0], 512))
+
+    return ResNet()
+
+
+def resnet_step(lib: _Lib, x: np.ndarray, labels: np.ndarray, state: dict | None, steps: int, warmup: int):
+    """(seconds per SGD step, peak bytes allocated over the steps, first loss, state dict)."""
+    model = lib.to(resnet18(lib.nn, lib.F))
+    if state is not None:
+        model.load_state_dict(state if lib.torch is not None else {k: _numpy(v) for k, v in state.items()})
+    model.train()
+    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    xt = lib.tensor(x)
+    yt = (lib.torch.tensor(labels, device=lib.tdev) if lib.torch is not None
+          else wgpar.tensor(labels, dtype=wgpar.int32, device=lib.dev))
+    losses = []
+
+    def step():
+        opt.zero_grad()
+        loss = lib.F.cross_entropy(model(xt), yt)
+        loss.backward()
+        opt.step()
+        losses.append(loss)
+
+    state0 = {k: v.clone() if lib.torch is not None else _numpy(v) for k, v in model.state_dict().items()}
+    step()
+    first = float(_numpy(losses[0]))
+    lib.reset_peak()
+    t = _report.timed(step, lib.sync, steps, warmup=warmup)
+    return t, lib.peak(), first, state0
+
+
+def resnet(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
+    rng = np.random.default_rng(0)
+    batch = 16 if args.small else 128
+    x = rng.standard_normal((batch, 3, 32, 32), dtype=np.float32)
+    labels = rng.integers(0, 10, batch).astype(np.int64)
+    ref = None
+    if torch is not None:
+        torch.manual_seed(0)
+        ref = resnet_step(_Lib("torch", torch, tdev), x, labels, None, args.steps, args.warmup)
+    t0 = time.perf_counter()
+    got = resnet_step(_Lib("wgpar", dev=dev), x, labels.astype(np.int32), ref[3] if ref else None, args.steps,
+                      args.warmup)
+    print(f"wgpar ResNet-18 run took {time.perf_counter() - t0:.1f} s")
+    timed_ref = ref is not None and tdev == "cuda"
+    row = [f"ResNet-18, batch {batch}, 3x32x32", f"{got[0] * 1e3:.1f}", f"{ref[0] * 1e3:.1f}" if timed_ref else "-",
+           f"{got[0] / ref[0]:.2f}x" if timed_ref else "-", f"{got[1] / 2**20:.0f}",
+           f"{ref[1] / 2**20:.0f}" if timed_ref else "-", f"{got[1] / ref[1]:.2f}x" if timed_ref else "-",
+           f"{got[2]:.4f}", f"{ref[2]:.4f}" if ref else "-"]
+    print("  ".join(row))
+    return ["model", "step ms", "torch step ms", "ratio", "peak MiB", "torch peak MiB", "peak ratio", "first loss",
+            "torch first loss"], [row]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="batch and spatial sizes / 4 (lavapipe)")
+    ap.add_argument("--resnet", action="store_true", help="the ResNet-18 training step instead of the layers")
+    ap.add_argument("--only", nargs="*", default=[], help="layer rows whose name contains one of these")
     ap.add_argument("--steps", type=int, default=5, help="timed calls per measurement")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
@@ -75,57 +281,25 @@ def main(argv: list[str] | None = None) -> int:
     tname = None
     if torch is not None:
         tname = (f"torch {torch.__version__} FP32 (TF32 off) on {torch.cuda.get_device_name(0)}" if tdev == "cuda"
-                 else f"torch {torch.__version__} FP32 on the CPU")
+                 else f"torch {torch.__version__} on the CPU (results checked, not timed)")
         print(f"reference: {tname}")
-    rng = np.random.default_rng(0)
-    rows = []
-    for name, (n, c, h, w), (o, k, s, p, g) in SHAPES:
-        if args.small:
-            n, h, w = max(n // 4, 1), max(h // 4, k), max(w // 4, k)
-        x = rng.standard_normal((n, c, h, w), dtype=np.float32)
-        wt = (rng.standard_normal((o, c // g, k, k), dtype=np.float32) / np.sqrt(c // g * k * k)).astype(np.float32)
-        b = rng.standard_normal(o, dtype=np.float32)
-        ours = [wgpar.tensor(a, device=dev, requires_grad=True) for a in (x, wt, b)]
-        conv = functools.partial(lambda x, w, b, s, p, g: F.conv2d(x, w, b, s, p, 1, g), s=s, p=p, g=g)
-        y = conv(*ours)
-        gy = wgpar.tensor(rng.standard_normal(y.shape, dtype=np.float32), device=dev)
-        y.backward(gy)
-        oh, ow = y.shape[2:]
-        flops = 2.0 * n * o * oh * ow * (c // g) * k * k
-        wf, wfb = measure(conv, ours, gy, wgpar.no_grad, lambda: wgpar.synchronize(dev), args.steps, args.warmup)
-        tf = tfb = None
-        check = "-"
-        if torch is not None:
-            theirs = [torch.tensor(a, device=tdev, requires_grad=True) for a in (x, wt, b)]
-            tconv = functools.partial(lambda x, w, b, s, p, g: torch.nn.functional.conv2d(x, w, b, s, p, 1, g),
-                                      s=s, p=p, g=g)
-            tgy = torch.tensor(gy.numpy(), device=tdev)
-            ty = tconv(*theirs)
-            ty.backward(tgy)
-            pairs = [(y, ty)] + [(a.grad, t.grad) for a, t in zip(ours, theirs)]
-            check = f"{max(_rel_diff(a.numpy(), t.detach().cpu().numpy()) for a, t in pairs):.0e}"
-            tsync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
-            tf, tfb = measure(tconv, theirs, tgy, torch.no_grad, tsync, args.steps, args.warmup)
-        shape = f"{n}x{c}x{h}x{w} -> {o}, k{k} s{s} p{p}" + (f" g{g}" if g > 1 else "")
-        row = [name, shape, f"{wf * 1e3:.2f}", f"{flops / wf / 1e9:.1f}", f"{wfb * 1e3:.2f}",
-               f"{3 * flops / wfb / 1e9:.1f}", f"{tf * 1e3:.2f}" if tf else "-", f"{tfb * 1e3:.2f}" if tfb else "-",
-               f"{wfb / tfb:.2f}x" if tfb else "-", check]
-        rows.append(row)
-        print("  ".join(row))
-    ref = "torch CUDA" if tdev == "cuda" else "torch CPU" if tdev else "torch"
-    table = _report.markdown_table(
-        ["layer", "shape", "fwd ms", "fwd GFLOP/s", "fwd+bwd ms", "fwd+bwd GFLOP/s", f"{ref} fwd ms",
-         f"{ref} fwd+bwd ms", "fwd+bwd ratio", "max rel. diff"], rows)
+    header, rows = (resnet if args.resnet else layers)(args, dev, torch, tdev)
+    table = _report.markdown_table(header, rows)
     print(table)
-    key = f"conv:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}"
-    body = (f"## Conv2d, im2col + matmul ({dev.adapter_name}{', small sizes' if args.small else ''})\n\n"
+    what = "resnet" if args.resnet else "conv"
+    key = f"{what}:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}"
+    title = "ResNet-18 training step (SGD momentum, BatchNorm)" if args.resnet else "Convolution and CNN layers"
+    body = (f"## {title} ({dev.adapter_name}{', small sizes' if args.small else ''})\n\n"
             f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
             f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
-            f"- what: conv2d with bias, float32; fwd under no_grad, fwd+bwd with input, weight and bias "
-            f"gradients; mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
-            f"GFLOP/s: 2 N O oh ow C/G kh kw per forward, three times that for fwd+bwd. max rel. diff: "
-            f"largest difference from the reference over output and gradients, relative to the largest "
-            f"value.\n\n{table}\n")
+            f"- what: float32; mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
+            + ("Step: zero_grad, forward, cross-entropy, backward, SGD(lr 0.01, momentum 0.9); peak: the most bytes "
+               "allocated over the timed steps (parameters, momentum and activations included)."
+               if args.resnet else
+               "fwd under no_grad; fwd+bwd with input and parameter gradients; peak: the most bytes allocated "
+               "during one fwd+bwd above what was allocated before it. max rel. diff: largest difference from "
+               "the reference over output and gradients, relative to the largest value.")
+            + f"\n\n{table}\n")
     _report.finish(args, key, body)
     return 0
 

@@ -18,7 +18,10 @@
 // in vec4 units; m0, n0 in elements: the first tile of a split grid) are declared in
 // wgpar/ops/matmul.py, with the override constants: the tile BM x BN x BK, the WM x WN threads,
 // SA / SB (vec4s per k-row of As / Bs: BM / 4 + 1, BN / 4 + 1), AS_LEN / BS_LEN (the slabs'
-// lengths) and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled).
+// lengths) and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled). HELPERS: the
+// functions of an implicit-GEMM convolution (shaders/conv_gemm_*.wgsl), whose loads and stores
+// replace the array accesses (ops/conv.py); empty for a plain matmul.
+{{HELPERS}}
 var<workgroup> As: array<vec4<f32>, AS_LEN>;
 var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
 
@@ -30,8 +33,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
   let z = wid.z + p.z0;
   let row0 = p.m0 + wid.y * BM;
   let col0 = p.n0 + wid.x * BN;
-  let base_a = p.off_a + z * p.sa_b;
-  let base_b = p.off_b + z * p.sb_b;
 {{DECL}}
   {
     let k0 = 0u;
@@ -57,6 +58,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 {{TAIL}}
     workgroupBarrier();
   }
-  let base_c = p.off_c + z * p.sc_b;
 {{WRITE}}
 }

@@ -131,13 +131,80 @@ def test_batches_past_the_workspace_run_in_chunks(rng, monkeypatch):
         (y * y).sum().backward()
         return [y.numpy()] + [t.grad.numpy() for t in ts]
 
-    whole = run()
-    per_image = 3 * 9 * 6 * 7 * 4
-    monkeypatch.setattr(conv_ops, "WORKSPACE_BYTES", 2 * per_image)  # chunks of 2, 2 and 1 images
-    assert conv_ops.chunks(window((5, 3, 6, 7), 3, 1, 1, 1, "t"), wgpar.tensor(arrays[0])) == \
-        [(0, 2), (2, 2), (4, 1)]
-    for a, b in zip(run(), whole):  # the weight's gradient sums the chunks in another order
+    with conv_ops.force_path("im2col"):
+        whole = run()
+        per_image = 3 * 9 * 6 * 7 * 4
+        monkeypatch.setattr(conv_ops, "WORKSPACE_BYTES", 2 * per_image)  # chunks of 2, 2 and 1 images
+        assert conv_ops.chunks(window((5, 3, 6, 7), 3, 1, 1, 1, "t"), wgpar.tensor(arrays[0])) == \
+            [(0, 2), (2, 2), (4, 1)]
+        conv_ops.PATHS.clear()
+        chunked = run()
+    assert conv_ops.PATHS == {"im2col": 3}
+    for a, b in zip(chunked, whole):  # the weight's gradient sums the chunks in another order
         assert_close(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
+
+
+def _against_torch(torch, rng, shapes, stride, padding, dilation, groups, dtype=np.float32, tol=1e-4):
+    """Forward and every gradient of conv2d against torch's (float64 there where dtype is float16)."""
+    arrays = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+    ours = [wgpar.tensor(a, dtype=wgpar.float16 if dtype == np.float16 else wgpar.float32, requires_grad=True)
+            for a in arrays]
+    theirs = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in arrays]
+    y = F.conv2d(*ours, stride, padding, dilation, groups)
+    yt = torch.nn.functional.conv2d(*theirs, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    gy = rng.standard_normal(yt.shape).astype(dtype)
+    y.backward(wgpar.tensor(gy, dtype=y.dtype))
+    yt.backward(torch.tensor(gy.astype(np.float64)))
+    for a, t, name in zip([y] + [t.grad for t in ours], [yt] + [t.grad for t in theirs],
+                          ("output", "input", "weight", "bias")):
+        want = t.detach().numpy()
+        assert_close(a.numpy().astype(np.float64), want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()), what=name)
+
+
+# (N, C, H, W, O, kernel, stride, padding, dilation, groups), the path conv2d must take
+PATH_CASES = [
+    ((2, 7, 13, 11, 7, 3, 2, 1, 2, 7), "depthwise"),         # awkward sizes, stride 2, dilation 2
+    ((3, 5, 9, 10, 10, (3, 2), (1, 2), (2, 0), 1, 5), "depthwise"),  # channel multiplier 2
+    ((2, 3, 13, 11, 67, (3, 2), (2, 1), (1, 1), (1, 2), 1), "gemm"),  # K = 18, O and N past whole tiles
+    ((2, 6, 9, 7, 9, 3, 3, (2, 0), 2, 3), "gemm"),            # groups; stride 3: phases no tap reaches
+    ((3, 8, 6, 6, 5, 1, 1, 0, 1, 1), "matmul"),               # 1x1, no gather (the weight's gradient is a GEMM)
+]
+
+
+@pytest.mark.parametrize("case, path", PATH_CASES, ids=lambda c: c if isinstance(c, str) else "x".join(map(str, c[:5])))
+def test_each_path_matches_torch(case, path, rng, torch):
+    n, c, h, w, o, k, s, p, d, g = case
+    kh, kw = _norm(k)
+    conv_ops.PATHS.clear()
+    _against_torch(torch, rng, ((n, c, h, w), (o, c // g, kh, kw), (o,)), s, p, d, g)
+    assert conv_ops.PATHS[path] >= 2 and set(conv_ops.PATHS) <= {path, "gemm"}, conv_ops.PATHS
+
+
+def test_split_weight_gradient_and_split_grids_match_torch(rng, torch, monkeypatch, dev):
+    """Positions in several parts (the weight gradients' partial sums) and grids past the workgroup limit."""
+    monkeypatch.setattr(conv_ops, "_MAX_K", 96)  # 13 parts of the 1200 positions
+    monkeypatch.setattr(conv_ops, "MAX_LOOP", 40)  # the depthwise kernel: 2 positions a thread, 3 parts
+    monkeypatch.setattr(dev, "max_workgroups", 16)  # the forward's 19 column tiles, the 26 partial products
+    for case, path in (((3, 4, 20, 20, 20, 3, 1, 1, 1, 2), "gemm"), ((3, 5, 20, 20, 5, 3, 1, 1, 1, 5), "depthwise")):
+        n, c, h, w, o, k, s, p, d, g = case
+        conv_ops.PATHS.clear()
+        _against_torch(torch, rng, ((n, c, h, w), (o, c // g, k, k), (o,)), s, p, d, g)
+        assert conv_ops.PATHS == {path: 3}, (case, conv_ops.PATHS)
+
+
+@pytest.mark.parametrize("path", ["gemm", "im2col"])
+def test_forced_paths_match_torch(path, rng, torch):
+    with conv_ops.force_path(path):
+        conv_ops.PATHS.clear()
+        _against_torch(torch, rng, ((2, 6, 7, 9), (6, 1, 3, 3), (6,)), 2, 1, 1, 6)
+    assert conv_ops.PATHS == {path: 3}
+
+
+@pytest.mark.parametrize("groups", [1, 5])
+def test_float16_gradients_match_torch(groups, rng, torch, dev):
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    _against_torch(torch, rng, ((2, 5, 9, 8), (10, 5 // groups, 3, 3), (10,)), 2, 1, 1, groups, np.float16, 2e-2)
 
 
 # What torch prints for these layers.

@@ -92,6 +92,7 @@ def test_chunked_batches_match_one_chunk(rng, monkeypatch):
     grads = [t.grad.numpy() for t in (xw, ww, bw)]
     patch_bytes = 4 * 9 * 6 * 5 * 4  # one image's patches of the adjoint conv: 4 channels, 3x3, 6x5 positions
     monkeypatch.setattr(conv_ops, "WORKSPACE_BYTES", 2 * patch_bytes)  # chunks of two images
+    monkeypatch.setattr(conv_ops, "_force", "im2col")
     assert len(conv_ops.chunks(wgpar.ops.window.window((5, 4, 12, 9), 3, 2, 1, 1, "t"), y)) == 3
     xw2 = wgpar.tensor(x, requires_grad=True)
     ww2, bw2 = wgpar.tensor(wt, requires_grad=True), wgpar.tensor(b, requires_grad=True)
@@ -158,3 +159,28 @@ def test_errors():
         nn.ConvTranspose2d(4, 2, 3, stride=2)(x, output_size=(9, 9))
     with pytest.raises(ValueError, match="divisible by groups"):
         nn.ConvTranspose2d(4, 3, 3, groups=2)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2, dilation=(1, 2)),
+    dict(stride=1, padding=2, dilation=2),
+    dict(stride=3, padding=1, output_padding=(0, 3), dilation=(2, 4), groups=6),  # depthwise adjoint
+], ids=["grouped", "dilated", "depthwise"])
+def test_functional_conv_transpose2d_matches_torch(kw, rng, torch):
+    g = kw.get("groups", 1)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((2, 6, 5, 4), (6, 12 // g, 3, 2), (12,))]
+    ours = [wgpar.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    y = wgpar.nn.functional.conv_transpose2d(*ours, **kw)
+    yt = torch.nn.functional.conv_transpose2d(*theirs, **kw)
+    assert_close(y.numpy(), yt.detach().numpy(), 1e-4, 1e-4, "output")
+    gy = rng.standard_normal(yt.shape).astype(np.float32)
+    y.backward(wgpar.tensor(gy))
+    yt.backward(torch.tensor(gy))
+    for a, t, what in zip(ours, theirs, ("input", "weight", "bias")):
+        assert_close(a.grad.numpy(), t.grad.numpy(), 1e-4, 1e-4, what)
+    x1 = rng.standard_normal((2, 6, 7)).astype(np.float32)
+    w1 = rng.standard_normal((6, 4, 3)).astype(np.float32)
+    assert_close(wgpar.nn.functional.conv_transpose1d(wgpar.tensor(x1), wgpar.tensor(w1), stride=2, groups=2).numpy(),
+                 torch.nn.functional.conv_transpose1d(torch.tensor(x1), torch.tensor(w1), stride=2, groups=2).numpy(),
+                 1e-4, 1e-4, "conv_transpose1d")

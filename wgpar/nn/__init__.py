@@ -4,7 +4,8 @@ from . import functional, init, utils
 from .attention import CausalSelfAttention, MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .containers import ModuleDict, ModuleList
-from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, conv_transpose1d, conv_transpose2d
+from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
+from .functional import conv_transpose1d, conv_transpose2d
 from .layers import (
                      ELU,
                      GELU,

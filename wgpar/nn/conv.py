@@ -1,17 +1,14 @@
 """Convolution layers: Conv1d and Conv2d (as torch.nn, weight [out, in / groups, *kernel]), and the transposed
-convolutions ConvTranspose1d / ConvTranspose2d (weight [in, out / groups, *kernel]) with their functions."""
+convolutions ConvTranspose1d / ConvTranspose2d (weight [in, out / groups, *kernel]); their functions are in
+nn/functional.py."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
-from .. import creation, ops
+from .. import creation
 from .. import dtypes as _dt
-from ..autograd import Context, Function
-from ..ops import conv as conv_ops
-from ..ops.window import Window, pair, window
-from ..tensor import Tensor, check_same_device
+from ..tensor import Tensor
 from . import functional as F
 from . import init
 from .module import Module
@@ -99,7 +96,7 @@ class Conv1d(_ConvNd):
 
 class Conv2d(_ConvNd):
     """2-d convolution over [N, C_in, H, W] (or [C_in, H, W]) to [N, C_out, H_out, W_out], as
-    ``torch.nn.Conv2d``; runs as im2col + matmul (docs/design.md, "Convolution").
+    ``torch.nn.Conv2d``; runs as implicit GEMM, a depthwise kernel or a matmul (docs/design.md, "Convolution").
 
     Arguments:
         in_channels, out_channels: channels of the input and the output.
@@ -115,117 +112,6 @@ class Conv2d(_ConvNd):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-
-class ConvTranspose2dFn(Function):
-    """The transposed 2-d convolution, the adjoint of conv2d over ``win`` (ops/conv.py): its input gradient is
-    conv2d of the output gradient, its weight gradient conv2d's weight gradient with the roles of input and
-    output gradient swapped. ``apply(x, weight, bias, win, groups)``, checked by the caller."""
-
-    name = "conv_transpose2d"
-
-    @staticmethod
-    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
-        ctx.win, ctx.groups = win, groups
-        ctx.save_for_backward(x, weight)
-        return conv_ops.conv_transpose2d(x, weight, bias, win, groups)
-
-    @staticmethod
-    def backward(ctx: Context, g: Tensor):
-        x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = conv_ops.conv2d(g, weight, None, ctx.win, ctx.groups) if need_x else None
-        gw = conv_ops.conv2d_backward(g, weight, x, ctx.win, ctx.groups, False, True, False)[1] if need_w else None
-        gb = ops.reduce("sum", ops.reshape(g, (g.shape[0], g.shape[1], -1)), (0, 2)) if need_b else None
-        return gx, gw, gb, None, None
-
-
-def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, output_padding, groups: int,
-                    dilation, nd: int) -> Tensor:
-    op = f"conv_transpose{nd}d"
-    if not isinstance(x, Tensor) or x.ndim not in (nd + 1, nd + 2):
-        dims = "[N, C, L] or [C, L]" if nd == 1 else "[N, C, H, W] or [C, H, W]"
-        raise ValueError(f"{op}: expected an input of shape {dims}, got {getattr(x, 'shape', type(x).__name__)}")
-    if not isinstance(weight, Tensor) or weight.ndim != nd + 2:
-        raise ValueError(f"{op}: weight must be a Tensor of {nd + 2} dims [in, out / groups, *kernel], got "
-                         f"{getattr(weight, 'shape', type(weight).__name__)}")
-    check_same_device(x, weight, *(() if bias is None else (bias,)), op=op)
-    for t in (weight, bias):
-        if not x.dtype.is_float or (t is not None and t.dtype is not x.dtype):
-            raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
-                            f"({bias.dtype.name if bias is not None else 'none'}) must have one float dtype")
-    unbatched = x.ndim == nd + 1
-    if unbatched:
-        x = x.unsqueeze(0)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
-    n, c = x.shape[:2]
-    if weight.shape[0] != c or c % groups:
-        raise ValueError(f"{op}: input of shape {x.shape} ({c} channels) and weight of shape {weight.shape} do not "
-                         f"fit groups={groups}: need in_channels = weight.shape[0], divisible by groups")
-    c_out = weight.shape[1] * groups
-    if bias is not None and bias.shape != (c_out,):
-        raise ValueError(f"{op}: bias of shape {bias.shape} for {c_out} output channels")
-    if nd == 1:  # a row of one: [N, C, 1, L] with a 1 x k kernel
-        x, weight = x.unsqueeze(2), weight.unsqueeze(2)
-        stride, padding, output_padding, dilation = ((lead, _tuple(v, 1, what, op)[0]) for v, what, lead in (
-            (stride, "stride", 1), (padding, "padding", 0), (output_padding, "output_padding", 0),
-            (dilation, "dilation", 1)))
-    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = (pair(v, what, op) for v, what in (
-        (stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation")))
-    kh, kw = weight.shape[2:]
-    if not (0 <= oph < max(sh, dh) and 0 <= opw < max(sw, dw)):
-        raise ValueError(f"{op}: output_padding {(oph, opw)} must be >= 0 and smaller than stride {(sh, sw)} or "
-                         f"dilation {(dh, dw)}")
-    h, w = x.shape[2:]
-    out_h = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
-    out_w = (w - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
-    if out_h < 1 or out_w < 1:
-        raise ValueError(f"{op}: input of size {h}x{w} gives an output of size {out_h}x{out_w} (padding "
-                         f"{(ph, pw)} too large)")
-    # The adjoint conv's window, its output cut to the input's size: where output_padding >= stride (it may
-    # while below dilation) that conv would see more positions than the input has, which hold nothing here.
-    win = replace(window((n, c_out, out_h, out_w), (kh, kw), (sh, sw), (ph, pw), (dh, dw), op), oh=h, ow=w)
-    y = ConvTranspose2dFn.apply(x, weight, bias, win, groups)
-    if nd == 1:
-        y = y.squeeze(2)
-    return y.squeeze(0) if unbatched else y
-
-
-def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
-                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
-    """1-d transposed convolution of ``input`` [N, C_in, L] (or [C_in, L]) with ``weight`` [C_in, C_out / groups, k]:
-    [N, C_out, (L - 1) stride - 2 padding + dilation (k - 1) + output_padding + 1], as
-    ``torch.nn.functional.conv_transpose1d`` (conv1d's adjoint; runs as the 2-d one of height 1).
-
-    Arguments:
-        input: the input, float.
-        weight: the filters, input's dtype.
-        bias: [C_out] or None.
-        stride, padding, dilation: as the convolution this is the adjoint of (ints or 1-tuples).
-        output_padding: extra size on one side of the output, smaller than stride or dilation.
-        groups: split channels into this many independent groups.
-    """
-    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 1)
-
-
-def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
-                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
-    """2-d transposed convolution of ``input`` [N, C_in, H, W] (or [C_in, H, W]) with ``weight``
-    [C_in, C_out / groups, kh, kw], as ``torch.nn.functional.conv_transpose2d``: the adjoint of conv2d (its
-    input gradient), output size (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1 per dim.
-    Runs as weight^T @ input per chunk of images and col2im (docs/design.md, "Convolution"); its input gradient
-    is a conv2d.
-
-    Arguments:
-        input: the input, float.
-        weight: the filters, input's dtype.
-        bias: [C_out] or None.
-        stride, padding, dilation: as the convolution this is the adjoint of (ints or pairs).
-        output_padding: extra rows / columns after the output, smaller than stride or dilation (an int or a pair).
-        groups: split channels into this many independent groups.
-    """
-    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 2)
 
 
 class _ConvTransposeNd(Module):
@@ -300,7 +186,7 @@ class ConvTranspose1d(_ConvTransposeNd):
     _nd = 1
 
     def forward(self, input: Tensor, output_size=None) -> Tensor:
-        return conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding,
+        return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding,
                                 self._output_padding(input, output_size), self.groups, self.dilation)
 
 
@@ -322,5 +208,5 @@ class ConvTranspose2d(_ConvTransposeNd):
     _nd = 2
 
     def forward(self, input: Tensor, output_size=None) -> Tensor:
-        return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
+        return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
                                 self._output_padding(input, output_size), self.groups, self.dilation)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
@@ -13,7 +14,15 @@ from ..autograd import differentiable as D
 from ..autograd.autocast_mode import is_autocast_enabled
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled, no_grad
-from ..autograd.nn_ops import AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, max_pool2d_with_indices
+from ..autograd.nn_ops import (
+    AvgPool2d,
+    BatchNorm,
+    Conv2d,
+    ConvTranspose2d,
+    CrossEntropy,
+    Dropout,
+    max_pool2d_with_indices,
+)
 from ..ops.batch_norm import batch_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
@@ -245,7 +254,7 @@ def _single(v, what: str, op: str):
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
            groups: int = 1) -> Tensor:
     """1-d convolution (cross-correlation, as torch) of ``input`` [N, C, L] (or [C, L]) with ``weight``
-    [O, C / groups, k]: [N, O, L_out]. Runs as a 2-d convolution of height 1 (im2col + matmul).
+    [O, C / groups, k]: [N, O, L_out]. Runs as a 2-d convolution of height 1.
 
     Arguments:
         input: the input, float.
@@ -261,8 +270,8 @@ def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
            groups: int = 1) -> Tensor:
     """2-d convolution (cross-correlation, as torch) of ``input`` [N, C, H, W] (or [C, H, W]) with
-    ``weight`` [O, C / groups, kh, kw]: [N, O, H_out, W_out]. Runs as im2col + the tuned matmul
-    (docs/design.md, "Convolution").
+    ``weight`` [O, C / groups, kh, kw]: [N, O, H_out, W_out]. Runs as implicit GEMM on the tuned
+    matmul's tiles, a depthwise kernel or a plain matmul for 1x1 (docs/design.md, "Convolution").
 
     Arguments:
         input: the input, float.
@@ -273,6 +282,93 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
         groups: split channels into this many independent groups (groups = C: depthwise).
     """
     return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, output_padding, groups: int,
+                    dilation, nd: int) -> Tensor:
+    op = f"conv_transpose{nd}d"
+    if not isinstance(x, Tensor) or x.ndim not in (nd + 1, nd + 2):
+        dims = "[N, C, L] or [C, L]" if nd == 1 else "[N, C, H, W] or [C, H, W]"
+        raise ValueError(f"{op}: expected an input of shape {dims}, got {getattr(x, 'shape', type(x).__name__)}")
+    if not isinstance(weight, Tensor) or weight.ndim != nd + 2:
+        raise ValueError(f"{op}: weight must be a Tensor of {nd + 2} dims [in, out / groups, *kernel], got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    check_same_device(x, weight, *(() if bias is None else (bias,)), op=op)
+    for t in (weight, bias):
+        if not x.dtype.is_float or (t is not None and t.dtype is not x.dtype):
+            raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
+                            f"({bias.dtype.name if bias is not None else 'none'}) must have one float dtype")
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    n, c = x.shape[:2]
+    if weight.shape[0] != c or c % groups:
+        raise ValueError(f"{op}: input of shape {x.shape} ({c} channels) and weight of shape {weight.shape} do not "
+                         f"fit groups={groups}: need in_channels = weight.shape[0], divisible by groups")
+    c_out = weight.shape[1] * groups
+    if bias is not None and bias.shape != (c_out,):
+        raise ValueError(f"{op}: bias of shape {bias.shape} for {c_out} output channels")
+    if nd == 1:  # a row of one: [N, C, 1, L] with a 1 x k kernel
+        x, weight = x.unsqueeze(2), weight.unsqueeze(2)
+        stride, padding, output_padding, dilation = ((lead, _single(v, what, op)) for v, what, lead in (
+            (stride, "stride", 1), (padding, "padding", 0), (output_padding, "output_padding", 0),
+            (dilation, "dilation", 1)))
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = (pair(v, what, op) for v, what in (
+        (stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation")))
+    kh, kw = weight.shape[2:]
+    if not (0 <= oph < max(sh, dh) and 0 <= opw < max(sw, dw)):
+        raise ValueError(f"{op}: output_padding {(oph, opw)} must be >= 0 and smaller than stride {(sh, sw)} or "
+                         f"dilation {(dh, dw)}")
+    h, w = x.shape[2:]
+    out_h = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    out_w = (w - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"{op}: input of size {h}x{w} gives an output of size {out_h}x{out_w} (padding "
+                         f"{(ph, pw)} too large)")
+    # The adjoint conv's window, its output cut to the input's size: where output_padding >= stride (it may
+    # while below dilation) that conv would see more positions than the input has, which hold nothing here.
+    win = replace(window((n, c_out, out_h, out_w), (kh, kw), (sh, sw), (ph, pw), (dh, dw), op), oh=h, ow=w)
+    y = ConvTranspose2d.apply(x, weight, bias, win, groups)
+    if nd == 1:
+        y = y.squeeze(2)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """1-d transposed convolution of ``input`` [N, C_in, L] (or [C_in, L]) with ``weight`` [C_in, C_out / groups, k]:
+    [N, C_out, (L - 1) stride - 2 padding + dilation (k - 1) + output_padding + 1], as
+    ``torch.nn.functional.conv_transpose1d`` (conv1d's adjoint; runs as the 2-d one of height 1).
+
+    Arguments:
+        input: the input, float.
+        weight: the filters, input's dtype.
+        bias: [C_out] or None.
+        stride, padding, dilation: as the convolution this is the adjoint of (ints or 1-tuples).
+        output_padding: extra size on one side of the output, smaller than stride or dilation.
+        groups: split channels into this many independent groups.
+    """
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 1)
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """2-d transposed convolution of ``input`` [N, C_in, H, W] (or [C_in, H, W]) with ``weight``
+    [C_in, C_out / groups, kh, kw], as ``torch.nn.functional.conv_transpose2d``: the adjoint of conv2d (its
+    input gradient), output size (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1 per dim.
+    Runs as conv2d's input gradient (docs/design.md, "Convolution"); its input gradient is a conv2d.
+
+    Arguments:
+        input: the input, float.
+        weight: the filters, input's dtype.
+        bias: [C_out] or None.
+        stride, padding, dilation: as the convolution this is the adjoint of (ints or pairs).
+        output_padding: extra rows / columns after the output, smaller than stride or dilation (an int or a pair).
+        groups: split channels into this many independent groups.
+    """
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 2)
 
 
 def _pool_window(x: Tensor, kernel_size, stride, padding, dilation, ceil_mode: bool, op: str):

@@ -1,21 +1,36 @@
-"""2-d convolution as im2col + the tuned matmul, and its gradients (col2im for the input's).
+"""2-d convolution and its gradients: a depthwise kernel, implicit GEMM, a plain matmul for 1x1, im2col.
 
-For groups G, the weight [O, C/G, kh, kw] is the matrix [G, O/G, K] with K = C/G * kh * kw, and
-im2col (shaders/conv_im2col.wgsl) writes the input patches as [G, K, B * oh * ow] for a chunk of B
-images, so one batched matmul gives [G, O/G, B * oh * ow]: the output channels, then images and
-positions, which a permuting copy puts in [B, O, oh, ow] order (adding the bias on the way).
-Backward: the weight's gradient is grad [G, O/G, B*L] @ cols^T, the patches' gradient weight^T @
-grad, and col2im (conv_col2im.wgsl) sums each input element's taps from it. Batches whose patches
-would pass ``WORKSPACE_BYTES`` run in chunks of images. docs/design.md ("Convolution") says why.
+Which path runs (docs/design.md, "Convolution"):
+
+- depthwise (one input channel per group, any channel multiplier): shaders/conv_dw_*.wgsl, four
+  outputs per thread; the input gradient is a gather, the weight gradient a per-workgroup tree
+  reduction into partial sums over parts of the positions, summed after.
+- 1x1, stride 1, no padding, channels and positions in whole vec4s: the tuned matmul, per image
+  [O, C] @ [C, H W], no gather.
+- otherwise implicit GEMM: the tuned tiled matmul (shaders/matmul_fast.wgsl) with its tile loads
+  replaced by gathers (shaders/conv_gemm_*.wgsl): per group, the forward is weight [O/G, K] @
+  patches [K, B oh ow] (K = C/G kh kw), the weight gradient gy [O/G, B oh ow] @ patches^T split
+  along the positions into partial sums, the input gradient one product per stride phase over the
+  taps that reach it. The patches are read from the input where a tile is loaded: no workspace.
+- im2col + matmul and col2im in chunks of images (``WORKSPACE_BYTES``) where a product's K would
+  pass the kernel's loop limit (``_MAX_K``) or the dtype has no kernel.
+
+``PATHS`` counts the kernels each call took (tests check that a shape takes its path).
 """
 
 from __future__ import annotations
 
-from ..runtime.kernels import WORKGROUP, Kernel, grid
+import contextlib
+import functools
+from collections import Counter
+from collections.abc import Iterator
+
+from .. import dtypes as _dt
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 from .arith import inplace
-from .elementwise import contiguous, copy_, fill, run_map
-from .matmul import matmul
+from .elementwise import cast, contiguous, copy_, fill, run_map
+from .matmul import Tiling, _generate, gemm_tiling, matmul
 from .reduce import reduce
 from .shape import narrow, permute, reshape, transpose
 from .window import Window
@@ -24,8 +39,56 @@ _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, 
           "oh: u32, ow: u32"
 _IM2COL = Kernel("conv_im2col", "cols: w, x: r", f"total: u32, cols: u32, off_x: u32, {_WINDOW}")
 _COL2IM = Kernel("conv_col2im", "gx: w, gcols: r", f"total: u32, cols: u32, off_gx: u32, {_WINDOW}")
-# Most bytes of patches held at once: a larger batch runs in chunks of images.
+_GEMM = "M: u32, N: u32, K: u32, z0: u32, m0: u32, n0: u32"
+_FWD = Kernel("matmul_fast", "y: w, wt: r, x: r, bias: r",
+              f"{_GEMM}, cg: u32, o: u32, off_y: u32, off_w: u32, off_x: u32, off_b: u32, has_bias: u32, {_WINDOW}",
+              constants=())
+_WGRAD = Kernel("matmul_fast", "gw: w, gy: r, x: r",
+                f"{_GEMM}, groups: u32, nq: u32, cg: u32, o: u32, off_gy: u32, off_x: u32, {_WINDOW}", constants=())
+_DGRAD = Kernel("matmul_fast", "gx: w, wt: r, gy: r",
+                f"{_GEMM}, og: u32, o: u32, off_gx: u32, off_w: u32, off_gy: u32, rh: u32, rw: u32, nh: u32, nw: u32, "
+                f"ki0h: u32, ki0w: u32, steph: u32, stepw: u32, nki: u32, nkj: u32, offh: i32, offw: i32, dsh: i32, "
+                f"dsw: i32, {_WINDOW}", constants=())
+_DW_FWD = Kernel("conv_dw_fwd", "y: w, wt: r, x: r, bias: r",
+                 f"total: u32, o: u32, mult: u32, off_y: u32, off_w: u32, off_x: u32, off_b: u32, has_bias: u32, "
+                 f"{_WINDOW}")
+_DW_DGRAD = Kernel("conv_dw_dgrad", "gx: w, wt: r, gy: r",
+                   f"total: u32, o: u32, mult: u32, off_gx: u32, off_w: u32, off_gy: u32, {_WINDOW}")
+_DW_WGRAD = Kernel("conv_dw_wgrad", "gw: w, gy: r, x: r",
+                   f"parts: u32, per: u32, nq: u32, o: u32, mult: u32, off_gy: u32, off_x: u32, {_WINDOW}")
+# Most bytes of patches held at once by the im2col path: a larger batch runs in chunks of images.
 WORKSPACE_BYTES = 64 << 20
+# Longest K of one implicit GEMM (each BK-deep step costs about BK + 2 loop iterations; see
+# runtime/kernels.py MAX_LOOP); a longer one takes the im2col path, whose matmul splits K.
+_MAX_K = MAX_LOOP
+# Most taps of the depthwise weight gradient's per-thread accumulators (registers).
+_DW_MAX_TAPS = 64
+# Split-K of the weight gradient on a GPU: parts until about this many workgroups, each part at
+# least _PART_MIN positions (the partial sums cost parts x the weight's size).
+_WGRAD_WORKGROUPS = 1024
+_PART_MIN = 1024
+# Tiles for products of few rows (grouped convs, the input gradient of a 3-channel stem): the 64-row
+# tile would compute mostly padding there.
+_SHORT_TILES = (Tiling(8, 128, 16, 4, 4, unroll=True), Tiling(16, 128, 16, 4, 8, unroll=True),
+                Tiling(32, 128, 16, 4, 8, unroll=True))
+# Positions per thread of the depthwise weight gradient on a GPU (a CPU takes as many as the loop allows).
+_DW_PER = 8
+
+PATHS: Counter[str] = Counter()
+_force: str | None = None
+
+
+@contextlib.contextmanager
+def force_path(name: str | None) -> Iterator[None]:
+    """Run convolutions by ``name`` ("im2col" or "gemm"; tests, benchmarks) where it can run them."""
+    global _force
+    if name not in (None, "im2col", "gemm"):
+        raise ValueError(f"unknown convolution path {name!r}; choose 'im2col' or 'gemm'")
+    prev, _force = _force, name
+    try:
+        yield
+    finally:
+        _force = prev
 
 
 def _launch(kernel: Kernel, out: Tensor, src: Tensor, total: int, offset: dict, cols: int, win: Window) -> None:
@@ -75,6 +138,68 @@ def chunks(win: Window, x: Tensor) -> list[tuple[int, int]]:
     return [(n0, min(per, win.n - n0)) for n0 in range(0, win.n, per)]
 
 
+def _gemm_dtype(t: Tensor) -> bool:
+    return t.dtype is _dt.float32 or (t.dtype is _dt.float16 and t.device.has_f16)
+
+
+def _depthwise(win: Window, weight: Tensor, groups: int) -> bool:
+    """One input channel per group, loops and accumulators within the kernels' limits."""
+    mult = weight.shape[0] // groups
+    return (weight.shape[1] == 1 and groups == win.c and _force is None and _gemm_dtype(weight)
+            and win.kh * win.kw <= _DW_MAX_TAPS and 4 * mult * win.kh * win.kw <= MAX_LOOP)
+
+
+def _pointwise(win: Window, weight: Tensor, groups: int) -> bool:
+    """A 1x1 convolution that is a plain matmul with vec4 operands."""
+    return ((win.kh, win.kw, win.sh, win.sw, win.ph, win.pw) == (1, 1, 1, 1, 0, 0) and groups == 1
+            and win.c % 4 == 0 and win.positions % 4 == 0 and win.oh == win.h and win.ow == win.w and _force is None)
+
+
+def _gemm(win: Window, weight: Tensor, groups: int) -> bool:
+    og, cg = weight.shape[0] // groups, weight.shape[1]
+    return _force != "im2col" and _gemm_dtype(weight) and max(cg, og) * win.kh * win.kw <= _MAX_K
+
+
+@functools.lru_cache(maxsize=256)
+def _gemm_spec(kernel: Kernel, helpers: str, t: Tiling, la: str, types: tuple[str, ...], out: str) -> KernelSpec:
+    return _generate(t, la, "n", "", "", "", True, (kernel, load_source(helpers).replace("{{T}}", out), types))
+
+
+def _run_gemm(kernel: Kernel, helpers: str, la: str, out: Tensor, bufs: list[Tensor], M: int, N: int, K: int, Z: int,
+              params: dict) -> None:
+    """Dispatch the implicit GEMM ``kernel`` (helpers ``shaders/<helpers>.wgsl``) over Z products M x N x K,
+    splitting a grid past the device's workgroups per dimension."""
+    dev = out.device
+    t = next((t for t in _SHORT_TILES if M <= t.bm), None) or gemm_tiling(dev, M, N, Z)
+    if t is None:
+        raise RuntimeError(f"conv2d: {dev} fits no matmul tile (workgroup limits {dev.limits})")
+    k = _gemm_spec(kernel, helpers, t, la, tuple(b.dtype.storage for b in [out, *bufs]), out.dtype.storage)
+    buffers = [b._storage.buffer for b in [out, *bufs]]
+    lim = dev.max_workgroups
+    gy, gx = -(-M // t.bm), -(-N // t.bn)
+    for z0 in range(0, Z, lim):
+        for y0 in range(0, gy, lim):
+            for x0 in range(0, gx, lim):
+                groups = (min(lim, gx - x0), min(lim, gy - y0), min(lim, Z - z0))
+                dev.dispatch(k, buffers, kernel.pack(M=M, N=N, K=K, z0=z0, m0=y0 * t.bm, n0=x0 * t.bn, **params),
+                             groups, flops=2 * groups[2] * min(M, groups[1] * t.bm) * min(N, groups[0] * t.bn) * K)
+
+
+def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, params: dict, **fills) -> None:
+    dev = out.device
+    k = kernel.spec(tuple(b.dtype.storage for b in [out, *bufs]), T=out.dtype.storage, **fills)
+    dev.dispatch(k, [b._storage.buffer for b in [out, *bufs]], kernel.pack(**params),
+                 grid(-(-total // WORKGROUP), dev.max_workgroups))
+
+
+def _bias_args(bias: Tensor | None, weight: Tensor) -> tuple[Tensor, dict]:
+    """The bias binding (the weight's buffer where there is none: never read) and its parameters."""
+    if bias is None:
+        return weight, {"off_b": 0, "has_bias": 0}
+    bias = contiguous(bias)
+    return bias, {"off_b": bias._offset, "has_bias": 1}
+
+
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
     """The convolution [N, O, oh, ow] of ``x`` [N, C, H, W] with ``weight`` [O, C / groups, kh, kw]
     (sizes and dtypes checked by the caller), plus ``bias`` [O].
@@ -87,9 +212,38 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
     o = weight.shape[0]
     if win.n == 0:
         return Tensor.empty((0, o, win.oh, win.ow), x.dtype, x.device)
+    x, weight = contiguous(x), contiguous(weight)
+    if _depthwise(win, weight, groups):
+        PATHS["depthwise"] += 1
+        y = Tensor.empty((win.n, o, win.oh, win.ow), x.dtype, x.device)
+        b, bp = _bias_args(bias, weight)
+        _dw_launch(_DW_FWD, y, [weight, x, b], win.n * o * win.oh * -(-win.ow // 4),
+                   dict(total=win.n * o * win.oh * -(-win.ow // 4), o=o, mult=o // groups, off_y=y._offset,
+                        off_w=weight._offset, off_x=x._offset, **bp, **win.params()))
+        return y
+    if _pointwise(win, weight, groups):
+        PATHS["matmul"] += 1
+        y = matmul(reshape(weight, (o, win.c)), reshape(x, (win.n, win.c, win.positions)))  # [N, O, H W]
+        if bias is not None:
+            y = inplace("add", y, reshape(bias, (1, o, 1)))
+        return reshape(y, (win.n, o, win.oh, win.ow))
+    if _gemm(win, weight, groups):
+        PATHS["gemm"] += 1
+        og, cg = o // groups, win.c // groups
+        y = Tensor.empty((win.n, o, win.oh, win.ow), x.dtype, x.device)
+        b, bp = _bias_args(bias, weight)
+        _run_gemm(_FWD, "conv_gemm_fwd", "n", y, [weight, x, b], og, win.n * win.positions, cg * win.kh * win.kw,
+                  groups, dict(cg=cg, o=o, off_y=y._offset, off_w=weight._offset, off_x=x._offset, **bp,
+                               **win.params()))
+        return y
+    PATHS["im2col"] += 1
+    return _im2col_conv2d(x, weight, bias, win, groups)
+
+
+def _im2col_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+    o = weight.shape[0]
     g, og, kg = groups, o // groups, weight.numel() // o
-    x = contiguous(x)
-    w3 = reshape(contiguous(weight), (g, og, kg))
+    w3 = reshape(weight, (g, og, kg))
     bias4 = None if bias is None else reshape(bias, (1, g, og, 1))
     parts = chunks(win, x)
     out = None if len(parts) == 1 else Tensor.empty((win.n, g, og, win.positions), x.dtype, x.device)
@@ -106,6 +260,126 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
     return reshape(out, (win.n, o, win.oh, win.ow))
 
 
+def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
+    """The gradient [N, C, H, W] of conv2d's input for the output gradient ``g`` [N, O, oh, ow] (the
+    transposed convolution of ``g``).
+
+    Arguments:
+        g: the output's gradient.
+        weight: the filters [O, C / groups, kh, kw].
+        win, groups: as for ``conv2d``.
+    """
+    o = weight.shape[0]
+    gx = Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
+    if win.n == 0:
+        return gx
+    g, weight = contiguous(g), contiguous(weight)
+    if _depthwise(win, weight, groups):
+        PATHS["depthwise"] += 1
+        total = win.n * win.c * win.h * -(-win.w // 4)
+        _dw_launch(_DW_DGRAD, gx, [weight, g], total, dict(total=total, o=o, mult=o // groups, off_gx=gx._offset,
+                                                           off_w=weight._offset, off_gy=g._offset, **win.params()))
+        return gx
+    if _pointwise(win, weight, groups):
+        PATHS["matmul"] += 1
+        wt = transpose(reshape(weight, (o, win.c)), 0, 1)
+        return reshape(matmul(wt, reshape(g, (win.n, o, win.positions))), gx.shape)
+    if _gemm(win, weight, groups):
+        PATHS["gemm"] += 1
+        _gemm_input_grad(gx, g, weight, win, groups)
+        return gx
+    PATHS["im2col"] += 1
+    gr, og, kg = groups, o // groups, weight.numel() // o
+    w3t = transpose(reshape(weight, (gr, og, kg)), -2, -1)
+    g4 = reshape(g, (win.n, gr, og, win.positions))
+    for n0, nb in chunks(win, gx):
+        gy = reshape(contiguous(permute(narrow(g4, 0, n0, nb), (1, 2, 0, 3))), (gr, og, nb * win.positions))
+        col2im_into(gx, matmul(w3t, gy), win, n0, nb)
+    return gx
+
+
+def _taps(r: int, pad: int, k: int, d: int, s: int) -> tuple[int, int, int]:
+    """(first, step, count) of the taps ki < k that reach input rows r (mod s): r + pad - ki d divisible by s."""
+    taps = [ki for ki in range(k) if (r + pad - ki * d) % s == 0]
+    return (taps[0] if taps else 0), (taps[1] - taps[0] if len(taps) > 1 else 1), len(taps)
+
+
+def _gemm_input_grad(gx: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) -> None:
+    """One implicit GEMM per stride phase (rh, rw): the input positions it holds, the taps that reach them."""
+    o = weight.shape[0]
+    og, cg = o // groups, win.c // groups
+    for rh in range(min(win.sh, win.h)):
+        ki0h, steph, nki = _taps(rh, win.ph, win.kh, win.dh, win.sh)
+        for rw in range(min(win.sw, win.w)):
+            ki0w, stepw, nkj = _taps(rw, win.pw, win.kw, win.dw, win.sw)
+            nh, nw = len(range(rh, win.h, win.sh)), len(range(rw, win.w, win.sw))
+            _run_gemm(_DGRAD, "conv_gemm_dgrad", "t", gx, [weight, g], cg, win.n * nh * nw, og * nki * nkj, groups,
+                      dict(og=og, o=o, off_gx=gx._offset, off_w=weight._offset, off_gy=g._offset, rh=rh, rw=rw, nh=nh,
+                           nw=nw, ki0h=ki0h, ki0w=ki0w, steph=steph, stepw=stepw, nki=max(nki, 1), nkj=max(nkj, 1),
+                           offh=(rh + win.ph - ki0h * win.dh) // win.sh, offw=(rw + win.pw - ki0w * win.dw) // win.sw,
+                           dsh=steph * win.dh // win.sh, dsw=stepw * win.dw // win.sw, **win.params()))
+
+
+def weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
+    """The gradient of conv2d's weight (``weight``'s shape and dtype) for input ``x`` and output gradient ``g``.
+
+    Arguments:
+        x: the forward's input [N, C, H, W].
+        g: the output's gradient [N, O, oh, ow].
+        weight: the forward's weight (for its shape and dtype).
+        win, groups: as for ``conv2d``.
+    """
+    o = weight.shape[0]
+    og, kg = o // groups, weight.numel() // o
+    if win.n == 0:
+        return fill(weight.shape, 0.0, weight.dtype, weight.device)
+    x, g = contiguous(x), contiguous(g)
+    dev, nq = x.device, win.n * win.positions
+    gpu = dev.adapter_type.lower() != "cpu"
+    if _depthwise(win, weight, groups):
+        PATHS["depthwise"] += 1
+        taps = win.kh * win.kw
+        per = _DW_PER if gpu else max(1, min(MAX_LOOP // (2 * (taps + 1)), -(-nq // WORKGROUP)))
+        parts = -(-nq // (per * WORKGROUP))
+        partial = Tensor.empty((parts, o, taps), _dt.float32, dev)
+        k = _DW_WGRAD.spec((partial.dtype.storage, g.dtype.storage, x.dtype.storage), KH=win.kh, KW=win.kw)
+        dev.dispatch(k, [partial._storage.buffer, g._storage.buffer, x._storage.buffer],
+                     _DW_WGRAD.pack(parts=parts, per=per, nq=nq, o=o, mult=o // groups, off_gy=g._offset,
+                                    off_x=x._offset, **win.params()), grid(parts * o, dev.max_workgroups))
+    elif _gemm(win, weight, groups):
+        PATHS["gemm"] += 1
+        parts = -(-nq // _MAX_K)
+        t = gemm_tiling(dev, og, kg, groups)
+        if gpu and t is not None:  # split-K: enough workgroups for a small weight
+            tiles = groups * -(-og // t.bm) * -(-kg // t.bn)
+            parts = max(parts, min(-(-_WGRAD_WORKGROUPS // tiles), nq // _PART_MIN))
+        kp = -(-nq // parts)
+        kp = -(-kp // 16) * 16  # positions per part, whole BK steps
+        parts = -(-nq // kp)
+        partial = Tensor.empty((parts, groups, og, kg), _dt.float32, dev)
+        _run_gemm(_WGRAD, "conv_gemm_wgrad", "n", partial, [g, x], og, kg, kp, parts * groups,
+                  dict(groups=groups, nq=nq, cg=win.c // groups, o=o, off_gy=g._offset, off_x=x._offset,
+                       **win.params()))
+    else:
+        PATHS["im2col"] += 1
+        return _im2col_weight_grad(x, g, weight, win, groups)
+    gw = reshape(reduce("sum", partial, 0) if parts > 1 else partial, weight.shape)
+    return gw if weight.dtype is _dt.float32 else cast(gw, weight.dtype)
+
+
+def _im2col_weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
+    o = weight.shape[0]
+    gr, og, kg = groups, o // groups, weight.numel() // o
+    g4 = reshape(g, (win.n, gr, og, win.positions))
+    gw = None
+    for n0, nb in chunks(win, x):
+        cols_n = nb * win.positions
+        gy = reshape(contiguous(permute(narrow(g4, 0, n0, nb), (1, 2, 0, 3))), (gr, og, cols_n))
+        part = matmul(gy, transpose(reshape(im2col(x, win, n0, nb), (gr, kg, cols_n)), -2, -1))
+        gw = part if gw is None else inplace("add", gw, part)
+    return reshape(gw, weight.shape)
+
+
 def conv2d_backward(x: Tensor, weight: Tensor, g: Tensor, win: Window, groups: int, need_x: bool, need_w: bool,
                     need_b: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(input, weight, bias) gradients of ``conv2d`` for the output gradient ``g``; None where not needed.
@@ -117,52 +391,26 @@ def conv2d_backward(x: Tensor, weight: Tensor, g: Tensor, win: Window, groups: i
         need_x, need_w, need_b: which gradients to compute.
     """
     o = weight.shape[0]
-    gr, og, kg = groups, o // groups, weight.numel() // o
-    x = contiguous(x)
-    w3 = reshape(contiguous(weight), (gr, og, kg))
-    g4 = reshape(contiguous(g), (win.n, gr, og, win.positions))
-    gx = Tensor.empty(x.shape, x.dtype, x.device) if need_x else None
-    gw = gb = None
-    for n0, nb in chunks(win, x):
-        cols_n = nb * win.positions
-        gy = reshape(contiguous(permute(narrow(g4, 0, n0, nb), (1, 2, 0, 3))), (gr, og, cols_n))
-        if need_w:
-            cols = reshape(im2col(x, win, n0, nb), (gr, kg, cols_n))
-            part = matmul(gy, transpose(cols, -2, -1))
-            gw = part if gw is None else inplace("add", gw, part)
-        if need_b:
-            part = reduce("sum", reshape(gy, (o, cols_n)), 1)
-            gb = part if gb is None else inplace("add", gb, part)
-        if need_x:
-            gcols = matmul(transpose(w3, -2, -1), gy)  # [G, Kg, nb * L]
-            col2im_into(gx, gcols, win, n0, nb)
-    if win.n == 0:  # no images: nothing flowed into the weight and bias
-        gw = fill((gr, og, kg), 0.0, weight.dtype, weight.device) if need_w else None
-        gb = fill((o,), 0.0, g.dtype, g.device) if need_b else None
-    return gx, None if gw is None else reshape(gw, weight.shape), gb
+    gx = input_grad(g, weight, win, groups) if need_x else None
+    gw = weight_grad(x, g, weight, win, groups) if need_w else None
+    gb = None
+    if need_b:
+        gb = (reduce("sum", reshape(g, (win.n, o, win.positions)), (0, 2)) if win.n else
+              fill((o,), 0.0, g.dtype, g.device))
+    return gx, gw, gb
 
 
 def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
     """The transposed convolution [N, C, H, W] of ``x`` [N, O, oh, ow] with ``weight`` [O, C / groups, kh, kw]
     (sizes and dtypes checked by the caller), plus ``bias`` [C]: the adjoint of ``conv2d`` over ``win`` (whose
-    input is this output), so exactly ``conv2d_backward``'s input gradient for the output gradient ``x``:
-    weight^T @ x per chunk of images, summed back by col2im.
+    input is this output), so exactly conv2d's input gradient for the output gradient ``x``.
 
     Arguments:
         x, weight, bias: the operands, one float dtype.
         win: the window of the convolution this is the adjoint of (``win.oh, win.ow`` = x's spatial size).
         groups: channels split into this many independent groups.
     """
-    o = weight.shape[0]
-    gr, og, kg = groups, o // groups, weight.numel() // o
-    out = Tensor.empty((win.n, win.c, win.h, win.w), x.dtype, x.device)
-    if win.n == 0:
-        return out
-    w3t = transpose(reshape(contiguous(weight), (gr, og, kg)), -2, -1)
-    x4 = reshape(contiguous(x), (win.n, gr, og, win.positions))
-    for n0, nb in chunks(win, out):
-        xs = reshape(contiguous(permute(narrow(x4, 0, n0, nb), (1, 2, 0, 3))), (gr, og, nb * win.positions))
-        col2im_into(out, matmul(w3t, xs), win, n0, nb)
-    if bias is not None:
+    out = input_grad(x, weight, win, groups)
+    if bias is not None and win.n:
         inplace("add", out, reshape(bias, (1, win.c, 1, 1)))
     return out

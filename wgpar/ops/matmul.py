@@ -265,6 +265,18 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     return Plan(chosen.name, nb, M, N, K, a, b, la[0], lb[0], la[1], lb[1], edge, split)
 
 
+def gemm_tiling(dev, M: int, N: int, nb: int) -> Tiling | None:
+    """The tile of an implicit GEMM of nb products M x N (ops/conv.py), bounds-checked at the edges:
+    as :func:`plan`, the largest that still gives enough workgroups; None where none fits the device."""
+    fits = [t for t in TILINGS.values()
+            if t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
+            and t.shared_bytes <= dev.limits.get("max-compute-workgroup-storage-size", 16384)]
+    for t in fits:
+        if nb * -(-M // t.bm) * -(-N // t.bn) >= _MIN_WORKGROUPS:
+            return t
+    return fits[-1] if fits else None
+
+
 def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
     """Run ``p`` into a new tensor of ``shape`` (its batch and M x N)."""
     if p.variant == "general":
@@ -335,17 +347,26 @@ def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: b
     return hit
 
 
-def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False) -> KernelSpec:
+def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False,
+              gather: tuple[Kernel, str, tuple[str, ...]] | None = None) -> KernelSpec:
     """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file).
 
     ``edge``: M, N, K need not be multiples of the tile. Loads clamp their row and vec4 column into
     the operand and give zero past K (rows past M or columns past N only feed outputs that are not
     stored); stores skip what lies outside C.
+
+    ``gather``: (kernel, helpers, buffer types) of an implicit GEMM (ops/conv.py). Its WGSL helpers
+    replace the array accesses: ``a_prep(m, z)`` / ``b_prep(n, z)`` once per thread and loaded row
+    or column (n: the first of four where the vec4 runs along the columns), ``a_load(q, k)`` /
+    ``b_load(q, k)`` a vec4 along the layout's direction (zeros outside), ``c_store(m, n, z, v)``
+    four outputs of row m from column n. Bounds are the helpers' business.
     """
     wm, wn = t.bm // t.tm, t.bn // t.tn
     nthreads = wm * wn
     sa, sb = t.bm // 4 + 1, t.bn // 4 + 1
     decl, load, store = [], [], []
+    if gather is None:
+        decl += ["  let base_a = p.off_a + z * p.sa_b;", "  let base_b = p.off_b + z * p.sb_b;"]
 
     def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: int, stride: int,
                 lim: str):
@@ -364,7 +385,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 per = t.bk // 4
                 o, kq = f"({e} / {per}u)", f"({e} % {per}u)"
                 src = f"{name}[{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}]"
-                if edge:
+                if gather:
+                    decl.append(f"  let {name}q{i} = {name}_prep({outer0} + {o}, z);")
+                    src = f"{name}_load({name}q{i}, k0 + {kq} * 4u)"
+                elif edge:
                     kv = f"k0 / 4u + {kq}"
                     src = (f"select(vec4<f32>(0.0), vec4<f32>({name}[{base} + min({outer0} + {o}, {lim} - 1u) * {ld}"
                            f" + min({kv}, p.K / 4u - 1u)]), {kv} < p.K / 4u)")
@@ -379,7 +403,13 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 per = outer // 4
                 kr, oq = f"({e} / {per}u)", f"({e} % {per}u)"
                 src = f"{name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]"
-                if edge:
+                if gather:
+                    shared = nthreads % per == 0  # every load of this thread has the same columns
+                    q = f"{name}q{0 if shared else i}"
+                    if i == 0 or not shared:
+                        decl.append(f"  let {q} = {name}_prep({outer0} + {oq} * 4u, z);")
+                    src = f"{name}_load({q}, k0 + {kr})"
+                elif edge:
                     src = (f"select(vec4<f32>(0.0), vec4<f32>({name}[{base} + min(k0 + {kr}, p.K - 1u) * {ld}"
                            f" + min({outer0} / 4u + {oq}, {lim} / 4u - 1u)]), k0 + {kr} < p.K)")
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
@@ -403,14 +433,16 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                     v = acc[g * 4 + i][h]
                     comp.append(f"      {v} = fma(vec4<f32>(a{g}.{ci}), b{h}, {v});")
         comp.append("      }")
-    write = []
+    write = [] if gather else ["  let base_c = p.off_c + z * p.sc_b;"]
     for g in range(ga):
         for i in range(4):
             row = f"(row0 + {g * 4 * wm + i}u + ty * 4u)"
             for h in range(gb):
                 line = (f"c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
                         f"vec4<{tc}>({acc[g * 4 + i][h]});")
-                if edge:
+                if gather:
+                    line = f"c_store({row}, col0 + ({h * wn}u + tx) * 4u, z, {acc[g * 4 + i][h]});"
+                elif edge:
                     line = f"if ({row} < p.M && col0 / 4u + {h * wn}u + tx < p.ldc) {{ {line} }}"
                 write.append("  " + line)
 
@@ -425,7 +457,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     slabs = 2 if t.double else 1
     consts = dict(SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn, BM=t.bm,
                   BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
-    return _FAST.spec((f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"), constants=consts, DECL="\n".join(decl),
-                      LOAD="\n".join(load), NEXT="k0 + BK" if edge else "min(k0 + BK, p.K - BK)",
-                      PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
-                      COMPUTE="\n".join(comp), WRITE="\n".join(write))
+    kernel, helpers, types = gather or (_FAST, "", (f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"))
+    return kernel.spec(types, constants=consts, HELPERS=helpers, DECL="\n".join(decl),
+                       LOAD="\n".join(load), NEXT="k0 + BK" if edge or gather else "min(k0 + BK, p.K - BK)",
+                       PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
+                       COMPUTE="\n".join(comp), WRITE="\n".join(write))
