@@ -63,7 +63,8 @@ def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: 
         if scratch is None or scratch.dtype != acc_dtype:
             scratch = _scratch.block = np.empty(BLOCK, dtype=acc_dtype)
         acc = scratch[: b - a]
-        fn(parts[0][a:b], parts[1][a:b], out=acc, casting="unsafe")
+        # dtype: float16 parts are added as float32 from the first pair on (not rounded to float16 first)
+        fn(parts[0][a:b], parts[1][a:b], out=acc, dtype=acc_dtype, casting="unsafe")
         for p in parts[2:]:
             fn(acc, p[a:b], out=acc, casting="unsafe")
         if op == "mean":

@@ -55,6 +55,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...runtime import adapters as _adapters
+from ...runtime import profiling
 from ...runtime.config import CONFIG
 from ...runtime.device import Device
 from ...tensor import Tensor
@@ -303,10 +304,11 @@ class MPIGroup(StagedGroup):
         """Meet the other ranks of this host (their writes to the arena become visible)."""
         if self.local_size == 1:
             return
-        self._arena.sync()
-        self._wait([self.node.Ibarrier()], what,
-                   lambda: f"{what}: a rank of this host stopped inside the collective for {self._timeout:g} s")
-        self._arena.sync()
+        with profiling.span("host barrier", "collective", rank=self.ranks[self.rank]):
+            self._arena.sync()
+            self._wait([self.node.Ibarrier()], what,
+                       lambda: f"{what}: a rank of this host stopped inside the collective for {self._timeout:g} s")
+            self._arena.sync()
 
     def _agree(self, kind: str, meta: dict, info: Any = None) -> list[Any]:
         """The header exchange: every rank learns every rank's kind, metadata and ``info``; they must agree
@@ -326,8 +328,9 @@ class MPIGroup(StagedGroup):
         def late() -> list[int]:
             return [r for r, q in recvs.items() if not q.Test()]
 
-        self._wait([*recvs.values(), *sends], what,
-                   lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
+        with profiling.span("header exchange", "collective", rank=self.ranks[self.rank]):
+            self._wait([*recvs.values(), *sends], what,
+                       lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
         entries = {}
         for r in others:
             *entries[r], self._peer_sent[r] = _unpack(bufs[r])
@@ -370,7 +373,13 @@ class MPIGroup(StagedGroup):
                 up: ChunkedUpload, shared: bool) -> None:
         """Reduce ``n`` elements elementwise over the group and write elements ``[lo, hi)`` of the result
         to ``up``. ``shared``: every rank wants the same range (all-reduce), so the host's ranks each
-        reduce a slice into the shared result slot; otherwise each reduces its own range."""
+        reduce a slice (a reduce-scatter, then an all-gather through the shared result slot); otherwise
+        each reduces its own range.
+
+        Per chunk, each rank copies into its arena slot only the elements other ranks reduce (its own
+        slice is read from its mapped readback in place), and writes its reduced slice straight into its
+        upload as well as into the result slot, so it copies out of shared memory only the other ranks'
+        slices: every byte crosses shared memory once each way."""
         if n == 0:
             return
         hdt = host_dtype(dtype)
@@ -381,61 +390,88 @@ class MPIGroup(StagedGroup):
         L, me, multi, arena = self.local_size, self.local_rank, self.num_hosts > 1, self._arena
         part_op = "sum" if multi and op == "mean" else op  # across hosts: sum, then divide once
         divide = self.world_size if multi and op == "mean" else None
-        pending = None  # single host, shared: the chunk whose result is written after the next barrier
+        rank = self.ranks[self.rank]
+        pending = None  # single host, shared: the chunk whose other slices are copied out after the next barrier
 
-        def deliver(half: int, a: int, b: int) -> None:
+        def deliver(half: int, a: int, b: int, skip: tuple[int, int]) -> None:
+            """Elements ``[a, b) & [lo, hi)`` of the result slot into the upload, but for ``skip`` (written)."""
             s, e = max(a, lo), min(b, hi)
-            if s < e:
-                out = arena.slot(half, L, acc, b - a)
-                up.write((s - lo) * isz, out[s - a:e - a], divide, _BLOCK)
-                up.advance((e - lo) * isz)
+            if s >= e:
+                return
+            out = arena.slot(half, L, acc, b - a)
+            with profiling.span("copy out of shared memory", "collective", rank=rank, bytes=(e - s) * isz):
+                for x, y in ((s, min(e, skip[0])), (max(s, skip[1]), e)):
+                    if x < y:
+                        up.write((x - lo) * isz, out[x - a:y - a], divide, _BLOCK)
+            up.advance((e - lo) * isz)
+
+        def reduce_to_upload(parts: list[np.ndarray], a: int, s: int, e: int, also: np.ndarray | None) -> None:
+            """Reduce elements ``[s, e)`` (of the chunk at ``a``) of ``parts`` into the upload (and ``also``)."""
+            for first, dst in up.targets((s - lo) * isz, e - s):
+                x0 = s - a + first
+                extra = [] if also is None else [also[x0:x0 + len(dst)]]
+                reduce_into([x[x0:x0 + len(dst)] for x in parts], [dst, *extra], op, is_bool, _BLOCK)
 
         for i, a in enumerate(range(0, n, E)):
             b, half = min(a + E, n), i % 2
             m = b - a
+            if shared or multi:  # this rank reduces its share of the chunk
+                bounds = np.cumsum([0, *split_sizes(m, L)])
+                s0, s1 = a + int(bounds[me]), a + int(bounds[me + 1])
+            else:  # it reduces exactly the elements it keeps
+                s0 = min(max(a, lo), b)
+                s1 = max(min(b, hi), s0)
             mine = self._mapping(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
             ins = [arena.slot(half, k, hdt, m) for k in range(L)]
-            copy_into(ins[me], mine, block=_BLOCK)
-            del mine
+            if L > 1:  # the others' shares of this rank's data
+                with profiling.span("copy into shared memory", "collective", rank=rank, bytes=(m - s1 + s0) * isz):
+                    copy_into(ins[me][:s0 - a], mine[:s0 - a], block=_BLOCK)
+                    copy_into(ins[me][s1 - a:], mine[s1 - a:], block=_BLOCK)
+            parts = [mine if k == me else ins[k] for k in range(L)]
             self._host_barrier(what)
-            if not shared and not multi:  # each rank reduces exactly the elements it keeps
-                s, e = max(a, lo), min(b, hi)
-                if s < e:
-                    for first, dst in up.targets((s - lo) * isz, e - s):
-                        x0 = s - a + first
-                        reduce_into([x[x0:x0 + len(dst)] for x in ins], [dst], op, is_bool, _BLOCK)
-                    up.advance((e - lo) * isz)
+            if not shared and not multi:
+                if s0 < s1:
+                    with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
+                        reduce_to_upload(parts, a, s0, s1, None)
+                    up.advance((s1 - lo) * isz)
+                del mine, parts
                 continue
-            bounds = np.cumsum([0, *split_sizes(m, L)])
-            sl = slice(int(bounds[me]), int(bounds[me + 1]))
             out = arena.slot(half, L, acc, m)
             if not multi:
                 # One barrier per chunk: chunk i's results are complete once everyone passed chunk i + 1's
                 # barrier, and nobody writes that half again before passing chunk i + 2's.
                 if pending is not None:
                     deliver(*pending)
-                reduce_into([x[sl] for x in ins], [out[sl]], op, is_bool, _BLOCK)
-                pending = (half, a, b)
+                with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
+                    reduce_to_upload(parts, a, s0, s1, out)
+                pending = (half, a, b, (s0, s1))
+                del mine, parts
                 continue
-            reduce_into([x[sl] for x in ins], [out[sl]], part_op, is_bool, _BLOCK)
+            with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
+                reduce_into([x[s0 - a:s1 - a] for x in parts], [out[s0 - a:s1 - a]], part_op, is_bool, _BLOCK)
+            del mine, parts
             self._host_barrier(what)
             if me == 0:
                 self._leaders_reduce(out, part_op, is_bool, what)
             self._host_barrier(what)
-            deliver(half, a, b)
+            deliver(half, a, b, (a, a))
         if pending is not None:
             self._host_barrier(what)
             deliver(*pending)
 
     def _leaders_reduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
-        MPI = self.MPI
         t0 = time.perf_counter()
+        with profiling.span("leaders' step", "collective", rank=self.ranks[self.rank], bytes=arr.nbytes):
+            self._leaders_iallreduce(arr, op, is_bool, what)
+        self.inter_host_seconds += time.perf_counter() - t0
+
+    def _leaders_iallreduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
+        MPI = self.MPI
         req = self.leaders.Iallreduce(MPI.IN_PLACE, [arr, _mpi_type(MPI, arr.dtype)],
                                       _mpi_op(MPI, op, arr.dtype, is_bool))
         # Spin: a collective's later rounds start only when this process calls into MPI.
         self._wait([req], what, lambda: f"{what}: another host did not finish its part within {self._timeout:g} s",
                    spin=self._timeout)
-        self.inter_host_seconds += time.perf_counter() - t0
 
     def _gather(self, what: str, pieces: list[tuple[int, int, int]], total: int, rb: ChunkedReadback | None,
                 up: ChunkedUpload | None) -> None:

@@ -26,6 +26,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
+from ...runtime.transfer import share_host_pool
 from ..errors import CollectiveError
 
 # Variables the common launchers set in every process they start (MPICH/Hydra and Intel MPI: PMI_*,
@@ -87,6 +88,7 @@ class World:
         host = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = host.Get_rank(), host.Get_size()
         host.Free()
+        share_host_pool(self.local_size)  # the host's processes reduce and copy at once: each its share of cores
         self.grace = ABORT_GRACE
         self.failure: str | None = None  # why the job is failing, once it is
         self.culprit: int | None = None  # the world rank that failed first, as far as this rank knows
