@@ -42,15 +42,19 @@ _COPY_BLOCK = 4 << 20  # bytes per task of a parallel host copy
 _sharers = 1  # processes of this host that each run a host pool (MPI ranks)
 
 
-def host_threads() -> int:
-    """Workers of the host pool: the cores this process may run on (its affinity: Open MPI binds each
-    rank to one core unless launched with ``--bind-to none``), shared among the processes of the host
-    that each run one (``share_host_pool``), at least 2 and at most 16."""
+def host_cores() -> int:
+    """The cores this process may run on (its affinity: Open MPI binds each rank to one core unless
+    launched with ``--bind-to none``)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 2
-    return max(2, min(16, cores // _sharers))
+        return os.cpu_count() or 2
+
+
+def host_threads() -> int:
+    """Workers of the host pool: this process's cores (``host_cores``), shared among the processes of
+    the host that each run one (``share_host_pool``), at least 2 and at most 16."""
+    return max(2, min(16, host_cores() // _sharers))
 
 
 def share_host_pool(processes: int) -> None:

@@ -58,6 +58,7 @@ from ...runtime import adapters as _adapters
 from ...runtime import profiling
 from ...runtime.config import CONFIG
 from ...runtime.device import Device
+from ...runtime.transfer import host_cores
 from ...tensor import Tensor
 from ..errors import CollectiveError, CollectiveTimeoutError, RankError
 from ..group import DEFAULT_TIMEOUT, check_agreement, split_sizes
@@ -172,6 +173,11 @@ class MPIGroup(StagedGroup):
         else:
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
+        # A waiting thread spins (polls without sleeping) only where every process of the host has a core
+        # to spare for it: on a full machine (or one core per rank, Open MPI's default binding) the spin
+        # would take the core from its own or another rank's host reduction; short sleeps instead.
+        spare = host_cores() >= 2 * self.local_size
+        self._spin, self._max_pause = (0.002, 0.001) if spare else (0.0, 0.0002)
         self.leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, self.rank)
         host = self.node.bcast(self.leaders.Get_rank() if self.local_rank == 0 else None, root=0)
         self.hosts = tuple(comm.allgather(host))  # the host (leader's rank) of every member
@@ -287,12 +293,14 @@ class MPIGroup(StagedGroup):
                 " (every send needs a matching recv)")
 
     # -- plumbing -------------------------------------------------------------------------
-    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002,
+    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float | None = None,
               late: Callable[[], Sequence[int]] = tuple) -> None:
         """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
-        naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait)."""
+        naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait;
+        default: the group's, which is 0 where the host's processes have no core to spare)."""
+        spin = self._spin if spin is None else spin
         try:
-            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin)
+            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin, self._max_pause)
         except Interrupted as exc:
             raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
         if not done:
@@ -409,8 +417,8 @@ class MPIGroup(StagedGroup):
             """Reduce elements ``[s, e)`` (of the chunk at ``a``) of ``parts`` into the upload (and ``also``)."""
             for first, dst in up.targets((s - lo) * isz, e - s):
                 x0 = s - a + first
-                extra = [] if also is None else [also[x0:x0 + len(dst)]]
-                reduce_into([x[x0:x0 + len(dst)] for x in parts], [dst, *extra], op, is_bool, _BLOCK)
+                reduce_into([x[x0:x0 + len(dst)] for x in parts], [dst], op, is_bool, _BLOCK,
+                            acc=None if also is None else also[x0:x0 + len(dst)])
 
         for i, a in enumerate(range(0, n, E)):
             b, half = min(a + E, n), i % 2

@@ -212,13 +212,14 @@ class World:
                 self._listener = None
 
     # -- waiting --------------------------------------------------------------------------
-    def wait(self, requests: Sequence, timeout: float, broken: Callable[[], str | None], spin: float = 0.002) -> bool:
+    def wait(self, requests: Sequence, timeout: float, broken: Callable[[], str | None], spin: float = 0.002,
+             max_pause: float = 0.001) -> bool:
         """Poll ``requests`` until all complete (True) or ``timeout`` seconds pass (False). Raises
         Interrupted as soon as ``broken()`` or a failure notice says the job is failing.
 
         For the first ``spin`` seconds it polls without sleeping (yielding the GIL each time): MPI's
         non-blocking operations advance only while some thread calls into MPI, and a partner is
-        usually microseconds away. Then it backs off to sleeps of up to 1 ms.
+        usually microseconds away. Then it backs off to sleeps of up to ``max_pause`` seconds.
         """
         reqs = list(requests)
         now = time.monotonic()
@@ -238,7 +239,7 @@ class World:
                 time.sleep(0)
             else:
                 time.sleep(pause)
-                pause = min(pause * 1.5, 0.001)
+                pause = min(pause * 1.5, max_pause)
         return True
 
 
