@@ -85,6 +85,53 @@ def check_all_reduce_dtypes_and_views(group, seed):
     assert group.all_reduce(wgpar.zeros(0, device=group.device)).numel() == 0
 
 
+def _fold(parts: list[np.ndarray], op: str) -> np.ndarray:
+    """The reduction every backend computes: in rank order, float16 accumulated in float32 (the exact bits)."""
+    fn = {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+    acc = parts[0].astype(np.float32 if parts[0].dtype == np.float16 else parts[0].dtype)
+    for p in parts[1:]:  # (float16 + float16 into float32: each addend converted first)
+        fn(acc, p, out=acc, casting="unsafe")
+    if op == "mean":
+        np.divide(acc, len(parts), out=acc)
+    return acc.astype(parts[0].dtype)
+
+
+# Element counts around the chunks of a pipelined collective (the MPI tests run with 64 KiB chunks:
+# 16384 elements) and odd splits over the ranks; 1 element leaves some ranks an empty slice.
+EXACT_SIZES = (1, 2, 3, 5, 16383, 16385, 3 * 16384 + 7)
+
+
+def check_exact_reductions(group, seed):
+    """All-reduce and reduce-scatter bit for bit equal to the rank-order reduction (and within float
+    rounding of float64), for awkward sizes, int32, float32 and float16, every op."""
+    world, r = group.world_size, group.rank
+    cases = [("f", None, op) for op in REDUCE] + [("i", None, "sum"), ("i", None, "min"), ("i", None, "prod")]
+    if group.device.has_f16:
+        cases += [("f", "float16", "sum"), ("f", "float16", "mean"), ("f", "float16", "max")]
+    for n in EXACT_SIZES:
+        for kind, dtype, op in cases:
+            data = [_data(seed + n, k, (n,), kind) for k in range(world)]
+            if kind == "i" and op == "prod":
+                data = [np.sign(d) + (d == 0) for d in data]  # +-1: no overflow
+            if dtype == "float16":
+                data = [d.astype(np.float16) for d in data]
+            what = f"{op} {dtype or data[0].dtype} n={n}"
+            t = _tensor(data[r], group, dtype)
+            group.all_reduce(t, op)
+            want = _fold(data, op)
+            np.testing.assert_array_equal(t.numpy(), want, err_msg=f"all_reduce {what}: not the rank-order bits")
+            exact = REDUCE[op](np.stack(data).astype(np.float64), axis=0)
+            if kind == "i":
+                np.testing.assert_array_equal(t.numpy(), exact, err_msg=what)
+            else:
+                _close(t.numpy(), exact, what, rtol=2e-3 if dtype else 1e-5)
+            if op in ("sum", "max") and n > 1:
+                part = group.reduce_scatter(_tensor(data[r], group, dtype), op)
+                bounds = np.cumsum([0, *split_sizes(n, world)])
+                np.testing.assert_array_equal(part.numpy(), want[bounds[r]:bounds[r + 1]],
+                                              err_msg=f"reduce_scatter {what}")
+
+
 def check_nan_propagates(group, seed):
     """A NaN on one rank makes the sum, max and min NaN at that position on every rank."""
     for op in ("sum", "max", "min"):
@@ -257,6 +304,6 @@ def check_disagreement_raises(group, seed):
     np.testing.assert_array_equal(t.numpy(), [group.world_size] * 2)
 
 
-ALL_CHECKS = [check_all_reduce, check_all_reduce_dtypes_and_views, check_nan_propagates, check_broadcast,
-              check_all_gather, check_reduce_scatter, check_send_recv, check_recv_shape_mismatch, check_split,
-              check_async_overlap, check_disagreement_raises]
+ALL_CHECKS = [check_all_reduce, check_all_reduce_dtypes_and_views, check_exact_reductions, check_nan_propagates,
+              check_broadcast, check_all_gather, check_reduce_scatter, check_send_recv, check_recv_shape_mismatch,
+              check_split, check_async_overlap, check_disagreement_raises]

@@ -188,7 +188,19 @@ def check_large_pipelined(group, seed):
     np.testing.assert_array_equal(got.numpy(), data[(r - 1) % world])
 
 
-MPI_CHECKS = [check_backend_basics, check_large_pipelined]
+def check_host_all_reduce(group, seed):
+    """The shared-memory (and leaders') reduction of host arrays: bit for bit the rank-order reduction, at
+    sizes around the chunks and the ranks' slices, float32, int32 and float16."""
+    world, r = group.world_size, group.rank
+    for n in conformance.EXACT_SIZES:
+        for kind, dtype, op in (("f", np.float32, "sum"), ("f", np.float32, "mean"), ("f", np.float32, "max"),
+                                ("i", np.int32, "sum"), ("f", np.float16, "sum"), ("f", np.float16, "mean")):
+            data = [conformance._data(seed + n, k, (n,), kind).astype(dtype) for k in range(world)]
+            got = group.host_all_reduce(data[r].copy(), op)
+            np.testing.assert_array_equal(got, conformance._fold(data, op), err_msg=f"{op} {np.dtype(dtype)} n={n}")
+
+
+MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce]
 
 
 def conformance_program(group, seed: int) -> dict:

@@ -39,13 +39,38 @@ _pool_lock = threading.Lock()
 _COPY_BLOCK = 4 << 20  # bytes per task of a parallel host copy
 
 
+_sharers = 1  # processes of this host that each run a host pool (MPI ranks)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity: Open MPI binds each rank to one core unless
+    launched with ``--bind-to none``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
+def host_threads() -> int:
+    """Workers of the host pool: this process's cores (``host_cores``), shared among the processes of
+    the host that each run one (``share_host_pool``), at least 2 and at most 16."""
+    return max(2, min(16, host_cores() // _sharers))
+
+
+def share_host_pool(processes: int) -> None:
+    """``processes`` processes of this host (MPI ranks) run host pools at once: each takes its share of
+    the cores (called before the pool is first used)."""
+    global _sharers
+    with _pool_lock:
+        _sharers = max(1, int(processes))
+
+
 def host_pool() -> ThreadPoolExecutor:
     """Threads for host-side copies and reductions (NumPy releases the GIL), made on first use."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
-                                       thread_name_prefix="wgpar-host")
+            _pool = ThreadPoolExecutor(max_workers=host_threads(), thread_name_prefix="wgpar-host")
         return _pool
 
 

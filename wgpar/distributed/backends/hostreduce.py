@@ -41,11 +41,13 @@ def _ufunc(op: str, is_bool: bool):
 
 
 def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
-                block: int = BLOCK) -> None:
+                block: int = BLOCK, acc: np.ndarray | None = None) -> None:
     """Reduce equal-length ``parts`` elementwise and write the result into every array of ``targets``.
 
     float16 accumulates in float32; NaN propagates (np.maximum / np.minimum / np.add do). ``block``
-    (at most BLOCK) elements per task on the host pool.
+    (at most BLOCK) elements per task on the host pool. ``acc``: cached memory of the accumulation
+    dtype (float32 for float16 parts) that receives the result too: the reduction accumulates in it
+    instead of a scratch block (the same operations, so the same bits).
     """
     n = len(parts[0]) if parts else 0
     if n == 0:
@@ -54,16 +56,22 @@ def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: 
     world = len(parts)
     acc_dtype = np.dtype(np.float32) if parts[0].dtype == np.float16 else parts[0].dtype
 
+    out = acc
+
     def run_block(a: int, b: int) -> None:
         if world == 1:
-            for t in targets:
-                np.copyto(t[a:b], parts[0][a:b])
+            for t in targets if out is None else (out, *targets):
+                np.copyto(t[a:b], parts[0][a:b], casting="unsafe")
             return
-        scratch = getattr(_scratch, "block", None)
-        if scratch is None or scratch.dtype != acc_dtype:
-            scratch = _scratch.block = np.empty(BLOCK, dtype=acc_dtype)
-        acc = scratch[: b - a]
-        fn(parts[0][a:b], parts[1][a:b], out=acc, casting="unsafe")
+        if out is not None:
+            acc = out[a:b]
+        else:
+            scratch = getattr(_scratch, "block", None)
+            if scratch is None or scratch.dtype != acc_dtype:
+                scratch = _scratch.block = np.empty(BLOCK, dtype=acc_dtype)
+            acc = scratch[: b - a]
+        # dtype: float16 parts are added as float32 from the first pair on (not rounded to float16 first)
+        fn(parts[0][a:b], parts[1][a:b], out=acc, dtype=acc_dtype, casting="unsafe")
         for p in parts[2:]:
             fn(acc, p[a:b], out=acc, casting="unsafe")
         if op == "mean":

@@ -55,14 +55,16 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...runtime import adapters as _adapters
+from ...runtime import profiling
 from ...runtime.config import CONFIG
 from ...runtime.device import Device
+from ...runtime.transfer import host_cores
 from ...tensor import Tensor
 from ..errors import CollectiveError, CollectiveTimeoutError, RankError
-from ..group import DEFAULT_TIMEOUT, check_agreement, split_sizes
+from ..group import DEFAULT_TIMEOUT, check_agreement, check_reduce_op, split_sizes
 from .chunked import ChunkedReadback, ChunkedUpload
 from .common import Progress, byte_offset, check_timeout, kind_name, round4
-from .hostreduce import copy_into, host_dtype, reduce_into
+from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
 from .mpi_world import Interrupted, World, world
 from .shm import SharedArena, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
@@ -131,6 +133,34 @@ def _mpi_type(MPI, dtype: np.dtype):
     return {"f": MPI.FLOAT, "i": MPI.INT}[dtype.kind]
 
 
+class _HostSource:
+    """A host array standing in for a readback (``MPIGroup.host_all_reduce``)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self._bytes = data.reshape(-1).view(np.uint8)
+
+    def array(self, off: int, count: int, dtype: np.dtype, timeout: float, what: str) -> np.ndarray:
+        return self._bytes[off:off + count * dtype.itemsize].view(dtype)
+
+
+class _HostTarget:
+    """A host array standing in for an upload (``MPIGroup.host_all_reduce``)."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self._bytes = out.reshape(-1).view(np.uint8)
+        self.item = out.dtype
+
+    def targets(self, off: int, count: int) -> list[tuple[int, np.ndarray]]:
+        return [(0, self._bytes[off:off + count * self.item.itemsize].view(self.item))]
+
+    def write(self, off: int, values: np.ndarray, divide: float | None = None, block: int = _BLOCK) -> None:
+        for start, dst in self.targets(off, len(values)):
+            copy_into(dst, values[start:start + len(dst)], divide, block)
+
+    def advance(self, upto: int) -> None:
+        pass
+
+
 class MPIGroup(StagedGroup):
     """One process's view of a group of MPI processes (a communicator), each owning one device.
 
@@ -171,6 +201,11 @@ class MPIGroup(StagedGroup):
         else:
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
+        # A waiting thread spins (polls without sleeping) only where every process of the host has a core
+        # to spare for it: on a full machine (or one core per rank, Open MPI's default binding) the spin
+        # would take the core from its own or another rank's host reduction; short sleeps instead.
+        spare = host_cores() >= 2 * self.local_size
+        self._spin, self._max_pause = (0.002, 0.001) if spare else (0.0, 0.0002)
         self.leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, self.rank)
         host = self.node.bcast(self.leaders.Get_rank() if self.local_rank == 0 else None, root=0)
         self.hosts = tuple(comm.allgather(host))  # the host (leader's rank) of every member
@@ -286,12 +321,14 @@ class MPIGroup(StagedGroup):
                 " (every send needs a matching recv)")
 
     # -- plumbing -------------------------------------------------------------------------
-    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float = 0.002,
+    def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float | None = None,
               late: Callable[[], Sequence[int]] = tuple) -> None:
         """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
-        naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait)."""
+        naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait;
+        default: the group's, which is 0 where the host's processes have no core to spare)."""
+        spin = self._spin if spin is None else spin
         try:
-            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin)
+            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin, self._max_pause)
         except Interrupted as exc:
             raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
         if not done:
@@ -303,10 +340,11 @@ class MPIGroup(StagedGroup):
         """Meet the other ranks of this host (their writes to the arena become visible)."""
         if self.local_size == 1:
             return
-        self._arena.sync()
-        self._wait([self.node.Ibarrier()], what,
-                   lambda: f"{what}: a rank of this host stopped inside the collective for {self._timeout:g} s")
-        self._arena.sync()
+        with profiling.span("host barrier", "collective", rank=self.ranks[self.rank]):
+            self._arena.sync()
+            self._wait([self.node.Ibarrier()], what,
+                       lambda: f"{what}: a rank of this host stopped inside the collective for {self._timeout:g} s")
+            self._arena.sync()
 
     def _agree(self, kind: str, meta: dict, info: Any = None) -> list[Any]:
         """The header exchange: every rank learns every rank's kind, metadata and ``info``; they must agree
@@ -326,8 +364,9 @@ class MPIGroup(StagedGroup):
         def late() -> list[int]:
             return [r for r, q in recvs.items() if not q.Test()]
 
-        self._wait([*recvs.values(), *sends], what,
-                   lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
+        with profiling.span("header exchange", "collective", rank=self.ranks[self.rank]):
+            self._wait([*recvs.values(), *sends], what,
+                       lambda: f"{what}: rank(s) {late()} did not arrive within {self._timeout:g} s", late=late)
         entries = {}
         for r in others:
             *entries[r], self._peer_sent[r] = _unpack(bufs[r])
@@ -370,7 +409,13 @@ class MPIGroup(StagedGroup):
                 up: ChunkedUpload, shared: bool) -> None:
         """Reduce ``n`` elements elementwise over the group and write elements ``[lo, hi)`` of the result
         to ``up``. ``shared``: every rank wants the same range (all-reduce), so the host's ranks each
-        reduce a slice into the shared result slot; otherwise each reduces its own range."""
+        reduce a slice (a reduce-scatter, then an all-gather through the shared result slot); otherwise
+        each reduces its own range.
+
+        Per chunk, each rank copies into its arena slot only the elements other ranks reduce (its own
+        slice is read from its mapped readback in place), and writes its reduced slice straight into its
+        upload as well as into the result slot, so it copies out of shared memory only the other ranks'
+        slices: every byte crosses shared memory once each way."""
         if n == 0:
             return
         hdt = host_dtype(dtype)
@@ -381,61 +426,88 @@ class MPIGroup(StagedGroup):
         L, me, multi, arena = self.local_size, self.local_rank, self.num_hosts > 1, self._arena
         part_op = "sum" if multi and op == "mean" else op  # across hosts: sum, then divide once
         divide = self.world_size if multi and op == "mean" else None
-        pending = None  # single host, shared: the chunk whose result is written after the next barrier
+        rank = self.ranks[self.rank]
+        pending = None  # single host, shared: the chunk whose other slices are copied out after the next barrier
 
-        def deliver(half: int, a: int, b: int) -> None:
+        def deliver(half: int, a: int, b: int, skip: tuple[int, int]) -> None:
+            """Elements ``[a, b) & [lo, hi)`` of the result slot into the upload, but for ``skip`` (written)."""
             s, e = max(a, lo), min(b, hi)
-            if s < e:
-                out = arena.slot(half, L, acc, b - a)
-                up.write((s - lo) * isz, out[s - a:e - a], divide, _BLOCK)
-                up.advance((e - lo) * isz)
+            if s >= e:
+                return
+            out = arena.slot(half, L, acc, b - a)
+            with profiling.span("copy out of shared memory", "collective", rank=rank, bytes=(e - s) * isz):
+                for x, y in ((s, min(e, skip[0])), (max(s, skip[1]), e)):
+                    if x < y:
+                        up.write((x - lo) * isz, out[x - a:y - a], divide, _BLOCK)
+            up.advance((e - lo) * isz)
+
+        def reduce_to_upload(parts: list[np.ndarray], a: int, s: int, e: int, also: np.ndarray | None) -> None:
+            """Reduce elements ``[s, e)`` (of the chunk at ``a``) of ``parts`` into the upload (and ``also``)."""
+            for first, dst in up.targets((s - lo) * isz, e - s):
+                x0 = s - a + first
+                reduce_into([x[x0:x0 + len(dst)] for x in parts], [dst], op, is_bool, _BLOCK,
+                            acc=None if also is None else also[x0:x0 + len(dst)])
 
         for i, a in enumerate(range(0, n, E)):
             b, half = min(a + E, n), i % 2
             m = b - a
+            if shared or multi:  # this rank reduces its share of the chunk
+                bounds = np.cumsum([0, *split_sizes(m, L)])
+                s0, s1 = a + int(bounds[me]), a + int(bounds[me + 1])
+            else:  # it reduces exactly the elements it keeps
+                s0 = min(max(a, lo), b)
+                s1 = max(min(b, hi), s0)
             mine = self._mapping(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
             ins = [arena.slot(half, k, hdt, m) for k in range(L)]
-            copy_into(ins[me], mine, block=_BLOCK)
-            del mine
+            if L > 1:  # the others' shares of this rank's data
+                with profiling.span("copy into shared memory", "collective", rank=rank, bytes=(m - s1 + s0) * isz):
+                    copy_into(ins[me][:s0 - a], mine[:s0 - a], block=_BLOCK)
+                    copy_into(ins[me][s1 - a:], mine[s1 - a:], block=_BLOCK)
+            parts = [mine if k == me else ins[k] for k in range(L)]
             self._host_barrier(what)
-            if not shared and not multi:  # each rank reduces exactly the elements it keeps
-                s, e = max(a, lo), min(b, hi)
-                if s < e:
-                    for first, dst in up.targets((s - lo) * isz, e - s):
-                        x0 = s - a + first
-                        reduce_into([x[x0:x0 + len(dst)] for x in ins], [dst], op, is_bool, _BLOCK)
-                    up.advance((e - lo) * isz)
+            if not shared and not multi:
+                if s0 < s1:
+                    with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
+                        reduce_to_upload(parts, a, s0, s1, None)
+                    up.advance((s1 - lo) * isz)
+                del mine, parts
                 continue
-            bounds = np.cumsum([0, *split_sizes(m, L)])
-            sl = slice(int(bounds[me]), int(bounds[me + 1]))
             out = arena.slot(half, L, acc, m)
             if not multi:
                 # One barrier per chunk: chunk i's results are complete once everyone passed chunk i + 1's
                 # barrier, and nobody writes that half again before passing chunk i + 2's.
                 if pending is not None:
                     deliver(*pending)
-                reduce_into([x[sl] for x in ins], [out[sl]], op, is_bool, _BLOCK)
-                pending = (half, a, b)
+                with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
+                    reduce_to_upload(parts, a, s0, s1, out)
+                pending = (half, a, b, (s0, s1))
+                del mine, parts
                 continue
-            reduce_into([x[sl] for x in ins], [out[sl]], part_op, is_bool, _BLOCK)
+            with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
+                reduce_into([x[s0 - a:s1 - a] for x in parts], [out[s0 - a:s1 - a]], part_op, is_bool, _BLOCK)
+            del mine, parts
             self._host_barrier(what)
             if me == 0:
                 self._leaders_reduce(out, part_op, is_bool, what)
             self._host_barrier(what)
-            deliver(half, a, b)
+            deliver(half, a, b, (a, a))
         if pending is not None:
             self._host_barrier(what)
             deliver(*pending)
 
     def _leaders_reduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
-        MPI = self.MPI
         t0 = time.perf_counter()
+        with profiling.span("leaders' step", "collective", rank=self.ranks[self.rank], bytes=arr.nbytes):
+            self._leaders_iallreduce(arr, op, is_bool, what)
+        self.inter_host_seconds += time.perf_counter() - t0
+
+    def _leaders_iallreduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
+        MPI = self.MPI
         req = self.leaders.Iallreduce(MPI.IN_PLACE, [arr, _mpi_type(MPI, arr.dtype)],
                                       _mpi_op(MPI, op, arr.dtype, is_bool))
         # Spin: a collective's later rounds start only when this process calls into MPI.
         self._wait([req], what, lambda: f"{what}: another host did not finish its part within {self._timeout:g} s",
                    spin=self._timeout)
-        self.inter_host_seconds += time.perf_counter() - t0
 
     def _gather(self, what: str, pieces: list[tuple[int, int, int]], total: int, rb: ChunkedReadback | None,
                 up: ChunkedUpload | None) -> None:
@@ -596,6 +668,28 @@ class MPIGroup(StagedGroup):
 
     def _start_barrier(self, kind: str) -> Completion:
         return self._collective(kind, {}, None, lambda _: None)
+
+    def host_all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        """All-reduce a contiguous float32, float16 or int32 NumPy array in place, through the path a
+        tensor's all-reduce takes once its bytes are on the host (shared memory inside a host, MPI
+        between hosts), with the same bits; returns ``array``. What bench_allreduce times against a
+        host memcpy."""
+        kind = "host_all_reduce"
+        self._launch(kind)
+        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous
+                and array.dtype in (np.float32, np.float16, np.int32)):
+            raise TypeError(f"{kind}: needs a contiguous float32, float16 or int32 NumPy array")
+        op = check_reduce_op(op, kind)
+        dtype = _dt.as_dtype(array.dtype.name)
+        check_reducible(dtype, op, f"{kind} on rank {self.rank}")
+        meta = {"shape": array.shape, "dtype": dtype.name, "op": op}
+        n = array.size
+
+        def body(_):
+            self._reduce(kind, _HostSource(array), n, dtype, op, 0, n, _HostTarget(array), shared=True)
+            return array
+
+        return self._submit(kind, self._collective(kind, meta, None, body)).wait()
 
     def gather_objects(self, obj: Any, label: str | None = None) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank (run_spmd's results)."""

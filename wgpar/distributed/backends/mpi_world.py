@@ -26,6 +26,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
+from ...runtime.transfer import share_host_pool
 from ..errors import CollectiveError
 
 # Variables the common launchers set in every process they start (MPICH/Hydra and Intel MPI: PMI_*,
@@ -87,6 +88,7 @@ class World:
         host = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = host.Get_rank(), host.Get_size()
         host.Free()
+        share_host_pool(self.local_size)  # the host's processes reduce and copy at once: each its share of cores
         self.grace = ABORT_GRACE
         self.failure: str | None = None  # why the job is failing, once it is
         self.culprit: int | None = None  # the world rank that failed first, as far as this rank knows
@@ -210,13 +212,14 @@ class World:
                 self._listener = None
 
     # -- waiting --------------------------------------------------------------------------
-    def wait(self, requests: Sequence, timeout: float, broken: Callable[[], str | None], spin: float = 0.002) -> bool:
+    def wait(self, requests: Sequence, timeout: float, broken: Callable[[], str | None], spin: float = 0.002,
+             max_pause: float = 0.001) -> bool:
         """Poll ``requests`` until all complete (True) or ``timeout`` seconds pass (False). Raises
         Interrupted as soon as ``broken()`` or a failure notice says the job is failing.
 
         For the first ``spin`` seconds it polls without sleeping (yielding the GIL each time): MPI's
         non-blocking operations advance only while some thread calls into MPI, and a partner is
-        usually microseconds away. Then it backs off to sleeps of up to 1 ms.
+        usually microseconds away. Then it backs off to sleeps of up to ``max_pause`` seconds.
         """
         reqs = list(requests)
         now = time.monotonic()
@@ -236,7 +239,7 @@ class World:
                 time.sleep(0)
             else:
                 time.sleep(pause)
-                pause = min(pause * 1.5, 0.001)
+                pause = min(pause * 1.5, max_pause)
         return True
 
 
