@@ -12,6 +12,23 @@ def assert_close(got, want, rtol=1e-5, atol=1e-6, what=""):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
 
 
+def same_random_grads(rng, params, torch_params) -> None:
+    """Give each wgpar parameter and its torch twin the same standard-normal float32 gradient, drawn in order."""
+    import wgpar
+
+    for p, tp in zip(params, torch_params):
+        g = rng.standard_normal(p.shape).astype(np.float32)
+        p.grad, tp.grad = wgpar.tensor(g), tp.new_tensor(g)
+
+
+def torch_state_as_numpy(sd: dict) -> dict:
+    """A torch optimizer's state_dict as wgpar's load_state_dict takes it: state tensors as NumPy arrays, steps
+    as Python numbers, the param_groups as they are."""
+    return {"state": {k: {n: (v.numpy() if v.ndim else v.item()) for n, v in st.items()}
+                      for k, st in sd["state"].items()},
+            "param_groups": sd["param_groups"]}
+
+
 SIZES = (1, 3, 7, 33, 129, 1000)
 
 
