@@ -182,27 +182,27 @@ class LayerNorm(Module):
         normalized_shape: an int or the trailing shape normalised over.
         eps: added to the variance.
         elementwise_affine: learn a weight (ones) and bias (zeros) of that shape.
+        bias: with ``elementwise_affine``, learn the bias too (False: a weight only).
         device, dtype: of the parameters.
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, device=None,
-                 dtype=_dt.float32) -> None:
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=_dt.float32) -> None:
         super().__init__()
         shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
-        self.normalized_shape, self.eps = shape, eps
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+        self.weight = self.bias = None
         if elementwise_affine:
-            self.weight = _param(shape, device, dtype)
-            self.bias = _param(shape, device, dtype)
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
-        else:
-            self.weight = self.bias = None
+            self.weight = init.ones_(_param(shape, device, dtype))
+            if bias:
+                self.bias = init.zeros_(_param(shape, device, dtype))
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
 
 
 class Embedding(Module):

@@ -36,10 +36,7 @@ def _activation(activation, name: str):
 
 
 def _layer_norm(d_model: int, eps: float, bias: bool, device, dtype) -> LayerNorm:
-    norm = LayerNorm(d_model, eps, device=device, dtype=dtype)
-    if not bias:  # torch's LayerNorm(bias=False): a weight only
-        norm.bias = None
-    return norm
+    return LayerNorm(d_model, eps, bias=bias, device=device, dtype=dtype)
 
 
 class _TransformerLayer(Module):
