@@ -47,7 +47,12 @@ class Linear(Module):
 
 
 class ReLU(Module):
-    """``max(x, 0)`` elementwise (NaN stays NaN), as ``torch.nn.ReLU``."""
+    """``max(x, 0)`` elementwise (NaN stays NaN), as ``torch.nn.ReLU``. Differs from torch: ``inplace=True``
+    raises ValueError."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        F._no_inplace(inplace, "ReLU")
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
@@ -249,10 +254,12 @@ class Dropout(Module):
 
     Arguments:
         p: the probability of zeroing an element, in [0, 1].
+        inplace: only False: ``inplace=True`` raises ValueError (differs from torch).
     """
 
-    def __init__(self, p: float = 0.5) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
+        F._no_inplace(inplace, "Dropout")
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability must be in [0, 1], got {p}")
         self.p = p
@@ -261,7 +268,7 @@ class Dropout(Module):
         return F.dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}, inplace=False"
 
 
 class Dropout2d(Module):
@@ -424,7 +431,8 @@ class MLP(Module):
 
 
 class MSELoss(Module):
-    """Squared error between input and target of one shape, as ``torch.nn.MSELoss``.
+    """Squared error between input and target of one shape, as ``torch.nn.MSELoss``. Differs from torch: shapes
+    that differ raise ValueError (torch broadcasts with a warning); no deprecated ``size_average=``/``reduce=``.
 
     Arguments:
         reduction: "mean", "sum" or "none".

@@ -21,6 +21,7 @@ def _kernel(pt: str, gt: str) -> KernelSpec:
 
 class Adagrad(Optimizer):
     """Adagrad, with PyTorch's ``torch.optim.Adagrad`` semantics and state (``step``, ``sum``).
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     ``sum`` starts at ``initial_accumulator_value`` and accumulates ``grad**2``; step t moves the
     parameter by ``-clr * grad / (sqrt(sum) + eps)`` with ``clr = lr / (1 + (t - 1) * lr_decay)``.

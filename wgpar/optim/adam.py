@@ -27,6 +27,7 @@ def _kernel(pt: str, gt: str, amsgrad: bool) -> KernelSpec:
 
 class Adam(Optimizer):
     """Adam, with PyTorch's ``torch.optim.Adam`` semantics.
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     ``weight_decay`` adds ``weight_decay * param`` to the gradient (L2), unless
     ``decoupled_weight_decay`` (AdamW) multiplies the parameter by
@@ -98,6 +99,7 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """AdamW (decoupled weight decay), with PyTorch's ``torch.optim.AdamW`` semantics.
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     Arguments: as for ``Adam``; ``weight_decay`` defaults to 1e-2 and decays the
     parameter by ``1 - lr * weight_decay`` before each update.

@@ -35,6 +35,7 @@ def _kernel(pt: str, gt: str, centered: bool, momentum: bool) -> KernelSpec:
 class RMSprop(Optimizer):
     """RMSprop, with PyTorch's ``torch.optim.RMSprop`` semantics and state (``step``, ``square_avg``,
     ``momentum_buffer`` with momentum, ``grad_avg`` when centred).
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     ``square_avg = alpha * square_avg + (1 - alpha) * grad**2``; the step divides the gradient by
     ``sqrt(square_avg) + eps`` (centred: ``sqrt(square_avg - grad_avg**2) + eps``, ``grad_avg`` the

@@ -28,6 +28,7 @@ def _kernel(pt: str, gt: str, momentum: bool, nesterov: bool) -> KernelSpec:
 
 class SGD(Optimizer):
     """Stochastic gradient descent, with PyTorch's ``torch.optim.SGD`` semantics.
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     The momentum buffer starts as the first gradient (no dampening on the first
     step); Nesterov uses ``grad + momentum * buf``; weight decay adds
