@@ -5,6 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 
+def load_tool(name: str):
+    """The module tools/<name>.py (the tools are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def assert_close(got, want, rtol=1e-5, atol=1e-6, what=""):
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)

@@ -3,17 +3,15 @@ BENCHMARKS.md links it: the picture cannot go stale while the lead edits the tab
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from .helpers import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("plot_benchmarks", ROOT / "tools" / "plot_benchmarks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("plot_benchmarks")
 
 
 def test_the_committed_svg_is_up_to_date_with_the_table():
