@@ -3,16 +3,12 @@
 // (param, grad, state_sum) and Params are declared in wgpar/optim/adagrad.py: fresh (the
 // sum was just allocated: it starts at init_acc, initial_accumulator_value), neg_clr
 // (-lr / (1 + (step - 1) * lr_decay), computed on the host). The host fills P (the
-// parameter's and the state's storage type).
+// parameter's and the state's storage type) and STEP (optim_step.wgsl: the entry point, which
+// calls update with the element's gradient g).
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
-  if (i >= p.numel) { return; }
-  let w = f32(param[p.off_p + i]);
-  var g = f32(grad[p.off_g + i]);
-  if (p.maximize != 0u) { g = -g; }
-  if (p.weight_decay != 0.0) { g = g + p.weight_decay * w; }  // grad.add(param, alpha=weight_decay)
+{{STEP}}
+
+fn update(i: u32, w: f32, g: f32) {
   let s = select(f32(state_sum[i]), p.init_acc, p.fresh != 0u) + g * g;  // state_sum.addcmul_(grad, grad)
   state_sum[i] = {{P}}(s);
   let denom = sqrt(f32({{P}}(s))) + p.eps;

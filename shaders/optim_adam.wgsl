@@ -4,23 +4,14 @@
 // host. Bindings (param, grad, exp_avg, exp_avg_sq and for AMSGrad max_exp_avg_sq) and Params
 // are declared in wgpar/optim/adam.py: fresh (state just allocated, read it as zeros),
 // weight_decay (Adam's L2 term, 0 for AdamW), decay (AdamW's 1 - lr * weight_decay, 1 for Adam).
-// The host fills P (param and state storage type) and DENOM_SQ (AMSGrad's running maximum).
+// The host fills P (param and state storage type), DENOM_SQ (AMSGrad's running maximum) and
+// STEP (optim_step.wgsl: the entry point, which calls update with the element's gradient g; lerp_).
 
-// torch.lerp's two-sided form, so exp_avg rounds as PyTorch's does.
-fn lerp_(a: f32, b: f32, t: f32) -> f32 {
-  return select(b - (b - a) * (1.0 - t), a + t * (b - a), t < 0.5);
-}
+{{STEP}}
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
-  if (i >= p.numel) { return; }
+fn update(i: u32, w0: f32, g: f32) {
   let fresh = p.fresh != 0u;
-  var w = f32(param[p.off_p + i]);
-  var g = f32(grad[p.off_g + i]);
-  if (p.maximize != 0u) { g = -g; }
-  if (p.weight_decay != 0.0) { g = g + p.weight_decay * w; }  // grad.add(param, alpha=weight_decay)
-  w = w * p.decay;                                            // param.mul_(1 - lr * weight_decay)
+  let w = w0 * p.decay;  // param.mul_(1 - lr * weight_decay)
   let m = lerp_(select(f32(exp_avg[i]), 0.0, fresh), g, p.one_minus_beta1);
   let v = select(f32(exp_avg_sq[i]), 0.0, fresh) * p.beta2 + p.one_minus_beta2 * g * g;
   exp_avg[i] = {{P}}(m);

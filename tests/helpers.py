@@ -5,11 +5,40 @@ from __future__ import annotations
 import numpy as np
 
 
+def load_tool(name: str):
+    """The module tools/<name>.py (the tools are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def assert_close(got, want, rtol=1e-5, atol=1e-6, what=""):
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{what} shape {got.shape} != {want.shape}"
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+
+
+def same_random_grads(rng, params, torch_params) -> None:
+    """Give each wgpar parameter and its torch twin the same standard-normal float32 gradient, drawn in order."""
+    import wgpar
+
+    for p, tp in zip(params, torch_params):
+        g = rng.standard_normal(p.shape).astype(np.float32)
+        p.grad, tp.grad = wgpar.tensor(g), tp.new_tensor(g)
+
+
+def torch_state_as_numpy(sd: dict) -> dict:
+    """A torch optimizer's state_dict as wgpar's load_state_dict takes it: state tensors as NumPy arrays, steps
+    as Python numbers, the param_groups as they are."""
+    return {"state": {k: {n: (v.numpy() if v.ndim else v.item()) for n, v in st.items()}
+                      for k, st in sd["state"].items()},
+            "param_groups": sd["param_groups"]}
 
 
 SIZES = (1, 3, 7, 33, 129, 1000)

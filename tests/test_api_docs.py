@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from .helpers import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("gen_api", ROOT / "tools" / "gen_api.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("gen_api")
 
 
 def test_the_api_overview_is_up_to_date():

@@ -137,11 +137,32 @@ def test_bool_tensors(dev, rng):
     t = wgpar.tensor(m)
     assert t.dtype is wgpar.bool_
     np.testing.assert_array_equal(t.numpy(), m)
-    np.testing.assert_array_equal((t + t).numpy(), m.astype(np.int32) * 2)
-    assert (t + t).dtype is wgpar.int32
+    np.testing.assert_array_equal((t + t).numpy(), m | m)  # logical or, as PyTorch and NumPy
+    assert (t + t).dtype is wgpar.bool_
+    np.testing.assert_array_equal((t + 1).numpy(), m.astype(np.int32) + 1)
+    assert (t + 1).dtype is wgpar.int32
     f = t.float()
     assert f.dtype is wgpar.float32
     assert_close(f.numpy(), m.astype(np.float64))
+
+
+def test_bool_arithmetic_matches_torch(dev, torch):
+    """bool (op) bool stays bool where PyTorch keeps it (add: or, mul: and, maximum, minimum, sign) and is
+    refused where PyTorch refuses it (sub, neg, //, %, abs, relu); a bool with an int scalar is an int."""
+    a, b = np.array([True, False, True, False]), np.array([True, True, False, False])
+    wa, wb, ta, tb = wgpar.tensor(a), wgpar.tensor(b), torch.tensor(a), torch.tensor(b)
+    for name, f in [("add", lambda x, y: x + y), ("mul", lambda x, y: x * y), ("add True", lambda x, y: x + True),
+                    ("add 1", lambda x, y: x + 1), ("maximum", lambda x, y: x.maximum(y)),
+                    ("minimum", lambda x, y: x.minimum(y)), ("sign", lambda x, y: x.sign())]:
+        got, want = f(wa, wb), f(ta, tb)
+        assert got.dtype.name == str(want.dtype).replace("torch.", "").replace("int64", "int32"), name
+        assert got.numpy().tolist() == want.numpy().tolist(), name
+    for name, f in [("sub", lambda x, y: x - y), ("neg", lambda x, y: -x), ("floordiv", lambda x, y: x // y),
+                    ("mod", lambda x, y: x % y), ("abs", lambda x, y: x.abs()), ("relu", lambda x, y: x.relu())]:
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            f(ta, tb)
+        with pytest.raises(TypeError, match=f"{name}.*bool"):
+            f(wa, wb)
 
 
 @pytest.mark.parametrize("sc,sa,sb", [((7, 33), (7, 33), (7, 33)), ((33,), (7, 1), ()), ((1, 3), (129, 1), (3,)),

@@ -205,6 +205,17 @@ def test_bce_edges_match_torch(rng, torch):
     assert_close(got, want.numpy(), 1e-5, 1e-5)
 
 
+def _same_loss_and_grad(ours, theirs, x, target, torch) -> None:
+    """The loss modules ``ours`` (wgpar) and ``theirs`` (torch) give the same loss of (x, target) and the same
+    gradient of x."""
+    xw, xt = _t(x, True), torch.tensor(x, requires_grad=True)
+    lw, lt = ours(xw, _t(target)), theirs(xt, torch.tensor(target))
+    lw.backward()
+    lt.backward()
+    assert_close(lw.item(), lt.item(), 1e-5, 1e-6)
+    assert_close(xw.grad.numpy(), xt.grad.numpy(), 1e-5, 1e-7)
+
+
 def test_bce_modules_match_torch(rng, torch):
     x = rng.standard_normal((6, 4))
     t = (rng.uniform(size=(6, 4)) > 0.5).astype(np.float64)
@@ -213,12 +224,7 @@ def test_bce_modules_match_torch(rng, torch):
     theirs = torch.nn.BCEWithLogitsLoss(torch.tensor(w), pos_weight=torch.tensor(pw))
     assert list(ours.state_dict()) == list(theirs.state_dict()) == ["weight", "pos_weight"]
     assert repr(ours) == repr(theirs) == "BCEWithLogitsLoss()"
-    xw, xt = _t(x, True), torch.tensor(x, requires_grad=True)
-    lw, lt = ours(xw, _t(t)), theirs(xt, torch.tensor(t))
-    lw.backward()
-    lt.backward()
-    assert_close(lw.item(), lt.item(), 1e-5, 1e-6)
-    assert_close(xw.grad.numpy(), xt.grad.numpy(), 1e-5, 1e-7)
+    _same_loss_and_grad(ours, theirs, x, t, torch)
     p = 1 / (1 + np.exp(-x))
     assert_close(nn.BCELoss(_t(w), reduction="sum")(_t(p), _t(t)).item(),
                  torch.nn.BCELoss(torch.tensor(w), reduction="sum")(torch.tensor(p), torch.tensor(t)).item(), 1e-5)
@@ -299,12 +305,7 @@ def test_regression_modules_match_torch(name, rng, torch):
     x, y = rng.standard_normal((4, 7)), rng.standard_normal((4, 7))
     ours, theirs = getattr(nn, name)(**kw), getattr(torch.nn, name)(**kw)
     assert repr(ours) == repr(theirs) and list(ours.state_dict()) == []
-    xw, xt = _t(x, True), torch.tensor(x, requires_grad=True)
-    lw, lt = ours(xw, _t(y)), theirs(xt, torch.tensor(y))
-    lw.backward()
-    lt.backward()
-    assert_close(lw.item(), lt.item(), 1e-5, 1e-6)
-    assert_close(xw.grad.numpy(), xt.grad.numpy(), 1e-5, 1e-7)
+    _same_loss_and_grad(ours, theirs, x, y, torch)
 
 
 def test_loss_errors():

@@ -4,6 +4,7 @@ continuing exactly."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -107,19 +108,24 @@ def test_learning_rates_and_state_match_torch(name, torch):
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_resume_from_checkpoint_continues_exactly(name, tmp_path):
-    """Save optimizer + scheduler after 8 steps (through wgpar.save), restore into fresh objects, continue."""
-    w, ws = _wgpar(name)
-    for _ in range(8):
-        w.step()
-        ws.step()
-    wgpar.save({"opt": w.state_dict(), "sched": ws.state_dict()}, tmp_path / "ck.safetensors")
-    rest = [ws.step() or ws.get_last_lr() for _ in range(10)]
+    check_resume(functools.partial(_wgpar, name), tmp_path, 8, 10)
+
+
+def check_resume(make, tmp_path, before: int, after: int) -> None:
+    """Save the optimizer and scheduler ``make()`` builds after ``before`` steps (through wgpar.save), restore
+    them into fresh objects with other lrs (everything must come from the file), and check the next ``after``
+    learning rates are the same."""
+    o, s = make()
+    for _ in range(before):
+        o.step()
+        s.step()
+    wgpar.save({"opt": o.state_dict(), "sched": s.state_dict()}, tmp_path / "ck.safetensors")
+    rest = [s.step() or s.get_last_lr() for _ in range(after)]
     ck = wgpar.load(tmp_path / "ck.safetensors")
-    w2, ws2 = _wgpar(name, lrs=(1.0, 1.0))  # fresh objects with other lrs: everything comes from the file
-    w2.load_state_dict(ck["opt"])
-    ws2.load_state_dict(ck["sched"])
-    again = [ws2.step() or ws2.get_last_lr() for _ in range(10)]
-    assert again == rest
+    o2, s2 = make(lrs=(1.0, 1.0))
+    o2.load_state_dict(ck["opt"])
+    s2.load_state_dict(ck["sched"])
+    assert [s2.step() or s2.get_last_lr() for _ in range(after)] == rest
 
 
 def test_errors():

@@ -408,3 +408,28 @@ def test_normalization_errors():
         F.rms_norm(_t(np.zeros((2, 4))), (3,))
     with pytest.raises(ValueError, match="output_size"):
         F.adaptive_avg_pool2d(_t(np.zeros((1, 2, 4, 4))), (0, 2))
+
+
+def test_layer_norm_without_bias_matches_torch(rng, torch):
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    for kw in ({}, {"bias": False}, {"elementwise_affine": False}):
+        ours, theirs = nn.LayerNorm(5, **kw), torch.nn.LayerNorm(5, **kw)
+        assert repr(ours) == repr(theirs) and list(ours.state_dict()) == list(theirs.state_dict()), kw
+        assert_close(ours(wgpar.tensor(x)).numpy(), theirs(torch.tensor(x)).detach().numpy(), 1e-5, 1e-5)
+
+
+def test_kaiming_uniform_and_calculate_gain_match_torch(torch):
+    for name, param in [("linear", None), ("conv2d", None), ("sigmoid", None), ("tanh", None), ("relu", None),
+                        ("leaky_relu", None), ("leaky_relu", 0.2), ("leaky_relu", 0), ("selu", None)]:
+        assert nn.init.calculate_gain(name, param) == pytest.approx(torch.nn.init.calculate_gain(name, param))
+    for mode in ("fan_in", "fan_out"):
+        for nonlinearity, a in [("leaky_relu", 0.0), ("leaky_relu", 0.3), ("relu", 0.0), ("tanh", 0.0)]:
+            w, tw = wgpar.zeros(64, 8, 3), torch.zeros(64, 8, 3)
+            nn.init.kaiming_uniform_(w, a, mode, nonlinearity)
+            torch.nn.init.kaiming_uniform_(tw, a, mode, nonlinearity)
+            got, want = np.abs(w.numpy()).max(), np.abs(tw.numpy()).max()  # the same bound, other draws
+            assert want * 0.95 < got <= want / 0.99 and np.abs(w.numpy()).max() > 0, (mode, nonlinearity, a)
+    with pytest.raises(ValueError, match="Mode"):
+        nn.init.kaiming_uniform_(wgpar.zeros(4, 4), mode="fan_avg")
+    with pytest.raises(ValueError, match="nonlinearity"):
+        nn.init.kaiming_uniform_(wgpar.zeros(4, 4), nonlinearity="swish")

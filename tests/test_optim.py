@@ -10,7 +10,7 @@ from wgpar import optim
 from wgpar.nn.parameter import Parameter
 from wgpar.nn.utils import clip_grad_norm_
 
-from .helpers import assert_close
+from .helpers import assert_close, torch_state_as_numpy
 
 SHAPES = [(1,), (7,), (33, 5), (129,)]
 
@@ -419,9 +419,7 @@ def test_loads_a_torch_optimizer_state(rng, dev, torch):
             p.grad = torch.tensor(g)
         topt.step()
     sd = topt.state_dict()
-    ours = {"state": {k: {n: (v.numpy() if v.ndim else v.item()) for n, v in st.items()}
-                      for k, st in sd["state"].items()},
-            "param_groups": sd["param_groups"]}
+    ours = torch_state_as_numpy(sd)
     ps = [Parameter(wgpar.tensor(p.detach().numpy())) for p in tps]
     opt = optim.Adam(ps)
     opt.load_state_dict(ours)

@@ -11,7 +11,7 @@ import wgpar
 from wgpar import nn, optim
 from wgpar.nn.parameter import Parameter
 
-from .helpers import assert_close
+from .helpers import assert_close, same_random_grads, torch_state_as_numpy
 from .test_optim import ref_adam, ref_sgd
 
 SHAPES = [(1,), (7,), (33, 5), (129,)]
@@ -190,18 +190,14 @@ def test_two_groups_match_torch(name, rng, dev, torch):
     topt = getattr(torch.optim, cls_name)([{"params": tps[:2]}, {"params": tps[2:], **override}], **base)
     opt = getattr(optim, cls_name)([{"params": ps[:2]}, {"params": ps[2:], **override}], **base)
     for step in range(8):
-        for p, tp in zip(ps, tps):
-            g = rng.standard_normal(p.shape).astype(np.float32)
-            p.grad, tp.grad = wgpar.tensor(g), torch.tensor(g)
+        same_random_grads(rng, ps, tps)
         topt.step()
         opt.step()
         for p, tp in zip(ps, tps):
             assert_close(p.numpy(), tp.detach().numpy(), rtol=2e-5, atol=2e-6, what=f"{name} step {step}")
     # torch's state loads here and goes on in step (state tensors as NumPy arrays, steps as ints).
     sd = topt.state_dict()
-    ours = {"state": {k: {n: (v.numpy() if v.ndim else v.item()) for n, v in st.items()}
-                      for k, st in sd["state"].items()},
-            "param_groups": sd["param_groups"]}
+    ours = torch_state_as_numpy(sd)
     qs = [Parameter(wgpar.tensor(tp.detach().numpy())) for tp in tps]
     opt2 = getattr(optim, cls_name)([{"params": qs[:2]}, {"params": qs[2:]}])
     opt2.load_state_dict(ours)
@@ -209,9 +205,7 @@ def test_two_groups_match_torch(name, rng, dev, torch):
     assert {k: {n for n, v in st.items() if v is not None} for k, st in saved.items()} == \
         {k: {n for n, v in st.items() if v is not None} for k, st in sd["state"].items()}
     for _ in range(3):
-        for q, tp in zip(qs, tps):
-            g = rng.standard_normal(q.shape).astype(np.float32)
-            q.grad, tp.grad = wgpar.tensor(g), torch.tensor(g)
+        same_random_grads(rng, qs, tps)
         topt.step()
         opt2.step()
     for q, tp in zip(qs, tps):

@@ -55,12 +55,14 @@ def _torch_result_type(dtype, name: str, s):
     return wgpar.int32
 
 
+# Ops that refuse a bool tensor with a bool scalar (TypeError), as torch refuses them.
+BOOL_REFUSED = ("sub", "rsub", "floordiv", "mod")
+
+
 def _skip_vs_torch(dtype, name: str, s) -> bool:
     """Combinations where wgpar knowingly differs from PyTorch (the Python scalar behaves the same)."""
-    if dtype is wgpar.bool_ and isinstance(s, np.bool_) and name in OPS and name not in ("lt", "eq", "ge"):
-        return True  # torch keeps bool arithmetic bool (or / and); wgpar computes it in int32
     if name in ("sub", "rsub") and (isinstance(s, np.bool_) or dtype is wgpar.bool_):
-        return True  # torch refuses subtraction with bools; wgpar subtracts them as 0 / 1
+        return True  # torch refuses subtraction with bools; wgpar subtracts an int tensor and a bool as 0 / 1
     if name == "pow" and not dtype.is_float and not isinstance(s, np.floating):
         return True  # torch keeps integer powers integer; wgpar's pow is a float op
     if name in ("clamp", "clamp_min", "clamp_max", "floordiv", "mod", "rdiv") and dtype is wgpar.bool_:
@@ -72,8 +74,10 @@ def _reference(torch, a, dtype, name: str, s):
     """(result dtype, float64 values) of op ``name`` on ``a`` and the Python number ``s``: torch's rule with
     NumPy's float64 arithmetic (torch None), or torch's own result."""
     if torch is None:
+        rtype = _torch_result_type(dtype, name, s)
         with np.errstate(all="ignore"):  # NaN from pow of negatives, as in torch
-            return _torch_result_type(dtype, name, s), NP_OPS[name](a.astype(np.float64), float(s))
+            values = NP_OPS[name](a.astype(np.float64), float(s))
+        return rtype, (values != 0).astype(np.float64) if rtype is wgpar.bool_ else values  # bool + True: or
     ta = torch.tensor(a)
     r = WHERE[name](torch, ta, s) if name in WHERE else OPS[name](ta, s)
     to_wgpar = {torch.float32: wgpar.float32, torch.float16: wgpar.float16, torch.int32: wgpar.int32,
@@ -109,6 +113,11 @@ def test_numpy_scalars_promote_like_python_numbers_and_torch(dev, rng, dtype, re
         py = s.item()
         for name, fw in cases:
             what = f"{dtype.name} {name} {type(s).__name__}({s})"
+            if dtype is wgpar.bool_ and isinstance(py, bool) and name in BOOL_REFUSED:
+                for v in (s, py):
+                    with pytest.raises(TypeError, match="bool"):
+                        fw(t, v)
+                continue
             got_np = _result(fw(t, s))
             again = _result(fw(t, s))  # the second call takes the cached fast path
             got_py = _result(fw(t, py))

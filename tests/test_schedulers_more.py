@@ -5,6 +5,7 @@ fixture, and resumed from a checkpoint file."""
 
 from __future__ import annotations
 
+import functools
 import math
 from bisect import bisect_right
 
@@ -15,7 +16,8 @@ import wgpar
 from wgpar import nn, optim
 from wgpar.optim import lr_scheduler as sched
 
-from .test_lr_scheduler import _plain
+from .helpers import same_random_grads
+from .test_lr_scheduler import _plain, check_resume
 
 LRS = (3e-3, 7e-4)
 STEPS = 36
@@ -90,17 +92,7 @@ def test_learning_rates_and_state_match_torch(name, torch):
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_resume_from_checkpoint_continues_exactly(name, tmp_path):
-    o, s = _wgpar(name)
-    for _ in range(11):
-        o.step()
-        s.step()
-    wgpar.save({"opt": o.state_dict(), "sched": s.state_dict()}, tmp_path / "ck.safetensors")
-    rest = [s.step() or s.get_last_lr() for _ in range(STEPS - 11)]
-    ck = wgpar.load(tmp_path / "ck.safetensors")
-    o2, s2 = _wgpar(name, lrs=(1.0, 1.0))
-    o2.load_state_dict(ck["opt"])
-    s2.load_state_dict(ck["sched"])
-    assert [s2.step() or s2.get_last_lr() for _ in range(STEPS - 11)] == rest
+    check_resume(functools.partial(_wgpar, name), tmp_path, 11, STEPS - 11)
 
 
 # -- CosineAnnealingWarmRestarts with fractional epochs ----------------------------------------------
@@ -219,9 +211,7 @@ def test_one_cycle_matches_torch(name, torch, rng):
     o, s = _one_cycle_pair(sched, optim, name, ps)
     t, ts = _one_cycle_pair(torch.optim.lr_scheduler, torch.optim, name, tps)
     for step in range(30):
-        for p, tp in zip(ps, tps):
-            g = rng.standard_normal(p.shape).astype(np.float32)
-            p.grad, tp.grad = wgpar.tensor(g), torch.tensor(g)
+        same_random_grads(rng, ps, tps)
         o.step()
         t.step()
         s.step()

@@ -156,11 +156,7 @@ def ones(*shape, dtype=_dt.float32, device=None, requires_grad: bool = False) ->
     Differs from torch as ``wgpar.zeros`` does (float32 default, int64 given as int32, wgpu devices only,
     no ``out=``/``layout=``).
 
-    Arguments:
-        shape: the sizes, as ints or one sequence of ints.
-        dtype: a wgpar dtype or its name (also a NumPy or torch dtype).
-        device: a Device, an index, ``"wgpu"`` or ``"wgpu:N"`` (default device 0).
-        requires_grad: make it a leaf that records gradients (floating dtypes only, else TypeError).
+    Arguments: as ``wgpar.zeros``'s (shape, dtype, device, requires_grad).
     """
     return _factory(shape, 1, dtype, device, requires_grad)
 

@@ -163,6 +163,7 @@ def _decode(node: Any, tensors: dict[str, Tensor], path: Path, depth: int = 0) -
 
 def save(obj: Any, path: str | os.PathLike) -> None:
     """Write tensors (a state_dict, or nested dicts/lists with numbers) to a safetensors file.
+    Differs from torch: a safetensors file, not a pickle: other Python objects raise TypeError.
 
     The file is written next to ``path`` and renamed over it, so a crash never
     leaves a half-written checkpoint under the final name.
@@ -211,6 +212,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def load(path: str | os.PathLike, device=None) -> Any:
     """Read a safetensors file written by ``save`` (or any safetensors file) back as wgpar tensors.
+    Differs from torch: no ``map_location=``, ``weights_only=`` or ``mmap=`` (``device=`` places the tensors).
 
     Arguments:
         path: the file to read.

@@ -194,7 +194,8 @@ class Tensor:
 
     # -- autograd -------------------------------------------------------------------------
     def backward(self, grad: Tensor | None = None, retain_graph: bool = False) -> None:
-        """Accumulate gradients of this tensor into the ``.grad`` of every leaf it depends on."""
+        """Accumulate gradients of this tensor into the ``.grad`` of every leaf it depends on. Differs from
+        torch: the seed gradient is ``grad`` (torch: ``gradient``); no ``create_graph=`` or ``inputs=``."""
         _ops.backward([self], [grad], retain_graph=retain_graph)
 
     def retain_grad(self) -> Tensor:
@@ -524,7 +525,7 @@ class Tensor:
 
     # -- reductions -----------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        """Sum over an axis, a tuple of axes, or all elements.
+        """Sum over an axis, a tuple of axes, or all elements. Differs from torch: int32 results; no ``dtype=``.
 
         An int32 (or bool) tensor sums to int32, which wraps around on overflow, exactly modulo 2**32
         (wgpar has no int64, unlike PyTorch's int sums); sum ``x.float()`` where totals may pass 2**31.
@@ -532,7 +533,8 @@ class Tensor:
         return _ops.reduce("sum", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        """The mean over an axis, a tuple of axes, or all elements; an integer tensor's mean is float32."""
+        """The mean over an axis, a tuple of axes, or all elements; an integer tensor's mean is float32 (torch
+        refuses it). Differs from torch: no ``dtype=``."""
         return _ops.reduce("mean", self, dim_arg(axis, dim), keepdim_arg(keepdims, keepdim))
 
     def max(self, axis=None, keepdims=False, *, dim=None, keepdim=None):

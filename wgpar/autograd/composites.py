@@ -399,10 +399,7 @@ def all_(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """Whether every element is nonzero (NaN counts), over ``dim`` (an int, a tuple, or None), as a bool
     tensor (torch.all); empty: True. Not differentiable.
 
-    Arguments:
-        a: a tensor.
-        dim: the dims to reduce.
-        keepdim: keep the reduced dims with size 1.
+    Arguments: as ``any``'s (a, dim, keepdim).
     """
     _tensor_input("all", a)
     return ops.binary("eq", _count_nonzero(a, dim, keepdim, zero=True), 0)

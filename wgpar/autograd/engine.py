@@ -192,7 +192,8 @@ def _in_pass(fn: Callable[[], object]) -> object:
 
 def backward(tensors: Sequence[Tensor] | Tensor, grads: Sequence[Tensor | None] | Tensor | None = None,
              retain_graph: bool = False) -> None:
-    """Accumulate d(sum of tensors * grads)/d(leaf) into every leaf's ``.grad``."""
+    """Accumulate d(sum of tensors * grads)/d(leaf) into every leaf's ``.grad``. Differs from torch: the seeds
+    are ``grads`` (torch: ``grad_tensors``); no ``create_graph=`` or ``inputs=``."""
     tensors, grads = _as_lists(tensors, grads)
     _in_pass(lambda: backward_within_pass(tensors, grads, retain_graph))
 

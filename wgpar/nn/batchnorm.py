@@ -90,13 +90,7 @@ class BatchNorm1d(_BatchNorm):
 class BatchNorm2d(_BatchNorm):
     """Batch norm over [N, C, H, W] per channel C, as ``torch.nn.BatchNorm2d`` (see BatchNorm1d).
 
-    Arguments:
-        num_features: the channels C.
-        eps: added to the variance.
-        momentum: the running statistics' update factor, or None.
-        affine: learn a weight and bias per channel.
-        track_running_stats: keep running statistics (else batch statistics in eval mode too).
-        device, dtype: of the parameters and buffers.
+    Arguments: as ``BatchNorm1d``'s (num_features, eps, momentum, affine, track_running_stats, device, dtype).
     """
 
     _dims = (4,)

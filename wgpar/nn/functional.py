@@ -45,9 +45,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return D.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
 
 
-def relu(x: Tensor) -> Tensor:
-    """``max(x, 0)`` elementwise (NaN stays NaN)."""
-    return D.unary("relu", x)
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``max(x, 0)`` elementwise (NaN stays NaN). Differs from torch: ``inplace=True`` raises ValueError."""
+    _no_inplace(inplace, "relu")
+    return D.unary("relu", input)
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
@@ -60,14 +61,14 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
-def tanh(x: Tensor) -> Tensor:
+def tanh(input: Tensor) -> Tensor:
     """``tanh(x)`` elementwise."""
-    return D.unary("tanh", x)
+    return D.unary("tanh", input)
 
 
-def sigmoid(x: Tensor) -> Tensor:
+def sigmoid(input: Tensor) -> Tensor:
     """``1 / (1 + exp(-x))`` elementwise."""
-    return D.unary("sigmoid", x)
+    return D.unary("sigmoid", input)
 
 
 def _no_inplace(inplace: bool, op: str) -> None:
@@ -116,24 +117,30 @@ def _implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
     return 0 if ndim in (0, 1, 3) else 1
 
 
-def softmax(x: Tensor, dim: int | None = None) -> Tensor:
+def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``dim`` (a row holding a NaN gives NaN); without ``dim``, torch's
-    implicit (deprecated) choice, with its warning: dim 0 for 0-, 1- and 3-d input, else dim 1."""
+    implicit (deprecated) choice, with its warning: dim 0 for 0-, 1- and 3-d input, else dim 1. ``dtype``
+    converts the input first, as torch."""
+    x = input if dtype is None else input.to(dtype)
     if dim is None:
         dim = _implicit_softmax_dim("softmax", x.ndim, 2)
     return D.softmax(x, dim, log=False)
 
 
-def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
+def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
     """``x - logsumexp(x)`` along ``dim``, computed stably in one kernel; without ``dim``, torch's implicit
-    choice as in :func:`softmax`."""
+    choice as in :func:`softmax`; ``dtype`` converts the input first."""
+    x = input if dtype is None else input.to(dtype)
     if dim is None:
         dim = _implicit_softmax_dim("log_softmax", x.ndim, 2)
     return D.softmax(x, dim, log=True)
 
 
-def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
-    """Zero each element with probability p (a fresh mask per call, seeded by wgpar.manual_seed)."""
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element with probability p (a fresh mask per call, seeded by wgpar.manual_seed). Differs from
+    torch: ``inplace=True`` raises ValueError; the masks differ from torch's for the same seed."""
+    _no_inplace(inplace, "dropout")
+    x = input
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
@@ -553,13 +560,14 @@ def _padding_idx(padding_idx: int | None, n: int, op: str) -> int | None:
     return padding_idx % n
 
 
-def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise over the trailing ``normalized_shape`` dims, then scale by ``weight`` and shift by ``bias``.
 
     One fused kernel each way (wgpar/ops/layer_norm.py) when weight and bias (if given) have x's dtype;
     the composed ops otherwise. Inside autocast it runs in float32.
     """
+    x = input
     shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
     if tuple(x.shape[-len(shape):]) != shape:
         raise ValueError(f"layer_norm: input of shape {x.shape} does not end with normalized_shape {shape}")
@@ -654,7 +662,9 @@ def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps:
 
 
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Squared error ``(input - target) ** 2``, reduced by "mean" (default), "sum" or not ("none")."""
+    """Squared error ``(input - target) ** 2``, reduced by "mean" (default), "sum" or not ("none"). Differs from
+    torch: shapes that differ raise ValueError (torch broadcasts with a warning); no ``size_average=``,
+    ``reduce=`` or ``weight=``."""
     if isinstance(target, Tensor) and input.shape != target.shape:
         raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
     input, target = D.autocast_full(input), D.autocast_full(target)

@@ -47,7 +47,12 @@ class Linear(Module):
 
 
 class ReLU(Module):
-    """``max(x, 0)`` elementwise (NaN stays NaN), as ``torch.nn.ReLU``."""
+    """``max(x, 0)`` elementwise (NaN stays NaN), as ``torch.nn.ReLU``. Differs from torch: ``inplace=True``
+    raises ValueError."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        F._no_inplace(inplace, "ReLU")
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
@@ -182,27 +187,27 @@ class LayerNorm(Module):
         normalized_shape: an int or the trailing shape normalised over.
         eps: added to the variance.
         elementwise_affine: learn a weight (ones) and bias (zeros) of that shape.
+        bias: with ``elementwise_affine``, learn the bias too (False: a weight only).
         device, dtype: of the parameters.
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, device=None,
-                 dtype=_dt.float32) -> None:
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=_dt.float32) -> None:
         super().__init__()
         shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else (normalized_shape,)
-        self.normalized_shape, self.eps = shape, eps
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+        self.weight = self.bias = None
         if elementwise_affine:
-            self.weight = _param(shape, device, dtype)
-            self.bias = _param(shape, device, dtype)
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
-        else:
-            self.weight = self.bias = None
+            self.weight = init.ones_(_param(shape, device, dtype))
+            if bias:
+                self.bias = init.zeros_(_param(shape, device, dtype))
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
 
 
 class Embedding(Module):
@@ -249,10 +254,12 @@ class Dropout(Module):
 
     Arguments:
         p: the probability of zeroing an element, in [0, 1].
+        inplace: only False: ``inplace=True`` raises ValueError (differs from torch).
     """
 
-    def __init__(self, p: float = 0.5) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
+        F._no_inplace(inplace, "Dropout")
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability must be in [0, 1], got {p}")
         self.p = p
@@ -261,7 +268,7 @@ class Dropout(Module):
         return F.dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}, inplace=False"
 
 
 class Dropout2d(Module):
@@ -424,7 +431,8 @@ class MLP(Module):
 
 
 class MSELoss(Module):
-    """Squared error between input and target of one shape, as ``torch.nn.MSELoss``.
+    """Squared error between input and target of one shape, as ``torch.nn.MSELoss``. Differs from torch: shapes
+    that differ raise ValueError (torch broadcasts with a warning); no deprecated ``size_average=``/``reduce=``.
 
     Arguments:
         reduction: "mean", "sum" or "none".

@@ -258,14 +258,8 @@ class GRU(RNNBase):
     steps' input projection per layer and direction, then per step one matmul and the gates' elementwise
     kernels (module docstring: speed).
 
-    Arguments:
-        input_size, hidden_size: features of the input and of the hidden state.
-        num_layers: stacked layers, each taking the previous one's output.
-        bias: the biases bias_ih and bias_hh.
-        batch_first: input and output are [N, T, features] (states stay [L * D, N, H], as torch).
-        dropout: dropout on each layer's output but the last, in training.
-        bidirectional: a second pass over reversed time per layer, outputs joined along features.
-        device, dtype: of the parameters.
+    Arguments: as ``LSTM``'s but proj_size (input_size, hidden_size, num_layers, bias, batch_first, dropout,
+    bidirectional, device, dtype).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -347,7 +341,18 @@ class RNNCell(RNNCellBase):
         return self._step(input, hx)[0]
 
 
-class LSTMCell(RNNCellBase):
+class _GatedCell(RNNCellBase):
+    """A cell whose constructor is torch's ``(input_size, hidden_size, bias, device, dtype)``: its mode
+    (``_MODE``) is the class's."""
+
+    _MODE = ""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
+                 dtype=_dt.float32) -> None:
+        super().__init__(self._MODE, input_size, hidden_size, bias, device, dtype)
+
+
+class LSTMCell(_GatedCell):
     """One LSTM step, as ``torch.nn.LSTMCell``: ``forward(input [N, in] or [in], hx=None)`` with
     ``hx = (h, c)`` (zeros when None) -> ``(h', c')``.
 
@@ -357,9 +362,7 @@ class LSTMCell(RNNCellBase):
         device, dtype: of the parameters.
     """
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
-                 dtype=_dt.float32) -> None:
-        super().__init__("LSTM", input_size, hidden_size, bias, device, dtype)
+    _MODE = "LSTM"
 
     def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
@@ -367,18 +370,13 @@ class LSTMCell(RNNCellBase):
         return self._step(input, *(hx if hx is not None else (None, None)), lstm=True)
 
 
-class GRUCell(RNNCellBase):
+class GRUCell(_GatedCell):
     """One GRU step, as ``torch.nn.GRUCell``: ``forward(input [N, in] or [in], hx=None)`` -> h'.
 
-    Arguments:
-        input_size, hidden_size: features of the input and of the hidden state.
-        bias: the biases bias_ih and bias_hh.
-        device, dtype: of the parameters.
+    Arguments: as ``LSTMCell``'s (input_size, hidden_size, bias, device, dtype).
     """
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
-                 dtype=_dt.float32) -> None:
-        super().__init__("GRU", input_size, hidden_size, bias, device, dtype)
+    _MODE = "GRU"
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
         return self._step(input, hx)[0]

@@ -36,13 +36,48 @@ def _activation(activation, name: str):
 
 
 def _layer_norm(d_model: int, eps: float, bias: bool, device, dtype) -> LayerNorm:
-    norm = LayerNorm(d_model, eps, device=device, dtype=dtype)
-    if not bias:  # torch's LayerNorm(bias=False): a weight only
-        norm.bias = None
-    return norm
+    return LayerNorm(d_model, eps, bias=bias, device=device, dtype=dtype)
 
 
-class TransformerEncoderLayer(Module):
+class _TransformerLayer(Module):
+    """What the encoder and decoder layers share: their submodules (torch's names and order, so state dict
+    keys), the self-attention block and the feed-forward block. ``cross`` adds the attention over the
+    encoder's output (``multihead_attn``) and a third residual block (``norm3``, ``dropout3``)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, activation,
+                 layer_norm_eps: float, batch_first: bool, norm_first: bool, bias: bool, device, dtype,
+                 cross: bool) -> None:
+        super().__init__()
+
+        def attention() -> MultiheadAttention:
+            return MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                      device=device, dtype=dtype)
+
+        self.self_attn = attention()
+        if cross:
+            self.multihead_attn = attention()
+        self.linear1 = Linear(d_model, dim_feedforward, bias, device=device, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias, device=device, dtype=dtype)
+        self.norm_first = norm_first
+        blocks = 3 if cross else 2
+        for k in range(1, blocks + 1):
+            setattr(self, f"norm{k}", _layer_norm(d_model, layer_norm_eps, bias, device, dtype))
+        for k in range(1, blocks + 1):
+            setattr(self, f"dropout{k}", Dropout(dropout))
+        self._ff_dropout = f"dropout{blocks}"
+        self.activation = _activation(activation, type(self).__name__)
+
+    def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+                           is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return getattr(self, self._ff_dropout)(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention then a feed-forward block, each with a residual and a LayerNorm, as
     ``torch.nn.TransformerEncoderLayer``.
 
@@ -68,18 +103,8 @@ class TransformerEncoderLayer(Module):
                  activation: str | Callable[[Tensor], Tensor] = "relu", layer_norm_eps: float = 1e-5,
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True, device=None,
                  dtype=_dt.float32) -> None:
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
-                                            device=device, dtype=dtype)
-        self.linear1 = Linear(d_model, dim_feedforward, bias, device=device, dtype=dtype)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias, device=device, dtype=dtype)
-        self.norm_first = norm_first
-        self.norm1 = _layer_norm(d_model, layer_norm_eps, bias, device, dtype)
-        self.norm2 = _layer_norm(d_model, layer_norm_eps, bias, device, dtype)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.activation = _activation(activation, type(self).__name__)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, device, dtype, cross=False)
 
     def forward(self, src: Tensor, src_mask=None, src_key_padding_mask=None, is_causal: bool = False) -> Tensor:
         x = src
@@ -89,16 +114,8 @@ class TransformerEncoderLayer(Module):
         x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
         return self.norm2(x + self._ff_block(x))
 
-    def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-                           is_causal=is_causal)[0]
-        return self.dropout1(x)
 
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
-
-
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """Self-attention, attention over the encoder's output (memory), then a feed-forward block, each with a
     residual and a LayerNorm, as ``torch.nn.TransformerDecoderLayer``.
 
@@ -116,22 +133,8 @@ class TransformerDecoderLayer(Module):
                  activation: str | Callable[[Tensor], Tensor] = "relu", layer_norm_eps: float = 1e-5,
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True, device=None,
                  dtype=_dt.float32) -> None:
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
-                                            device=device, dtype=dtype)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 batch_first=batch_first, device=device, dtype=dtype)
-        self.linear1 = Linear(d_model, dim_feedforward, bias, device=device, dtype=dtype)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias, device=device, dtype=dtype)
-        self.norm_first = norm_first
-        self.norm1 = _layer_norm(d_model, layer_norm_eps, bias, device, dtype)
-        self.norm2 = _layer_norm(d_model, layer_norm_eps, bias, device, dtype)
-        self.norm3 = _layer_norm(d_model, layer_norm_eps, bias, device, dtype)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-        self.activation = _activation(activation, type(self).__name__)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, device, dtype, cross=True)
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False) -> Tensor:
@@ -144,18 +147,10 @@ class TransformerDecoderLayer(Module):
         x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
         return self.norm3(x + self._ff_block(x))
 
-    def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-                           is_causal=is_causal)[0]
-        return self.dropout1(x)
-
     def _mha_block(self, x: Tensor, mem: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                 need_weights=False, is_causal=is_causal)[0]
         return self.dropout2(x)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
 def _clones(layer: Module, n: int, name: str) -> ModuleList:

@@ -17,6 +17,7 @@ from ..tensor import Tensor
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False, *, group=None, replicated: Iterable[Tensor] = ()) -> Tensor:
     """Scale all gradients in place so that their joint norm is at most ``max_norm`` (PyTorch's semantics).
+    Differs from torch: no ``foreach=``; ``group=`` and ``replicated=`` are wgpar's (models spread over ranks).
 
     The norm is taken over all gradients together as if concatenated; every
     gradient is multiplied by ``min(max_norm / (norm + 1e-6), 1)``. On one
@@ -108,6 +109,7 @@ def _norm_over_group(grads: list[Tensor], flats: list[Tensor], max_norm: float, 
 
 def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -> None:
     """Clamp every gradient in place to ``[-clip_value, clip_value]`` (PyTorch's semantics; NaN stays NaN).
+    Differs from torch: no ``foreach=``.
 
     One clamp kernel per gradient, no readback; parameters without a gradient are skipped.
 

@@ -50,6 +50,18 @@ def _check_operand(x, op: str) -> None:
     raise TypeError(f"{op}: unsupported operand of type {type(x).__name__}; use a wgpar.Tensor or a Python number")
 
 
+# Ops whose all-bool operands PyTorch keeps bool (add: or, mul: and), and those it refuses on bool tensors.
+_BOOL_KEPT = frozenset({"add", "mul", "maximum", "minimum", "sign"})
+_BOOL_REFUSED = {
+    "sub": "subtracting bool tensors is not supported (as in PyTorch): a != b is their xor; or convert with .int()",
+    "neg": "negating a bool tensor is not supported (as in PyTorch): a == 0 is its logical not; or convert with .int()",
+    "floordiv": "not supported on bool tensors (as in PyTorch); convert with .int()",
+    "mod": "not supported on bool tensors (as in PyTorch); convert with .int()",
+    "abs": "not supported on bool tensors (as in PyTorch); convert with .int()",
+    "relu": "not supported on bool tensors (as in PyTorch); convert with .int()",
+}
+
+
 def result_type(op: str, operands: list[Operand], out_dtype: DType | None) -> tuple[DType, list[str]]:
     """(result dtype, compute type each operand is converted to), by the op's type rule (registry.py)."""
     rule = OPS[op].types
@@ -68,9 +80,13 @@ def result_type(op: str, operands: list[Operand], out_dtype: DType | None) -> tu
             common = _dt.promote_scalar(common, x)
     if rule == FLOAT and not common.is_float:
         common = _dt.float32
-    if rule == COMMON and common is _dt.bool_:
-        common = _dt.int32
     result = _dt.bool_ if rule == BOOL else common
+    if rule == COMMON and common is _dt.bool_:
+        if op in _BOOL_REFUSED:
+            raise TypeError(f"{op}: {_BOOL_REFUSED[op]}")
+        # bool + bool is logical or, bool * bool and, as PyTorch: computed in int32, stored as bool
+        result = _dt.bool_ if op in _BOOL_KEPT else _dt.int32
+        common = _dt.int32
     cts = [common.compute] * len(operands)
     if rule == WHERE:
         c = operands[0]

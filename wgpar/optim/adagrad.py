@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid
+from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, check_number
+from .optimizer import Optimizer, ParamsT, dispatch_step, step_kernel
 
 _ADAGRAD = Kernel("optim_adagrad", "param: w, grad: r, state_sum: w",
                   "numel: u32, off_p: u32, off_g: u32, fresh: u32, neg_clr: f32, init_acc: f32, eps: f32, "
@@ -16,11 +16,12 @@ _ADAGRAD = Kernel("optim_adagrad", "param: w, grad: r, state_sum: w",
 
 @functools.lru_cache(maxsize=64)
 def _kernel(pt: str, gt: str) -> KernelSpec:
-    return _ADAGRAD.spec((pt, gt, pt), P=pt)
+    return step_kernel(_ADAGRAD, (pt, gt, pt), P=pt)
 
 
 class Adagrad(Optimizer):
     """Adagrad, with PyTorch's ``torch.optim.Adagrad`` semantics and state (``step``, ``sum``).
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     ``sum`` starts at ``initial_accumulator_value`` and accumulates ``grad**2``; step t moves the
     parameter by ``-clr * grad / (sqrt(sum) + eps)`` with ``clr = lr / (1 + (t - 1) * lr_decay)``.
@@ -45,12 +46,8 @@ class Adagrad(Optimizer):
                         initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize)
         super().__init__(params, defaults)
 
-    def _validate(self, group: dict[str, Any]) -> None:
-        check_number("learning rate", group["lr"])
-        check_number("lr_decay value", group["lr_decay"])
-        check_number("weight_decay value", group["weight_decay"])
-        check_number("initial_accumulator_value", group["initial_accumulator_value"])
-        check_number("epsilon value", group["eps"])
+    _CHECKS = (("lr", "learning rate"), ("lr_decay", "lr_decay value"), ("weight_decay", "weight_decay value"),
+               ("initial_accumulator_value", "initial_accumulator_value"), ("eps", "epsilon value"))
 
     def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         fresh = "sum" not in state
@@ -59,13 +56,11 @@ class Adagrad(Optimizer):
         state["sum"]._storage.bump_version()
         state["step"] = step = state.get("step", 0) + 1
         clr = float(group["lr"]) / (1 + (step - 1) * float(group["lr_decay"]))
-        n = p.numel()
-        params = _ADAGRAD.pack(numel=n, off_p=p._offset, off_g=grad._offset, fresh=int(fresh), neg_clr=-clr,
+        params = _ADAGRAD.pack(numel=p.numel(), off_p=p._offset, off_g=grad._offset, fresh=int(fresh), neg_clr=-clr,
                                init_acc=float(group["initial_accumulator_value"]), eps=float(group["eps"]),
                                weight_decay=float(group["weight_decay"]), maximize=int(bool(group["maximize"])))
-        p.device.dispatch(_kernel(p.dtype.storage, grad.dtype.storage),
-                          [p._storage.buffer, grad._storage.buffer, state["sum"]._storage.buffer], params,
-                          grid(-(-n // WORKGROUP), p.device.max_workgroups))
+        dispatch_step(_kernel(p.dtype.storage, grad.dtype.storage), p,
+                      [p._storage.buffer, grad._storage.buffer, state["sum"]._storage.buffer], params)
 
 
 __all__ = ["Adagrad"]

@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from .. import ops
-from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid
+from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, check_number
+from .optimizer import Optimizer, ParamsT, check_number, dispatch_step, step_kernel
 
 _ADAM = Kernel("optim_adam", "param: w, grad: r, exp_avg: w, exp_avg_sq: w, max_exp_avg_sq: w",
                "numel: u32, off_p: u32, off_g: u32, fresh: u32, weight_decay: f32, decay: f32, one_minus_beta1: f32, "
@@ -19,14 +19,15 @@ _ADAM = Kernel("optim_adam", "param: w, grad: r, exp_avg: w, exp_avg_sq: w, max_
 @functools.lru_cache(maxsize=64)
 def _kernel(pt: str, gt: str, amsgrad: bool) -> KernelSpec:
     if not amsgrad:
-        return _ADAM.spec((pt, gt, pt, pt), without=("max_exp_avg_sq",), P=pt, DENOM_SQ="  let vd = vq;")
-    return _ADAM.spec((pt, gt, pt, pt, pt), P=pt,
+        return step_kernel(_ADAM, (pt, gt, pt, pt), without=("max_exp_avg_sq",), P=pt, DENOM_SQ="  let vd = vq;")
+    return step_kernel(_ADAM, (pt, gt, pt, pt, pt), P=pt,
                       DENOM_SQ=("  let vd = max(select(f32(max_exp_avg_sq[i]), 0.0, fresh), vq);\n"
                                 f"  max_exp_avg_sq[i] = {pt}(vd);"))
 
 
 class Adam(Optimizer):
     """Adam, with PyTorch's ``torch.optim.Adam`` semantics.
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     ``weight_decay`` adds ``weight_decay * param`` to the gradient (L2), unless
     ``decoupled_weight_decay`` (AdamW) multiplies the parameter by
@@ -51,16 +52,16 @@ class Adam(Optimizer):
                         maximize=maximize, decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
+    _CHECKS = (("lr", "learning rate"), ("eps", "epsilon value"), ("weight_decay", "weight_decay value"))
+
     def _validate(self, group: dict[str, Any]) -> None:
-        check_number("learning rate", group["lr"])
-        check_number("epsilon value", group["eps"])
+        super()._validate(group)
         betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         for i, b in enumerate(betas):
             check_number(f"beta parameter at index {i}", b, high=1.0)
         group["betas"] = tuple(betas)
-        check_number("weight_decay value", group["weight_decay"])
 
     def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         amsgrad = bool(group["amsgrad"])
@@ -93,12 +94,12 @@ class Adam(Optimizer):
         for t in moments:
             t._storage.bump_version()
         k = _kernel(p.dtype.storage, grad.dtype.storage, amsgrad)
-        p.device.dispatch(k, [p._storage.buffer, grad._storage.buffer, *(t._storage.buffer for t in moments)],
-                          params, grid(-(-p.numel() // WORKGROUP), p.device.max_workgroups))
+        dispatch_step(k, p, [p._storage.buffer, grad._storage.buffer, *(t._storage.buffer for t in moments)], params)
 
 
 class AdamW(Adam):
     """AdamW (decoupled weight decay), with PyTorch's ``torch.optim.AdamW`` semantics.
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     Arguments: as for ``Adam``; ``weight_decay`` defaults to 1e-2 and decays the
     parameter by ``1 - lr * weight_decay`` before each update.

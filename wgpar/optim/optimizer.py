@@ -1,7 +1,9 @@
 """Optimizer: parameter groups, per-parameter state, zero_grad and PyTorch-shaped state_dict.
 
-Subclasses implement ``_validate(group)`` (hyperparameter checks, raising
-ValueError) and ``_update(p, grad, group)`` (one fused kernel per parameter).
+Subclasses name their non-negative hyperparameters in ``_CHECKS`` (``_validate(group)`` checks
+them, raising TypeError / ValueError; a subclass with more rules extends it) and implement
+``_update(p, grad, group)``: one fused kernel per parameter, built with ``step_kernel`` and launched
+with ``dispatch_step``.
 ``state_dict()`` has PyTorch's structure: ``{"state": {index: {...}},
 "param_groups": [{..hyperparameters.., "params": [index, ...]}]}``, indices
 counting parameters across groups in order.
@@ -22,6 +24,7 @@ from ..nn.parameter import Parameter
 from ..nn.utils import zero_grad_
 from ..runtime import memory_history as _hist
 from ..runtime import profiling
+from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 
 ParamsT = Iterable[Parameter] | Iterable[dict[str, Any]]
@@ -46,6 +49,18 @@ def check_number(name: str, value: Any, low: float = 0.0, high: float | None = N
         bound = "" if high is None else f" and {'<' if high_open else '<='} {high}"
         raise ValueError(f"Invalid {name}: {value!r} (must be >= {low}{bound})")
     return v
+
+
+def step_kernel(kernel: Kernel, types: tuple[str, ...], without: tuple[str, ...] = (), **fills: str) -> KernelSpec:
+    """``kernel.spec`` for a fused optimizer step: what every step kernel shares
+    (``shaders/optim_step.wgsl``: the entry point, the gradient as maximize and L2 weight decay make
+    it, torch's lerp) goes in as its ``{{STEP}}`` fill; the family's file holds only its update."""
+    return kernel.spec(types, without=without, STEP=load_source("optim_step"), **fills)
+
+
+def dispatch_step(kspec: KernelSpec, p: Tensor, buffers: list, params: bytes) -> None:
+    """Launch a fused step kernel over ``p``'s elements, one invocation each."""
+    p.device.dispatch(kspec, buffers, params, grid(-(-p.numel() // WORKGROUP), p.device.max_workgroups))
 
 
 class Optimizer:
@@ -117,8 +132,12 @@ class Optimizer:
         self._validate(group)
         self.param_groups.append(group)
 
+    # (group key, name in the error) of each hyperparameter that must be a real number >= 0
+    _CHECKS: tuple[tuple[str, str], ...] = ()
+
     def _validate(self, group: dict[str, Any]) -> None:
-        raise NotImplementedError
+        for key, name in self._CHECKS:
+            check_number(name, group[key])
 
     def _check_gradless(self, i: int, p: Parameter) -> None:
         """Raise for a parameter without device memory that has no gradient (step calls this).

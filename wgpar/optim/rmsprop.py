@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid
+from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, check_number
+from .optimizer import Optimizer, ParamsT, dispatch_step, step_kernel
 
 _RMSPROP = Kernel("optim_rmsprop", "param: w, grad: r, square_avg: w, grad_avg: w, buf: w",
                   "numel: u32, off_p: u32, off_g: u32, fresh: u32, neg_lr: f32, alpha: f32, one_minus_alpha: f32, "
@@ -28,13 +28,14 @@ _MOMENTUM = """  // buf.mul_(momentum).addcdiv_(grad, avg); param.add_(buf, alph
 def _kernel(pt: str, gt: str, centered: bool, momentum: bool) -> KernelSpec:
     without = tuple(name for name, on in (("grad_avg", centered), ("buf", momentum)) if not on)
     types = (pt, gt) + (pt,) * (3 - len(without))
-    return _RMSPROP.spec(types, without=without, P=pt, CENTER=_CENTER.format(P=pt) if centered else "",
+    return step_kernel(_RMSPROP, types, without=without, P=pt, CENTER=_CENTER.format(P=pt) if centered else "",
                          UPDATE=(_MOMENTUM if momentum else _PLAIN).format(P=pt))
 
 
 class RMSprop(Optimizer):
     """RMSprop, with PyTorch's ``torch.optim.RMSprop`` semantics and state (``step``, ``square_avg``,
     ``momentum_buffer`` with momentum, ``grad_avg`` when centred).
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     ``square_avg = alpha * square_avg + (1 - alpha) * grad**2``; the step divides the gradient by
     ``sqrt(square_avg) + eps`` (centred: ``sqrt(square_avg - grad_avg**2) + eps``, ``grad_avg`` the
@@ -60,12 +61,8 @@ class RMSprop(Optimizer):
                         centered=centered, maximize=maximize)
         super().__init__(params, defaults)
 
-    def _validate(self, group: dict[str, Any]) -> None:
-        check_number("learning rate", group["lr"])
-        check_number("epsilon value", group["eps"])
-        check_number("momentum value", group["momentum"])
-        check_number("weight_decay value", group["weight_decay"])
-        check_number("alpha value", group["alpha"])
+    _CHECKS = (("lr", "learning rate"), ("eps", "epsilon value"), ("momentum", "momentum value"),
+               ("weight_decay", "weight_decay value"), ("alpha", "alpha value"))
 
     def _update(self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         momentum = float(group["momentum"])
@@ -83,13 +80,12 @@ class RMSprop(Optimizer):
             buffers.append(state[name]._storage.buffer)
         state["step"] = state.get("step", 0) + 1
         alpha = float(group["alpha"])
-        n = p.numel()
-        params = _RMSPROP.pack(numel=n, off_p=p._offset, off_g=grad._offset, fresh=fresh,
+        params = _RMSPROP.pack(numel=p.numel(), off_p=p._offset, off_g=grad._offset, fresh=fresh,
                                neg_lr=-float(group["lr"]), alpha=alpha, one_minus_alpha=1 - alpha,
                                eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
                                momentum=momentum, maximize=int(bool(group["maximize"])))
         k = _kernel(p.dtype.storage, grad.dtype.storage, centered, momentum > 0)
-        p.device.dispatch(k, buffers, params, grid(-(-n // WORKGROUP), p.device.max_workgroups))
+        dispatch_step(k, p, buffers, params)
 
 
 __all__ = ["RMSprop"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid
+from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, check_number
+from .optimizer import Optimizer, ParamsT, check_number, dispatch_step, step_kernel
 
 _SGD = Kernel("optim_sgd", "param: w, grad: r, buf: w",
               "numel: u32, off_p: u32, off_g: u32, first: u32, neg_lr: f32, momentum: f32, one_minus_dampening: f32, "
@@ -21,13 +21,14 @@ _MOMENTUM = """  var b = g;
 @functools.lru_cache(maxsize=64)
 def _kernel(pt: str, gt: str, momentum: bool, nesterov: bool) -> KernelSpec:
     if not momentum:
-        return _SGD.spec((pt, gt), without=("buf",), P=pt, MOMENTUM="")
+        return step_kernel(_SGD, (pt, gt), without=("buf",), P=pt, MOMENTUM="")
     use = "g = g + p.momentum * f32({P}(b));" if nesterov else "g = f32({P}(b));"
-    return _SGD.spec((pt, gt, pt), P=pt, MOMENTUM=_MOMENTUM.format(P=pt, use=use.format(P=pt)))
+    return step_kernel(_SGD, (pt, gt, pt), P=pt, MOMENTUM=_MOMENTUM.format(P=pt, use=use.format(P=pt)))
 
 
 class SGD(Optimizer):
     """Stochastic gradient descent, with PyTorch's ``torch.optim.SGD`` semantics.
+    Differs from torch: no ``foreach=``, ``fused=``, ``capturable=`` or ``differentiable=`` (TypeError).
 
     The momentum buffer starts as the first gradient (no dampening on the first
     step); Nesterov uses ``grad + momentum * buf``; weight decay adds
@@ -69,11 +70,11 @@ class SGD(Optimizer):
             buffers.append(buf._storage.buffer)
             buf._storage.bump_version()
         k = _kernel(p.dtype.storage, grad.dtype.storage, momentum != 0, bool(group["nesterov"]))
-        n = p.numel()
-        params = _SGD.pack(numel=n, off_p=p._offset, off_g=grad._offset, first=first, neg_lr=-float(group["lr"]),
-                           momentum=momentum, one_minus_dampening=1.0 - float(group["dampening"]),
+        params = _SGD.pack(numel=p.numel(), off_p=p._offset, off_g=grad._offset, first=first,
+                           neg_lr=-float(group["lr"]), momentum=momentum,
+                           one_minus_dampening=1.0 - float(group["dampening"]),
                            weight_decay=float(group["weight_decay"]), maximize=int(bool(group["maximize"])))
-        p.device.dispatch(k, buffers, params, grid(-(-n // WORKGROUP), p.device.max_workgroups))
+        dispatch_step(k, p, buffers, params)
 
 
 __all__ = ["SGD"]

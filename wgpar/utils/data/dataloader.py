@@ -21,7 +21,8 @@ from .worker import fetch
 
 
 class DataLoader:
-    """Iterate over a dataset in batches, as ``torch.utils.data.DataLoader``.
+    """Iterate over a dataset in batches, as ``torch.utils.data.DataLoader``. Differs from torch: ``timeout``
+    defaults to 300 s (torch: 0, wait forever); no ``pin_memory_device=`` or ``in_order=``; workers spawn.
 
     Each ``for batch in loader`` is one epoch. Batches are made by ``collate_fn`` (default:
     ``default_collate``, NumPy arrays on the host) or by the dataset's ``get_batch`` when it has one

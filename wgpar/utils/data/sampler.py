@@ -51,7 +51,8 @@ class SequentialSampler(Sampler):
 
 
 class RandomSampler(Sampler):
-    """A fresh permutation of the dataset's indices on every iteration (epoch).
+    """A fresh permutation of the dataset's indices on every iteration (epoch), as ``torch.utils.data.RandomSampler``.
+    Differs from torch: no ``replacement=`` or ``num_samples=`` (TypeError).
 
     The permutation is drawn when the iteration starts, on the thread that starts it (so a
     DataLoader's background thread never draws from a generator the training thread uses).
