@@ -105,13 +105,13 @@ RT_VARIANTS: dict[str, dict[str, str]] = {
     "d64-t4": {"fwd": "64x32r4t4d", "dq": "64x16r4t4d", "dkv": "32x32r4t4d"},  # 4x8 tiles, 4 acc vec4s
     "d64-br32": {"fwd": "32x32r4t8d", "dq": "32x32r4t8d", "dkv": "32x16r4t8d"},  # more workgroups
     "d64-bc16": {"fwd": "64x16r4t8d", "dq": "64x16r4t4d", "dkv": "32x16r4t8d"},
-    "d64-br16": {"fwd": "16x32r4t4d", "dq": "16x32r4t4d", "dkv": "16x32r4t4d"},  # 16 threads: many small blocks
+    "d64-t4br32": {"fwd": "32x32r4t4d", "dq": "32x32r4t4d", "dkv": "32x16r4t4d"},  # one warp per workgroup
     "d64-t16": {"fwd": "32x32r4t16d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},  # 1 output vec4 per thread
     # head_dim 128 (TK = 16)
     "d128-base": {"fwd": "32x16r4t16", "dq": "16x16r4t16", "dkv": "16x16r4t16"},
     "d128-diag": {"fwd": "32x16r4t16d", "dq": "16x16r4t16d", "dkv": "16x16r4t16d"},
     "d128-t8": {"fwd": "32x16r4t8d", "dq": "16x16r4t8d", "dkv": "16x16r4t8d"},  # 4 output vec4s per thread
-    "d128-bc32": {"fwd": "16x32r4t16d", "dq": "16x32r4t16d", "dkv": "16x32r4t16d"},
+    "d128-br16": {"fwd": "16x32r4t16d", "dq": "16x16r4t8d", "dkv": "16x16r4t8d"},
 }
 # (device kind, head_dim) -> the tile each kernel takes by default (device kinds: _device_kind). After
 # a sweep, set a line to the tiles it prints (or to a variant: RT_VARIANTS["d64-diag"]); a shape
