@@ -45,10 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var start = p.q_lo;
   if (p.causal != 0u) { start = max(start, j0); }  // query i sees key j only if j <= i
   let key_ok = keys < vec4<u32>(p.Tk);
-  var qr = array<vec4<f32>, {{NL}}>();
-  var gr = array<vec4<f32>, {{NL}}>();
-  var jn = start;
-{{FETCH}}
+{{STAGE_INIT}}
   for (var i0 = start; i0 < p.q_hi; i0 = i0 + BQ) {
     workgroupBarrier();  // the last tile's readers are done
 {{PUT}}

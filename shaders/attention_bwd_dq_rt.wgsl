@@ -43,14 +43,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var dl = vec4<f32>(0.0);    // and their delta = rowsum(dO * O)
 {{ROW_STATS}}
   var acc = array<vec4<f32>, {{NACC}}>();  // [row][x]
-  var k_end = p.k_hi;
-  if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
-  var lim = vec4<u32>(k_end);
-  if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }
-  var kr = array<vec4<f32>, {{NL}}>();
-  var vr = array<vec4<f32>, {{NL}}>();
-  var jn = p.k_lo;
-{{FETCH}}
+{{KEY_LIMITS}}
+{{STAGE_INIT}}
   for (var j0 = p.k_lo; j0 < k_end; j0 = j0 + BC) {
     workgroupBarrier();  // the last tile's readers are done
 {{PUT}}

@@ -42,16 +42,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var m = vec4<f32>(NEG);  // per row of the group, equal in all TK lanes
   var l = vec4<f32>(0.0);  // this lane's keys only
   var bad = vec4<bool>(false);
-  var k_end = p.k_hi;
-  if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
-  var lim = vec4<u32>(k_end);
-  if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }
+{{KEY_LIMITS}}
   // The next tile's K and V wait in registers (NL vec4s each) while this one is computed: its global
   // loads' latency hides behind the tile's arithmetic instead of stalling between two barriers.
-  var kr = array<vec4<f32>, {{NL}}>();
-  var vr = array<vec4<f32>, {{NL}}>();
-  var jn = p.k_lo;
-{{FETCH}}
+{{STAGE_INIT}}
   for (var j0 = p.k_lo; j0 < k_end; j0 = j0 + BC) {
     workgroupBarrier();  // the last tile's readers are done
 {{PUT}}

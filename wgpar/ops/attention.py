@@ -449,6 +449,18 @@ def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
     return nl, fetch, put
 
 
+def _rt_init(nl: int, fetch: str, start: str, regs: tuple[str, ...]) -> str:
+    """STAGE_INIT: the prefetch registers (NL vec4s per walked operand) and the first tile's fetch, from ``start``."""
+    return "\n".join(f"  var {r} = array<vec4<f32>, {nl}>();" for r in regs) + f"\n  var jn = {start};\n{fetch}"
+
+
+# KEY_LIMITS of the kernels whose rows are queries (fwd, dq): the last key a block walks, each row's limit.
+_KEY_LIMITS = """  var k_end = p.k_hi;
+  if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
+  var lim = vec4<u32>(k_end);
+  if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }"""
+
+
 def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     """Sizes and straight-line blocks of attention_fwd_rt.wgsl: a row group's 4 rows are the lanes of
     each vec4 (s[jj], m, l, P), its accumulators acc[row * CN + x]."""
@@ -488,7 +500,8 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
                                                  ("vr", "v", "vb", "v_st", "Vs", False)))
     own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True),))
     return _rt_common(t, dv) | {
-        "NL": nl, "FETCH": fetch, "PUT": put, "LOAD_OWN": own, "SCORES": scores, "MAX": mx,
+        "FETCH": fetch, "PUT": put, "LOAD_OWN": own, "SCORES": scores, "MAX": mx, "KEY_LIMITS": _KEY_LIMITS,
+        "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr")),
         "REDUCE_MAX": "\n".join(f"mx = max(mx, subgroupShuffleXor(mx, {o}u));" for o in lanes),
         "RESCALE": "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] * alpha.{rows[r]};"
                               for r in range(4) for x in range(cn)),
@@ -547,8 +560,9 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
         nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
                                                      ("vr", "v", "vb", "v_st", "Vs", True)))
         own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True), ("dout", "gb", "g_st", "Gs", False)))
-        return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "NL": nl, "FETCH": fetch, "PUT": put,
-                        "LOAD_OWN": own}
+        return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "FETCH": fetch, "PUT": put,
+                        "LOAD_OWN": own, "KEY_LIMITS": _KEY_LIMITS,
+                        "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr"))}
 
     def ds_block(masked: bool) -> str:
         ok = ("var ok = key_ok & vec4<bool>(qq < p.q_hi); if (p.causal != 0u) { ok = ok & (vec4<u32>(qq) >= keys); } "
@@ -579,7 +593,8 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
     nl, fetch, put = _rt_stage(t, dv, "p.q_hi", (("qr", "q", "qb", "q_st", "Qs", True),
                                                   ("gr", "dout", "gb", "g_st", "Gs", True)))
     own = _rt_own("j0", "p.Tk", "kscale", (("k", "kb", "k_st", "Ks", True), ("v", "vb", "v_st", "Vs", False)))
-    return fills | {"DS": ds, "ACC": acc, "STORE": store, "NL": nl, "FETCH": fetch, "PUT": put, "LOAD_OWN": own}
+    return fills | {"DS": ds, "ACC": acc, "STORE": store, "FETCH": fetch, "PUT": put, "LOAD_OWN": own,
+                    "STAGE_INIT": _rt_init(nl, fetch, "start", ("qr", "gr"))}
 
 
 def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
