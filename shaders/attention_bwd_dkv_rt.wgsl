@@ -12,14 +12,8 @@
 // No reduction crosses lanes. The next Q / dO tile is fetched into registers while this one is computed.
 // Rows are padded by one vec4. wgpar/ops/attention.py fills the sizes and blocks, bindings and Params.
 
-const ROWS: u32 = {{ROWS}}u;  // keys per workgroup
-const BQ: u32 = {{BC}}u;      // queries per tile
-const TK: u32 = {{TK}}u;      // threads per row group (a power of two, within one subgroup)
-const NT: u32 = {{NT}}u;      // ROWS / 4 * TK threads
-const DV: u32 = {{DV}}u;      // head_dim / 4
-const DP: u32 = {{DP}}u;      // DV + 1
-const PR: u32 = {{PR}}u;      // ROWS / 4 + 1: one query's P row (a vec4 per row group), padded
-const LOG2E: f32 = 1.4426950408889634;
+{{COMMON}}
+const BQ: u32 = BC;  // queries per tile
 
 var<workgroup> Ks: array<vec4<f32>, {{QS}}>;  // ROWS * DP, pre-multiplied by scale * log2(e)
 var<workgroup> Vs: array<vec4<f32>, {{QS}}>;
@@ -29,12 +23,6 @@ var<workgroup> Ps: array<vec4<f32>, {{PS}}>;  // BQ * PR: P^T
 var<workgroup> Ss: array<vec4<f32>, {{PS}}>;  // dS^T
 var<workgroup> lse_s: array<f32, {{BC}}>;      // log2 units
 var<workgroup> dl_s: array<f32, {{BC}}>;
-
-{{FNS}}
-
-fn exp2_nan4(x: vec4<f32>) -> vec4<f32> {
-  return select(exp2(x), x, (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
-}
 
 @compute @workgroup_size({{NT}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -51,27 +39,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let vb = p.v_off + b * p.v_sb + h * p.v_sh;
   let gb = p.g_off + b * p.g_sb + h * p.g_sh;
   let kscale = p.scale * LOG2E;
-  for (var e = tid; e < ROWS * DV; e = e + NT) {
-    let rr = e / DV;
-    let cc = e % DV;
-    var kv = vec4<f32>(0.0);
-    var vv = vec4<f32>(0.0);
-    if (j0 + rr < p.Tk) {
-      kv = vec4<f32>(k[kb + (j0 + rr) * p.k_st + cc]) * kscale;
-      vv = vec4<f32>(v[vb + (j0 + rr) * p.v_st + cc]);
-    }
-    Ks[rr * DP + cc] = kv;
-    Vs[rr * DP + cc] = vv;
-  }
+{{LOAD_OWN}}
   var acc_k = array<vec4<f32>, {{NACC}}>();  // [row][x]
   var acc_v = array<vec4<f32>, {{NACC}}>();
   var start = p.q_lo;
   if (p.causal != 0u) { start = max(start, j0); }  // query i sees key j only if j <= i
   let key_ok = keys < vec4<u32>(p.Tk);
-  var qr = array<vec4<f32>, {{NL}}>();
-  var gr = array<vec4<f32>, {{NL}}>();
-  var jn = start;
-{{FETCH}}
+{{STAGE_INIT}}
   for (var i0 = start; i0 < p.q_hi; i0 = i0 + BQ) {
     workgroupBarrier();  // the last tile's readers are done
 {{PUT}}

@@ -14,26 +14,13 @@
 // while this one is computed. Rows are padded by one vec4 (lanes reading different rows hit different
 // banks). wgpar/ops/attention.py fills the sizes and the unrolled blocks and declares bindings and Params.
 
-const ROWS: u32 = {{ROWS}}u;  // query rows per workgroup
-const BC: u32 = {{BC}}u;      // keys per tile
-const TK: u32 = {{TK}}u;      // threads per row group (a power of two, within one subgroup)
-const NT: u32 = {{NT}}u;      // ROWS / 4 * TK threads
-const DV: u32 = {{DV}}u;      // head_dim / 4
-const DP: u32 = {{DP}}u;      // DV + 1
-const PR: u32 = {{PR}}u;      // ROWS / 4 + 1: one key's dS row (a vec4 per row group), padded
-const LOG2E: f32 = 1.4426950408889634;
+{{COMMON}}
 
 var<workgroup> Qs: array<vec4<f32>, {{QS}}>;  // ROWS * DP, pre-multiplied by scale * log2(e)
 var<workgroup> Gs: array<vec4<f32>, {{QS}}>;  // dO rows
 var<workgroup> Ks: array<vec4<f32>, {{KS}}>;  // BC * DP
 var<workgroup> Vs: array<vec4<f32>, {{KS}}>;
 var<workgroup> Ss: array<vec4<f32>, {{PS}}>;  // BC * PR: dS
-
-{{FNS}}
-
-fn exp2_nan4(x: vec4<f32>) -> vec4<f32> {
-  return select(exp2(x), x, (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
-}
 
 @compute @workgroup_size({{NT}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -50,31 +37,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let vb = p.v_off + b * p.v_sb + h * p.v_sh;
   let gb = p.g_off + b * p.g_sb + h * p.g_sh;
   let qscale = p.scale * LOG2E;
-  for (var e = tid; e < ROWS * DV; e = e + NT) {
-    let rr = e / DV;
-    let cc = e % DV;
-    var qv = vec4<f32>(0.0);
-    var gv = vec4<f32>(0.0);
-    if (i0 + rr < p.Tq) {
-      qv = vec4<f32>(q[qb + (i0 + rr) * p.q_st + cc]) * qscale;
-      gv = vec4<f32>(dout[gb + (i0 + rr) * p.g_st + cc]);
-    }
-    Qs[rr * DP + cc] = qv;
-    Gs[rr * DP + cc] = gv;
-  }
+{{LOAD_OWN}}
   workgroupBarrier();
   var lse2 = vec4<f32>(0.0);  // the group's 4 rows' logsumexps, log2 units
   var dl = vec4<f32>(0.0);    // and their delta = rowsum(dO * O)
 {{ROW_STATS}}
   var acc = array<vec4<f32>, {{NACC}}>();  // [row][x]
-  var k_end = p.k_hi;
-  if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
-  var lim = vec4<u32>(k_end);
-  if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }
-  var kr = array<vec4<f32>, {{NL}}>();
-  var vr = array<vec4<f32>, {{NL}}>();
-  var jn = p.k_lo;
-{{FETCH}}
+{{KEY_LIMITS}}
+{{STAGE_INIT}}
   for (var j0 = p.k_lo; j0 < k_end; j0 = j0 + BC) {
     workgroupBarrier();  // the last tile's readers are done
 {{PUT}}

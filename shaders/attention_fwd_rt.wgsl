@@ -16,23 +16,12 @@
 // Rows (Q, K, P) are padded by one vec4 so lanes reading different rows hit different banks.
 // wgpar/ops/attention.py fills the sizes and the unrolled blocks and declares bindings and Params.
 
-const ROWS: u32 = {{ROWS}}u;  // query rows per workgroup
-const BC: u32 = {{BC}}u;      // keys per tile
-const TK: u32 = {{TK}}u;      // threads per row group (a power of two, within one subgroup)
-const NT: u32 = {{NT}}u;      // ROWS / 4 * TK threads
-const DV: u32 = {{DV}}u;      // head_dim / 4
-const DP: u32 = {{DP}}u;      // DV + 1
-const PR: u32 = {{PR}}u;      // ROWS / 4 + 1: one key's P row (a vec4 per row group), padded
-const NEG: f32 = -3.4028235e38;
-const LOG2E: f32 = 1.4426950408889634;
-const LN2: f32 = 0.6931471805599453;
+{{COMMON}}
 
 var<workgroup> Qs: array<vec4<f32>, {{QS}}>;  // ROWS * DP
 var<workgroup> Ks: array<vec4<f32>, {{KS}}>;  // BC * DP
 var<workgroup> Vs: array<vec4<f32>, {{VS}}>;  // BC * DV
 var<workgroup> Ps: array<vec4<f32>, {{PS}}>;  // BC * PR
-
-{{FNS}}
 
 @compute @workgroup_size({{NT}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -48,27 +37,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let kb = p.k_off + b * p.k_sb + h * p.k_sh;
   let vb = p.v_off + b * p.v_sb + h * p.v_sh;
   let qscale = p.scale * LOG2E;
-  for (var e = tid; e < ROWS * DV; e = e + NT) {
-    let rr = e / DV;
-    let cc = e % DV;
-    var val = vec4<f32>(0.0);
-    if (i0 + rr < p.Tq) { val = vec4<f32>(q[qb + (i0 + rr) * p.q_st + cc]) * qscale; }
-    Qs[rr * DP + cc] = val;
-  }
+{{LOAD_OWN}}
   var acc = array<vec4<f32>, {{NACC}}>();  // [row][x]
   var m = vec4<f32>(NEG);  // per row of the group, equal in all TK lanes
   var l = vec4<f32>(0.0);  // this lane's keys only
   var bad = vec4<bool>(false);
-  var k_end = p.k_hi;
-  if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
-  var lim = vec4<u32>(k_end);
-  if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }
+{{KEY_LIMITS}}
   // The next tile's K and V wait in registers (NL vec4s each) while this one is computed: its global
   // loads' latency hides behind the tile's arithmetic instead of stalling between two barriers.
-  var kr = array<vec4<f32>, {{NL}}>();
-  var vr = array<vec4<f32>, {{NL}}>();
-  var jn = p.k_lo;
-{{FETCH}}
+{{STAGE_INIT}}
   for (var j0 = p.k_lo; j0 < k_end; j0 = j0 + BC) {
     workgroupBarrier();  // the last tile's readers are done
 {{PUT}}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .index import getitem
 from .reduce import reduce
 from .shape import permute, reshape, stack
 
+_PLACE = re.compile(r"\{\{(\w+)\}\}")
 MAX_HEAD_DIM = 256
 MAX_THREADS = 256
 NEG = -3.4028235e38  # what the kernels write as the logsumexp of a row that saw no key
@@ -49,11 +51,12 @@ class Tile:
     cs: int = 1
     unrolled: bool = False
     rm: int = 1  # rows per thread: 4 is the register-tiled forward (cs = TK lanes share 4 rows)
+    diag: bool = False  # register-tiled: the mask's compares only on tiles that cross a row's limit
 
     @property
     def name(self) -> str:
         if self.rm > 1:
-            return f"{self.rows}x{self.cols}r{self.rm}t{self.cs}"
+            return f"{self.rows}x{self.cols}r{self.rm}t{self.cs}{'d' if self.diag else ''}"
         return f"{self.rows}x{self.cols}/{self.cs}{'u' if self.unrolled else ''}"
 
     @property
@@ -86,6 +89,38 @@ RT_TILES = {"fwd": ((64, 32), (64, 16), (32, 32), (32, 16), (16, 16)),
             "dkv": ((32, 32), (32, 16), (16, 16))}
 RT_LANES = (16, 8, 4)
 KINDS = ("fwd", "dq", "dkv")
+
+# -- register-tiled variants: the one place their tile configuration is chosen -------------------------
+# A variant names each kernel's tile: ROWSxCOLS (own rows per workgroup x walked rows per tile), "r4"
+# (4 rows per thread), "tTK" (lanes per row group) and "d" (the mask's compares only on a tile that
+# crosses a row's limit: the causal diagonal, the end of the keys; other tiles take unmasked code).
+# These become the kernels' specialisation constants (ROWS, BC, TK, NT, DV, DP, PR, BCT = BC / TK,
+# CN = DV / TK, NL, the workgroup arrays' sizes). benchmarks/sweep_attention.py times every variant of
+# a head dim; tests/test_attention_variants.py proves each one on lavapipe; WGPAR_ATTN_VARIANT=<name>
+# (or ``variant(name)``) forces one.
+RT_VARIANTS: dict[str, dict[str, str]] = {
+    # head_dim 64 (TK = 8: 2 output vec4s per thread)
+    "d64-base": {"fwd": "64x32r4t8", "dq": "64x16r4t8", "dkv": "32x32r4t8"},   # the rule's choice so far
+    "d64-diag": {"fwd": "64x32r4t8d", "dq": "64x16r4t8d", "dkv": "32x32r4t8d"},
+    "d64-t4": {"fwd": "64x32r4t4d", "dq": "64x16r4t4d", "dkv": "32x32r4t4d"},  # 4x8 tiles, 4 acc vec4s
+    "d64-br32": {"fwd": "32x32r4t8d", "dq": "32x32r4t8d", "dkv": "32x16r4t8d"},  # more workgroups
+    "d64-bc16": {"fwd": "64x16r4t8d", "dq": "64x16r4t4d", "dkv": "32x16r4t8d"},
+    "d64-t4br32": {"fwd": "32x32r4t4d", "dq": "32x32r4t4d", "dkv": "32x16r4t4d"},  # one warp per workgroup
+    "d64-t16": {"fwd": "32x32r4t16d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},  # 1 output vec4 per thread
+    # head_dim 128 (TK = 16)
+    "d128-base": {"fwd": "32x16r4t16", "dq": "16x16r4t16", "dkv": "16x16r4t16"},
+    "d128-diag": {"fwd": "32x16r4t16d", "dq": "16x16r4t16d", "dkv": "16x16r4t16d"},
+    "d128-t8": {"fwd": "32x16r4t8d", "dq": "16x16r4t8d", "dkv": "16x16r4t8d"},  # 4 output vec4s per thread
+    "d128-br16": {"fwd": "16x32r4t16d", "dq": "16x16r4t8d", "dkv": "16x16r4t8d"},
+}
+# (device kind, head_dim) -> the tile each kernel takes by default (device kinds: _device_kind). After
+# a sweep, set a line to the tiles it prints (or to a variant: RT_VARIANTS["d64-diag"]); a shape
+# missing here, or whose tile does not fit the device, takes the rule in pick().
+RT_DEFAULTS: dict[tuple[str, int], dict[str, str]] = {
+    ("nvidia", 64): RT_VARIANTS["d64-base"],
+    ("nvidia", 128): RT_VARIANTS["d128-base"],
+}
+ENV_VARIANT = "WGPAR_ATTN_VARIANT"
 _force: dict[str, Tile] = {}
 _path: list[str | None] = [None]  # "fused" / "reference" / None (decide): see force_path
 _force_cv: list[int | None] = [None]  # see force_tiles
@@ -127,7 +162,42 @@ def subgroup_lanes(dev) -> int:
     if "subgroup" not in dev.features:
         return 0
     name = dev.adapter_name.lower()
-    return 32 if any(v in name for v in ("nvidia", "amd", "radeon", "apple")) else 4
+    if any(v in name for v in ("nvidia", "amd", "radeon", "apple")):
+        return 32
+    m = re.search(r"llvmpipe \(.*?(\d+) bits\)", name)  # llvmpipe: a subgroup is its SIMD width in f32 lanes
+    return max(4, int(m[1]) // 32) if m else 4
+
+
+def _device_kind(dev) -> str:
+    """The key of RT_DEFAULTS: "cpu" for a CPU adapter, else the GPU's vendor ("nvidia", "amd", "apple",
+    "intel") or "gpu"."""
+    if dev.adapter_type == "CPU":
+        return "cpu"
+    name = dev.adapter_name.lower()
+    for kind, marks in (("nvidia", ("nvidia",)), ("amd", ("amd", "radeon")), ("apple", ("apple",)),
+                        ("intel", ("intel",))):
+        if any(v in name for v in marks):
+            return kind
+    return "gpu"
+
+
+def parse_tile(name: str) -> Tile:
+    """``"64x32r4t8d"`` -> the register-tiled Tile (``"64x16"``: a row-per-thread one)."""
+    m = re.fullmatch(r"(\d+)x(\d+)(?:r4t(\d+)(d?))?", name)
+    if not m or int(m[1]) % 8 or int(m[2]) % 4 or int(m[1]) < 8 or int(m[2]) < 4:
+        raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4")
+    return Tile(int(m[1]), int(m[2]), int(m[3]), True, 4, m[4] == "d") if m[3] else Tile(int(m[1]), int(m[2]))
+
+
+def _table_tile(kind: str, dev, head_dim: int) -> Tile | None:
+    """The tile RT_DEFAULTS (or WGPAR_ATTN_VARIANT) gives ``kind`` on ``dev`` at ``head_dim``, if any."""
+    env = os.environ.get(ENV_VARIANT)
+    if env:
+        if env not in RT_VARIANTS:
+            raise ValueError(f"{ENV_VARIANT}={env!r}: choose from {sorted(RT_VARIANTS)}")
+        return parse_tile(RT_VARIANTS[env][kind])
+    row = RT_DEFAULTS.get((_device_kind(dev), head_dim))
+    return parse_tile(row[kind]) if row and kind in row else None
 
 
 def _rt_fits(t: Tile, dv: int, dev) -> bool:
@@ -154,7 +224,9 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
             forced.threads <= threads else []
     else:
         lanes = sorted(RT_LANES, key=lambda tk: tk != dv // 2)
-        rt = [t for tk in lanes for r, c in RT_TILES[kind] for t in [Tile(r, c, tk, True, 4)]
+        table = _table_tile(kind, dev, head_dim) if gpu and not forced else None
+        rt = [t for t in ([table] if table and table.rm > 1 else []) + [
+              Tile(r, c, tk, True, 4) for tk in lanes for r, c in RT_TILES[kind]]
               if gpu and not forced and _rt_fits(t, dv, dev)
               and shared_bytes(kind, t, dv) <= limit and t.threads <= threads]
         fits = rt + [Tile(t.rows, t.cols, cs, unroll)
@@ -180,11 +252,7 @@ def force_tiles(cv: int | None = None, unroll: bool | None = None, **tiles: str)
         for kind, name in tiles.items():
             if kind not in KINDS:
                 raise ValueError(f"unknown attention kernel {kind!r}; choose from {KINDS}")
-            m = re.fullmatch(r"(\d+)x(\d+)(?:r4t(\d+))?", name)
-            rows, cols = (int(m[1]), int(m[2])) if m else (0, 0)
-            if rows % 8 or cols % 4 or rows < 8 or cols < 4:
-                raise ValueError(f"tile {name!r}: rows must be a multiple of 8, columns of 4")
-            _force[kind] = Tile(rows, cols, int(m[3]), True, 4) if m[3] else Tile(rows, cols)
+            _force[kind] = parse_tile(name)
         _force_cv[0] = cv
         _force_unroll[0] = unroll
         yield
@@ -193,6 +261,15 @@ def force_tiles(cv: int | None = None, unroll: bool | None = None, **tiles: str)
         _force.update(prev)
         _force_cv[0] = prev_cv
         _force_unroll[0] = prev_u
+
+
+def variant(name: str, lanes: int | None = None) -> contextlib.AbstractContextManager:
+    """Force the register-tiled variant ``name`` of RT_VARIANTS (as :func:`force_tiles`); ``lanes`` caps
+    its TK (a device whose subgroups are narrower: tests on lavapipe)."""
+    tiles = dict(RT_VARIANTS[name])
+    if lanes:
+        tiles = {k: re.sub(r"t(\d+)", lambda m: f"t{min(int(m[1]), lanes)}", v) for k, v in tiles.items()}
+    return force_tiles(**tiles)
 
 
 @contextlib.contextmanager
@@ -332,6 +409,27 @@ def _blocks(kind: str, t: Tile, dv: int) -> dict[str, str]:
                        f"let ds = pj * (dp[#J] - dl_s[#J]);\n{dkv}\n}}", "J", u)}
 
 
+def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
+    """The sizes shared by the three register-tiled kernels and the COMMON fill that declares them
+    (shaders/attention_rt_common.wgsl: constants, float helpers)."""
+    sizes: dict[str, str | int] = {"ROWS": t.rows, "BC": t.cols, "TK": t.cs, "NT": t.threads, "DV": dv, "DP": dv + 1,
+                                   "PR": t.rows // 4 + 1}
+    common = _PLACE.sub(lambda m: str((sizes | {"FNS": load_source("float_fns")})[m[1]]),
+                        load_source("attention_rt_common"))
+    return sizes | {"COMMON": common, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
+                    "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * (dv // t.cs), "BCT": t.cols // t.cs}
+
+
+def _rt_own(first: str, end: str, scale: str, ops: tuple) -> str:
+    """LOAD_OWN of a register-tiled kernel: the workgroup's ROWS own rows from ``first`` (below ``end``)
+    of each operand (buffer, base, row stride, workgroup array, scaled) into its padded workgroup array."""
+    load = " ".join(f"{w}[rr * DP + cc] = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
+                    f"{f' * {scale}' if sc else ''};" for buf, base, st, w, sc in ops)
+    return (f"  for (var e = tid; e < ROWS * DV; e = e + NT) {{\n    let rr = e / DV;\n    let cc = e % DV;\n"
+            f"    let ok = {first} + rr < {end};\n    if (ok) {{ {load} }} else {{ " +
+            " ".join(f"{w}[rr * DP + cc] = vec4<f32>(0.0);" for *_, w, _ in ops) + " }\n  }")
+
+
 def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
     """(NL, FETCH, PUT) of a register-tiled kernel: the next tile's rows jn .. jn + cols (below ``end``)
     of each operand (register array, buffer, base, row stride, workgroup array, padded) fetched into NL
@@ -351,6 +449,18 @@ def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
     return nl, fetch, put
 
 
+def _rt_init(nl: int, fetch: str, start: str, regs: tuple[str, ...]) -> str:
+    """STAGE_INIT: the prefetch registers (NL vec4s per walked operand) and the first tile's fetch, from ``start``."""
+    return "\n".join(f"  var {r} = array<vec4<f32>, {nl}>();" for r in regs) + f"\n  var jn = {start};\n{fetch}"
+
+
+# KEY_LIMITS of the kernels whose rows are queries (fwd, dq): the last key a block walks, each row's limit.
+_KEY_LIMITS = """  var k_end = p.k_hi;
+  if (p.causal != 0u) { k_end = min(k_end, i0 + ROWS); }  // row i sees keys j <= i
+  var lim = vec4<u32>(k_end);
+  if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }"""
+
+
 def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     """Sizes and straight-line blocks of attention_fwd_rt.wgsl: a row group's 4 rows are the lanes of
     each vec4 (s[jj], m, l, P), its accumulators acc[row * CN + x]."""
@@ -359,11 +469,16 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
     key = "kg + TK * {j}u"
     scores = "\n".join(f"{{ let kv = Ks[({key.format(j=j)}) * DP + d]; s[{j}] = s[{j}] + "
                        f"vec4<f32>(dot(q0, kv), dot(q1, kv), dot(q2, kv), dot(q3, kv)); }}" for j in range(bct))
-    mx = "\n".join(
-        f"{{ let y = s[{j}]; let u = bitcast<vec4<u32>>(y); let ok = vec4<u32>(j0 + {key.format(j=j)}) < lim; "
-        "let nb = ok & (((u & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | (u == vec4<u32>(0x7f800000u))); "
-        f"bad = bad | nb; let z = select(vec4<f32>(NEG), y, ok & !nb); s[{j}] = z; mx = max(mx, z); }}"
-        for j in range(bct))
+    def max_block(masked: bool) -> str:
+        ok = "vec4<u32>(j0 + {k}) < lim" if masked else "vec4<bool>(true)"
+        return "\n".join(
+            f"{{ let y = s[{j}]; let u = bitcast<vec4<u32>>(y); let ok = {ok.format(k=key.format(j=j))}; "
+            "let nb = ok & (((u & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | (u == vec4<u32>(0x7f800000u))); "
+            f"bad = bad | nb; let z = select(vec4<f32>(NEG), y, ok & !nb); s[{j}] = z; mx = max(mx, z); }}"
+            for j in range(bct))
+    # diag: a tile wholly below every limit of the thread's rows (lim.x, the smallest) needs no compares
+    mx = max_block(True) if not t.diag else \
+        f"if (j0 + BC <= lim.x) {{\n{max_block(False)}\n}} else {{\n{max_block(True)}\n}}"
     lanes = [1 << i for i in range(tk.bit_length() - 1)]  # xor distances within a row group
     p = "\n".join(f"{{ let pj = select(vec4<f32>(0.0), exp2(s[{j}] - m), s[{j}] > vec4<f32>(NEG)); l = l + pj; "
                    f"Ps[({key.format(j=j)}) * PR + g] = pj; }}" for j in range(bct))
@@ -383,15 +498,14 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         for r in range(4))
     nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
                                                  ("vr", "v", "vb", "v_st", "Vs", False)))
-    return {"ROWS": t.rows, "BC": t.cols, "TK": tk, "NL": nl, "FETCH": fetch, "PUT": put, "NT": t.threads, "DV": dv,
-            "DP": dv + 1,
-            "PR": t.rows // 4 + 1, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
-            "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * cn, "BCT": bct, "FNS": load_source("float_fns"),
-            "SCORES": scores, "MAX": mx, "REDUCE_MAX": "\n".join(f"mx = max(mx, subgroupShuffleXor(mx, {o}u));"
-                                                                  for o in lanes),
-            "RESCALE": "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] * alpha.{rows[r]};"
-                                  for r in range(4) for x in range(cn)),
-            "P": p, "PV": pv, "REDUCE_END": end, "STORE": store}
+    own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True),))
+    return _rt_common(t, dv) | {
+        "FETCH": fetch, "PUT": put, "LOAD_OWN": own, "SCORES": scores, "MAX": mx, "KEY_LIMITS": _KEY_LIMITS,
+        "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr")),
+        "REDUCE_MAX": "\n".join(f"mx = max(mx, subgroupShuffleXor(mx, {o}u));" for o in lanes),
+        "RESCALE": "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] * alpha.{rows[r]};"
+                              for r in range(4) for x in range(cn)),
+        "P": p, "PV": pv, "REDUCE_END": end, "STORE": store}
 
 
 def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str | int]:
@@ -407,10 +521,7 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
         f"{{ let c1 = {w1}[({col.format(j=j)}) * DP + d]; let c2 = {w2}[({col.format(j=j)}) * DP + d]; "
         f"s[{j}] = s[{j}] + vec4<f32>({', '.join(f'dot({a}{r}, c1)' for r in range(4))}); "
         f"dp[{j}] = dp[{j}] + vec4<f32>({', '.join(f'dot({b}{r}, c2)' for r in range(4))}); }}" for j in range(bct))
-    fills: dict[str, str | int] = {
-        "ROWS": t.rows, "BC": t.cols, "TK": tk, "NT": t.threads, "DV": dv, "DP": dv + 1, "PR": t.rows // 4 + 1,
-        "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * cn,
-        "BCT": bct, "FNS": load_source("float_fns"), "SCORES": scores}
+    fills: dict[str, str | int] = _rt_common(t, dv) | {"SCORES": scores}
     if kind == "dq":
         lanes = [1 << i for i in range(tk.bit_length() - 1)]
         li = "p.d_off + bh * p.Tq + ib + {r}u"
@@ -431,9 +542,13 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
                   "\n".join(f"  if (ib + {r}u < p.Tq) {{ dl.{rows[r]} = delta[{li.format(r=r)}]; }}"
                             for r in range(4)) +
                   "\n}")
-        ds = "\n".join(
-            f"{{ let pj = select(vec4<f32>(0.0), exp2_nan4(s[{j}] - lse2), vec4<u32>(j0 + {col.format(j=j)}) < lim); "
-            f"Ss[({col.format(j=j)}) * PR + g] = pj * (dp[{j}] - dl); }}" for j in range(bct))
+        def ds_block(masked: bool) -> str:
+            return "\n".join(
+                f"{{ let pj = {'select(vec4<f32>(0.0), ' if masked else ''}exp2_nan4(s[{j}] - lse2)"
+                f"{f', vec4<u32>(j0 + {col.format(j=j)}) < lim)' if masked else ''}; "
+                f"Ss[({col.format(j=j)}) * PR + g] = pj * (dp[{j}] - dl); }}" for j in range(bct))
+        ds = ds_block(True) if not t.diag else \
+            f"if (j0 + BC <= lim.x) {{\n{ds_block(False)}\n}} else {{\n{ds_block(True)}\n}}"
         dq = "\n".join(f"{{ let kv = Ks[j * DP + {col.format(j=x)}]; " +
                         " ".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] + ds.{rows[r]} * kv;" for r in range(4)) +
                         " }" for x in range(cn))
@@ -444,12 +559,23 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
                        f"dq[at + TK * {x}u] = vec4<{out_dtype}>(gq); }}" for x in range(cn)) + "\n}" for r in range(4))
         nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
                                                      ("vr", "v", "vb", "v_st", "Vs", True)))
-        return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "NL": nl, "FETCH": fetch, "PUT": put}
-    ds = "\n".join(
-        f"{{ let qi = {col.format(j=j)}; let qq = i0 + qi; "
-        "var ok = key_ok & vec4<bool>(qq < p.q_hi); if (p.causal != 0u) { ok = ok & (vec4<u32>(qq) >= keys); } "
-        f"let pj = select(vec4<f32>(0.0), exp2_nan4(s[{j}] - lse_s[qi]), ok); "
-        f"Ps[qi * PR + g] = pj; Ss[qi * PR + g] = pj * (dp[{j}] - dl_s[qi]); }}" for j in range(bct))
+        own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True), ("dout", "gb", "g_st", "Gs", False)))
+        return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "FETCH": fetch, "PUT": put,
+                        "LOAD_OWN": own, "KEY_LIMITS": _KEY_LIMITS,
+                        "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr"))}
+
+    def ds_block(masked: bool) -> str:
+        ok = ("var ok = key_ok & vec4<bool>(qq < p.q_hi); if (p.causal != 0u) { ok = ok & (vec4<u32>(qq) >= keys); } "
+              if masked else "")
+        return "\n".join(
+            f"{{ let qi = {col.format(j=j)}; let qq = i0 + qi; {ok}"
+            f"let pj = {'select(vec4<f32>(0.0), ' if masked else ''}exp2_nan4(s[{j}] - lse_s[qi])"
+            f"{', ok)' if masked else ''}; "
+            f"Ps[qi * PR + g] = pj; Ss[qi * PR + g] = pj * (dp[{j}] - dl_s[qi]); }}" for j in range(bct))
+    # diag: every query of the tile exists, every key of the group exists and (causal) comes before them all
+    ds = ds_block(True) if not t.diag else (
+        "if (i0 + BQ <= p.q_hi && all(key_ok) && (p.causal == 0u || i0 >= jb + 3u)) {\n"
+        f"{ds_block(False)}\n}} else {{\n{ds_block(True)}\n}}")
     acc = "\n".join(f"{{ let gv = Gs[j * DP + {col.format(j=x)}]; let qv = Qs[j * DP + {col.format(j=x)}]; " +
                      " ".join(f"acc_v[{r * cn + x}] = acc_v[{r * cn + x}] + pj.{rows[r]} * gv; "
                               f"acc_k[{r * cn + x}] = acc_k[{r * cn + x}] + ds.{rows[r]} * qv;" for r in range(4)) +
@@ -466,7 +592,9 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str) -> dict[str, str 
                    for x in range(cn)) + "\n}" for r in range(4))
     nl, fetch, put = _rt_stage(t, dv, "p.q_hi", (("qr", "q", "qb", "q_st", "Qs", True),
                                                   ("gr", "dout", "gb", "g_st", "Gs", True)))
-    return fills | {"DS": ds, "ACC": acc, "STORE": store, "NL": nl, "FETCH": fetch, "PUT": put}
+    own = _rt_own("j0", "p.Tk", "kscale", (("k", "kb", "k_st", "Ks", True), ("v", "vb", "v_st", "Vs", False)))
+    return fills | {"DS": ds, "ACC": acc, "STORE": store, "FETCH": fetch, "PUT": put, "LOAD_OWN": own,
+                    "STAGE_INIT": _rt_init(nl, fetch, "start", ("qr", "gr"))}
 
 
 def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
