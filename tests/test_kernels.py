@@ -60,9 +60,9 @@ def test_header_declares_bindings_params_overrides_and_f16_only_when_used():
     # a comment that mentions f16 does not enable it (the matmul_fast file's header does)
     fast = Kernel("matmul_fast", "c: w, a: r, b: r", "M: u32", constants=())
     assert "f16" in fast.spec(("vec4<f32>",) * 3, DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="",
-                              COMPUTE="", WRITE="", NEXT="k0").source()
+                              COMPUTE="", WRITE="", NEXT="k0", HELPERS="").source()
     assert not fast.spec(("vec4<f32>",) * 3, DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="",
-                         COMPUTE="", WRITE="", NEXT="k0").source().startswith("enable")
+                         COMPUTE="", WRITE="", NEXT="k0", HELPERS="").source().startswith("enable")
     with pytest.raises(ValueError, match="element types"):
         k.spec(("f32",))
     assert k.spec(("f32",), without=("coef",)).buffers == (("grad", "w", "f32"),)
