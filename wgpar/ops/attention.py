@@ -117,7 +117,9 @@ RT_VARIANTS: dict[str, dict[str, str]] = {
 # a sweep, set a line to the tiles it prints (or to a variant: RT_VARIANTS["d64-diag"]); a shape
 # missing here, or whose tile does not fit the device, takes the rule in pick().
 RT_DEFAULTS: dict[tuple[str, int], dict[str, str]] = {
-    ("nvidia", 64): RT_VARIANTS["d64-base"],
+    # H100, 2026-11-24 (benchmarks/sweep_attention.py, BENCHMARKS.md): the diagonal-only mask is the fastest
+    # forward, 16 columns per thread the fastest dQ and dK/dV.
+    ("nvidia", 64): {"fwd": "64x32r4t8d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},
     ("nvidia", 128): RT_VARIANTS["d128-base"],
 }
 ENV_VARIANT = "WGPAR_ATTN_VARIANT"
