@@ -276,3 +276,54 @@ def test_special_gradients_against_torch(rng, torch):
         getattr(wgpar, name)(*ws).backward(wgpar.tensor(up.astype(np.float32)))
         for t, w in zip(ts, ws):
             assert_close(w.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-6, what=f"d {name}")
+
+
+# -- median ---------------------------------------------------------------------------------------
+def _lower_median(x: np.ndarray, axis: int) -> np.ndarray:
+    """torch.median's value: the lower middle of the sorted line; NaN where the line holds one."""
+    s = np.sort(x, axis=axis)  # NaN last
+    v = np.take(s, (x.shape[axis] - 1) // 2, axis=axis)
+    return np.where(np.isnan(x).any(axis=axis), np.nan, v) if x.dtype.kind == "f" else v
+
+
+@pytest.mark.parametrize("shape,dim", [((7,), 0), ((4, 6), 1), ((5, 3, 8), 1), ((3, 9, 2), -1), ((1, 1), 0)])
+def test_median_along_a_dim(rng, shape, dim):
+    x = rng.integers(-5, 6, shape).astype(np.float32)  # ties on purpose
+    if x.size > 4:
+        x.flat[3] = np.nan
+    got = wgpar.tensor(x).median(dim)
+    want = _lower_median(x, dim)
+    np.testing.assert_array_equal(got.values.numpy(), want)
+    assert got.indices.dtype == wgpar.int32
+    picked = np.take_along_axis(x, np.expand_dims(got.indices.numpy(), dim), dim).squeeze(dim)
+    np.testing.assert_array_equal(picked, want)  # the index points at the median
+    kept = wgpar.median(wgpar.tensor(x), dim, keepdim=True)
+    assert kept.values.shape == np.expand_dims(want, dim).shape
+    i = rng.integers(-9, 10, shape).astype(np.int32)
+    np.testing.assert_array_equal(wgpar.tensor(i).median(dim).values.numpy(), _lower_median(i, dim))
+
+
+def test_median_of_everything_and_gradient(rng):
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    t = wgpar.tensor(x, requires_grad=True)
+    m = t.median()
+    assert m.shape == () and m.item() == np.sort(x.ravel())[(x.size - 1) // 2]
+    m.backward()
+    g = np.zeros(x.size, np.float32)
+    g[np.argsort(x.ravel(), kind="stable")[(x.size - 1) // 2]] = 1
+    np.testing.assert_array_equal(t.grad.numpy().ravel(), g)
+    assert np.isnan(wgpar.median(wgpar.zeros(0)).item())
+    with pytest.raises(ValueError):
+        wgpar.zeros(2, 0).median(1)
+
+
+def test_median_against_torch(rng, torch):
+    x = rng.integers(-4, 5, (5, 8)).astype(np.float32)
+    x[2, 5] = np.nan
+    for dim in (0, 1):
+        w, t = wgpar.tensor(x).median(dim), torch.tensor(x).median(dim)
+        np.testing.assert_array_equal(w.values.numpy(), t.values.numpy())
+        nan_rows = np.isnan(t.values.numpy())
+        np.testing.assert_array_equal(w.indices.numpy()[nan_rows], t.indices.numpy()[nan_rows])  # the first NaN
+    y = rng.standard_normal(10).astype(np.float32)
+    assert wgpar.tensor(y).median().item() == torch.tensor(y).median().item()
