@@ -373,3 +373,112 @@ fn tan_(x: f32) -> f32 {
   let v = select(s / c, -c / s, (t.q & 1u) == 1u);
   return select(v, -v, signbit_(x));
 }
+
+// -- shifts (int32; bool is refused on the host): PyTorch's rule for amounts outside [0, 32), where
+// WGSL would take the amount mod 32: << gives 0, >> the sign (0 or -1). On the bits in u32, so a
+// left shift wraps as it does in NumPy and PyTorch.
+fn shl_i32(a: i32, b: i32) -> i32 {
+  return select(0, bitcast<i32>(bitcast<u32>(a) << u32(b & 31)), b >= 0 && b < 32);
+}
+fn shr_i32(a: i32, b: i32) -> i32 { return a >> u32(select(31, b, b >= 0 && b < 32)); }
+
+// -- atan2: never the driver's (Vulkan allows atan2 4096 ulp, and leaves zeros and infinities to it).
+// atan on [0, 1]: above tan(pi/8), atan(t) = pi/4 + atan((t - 1) / (t + 1)); on |u| <= tan(pi/8) an odd
+// polynomial u + u^3 P(u^2) (a least-squares fit, relative error 1.2e-9). pi/4, pi/2 and pi are
+// rounded constants plus their rounding error (hi + lo), so the quadrant fixes cost under an ulp.
+fn atan01_(t: f32) -> f32 {
+  var u = t;
+  var base = 0.0;
+  var lo = 0.0;
+  if (t > 0.41421356) {
+    u = (t - 1.0) / (t + 1.0);
+    base = 0.78539818525;
+    lo = -2.1855695e-8;
+  }
+  let z = u * u;
+  let p = -0.33333316445 + z * (0.19998547435 + z * (-0.14244779944 + z * (0.10602048039 + z * -0.06097184494)));
+  return base + (lo + (u + u * z * p));
+}
+fn atan2_(y: f32, x: f32) -> f32 {
+  if (isnan_(y) || isnan_(x)) { return nan_like(y + x); }
+  let ay = abs(y);
+  let ax = abs(x);
+  var r = 0.0;  // both zero: +-0 or +-pi by the signs, as C's atan2
+  if (isinf_(y) && isinf_(x)) {
+    r = 0.78539816339744831;
+  } else if (ay > ax) {
+    r = (1.57079637051 - atan01_(div_(ax, ay))) - 4.371139e-8;
+  } else if (ax > 0.0) {
+    r = atan01_(div_(ay, ax));
+  }
+  if (signbit_(x)) { r = (3.14159274101 - r) - 8.742278e-8; }
+  return select(r, -r, signbit_(y));
+}
+
+// -- erf, erfc, erfinv: never through the driver's exp at large arguments (Vulkan allows exp
+// 3 + 2|x| ulp, and a compiler may reassociate a float Cody-Waite reduction). exp_neg_(x, w, m) is
+// m exp(w - x) for an exact x in [0.25, 105) with at most 24 significant bits, |w| < 2, m in (0, 1]:
+// x log2(e) = K + F in fixed point (x's significand times log2(e) 2^31 as a 56-bit product, exact
+// but the constant's 2e-10), so only the small v = w - F ln 2 meets float rounding; exp(v) is
+// 2^j exp(v - j ln 2) by the Taylor series to r^7 (error 6e-9 on |r| <= 0.35). One ldexp at the
+// end, which may flush a subnormal result to 0, as GPUs do.
+fn exp_neg_(x: f32, w: f32, m: f32) -> f32 {
+  let bits = bitcast<u32>(x);
+  let sh = 149u - (bits >> 23u);  // x = mant 2^e: the product's binary point is bit 31 - e = 32 + sh
+  let mant = (bits & 0x7fffffu) | 0x800000u;
+  let p = mul_wide_(mant, 0xB8AA3B29u);  // log2(e) 2^31, rounded
+  var k = i32(p.x >> sh);
+  var f = ldexp(f32(p.x & ((1u << sh) - 1u)), -i32(sh)) + ldexp(f32(p.y), -32 - i32(sh));
+  if (f > 0.5) { k = k + 1; f = f - 1.0; }
+  let v = w - f * 0.6931471805599453;
+  let j = round(v * 1.4426950408889634);
+  let r = (v - j * 0.693145751953125) - j * 1.4286067653302e-6;
+  let q = 1.0 + r * (1.0 + r * (0.5 + r * (0.16666667 + r * (0.041666668 + r * (0.008333334 +
+          r * (0.0013888889 + r * 0.0001984127))))));
+  return ldexp(m * q, i32(j) - k);
+}
+// erf(x) / x for |x| <= 0.5: its Taylor series in x^2, to x^14 (relative error 6e-8, the rounding of 2 / sqrt(pi)).
+fn erf_small_(x: f32) -> f32 {
+  let z = x * x;
+  return x * (1.1283791671 + z * (-0.37612638903 + z * (0.11283791671 + z * (-0.02686617064 + z * (0.00522397762 +
+         z * (-0.00085483270 + z * (0.00012055332 + z * -0.00001492565)))))));
+}
+// erfc(z) for z >= 0.5: t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), P the Chebyshev fit of Numerical Recipes'
+// erfcc (relative error 1.1e-7). z^2 as hi^2 (hi: z's top 12 bits, squared exactly) plus (z - hi)(z + hi).
+fn erfc_pos_(z: f32) -> f32 {
+  if (z > 10.1) { return 0.0; }  // erfc(10.06) is below the smallest subnormal float32
+  let t = 1.0 / (1.0 + 0.5 * z);
+  let p = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 +
+          t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+  let hi = bitcast<f32>(bitcast<u32>(z) & 0xfffff000u);
+  return exp_neg_(hi * hi, p - (z - hi) * (z + hi), t);
+}
+fn erf_full_(x: f32) -> f32 {
+  if (isnan_(x)) { return x; }
+  let a = abs(x);
+  if (a <= 0.5) { return erf_small_(x); }
+  let r = 1.0 - erfc_pos_(a);  // erfc(0.5) = 0.48: at most a bit lost
+  return select(r, -r, x < 0.0);
+}
+fn erfc_(x: f32) -> f32 {
+  if (isnan_(x)) { return x; }
+  if (abs(x) <= 0.5) { return 1.0 - erf_small_(x); }
+  let r = erfc_pos_(abs(x));
+  return select(r, 2.0 - r, x < 0.0);
+}
+// erfinv: a closed-form start (Winitzki's, relative error 2e-3; a * sqrt(pi) / 2 for tiny a, where
+// 1 - a^2 rounds to 1), then three Newton steps on erf(x) = a, written (1 - a) - erfc(x) = 0 from
+// a = 0.5 on (1 - a is exact there, so the steps keep their accuracy up to 1).
+fn erfinv_(y: f32) -> f32 {
+  let a = abs(y);
+  if (isnan_(y) || a > 1.0) { return nan_like(y); }
+  if (a == 1.0) { return inf_like(y); }
+  let w = log((1.0 - a) * (1.0 + a));
+  let c = 4.3307467508 + 0.5 * w;  // 2 / (pi 0.147) + ln(1 - a^2) / 2
+  var x = select(sqrt(max(sqrt(c * c - w / 0.147) - c, 0.0)), a * 0.88622692545, a < 0.001);
+  for (var i = 0; i < 3; i = i + 1) {
+    let f = select(erf_full_(x) - a, (1.0 - a) - erfc_(x), a >= 0.5);
+    x = x - f / (1.1283791671 * exp(-(x * x)));
+  }
+  return select(x, -x, signbit_(y));
+}

@@ -31,6 +31,8 @@ def values(rng, domain: str, shape) -> np.ndarray:
         return rng.integers(-9, 10, shape).astype(np.int32)
     if domain == "intnz":
         return (rng.integers(1, 10, shape) * rng.choice([-1, 1], shape)).astype(np.int32)
+    if domain == "shift":
+        return rng.integers(0, 32, shape).astype(np.int32)
     x = rng.standard_normal(shape)
     if domain == "pos":
         x = np.abs(x) + 0.5
@@ -41,6 +43,16 @@ def values(rng, domain: str, shape) -> np.ndarray:
     elif domain == "away0":
         x = np.where(np.abs(x) < 0.05, 0.3, x)
     return x.astype(np.float32)
+
+
+def py_operator(name: str):
+    """The function of the operator module behind a dunder name ("and": operator.and_)."""
+    return getattr(operator, name, None) or getattr(operator, name + "_")
+
+
+def f64(a: np.ndarray) -> np.ndarray:
+    """Float test values in float64 for the references; integers as they are (bitwise ops take no floats)."""
+    return a.astype(np.float64) if a.dtype.kind == "f" else a
 
 
 def inputs(op, rng):
@@ -61,36 +73,36 @@ def compare(op, got: wgpar.Tensor, want: np.ndarray, what: str) -> None:
 @pytest.mark.parametrize("op", PUBLIC, ids=_ids(PUBLIC))
 def test_forward_against_numpy(op, rng):
     for arrays in inputs(op, rng):
-        want = op.check.ref(*[a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays])
+        want = op.check.ref(*[f64(a) for a in arrays])
         tensors = [wgpar.tensor(a) for a in arrays]
         forms = {"method": getattr(tensors[0], op.api)(*tensors[1:])}
         if op.function:
             forms["function"] = getattr(wgpar, op.api)(*tensors)
         if op.dunder:
-            forms["operator"] = getattr(operator, op.dunder)(*tensors)
+            forms["operator"] = py_operator(op.dunder)(*tensors)
         for form, got in forms.items():
             compare(op, got, want, f"{op.name} {form} {[a.shape for a in arrays]}")
         if op.arity == 2:  # a Python number on either side
             s = float(arrays[1].flat[0]) if arrays[1].dtype.kind == "f" else int(arrays[1].flat[0])
-            compare(op, getattr(tensors[0], op.api)(s), op.check.ref(arrays[0].astype(np.float64), s),
+            compare(op, getattr(tensors[0], op.api)(s), op.check.ref(f64(arrays[0]), s),
                     f"{op.name}(tensor, {s})")
             if op.dunder:
                 r = float(arrays[0].flat[0]) if arrays[0].dtype.kind == "f" else int(arrays[0].flat[0])
-                compare(op, getattr(operator, op.dunder)(r, tensors[1]),
-                        op.check.ref(r, arrays[1].astype(np.float64)), f"{op.name}({r}, tensor)")
+                compare(op, py_operator(op.dunder)(r, tensors[1]),
+                        op.check.ref(r, f64(arrays[1])), f"{op.name}({r}, tensor)")
 
 
 @pytest.mark.parametrize("op", [op for op in PUBLIC if op.inplace], ids=_ids([op for op in PUBLIC if op.inplace]))
 def test_in_place_forms(op, rng):
     a, b = values(rng, op.check.domain[0], (5, 7)), values(rng, op.check.domain[1], (7,))  # b broadcasts into a
-    want = op.check.ref(a.astype(np.float64), b.astype(np.float64))
+    want = op.check.ref(f64(a), f64(b))
     for form in ("method", "operator"):
         t = wgpar.tensor(a)
         alias = t
         if form == "method":
             t = getattr(t, op.api + "_")(wgpar.tensor(b))
         else:
-            t = getattr(operator, f"i{op.dunder}")(t, wgpar.tensor(b))
+            t = py_operator(f"i{op.dunder}")(t, wgpar.tensor(b))
         assert t is alias, f"{op.name}_ {form} returned another tensor"
         compare(op, t, want, f"{op.name} in place ({form})")
 

@@ -253,6 +253,7 @@ cumsum, cumprod = composites.cumsum, composites.cumprod
 gather, scatter, scatter_add, index_add = composites.gather, composites.scatter, composites.scatter_add, \
     composites.index_add
 nonzero, argwhere, masked_select = composites.nonzero, composites.argwhere, composites.masked_select
+median = composites.median
 
 
 def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
@@ -290,7 +291,7 @@ __all__ = ["matmul", "bmm", "einsum", "sort", "argsort", "topk", "var", "std", "
            "reshape", "transpose", "permute", "split", "chunk", "unbind", "tril", "triu", "flip", "roll",
            "prod", "any", "all", "norm", "logsumexp", "outer", "diag", "isclose", "allclose", "numel", "clamp_min",
            "clamp_max", "cumsum", "cumprod", "gather", "scatter", "scatter_add",
-           "index_add", "nonzero", "argwhere", "masked_select",
+           "index_add", "nonzero", "argwhere", "masked_select", "median",
            "linalg", "full_like", "empty_like", "rand_like", "randn_like",
            "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
            *GENERATED]

@@ -41,4 +41,11 @@ class topk(NamedTuple):
     indices: Tensor
 
 
-__all__ = ["max", "min", "sort", "topk"]
+class median(NamedTuple):
+    """``Tensor.median(dim)``: the median along ``dim`` (the lower middle value) and its index (int32)."""
+
+    values: Tensor
+    indices: Tensor
+
+
+__all__ = ["max", "min", "sort", "topk", "median"]

@@ -17,6 +17,7 @@ from ..ops.elementwise import broadcast_shape
 from ..ops.index import as_index
 from ..tensor import Tensor, normalize_shape, wrap_dim
 from .differentiable import (
+    _take,
     binary,
     cast,
     cat,
@@ -921,8 +922,50 @@ def allclose(a: Tensor, b, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: 
     return bool(all_(isclose(a, b, rtol, atol, equal_nan)).item())
 
 
+def median(a: Tensor, dim=None, keepdim: bool = False):
+    """The median, as torch.median: of an even count the lower of the two middle values. Without ``dim``
+    the 0-d median of every element (NaN for an empty tensor); with ``dim`` the named tuple (values,
+    indices) along it, indices int32 (PyTorch: int64). A line holding a NaN has the median NaN at its
+    first NaN, as PyTorch. One stable sort along the dim: the index of tied values is the one a stable
+    sort puts in the middle (PyTorch leaves which one open). The gradient goes to the chosen entry.
+
+    Arguments:
+        a: a tensor (float32, float16, int32).
+        dim: the dim to reduce, or None for every element.
+        keepdim: keep the reduced dim with size 1.
+    """
+    from .. import return_types
+
+    if not isinstance(a, Tensor):
+        raise TypeError(f"median: expected a wgpar.Tensor, got {type(a).__name__}")
+    if a.dtype is _dt.bool_:
+        raise TypeError("median: not supported on bool tensors (as in PyTorch); convert with .int()")
+    if dim is None:
+        if a.numel() == 0:
+            return ops.fill((), float("nan"), a.dtype if a.dtype.is_float else _dt.float32, a.device)
+        return median(reshape(a, (-1,)), 0).values
+    if a.ndim == 0:
+        wrap_dim(dim, 1)
+        return return_types.median(reshape(a, ()), ops.fill((), 0, _dt.int32, a.device))
+    d = wrap_dim(dim, a.ndim)
+    n = a.shape[d]
+    if n == 0:
+        raise ValueError(f"median: dim {dim} of shape {a.shape} is empty (as PyTorch, no median of nothing)")
+    order = ops.argsort(a, d)  # stable, NaN last
+    line = a.shape[:d] + (1,) + a.shape[d + 1:]
+    pos = ops.fill(line, (n - 1) // 2, _dt.int32, a.device)
+    if a.dtype.is_float:  # the first NaN (sorted after the rest) where a line holds one
+        nans = ops.reduce("sum", ops.cast(ops.unary("isnan", a), _dt.int32), (d,), keepdims=True)
+        pos = ops.where(ops.binary("gt", nans, 0), ops.binary("sub", n, nans), pos)
+    index = ops.take_along(order, pos, d)
+    values = _take(a, index, d)
+    if not keepdim:
+        values, index = reshape(values, line[:d] + line[d + 1:]), ops.reshape(index, line[:d] + line[d + 1:])
+    return return_types.median(values, index)
+
+
 __all__ = ["var", "std", "repeat", "masked_fill", "masked_fill_", "t", "bmm", "correction_arg", "split", "chunk",
            "unbind", "tril", "triu", "flip", "roll", "prod", "any_", "all_", "vector_norm", "norm", "logsumexp",
            "outer", "diag", "isclose", "allclose", "cumsum", "cumprod", "gather", "scatter", "scatter_",
            "scatter_add", "scatter_add_", "index_add", "index_add_", "nonzero", "argwhere",
-           "mask_getitem", "mask_setitem", "masked_select"]
+           "mask_getitem", "mask_setitem", "masked_select", "median"]

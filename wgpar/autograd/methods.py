@@ -126,6 +126,11 @@ def prod(self, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
     return C.prod(self, dim, keepdim, dtype)
 
 
+def median(self, dim=None, keepdim: bool = False):
+    """The median (the lower middle value): 0-d without ``dim``, else (values, indices) along it (wgpar.median)."""
+    return C.median(self, dim, keepdim)
+
+
 def any(self, dim=None, keepdim: bool = False) -> Tensor:
     """Whether any element (over ``dim``) is nonzero, as bool (wgpar.any)."""
     return C.any_(self, dim, keepdim)
@@ -285,7 +290,7 @@ def _set_data(self, other: Tensor) -> None:
 
 _HAND_WRITTEN = [chunk, split, unbind, tril, triu, flip, roll, prod, any, all, norm, logsumexp, outer, diag, isclose,
                  allclose, cumsum, cumprod, gather, scatter, scatter_, scatter_add,
-                 scatter_add_, index_add, index_add_, nonzero, argwhere, masked_select,
+                 scatter_add_, index_add, index_add_, nonzero, argwhere, masked_select, median,
                  clamp_min, clamp_max, new_zeros, new_ones, new_full, new_tensor]
 
 

@@ -30,7 +30,7 @@ from ..runtime.device import Device
 from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, f32_bits, grid, load_source
 from ..storage import Storage
 from ..tensor import Tensor, check_dtype_supported, check_same_device, contiguous_strides
-from .registry import BOOL, CAST, COMMON, FLOAT, OPS, WHERE
+from .registry import BOOL, CAST, COMMON, FLOAT, INT, OPS, WHERE
 
 # WGSL helpers the expressions call: shaders/float_fns.wgsl, then shaders/elementwise_fns.wgsl.
 _FNS = "float_fns", "elementwise_fns"
@@ -59,6 +59,8 @@ _BOOL_REFUSED = {
     "mod": "not supported on bool tensors (as in PyTorch); convert with .int()",
     "abs": "not supported on bool tensors (as in PyTorch); convert with .int()",
     "relu": "not supported on bool tensors (as in PyTorch); convert with .int()",
+    "bitwise_left_shift": "not supported on bool tensors (as in PyTorch); convert with .int()",
+    "bitwise_right_shift": "not supported on bool tensors (as in PyTorch); convert with .int()",
 }
 
 
@@ -80,6 +82,11 @@ def result_type(op: str, operands: list[Operand], out_dtype: DType | None) -> tu
             common = _dt.promote_scalar(common, x)
     if rule == FLOAT and not common.is_float:
         common = _dt.float32
+    if rule == INT and common.is_float:
+        raise TypeError(f"{op}: not supported on {common.name} operands (as in PyTorch): it takes int32 and bool "
+                        "tensors; convert with .int()")
+    if rule == INT and common is _dt.bool_ and op in _BOOL_REFUSED:
+        raise TypeError(f"{op}: {_BOOL_REFUSED[op]}")
     result = _dt.bool_ if rule == BOOL else common
     if rule == COMMON and common is _dt.bool_:
         if op in _BOOL_REFUSED:
@@ -124,7 +131,10 @@ def _expr(op: str, cts: tuple[str, ...], out_storage: str, out_is_bool: bool, co
     """(type stored, WGSL expression over x0..x3) for ``OPS[op]``: its expression with ``{T}`` the first
     operand's compute type, then converted for the output."""
     rule = OPS[op].types
-    expr = OPS[op].expr.replace("{T}", cts[0])
+    expr = OPS[op].expr
+    if out_is_bool and OPS[op].on_bool:
+        expr = OPS[op].on_bool
+    expr = expr.replace("{T}", cts[0])
     store = out_storage
     if rule == BOOL and cmp_as_i32:
         expr = f"select(0i, 1i, {expr})"

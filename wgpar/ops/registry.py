@@ -29,9 +29,37 @@ FLOAT = "float"  # the promoted type, float32 if that is not a float type
 BOOL = "bool"  # bool (comparisons)
 WHERE = "where"  # the promoted type of x1, x2; x0 is a condition in its own type
 CAST = "cast"  # the type asked for (copies and casts)
+INT = "int"  # the promoted type, which must be int32 or bool (bitwise ops: a float operand raises TypeError)
 
 _VARS = re.compile(r"\b(x[0-3]|y|g)\b")
 _erf = np.vectorize(math.erf)
+_erfc = np.vectorize(math.erfc)
+
+
+def _erfinv(y):
+    """erfinv in float64 (NumPy has none, SciPy may be absent): Newton's method on erf (erfc near +-1)."""
+    y = np.asarray(y, dtype=np.float64)
+    a = np.abs(y)
+    with np.errstate(all="ignore"):
+        x = np.sqrt(-np.log(np.maximum(1.0 - a * a, 1e-300)))  # a start on the right side of the root
+        x = np.where(a < 0.5, a * 0.886226925452758, np.minimum(x, 6.0))
+        for _ in range(60):  # f(x) = erf(x) - a, written as (1 - a) - erfc(x) near 1 (exact there)
+            f = np.where(a < 0.5, _erf(x) - a, (1.0 - a) - _erfc(x))
+            x = x - f / (1.1283791670955126 * np.exp(-x * x))
+        x = np.where(a == 1.0, np.inf, np.where(a > 1.0, np.nan, x))
+    return np.where(np.isnan(y), y, np.copysign(x, y))
+
+
+def _shift(a, b, left: bool):
+    """PyTorch's int32 shifts: by 32 or more, or by a negative amount, << gives 0 and >> the sign (0 or -1)."""
+    a, b = np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64)
+    ok = (b >= 0) & (b < 32)
+    s = np.where(ok, b, 0)
+    if left:
+        r = np.where(ok, ((a << s) + 2**31) % 2**32 - 2**31, 0)
+    else:
+        r = np.where(ok, a >> s, np.where(a < 0, -1, 0))
+    return r.astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -40,7 +68,8 @@ class Check:
 
     ``ref`` computes the op in NumPy float64; ``domain`` names each operand's test values: "any"
     (normal), "pos" (at least 0.5), "nonzero" (|x| at least 0.5), "away0" (|x| at least 0.05,
-    off a kink at 0), "unit" (|x| below 0.9), "int" (int32), "intnz" (nonzero int32); ``torch`` is the function compared
+    off a kink at 0), "unit" (|x| below 0.9), "int" (int32), "intnz" (nonzero int32), "shift"
+    (int32 in [0, 32)); ``torch`` is the function compared
     with PyTorch (a dotted name under ``torch``; "" for the op's api name).
     """
 
@@ -57,8 +86,10 @@ class Op:
 
     Arguments:
         name: the op's name (the key of ``OPS``, the node name in the autograd graph).
-        types: the result type rule: COMMON, FLOAT, BOOL, WHERE or CAST.
+        types: the result type rule: COMMON, FLOAT, BOOL, WHERE, CAST or INT.
         expr: its WGSL expression over x0.. (see the module docstring).
+        on_bool: its expression where every operand is bool (so the result is; values 0 / 1 in i32), when
+            ``expr`` does not hold there (``~`` on a bool is its logical not, not the bits' complement).
         grads: one gradient expression (or None) per operand; empty: not differentiable.
         api: the public name of the Tensor method and ``wgpar.<api>`` function; None for ops used
             only inside wgpar (or exposed by hand-written front ends, as where and clamp are).
@@ -78,6 +109,7 @@ class Op:
     types: str
     expr: str
     grads: tuple[str | None, ...] = ()
+    on_bool: str | None = None
     api: str | None = ""
     function: bool = True
     dunder: str | None = None
@@ -177,6 +209,36 @@ for _op in (
     Op("ge", BOOL, "ge_{T}(x0, x1)", dunder="ge", check=Check(np.greater_equal),
        doc="a >= b, as bool (False where either is NaN)"),
     Op("same", BOOL, "same_{T}(x0, x1)", api=None),  # equal or both NaN: what a max / min reduction picked
+    # -- bitwise (int32 and bool; bool & | ^ ~ are logical) and logical (any dtype, bool result) -------
+    Op("bitwise_and", INT, "x0 & x1", dunder="and", inplace=True, check=Check(np.bitwise_and, ("int", "int")),
+       doc="a & b on int32 or bool tensors (bool: logical and); a float operand raises TypeError "
+           "(PyTorch: NotImplementedError)"),
+    Op("bitwise_or", INT, "x0 | x1", dunder="or", inplace=True, check=Check(np.bitwise_or, ("int", "int")),
+       doc="a | b on int32 or bool tensors (bool: logical or); a float operand raises TypeError "
+           "(PyTorch: NotImplementedError)"),
+    Op("bitwise_xor", INT, "x0 ^ x1", dunder="xor", inplace=True, check=Check(np.bitwise_xor, ("int", "int")),
+       doc="a ^ b on int32 or bool tensors (bool: logical xor); a float operand raises TypeError "
+           "(PyTorch: NotImplementedError)"),
+    Op("bitwise_not", INT, "~x0", on_bool="select(1i, 0i, nz_{T}(x0))", dunder="invert",
+       check=Check(np.invert, ("int",)),
+       doc="~x on an int32 or bool tensor (bool: logical not); a float raises TypeError (PyTorch: "
+           "NotImplementedError); no in-place bitwise_not_"),
+    Op("bitwise_left_shift", INT, "shl_{T}(x0, x1)", dunder="lshift", inplace=True,
+       check=Check(lambda a, b: _shift(a, b, True), ("int", "shift")),
+       doc="a << b on int32 tensors, wrapping; a shift by 32 or more or by a negative amount gives 0, as "
+           "PyTorch; bool and float operands raise TypeError"),
+    Op("bitwise_right_shift", INT, "shr_{T}(x0, x1)", dunder="rshift", inplace=True,
+       check=Check(lambda a, b: _shift(a, b, False), ("int", "shift")),
+       doc="a >> b on int32 tensors, arithmetic (the sign fills in); a shift by 32 or more or by a negative "
+           "amount gives 0 or -1 by the sign, as PyTorch; bool and float operands raise TypeError"),
+    Op("logical_and", BOOL, "nz_{T}(x0) && nz_{T}(x1)", check=Check(np.logical_and, ("any", "int")),
+       doc="Whether a and b are both nonzero, as bool, for any dtypes (NaN is nonzero); no in-place form"),
+    Op("logical_or", BOOL, "nz_{T}(x0) || nz_{T}(x1)", check=Check(np.logical_or, ("any", "int")),
+       doc="Whether a or b is nonzero, as bool, for any dtypes (NaN is nonzero); no in-place form"),
+    Op("logical_xor", BOOL, "nz_{T}(x0) != nz_{T}(x1)", check=Check(np.logical_xor, ("any", "int")),
+       doc="Whether exactly one of a and b is nonzero, as bool, for any dtypes (NaN is nonzero); no in-place form"),
+    Op("logical_not", BOOL, "!nz_{T}(x0)", check=Check(np.logical_not, ("any",)),
+       doc="Whether x is zero, as bool, for any dtype (NaN is nonzero); no in-place form"),
     # -- unary ------------------------------------------------------------------------------------
     Op("neg", COMMON, "neg_{T}(x0)", ("neg_{T}(g)",), dunder="neg", check=Check(np.negative, ("any",)),
        doc="-x (int32 wraps: -INT_MIN is INT_MIN)"),
@@ -226,6 +288,28 @@ for _op in (
     Op("acos", FLOAT, "acos_(x0)", ("-div_(g, sqrt_(1.0 - x0 * x0))",),
        check=Check(np.arccos, ("unit",), rtol=1e-5),
        doc="The arccosine; NaN outside [-1, 1] (an integer tensor gives float32)"),
+    Op("atan2", FLOAT, "atan2_(x0, x1)",
+       ("div_(g * x1, x0 * x0 + x1 * x1)", "div_(-(g * x0), x0 * x0 + x1 * x1)"),
+       check=Check(np.arctan2, rtol=1e-6),
+       doc="The angle of the point (b, a), atan2(a, b) in [-pi, pi], within a few ulp (own polynomial, not the "
+           "driver's atan2); an integer tensor gives float32"),
+    Op("arctan2", FLOAT, "atan2_(x0, x1)",
+       ("div_(g * x1, x0 * x0 + x1 * x1)", "div_(-(g * x0), x0 * x0 + x1 * x1)"),
+       check=Check(np.arctan2, torch="atan2", rtol=1e-6), doc="atan2 under NumPy's name (as PyTorch's arctan2)"),
+    Op("reciprocal", FLOAT, "div_(1.0, x0)", ("-(g * y * y)",), check=Check(np.reciprocal, ("nonzero",)),
+       doc="1 / x, always a float (an integer tensor gives float32, as PyTorch)"),
+    Op("erf", FLOAT, "erf_full_(x0)", ("g * 1.1283791670955126 * exp_(-(x0 * x0))",),
+       check=Check(_erf, ("any",), rtol=1e-6, atol=1e-7),
+       doc="The error function, within a few ulp (own series and fit, not the driver's exp: erf(x) for tiny x "
+           "is x * 2 / sqrt(pi)); an integer tensor gives float32"),
+    Op("erfc", FLOAT, "erfc_(x0)", ("g * -1.1283791670955126 * exp_(-(x0 * x0))",),
+       check=Check(_erfc, ("any",), rtol=1e-6, atol=1e-7),
+       doc="1 - erf(x) without the cancellation, within a few ulp down to the smallest normal float32 "
+           "(values below it may be flushed to 0 on GPUs); an integer tensor gives float32"),
+    Op("erfinv", FLOAT, "erfinv_(x0)", ("g * 0.886226925452758 * exp_(y * y)",),
+       check=Check(_erfinv, ("unit",), rtol=2e-6, atol=1e-7),
+       doc="The inverse of erf on [-1, 1] (+-inf at +-1, NaN outside), from Newton steps on erf; an integer "
+           "tensor gives float32"),
     Op("atan", FLOAT, "atan_(x0)", ("div_(g, 1.0 + x0 * x0)",), check=Check(np.arctan, ("any",), rtol=1e-5),
        doc="The arctangent (an integer tensor gives float32)"),
     Op("sin", FLOAT, "sin_(x0)", ("g * cos_(x0)",), check=Check(np.sin, ("any",), rtol=1e-5),
