@@ -13,7 +13,7 @@ from ..ops import batch_norm as bn
 from ..ops.conv import conv2d, conv2d_backward, conv_transpose2d, weight_grad
 from ..ops.dropout import dropout
 from ..ops.loss import cross_entropy_grad, cross_entropy_rows
-from ..ops.pool import avg_pool2d, max_pool2d, max_pool2d_backward
+from ..ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_backward
 from ..ops.window import Window
 from ..tensor import Tensor
 from .engine import record
@@ -127,6 +127,22 @@ def max_pool2d_with_indices(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
     if is_grad_enabled() and x.requires_grad:
         record("max_pool2d", out, [x], lambda g: (max_pool2d_backward(g, idx, win),), [idx])
     return out, idx
+
+
+class AdaptiveAvgPool2d(Function):
+    """2-d adaptive average pooling of [N, C, H, W]; ``apply(x, (oh, ow))`` (``ops.pool.adaptive_avg_pool2d``)."""
+
+    name = "adaptive_avg_pool2d"
+
+    @staticmethod
+    def forward(ctx: Context, x: Tensor, out_hw: tuple[int, int]) -> Tensor:
+        ctx.hw = tuple(x.shape[2:]), out_hw
+        return adaptive_avg_pool2d(x, out_hw)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor):
+        in_hw, out_hw = ctx.hw
+        return adaptive_avg_pool2d(g, out_hw, backward=True, in_hw=in_hw), None
 
 
 class AvgPool2d(Function):

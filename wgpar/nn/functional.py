@@ -15,6 +15,7 @@ from ..autograd.autocast_mode import is_autocast_enabled
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.nn_ops import (
+    AdaptiveAvgPool2d,
     AvgPool2d,
     BatchNorm,
     Conv2d,
@@ -27,6 +28,7 @@ from ..ops.batch_norm import batch_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
 from ..ops.loss import class_targets
+from ..ops.pool import adaptive_fits
 from ..ops.window import pair, window
 from ..tensor import Tensor, check_same_device
 
@@ -427,7 +429,9 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     """Average pooling of ``input`` [N, C, H, W] (or [C, H, W]) to ``output_size`` (an int, or a pair whose
     None entries keep the input's size), as ``torch.nn.functional.adaptive_avg_pool2d``: output row i
     averages input rows ``floor(i * H / H_out)`` to ``ceil((i + 1) * H / H_out)``, and so for columns.
-    Runs as two matmuls with the (host-built) averaging matrices, so the gradient is their transpose."""
+    One thread per output (an output of 1x1: a mean of each plane), the gradient one thread per input
+    element (``ops.pool.adaptive_avg_pool2d``); windows past the loop limit run as two matmuls with
+    the (host-built) averaging matrices."""
     x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
     sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
     if len(sizes) != 2:
@@ -435,6 +439,10 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     out_hw = tuple(n if s is None else s for n, s in zip(x.shape[2:], sizes))
     if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
         raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
+    out_hw = (int(out_hw[0]), int(out_hw[1]))
+    if adaptive_fits(tuple(x.shape[2:]), out_hw) and x.numel():
+        y = AdaptiveAvgPool2d.apply(x, out_hw)
+        return D.squeeze(y, 0) if unbatched else y
     rows, cols = (_averaging(n, int(m), x.dtype, x.device) for n, m in zip(x.shape[2:], out_hw))
     y = D.matmul(D.matmul(rows, x), D.transpose(cols, 0, 1))
     return D.squeeze(y, 0) if unbatched else y
