@@ -24,7 +24,8 @@ from ..autograd.nn_ops import (
     Dropout,
     max_pool2d_with_indices,
 )
-from ..ops.batch_norm import batch_stats
+from ..ops.batch_norm import row as bn_row
+from ..ops.batch_norm import stats as bn_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
 from ..ops.loss import class_targets
@@ -487,25 +488,26 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                              f"({c} channels)")
     check_same_device(input, *(t for t in (running_mean, running_var, weight, bias) if t is not None), op="batch_norm")
     inner = input.numel() // (n * c) if n * c else 0
-    x3 = D.reshape(input, (n, c, inner))
-    if training:
-        if n * inner <= 1:
-            raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
-                             f"shape {input.shape}")
-        mean, shift, var = batch_stats(ops.contiguous(x3))
-        if running_mean is not None or running_var is not None:
-            with no_grad():
+    x3 = D.contiguous(D.reshape(input, (n, c, inner)))
+    with no_grad():
+        if training:
+            if n * inner <= 1:
+                raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
+                                 f"shape {input.shape}")
+            running = [t for t in (running_mean, running_var) if t is not None]
+            fused = bool(running) and not isinstance(momentum, Tensor) and all(
+                t.dtype is _dt.float32 and t.is_contiguous() for t in running)
+            st = bn_stats(x3, weight, bias, eps, running_mean, running_var, float(momentum) if fused else None)
+            if running and not fused:
                 if running_mean is not None:
-                    _lerp_(running_mean, ops.binary("add", mean, shift), momentum)
+                    _lerp_(running_mean, ops.binary("add", bn_row(st, 0), bn_row(st, 1)), momentum)
                 if running_var is not None:
-                    _lerp_(running_var, ops.binary("mul", var, n * inner / (n * inner - 1)), momentum)
-    else:
-        if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
-        mean, var = (ops.cast(t, _dt.float32) for t in (running_mean, running_var))
-        shift = None
-    invstd = ops.unary("rsqrt", ops.binary("add", var, float(eps)))
-    y = BatchNorm.apply(D.contiguous(x3), weight, bias, mean, shift, invstd, bool(training))
+                    _lerp_(running_var, ops.binary("mul", bn_row(st, 2), n * inner / (n * inner - 1)), momentum)
+        else:
+            if running_mean is None or running_var is None:
+                raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
+            st = bn_stats(x3, weight, bias, eps, running_mean, running_var, training=False)
+    y = BatchNorm.apply(x3, weight, bias, st, bool(training))
     return D.reshape(y, input.shape)
 
 
