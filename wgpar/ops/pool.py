@@ -110,7 +110,8 @@ def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = Fal
                         in_hw: tuple[int, int] | None = None) -> Tensor:
     """Adaptive average pooling of ``x`` [N, C, H, W] to ``out_hw`` (torch's windows; shaders/adaptive_avg_pool2d.wgsl),
     or with ``backward`` the input gradient [N, C, *in_hw] for ``x`` the output's gradient [N, C, *out_hw].
-    An output of 1x1 is a mean of each plane (the row reduction: coalesced, any plane size).
+    An output of 1x1 from planes of over 1024 elements is a mean of each plane (the row reduction:
+    coalesced, a workgroup per plane; smaller planes take a thread each).
 
     Arguments:
         x: the input, or the output's gradient.
@@ -121,7 +122,7 @@ def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = Fal
     x = contiguous(x)
     n, c = x.shape[:2]
     (h, w), (oh, ow) = (in_hw if backward else x.shape[2:]), out_hw
-    if not backward and (oh, ow) == (1, 1) and h * w:
+    if not backward and (oh, ow) == (1, 1) and h * w > 1024:
         return reshape(reduce("mean", reshape(x, (n * c, h * w)), 1), (n, c, 1, 1))
     out = Tensor.empty((n, c, h, w) if backward else (n, c, oh, ow), x.dtype, x.device)
     total = out.numel()
