@@ -2,9 +2,13 @@
 // inner elements), for batch norm: the batch statistics (sum of a, then of (a - mean)^2 and
 // a - mean) and the gradient's (sum of b, of b * (a - mean)). One workgroup sums one chunk of one
 // channel into part[(c * 2 + s) * groups + chunk]; a caller with several chunks per channel adds
-// them up. {{TERM1}} and {{TERM2}} are expressions over va, vb and m (the channel's mean).
+// them up. {{TERM1}} and {{TERM2}} are expressions over va, vb and m (the channel's mean: 0, a
+// float32 [C] read at p.off_m, or mean_of(ch), filled in below: the sum of the parts of an earlier pass
+// over the count).
 // Bindings (part: f32, a, b, mean; b and mean left out where unused) and Params are declared in
 // wgpar/ops/batch_norm.py.
+
+{{FNS}}
 
 var<workgroup> r1: array<f32, WG>;
 var<workgroup> r2: array<f32, WG>;

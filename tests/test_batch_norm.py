@@ -100,6 +100,40 @@ def test_long_channels_split_into_chunks(rng):
     assert_close(bn.running_var.numpy(), 0.9 + 0.1 * x.var((0, 2), ddof=1), rtol=1e-5, atol=1e-5)
 
 
+def test_training_step_takes_few_dispatches(rng, monkeypatch, torch):
+    """A training forward is four dispatches (two statistics passes, the coefficients with the running
+    statistics' update, the output) and its backward three (was about 25 and 15: one small op per
+    per-channel formula); awkward sizes, several parts per channel, against torch."""
+    from wgpar.runtime.device import Device
+
+    calls = []
+    real = Device.dispatch
+    monkeypatch.setattr(Device, "dispatch", lambda self, k, *a, **kw: (calls.append(k.family), real(self, k, *a, **kw)))
+    x = rng.standard_normal((5, 3, 61, 67)).astype(np.float32) * 2 + 1
+    gy = rng.standard_normal(x.shape).astype(np.float32)
+    ours, theirs = nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.tensor([0.5, -1.5, 2.0]))
+        theirs.bias.copy_(torch.tensor([0.1, 0.2, -0.3]))
+    ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+    xw, xt = wgpar.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    calls.clear()
+    y = ours(xw)  # and num_batches_tracked += 1
+    assert calls[-4:] == ["batch_norm_sums", "batch_norm_sums", "batch_norm_finalize", "batch_norm_apply"], calls
+    assert len(calls) == 5, calls
+    calls.clear()
+    y.backward(wgpar.tensor(gy))
+    assert calls[:3] == ["batch_norm_sums", "batch_norm_finalize", "batch_norm_apply"], calls  # then the .grads
+    yt = theirs(xt)
+    yt.backward(torch.tensor(gy))
+    assert_close(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert_close(xw.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert_close(ours.weight.grad.numpy(), theirs.weight.grad.numpy(), rtol=1e-4, atol=1e-3)
+    assert_close(ours.bias.grad.numpy(), theirs.bias.grad.numpy(), rtol=1e-4, atol=1e-3)
+    for name in ("running_mean", "running_var"):
+        assert_close(getattr(ours, name).numpy(), getattr(theirs, name).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_nan_spreads_through_its_channel_only(rng):
     x = rng.standard_normal((4, 3, 5)).astype(np.float32)
     x[2, 1, 3] = np.nan

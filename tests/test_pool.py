@@ -125,3 +125,19 @@ def test_pool_bad_arguments_raise_clearly(call, match):
         call(wgpar.zeros(2, 3, 5, 5))
     with pytest.raises(TypeError, match=r"kernel_size must be an int or a pair"):
         F.max_pool2d(wgpar.zeros(1, 1, 4, 4), 2.5)
+
+
+@pytest.mark.parametrize("shape,out_hw", [((2, 3, 7, 10), (3, 4)), ((3, 5, 7, 7), (1, 1)), ((2, 4, 13, 11), (1, 1)),
+                                          ((2, 2, 5, 9), (5, 4)), ((1, 2, 4, 6), (6, 9)), ((2, 3, 3, 2), (7, 5)),
+                                          ((1, 3, 1, 1), (2, 3)), ((2, 2, 9, 5), (2, 1))], ids=str)
+def test_adaptive_avg_pool2d_matches_torch(shape, out_hw, rng, torch):
+    """The kernel (and the plane mean for 1x1) against torch, forward and input gradient, down and upsampling."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    ours, theirs = wgpar.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    y = F.adaptive_avg_pool2d(ours, out_hw)
+    yt = torch.nn.functional.adaptive_avg_pool2d(theirs, out_hw)
+    assert_close(y.numpy(), yt.detach().numpy(), 1e-6, 1e-6)
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    y.backward(wgpar.tensor(gy))
+    yt.backward(torch.tensor(gy))
+    assert_close(ours.grad.numpy(), theirs.grad.numpy(), 1e-6, 1e-6)

@@ -27,6 +27,16 @@ _ids = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 _local = threading.local()
 
 
+class _Edge:
+    """What a released node keeps of a non-leaf input: its producer, not the tensor (whose storage,
+    an activation, can then be freed while the graph's output is still referenced)."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+
 class Node:
     """One recorded op of the autograd graph (``grad_fn`` in torch terms): its inputs, backward function and
     saved tensors.
@@ -82,13 +92,16 @@ class Node:
 
     def release(self) -> None:
         """Drop the backward function, saved tensors and prehooks (backward does so after using the node
-        unless ``retain_graph``); the node is then marked freed."""
+        unless ``retain_graph``); the node is then marked freed. Non-leaf inputs are replaced by their
+        producers (as torch's ``next_functions``): a kept output (a list of losses) then holds no
+        activations, only the freed nodes."""
         if _hist.ACTIVE is not None:
             for t, _ in self.saved:
                 _hist.unsave(t._storage)
         self.backward_fn = None
         self.saved = ()
         self.prehooks = None
+        self.inputs = tuple(t if t is None or t._node is None else _Edge(t._node) for t in self.inputs)
         self.freed = True
 
     def __repr__(self) -> str:

@@ -13,7 +13,7 @@ from ..ops import batch_norm as bn
 from ..ops.conv import conv2d, conv2d_backward, conv_transpose2d, weight_grad
 from ..ops.dropout import dropout
 from ..ops.loss import cross_entropy_grad, cross_entropy_rows
-from ..ops.pool import avg_pool2d, max_pool2d, max_pool2d_backward
+from ..ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_backward
 from ..ops.window import Window
 from ..tensor import Tensor
 from .engine import record
@@ -129,6 +129,22 @@ def max_pool2d_with_indices(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
     return out, idx
 
 
+class AdaptiveAvgPool2d(Function):
+    """2-d adaptive average pooling of [N, C, H, W]; ``apply(x, (oh, ow))`` (``ops.pool.adaptive_avg_pool2d``)."""
+
+    name = "adaptive_avg_pool2d"
+
+    @staticmethod
+    def forward(ctx: Context, x: Tensor, out_hw: tuple[int, int]) -> Tensor:
+        ctx.hw = tuple(x.shape[2:]), out_hw
+        return adaptive_avg_pool2d(x, out_hw)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor):
+        in_hw, out_hw = ctx.hw
+        return adaptive_avg_pool2d(g, out_hw, backward=True, in_hw=in_hw), None
+
+
 class AvgPool2d(Function):
     """2-d average pooling; ``apply(x, window, count_include_pad, divisor_override)``."""
 
@@ -145,57 +161,43 @@ class AvgPool2d(Function):
 
 
 class BatchNorm(Function):
-    """Batch norm of contiguous x [N, C, inner] with given statistics: ``(x - mean - shift) * invstd * weight + bias``.
+    """Batch norm of contiguous x [N, C, inner] with given coefficients: ``(x - mean) * scale + offset``.
 
-    ``apply(x, weight, bias, mean, shift, invstd, batch_stats)``: mean, invstd and shift (or None)
-    float32 [C] (``ops.batch_norm.batch_stats``: the batch's mean is mean + shift); weight and bias
-    [C] or None. With ``batch_stats`` the statistics are x's own (training), so the input gradient
-    includes their dependence on x; otherwise they are constants (running statistics).
+    ``apply(x, weight, bias, stats, batch_stats)``: ``stats`` the float32 [6, C] rows of
+    ``ops.batch_norm.stats`` (mean, shift, variance, invstd, scale = invstd * weight, offset); weight
+    and bias [C] or None (their gradients). With ``batch_stats`` the statistics are x's own
+    (training), so the input gradient includes their dependence on x; otherwise they are constants
+    (running statistics).
     """
 
     name = "batch_norm"
 
     @staticmethod
-    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
-                shift: Tensor | None, invstd: Tensor, batch_stats: bool) -> Tensor:
-        scale = invstd if weight is None else ops.binary("mul", invstd, weight)
-        ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale, ctx.batch_stats = x, mean, shift, invstd, scale, batch_stats
+    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, stats: Tensor,
+                batch_stats: bool) -> Tensor:
+        ctx.x, ctx.stats, ctx.batch_stats = x, stats, batch_stats
         ctx.dtypes = tuple(None if t is None else t.dtype for t in (weight, bias))
         ctx.save_for_backward(x, weight)
-        offset = bias
-        if shift is not None:
-            offset = ops.binary("mul", shift, scale) if bias is None else ops.binary("sub", bias,
-                                                                                   ops.binary("mul", shift, scale))
-            offset = ops.unary("neg", offset) if bias is None else offset
-        return bn.affine(x, scale, m=mean, k3=offset)
+        return bn.affine(x, bn.row(stats, bn.SCALE), m=bn.row(stats, bn.MEAN), k3=bn.row(stats, bn.OFFSET))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
-        x, mean, shift, invstd, scale = ctx.x, ctx.mean, ctx.shift, ctx.invstd, ctx.scale
+        x, st = ctx.x, ctx.stats
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         g = ops.contiguous(g)
         gx = gw = gb = None
+        scale = bn.row(st, bn.SCALE)
         if need_w or need_b or (need_x and ctx.batch_stats):
-            sums = bn.channel_sums(x, "vb", "vb * (va - m)", b=g, mean=mean)  # sum g, sum g * (x - mean)
-            s_g, s_gx = bn.column(sums, 0), bn.column(sums, 1)
-            if shift is not None:  # sum g * (x - mean - shift)
-                s_gx = ops.binary("sub", s_gx, ops.binary("mul", s_g, shift))
+            co = bn.grad_coefficients(x, g, st, ctx.batch_stats)
             if need_w:
-                gw = _as(ops.binary("mul", s_gx, invstd), ctx.dtypes[0])
+                gw = _as(bn.row(co, bn.GW), ctx.dtypes[0])
             if need_b:
-                gb = _as(s_g, ctx.dtypes[1])
-        if need_x:
-            if ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
-                count = x.shape[0] * x.shape[2]
-                k2 = ops.binary("mul", ops.binary("mul", ops.binary("mul", scale, invstd), invstd),
-                                ops.binary("mul", s_gx, -1.0 / count))
-                k3 = ops.binary("mul", scale, ops.binary("mul", s_g, -1.0 / count))
-                if shift is not None:
-                    k3 = ops.binary("sub", k3, ops.binary("mul", shift, k2))
-                gx = bn.affine(x, k2, m=mean, k3=k3, g=g, k1=scale)
-            else:
-                gx = bn.affine(g, scale)
-        return gx, gw, gb, None, None, None, None
+                gb = _as(bn.row(co, bn.GB), ctx.dtypes[1])
+            if need_x and ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
+                gx = bn.affine(x, bn.row(co, bn.K2), m=bn.row(st, bn.MEAN), k3=bn.row(co, bn.K3), g=g, k1=scale)
+        if need_x and gx is None:
+            gx = bn.affine(g, scale)
+        return gx, gw, gb, None, None
 
 
 def _as(t: Tensor, dtype: _dt.DType) -> Tensor:

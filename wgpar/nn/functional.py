@@ -15,6 +15,7 @@ from ..autograd.autocast_mode import is_autocast_enabled
 from ..autograd.engine import record
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.nn_ops import (
+    AdaptiveAvgPool2d,
     AvgPool2d,
     BatchNorm,
     Conv2d,
@@ -23,10 +24,12 @@ from ..autograd.nn_ops import (
     Dropout,
     max_pool2d_with_indices,
 )
-from ..ops.batch_norm import batch_stats
+from ..ops.batch_norm import row as bn_row
+from ..ops.batch_norm import stats as bn_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
 from ..ops.loss import class_targets
+from ..ops.pool import adaptive_fits
 from ..ops.window import pair, window
 from ..tensor import Tensor, check_same_device
 
@@ -434,7 +437,9 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     """Average pooling of ``input`` [N, C, H, W] (or [C, H, W]) to ``output_size`` (an int, or a pair whose
     None entries keep the input's size), as ``torch.nn.functional.adaptive_avg_pool2d``: output row i
     averages input rows ``floor(i * H / H_out)`` to ``ceil((i + 1) * H / H_out)``, and so for columns.
-    Runs as two matmuls with the (host-built) averaging matrices, so the gradient is their transpose."""
+    One thread per output (an output of 1x1 from large planes: a mean of each plane), the gradient one thread per input
+    element (``ops.pool.adaptive_avg_pool2d``); windows past the loop limit run as two matmuls with
+    the (host-built) averaging matrices."""
     x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
     sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
     if len(sizes) != 2:
@@ -442,6 +447,10 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     out_hw = tuple(n if s is None else s for n, s in zip(x.shape[2:], sizes))
     if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
         raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
+    out_hw = (int(out_hw[0]), int(out_hw[1]))
+    if adaptive_fits(tuple(x.shape[2:]), out_hw) and x.numel():
+        y = AdaptiveAvgPool2d.apply(x, out_hw)
+        return D.squeeze(y, 0) if unbatched else y
     rows, cols = (_averaging(n, int(m), x.dtype, x.device) for n, m in zip(x.shape[2:], out_hw))
     y = D.matmul(D.matmul(rows, x), D.transpose(cols, 0, 1))
     return D.squeeze(y, 0) if unbatched else y
@@ -486,25 +495,26 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                              f"({c} channels)")
     check_same_device(input, *(t for t in (running_mean, running_var, weight, bias) if t is not None), op="batch_norm")
     inner = input.numel() // (n * c) if n * c else 0
-    x3 = D.reshape(input, (n, c, inner))
-    if training:
-        if n * inner <= 1:
-            raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
-                             f"shape {input.shape}")
-        mean, shift, var = batch_stats(ops.contiguous(x3))
-        if running_mean is not None or running_var is not None:
-            with no_grad():
+    x3 = D.contiguous(D.reshape(input, (n, c, inner)))
+    with no_grad():
+        if training:
+            if n * inner <= 1:
+                raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
+                                 f"shape {input.shape}")
+            running = [t for t in (running_mean, running_var) if t is not None]
+            fused = bool(running) and not isinstance(momentum, Tensor) and all(
+                t.dtype is _dt.float32 and t.is_contiguous() for t in running)
+            st = bn_stats(x3, weight, bias, eps, running_mean, running_var, float(momentum) if fused else None)
+            if running and not fused:
                 if running_mean is not None:
-                    _lerp_(running_mean, ops.binary("add", mean, shift), momentum)
+                    _lerp_(running_mean, ops.binary("add", bn_row(st, 0), bn_row(st, 1)), momentum)
                 if running_var is not None:
-                    _lerp_(running_var, ops.binary("mul", var, n * inner / (n * inner - 1)), momentum)
-    else:
-        if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
-        mean, var = (ops.cast(t, _dt.float32) for t in (running_mean, running_var))
-        shift = None
-    invstd = ops.unary("rsqrt", ops.binary("add", var, float(eps)))
-    y = BatchNorm.apply(D.contiguous(x3), weight, bias, mean, shift, invstd, bool(training))
+                    _lerp_(running_var, ops.binary("mul", bn_row(st, 2), n * inner / (n * inner - 1)), momentum)
+        else:
+            if running_mean is None or running_var is None:
+                raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
+            st = bn_stats(x3, weight, bias, eps, running_mean, running_var, training=False)
+    y = BatchNorm.apply(x3, weight, bias, st, bool(training))
     return D.reshape(y, input.shape)
 
 

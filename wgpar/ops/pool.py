@@ -9,9 +9,11 @@ each output's index in its plane (int32), as ``torch.nn.functional.max_pool2d`` 
 from __future__ import annotations
 
 from .. import dtypes as _dt
-from ..runtime.kernels import WORKGROUP, Kernel, grid, load_source
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, grid, load_source
 from ..tensor import Tensor
 from .elementwise import contiguous
+from .reduce import reduce
+from .shape import reshape
 from .window import Window
 
 _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, " \
@@ -85,4 +87,49 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
                       _AVG.pack(total=total, off_x=x._offset, include_pad=int(count_include_pad),
                                 divisor=divisor_override or 0, **win.params()),
                       _groups(total, x.device))
+    return out
+
+
+_ADAPTIVE = Kernel("adaptive_avg_pool2d", "out: w, x: r", "total: u32, off_x: u32, h: u32, w: u32, oh: u32, ow: u32")
+
+
+def adaptive_window(n: int, m: int) -> int:
+    """The most input rows one of torch's adaptive windows covers, pooling ``n`` rows to ``m``."""
+    return max(-(-(i + 1) * n // m) - (i * n) // m for i in range(m))
+
+
+def adaptive_fits(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> bool:
+    """Whether the adaptive kernels' loops (a window forward, the windows over an input element backward)
+    stay within MAX_LOOP (an output of 1x1 runs as a reduction forward)."""
+    (h, w), (oh, ow) = in_hw, out_hw
+    fwd = (oh, ow) == (1, 1) or adaptive_window(h, oh) * adaptive_window(w, ow) <= MAX_LOOP
+    return fwd and (-(-oh // max(h, 1)) + 1) * (-(-ow // max(w, 1)) + 1) <= MAX_LOOP
+
+
+def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = False,
+                        in_hw: tuple[int, int] | None = None) -> Tensor:
+    """Adaptive average pooling of ``x`` [N, C, H, W] to ``out_hw`` (torch's windows; shaders/adaptive_avg_pool2d.wgsl),
+    or with ``backward`` the input gradient [N, C, *in_hw] for ``x`` the output's gradient [N, C, *out_hw].
+    An output of 1x1 from planes of over 1024 elements is a mean of each plane (the row reduction:
+    coalesced, a workgroup per plane; smaller planes take a thread each).
+
+    Arguments:
+        x: the input, or the output's gradient.
+        out_hw: the output's (rows, columns).
+        backward: compute the input gradient.
+        in_hw: the input's (rows, columns), with ``backward``.
+    """
+    x = contiguous(x)
+    n, c = x.shape[:2]
+    (h, w), (oh, ow) = (in_hw if backward else x.shape[2:]), out_hw
+    if not backward and (oh, ow) == (1, 1) and h * w > 1024:
+        return reshape(reduce("mean", reshape(x, (n * c, h * w)), 1), (n, c, 1, 1))
+    out = Tensor.empty((n, c, h, w) if backward else (n, c, oh, ow), x.dtype, x.device)
+    total = out.numel()
+    if total:
+        k = _ADAPTIVE.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage,
+                           BACKWARD="true" if backward else "false")
+        x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
+                          _ADAPTIVE.pack(total=total, off_x=x._offset, h=h, w=w, oh=oh, ow=ow),
+                          _groups(total, x.device))
     return out

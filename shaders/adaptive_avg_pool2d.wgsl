@@ -1,0 +1,48 @@
+// Adaptive average pooling of contiguous [N * C planes, H, W] to [oh, ow], torch's windows: output
+// row i averages input rows floor(i H / oh) .. ceil((i + 1) H / oh) - 1 (columns likewise).
+// BACKWARD=false: one thread per output element averages its window of x. BACKWARD=true: x is the
+// output's gradient and one thread per input element sums g / window size over the windows holding
+// it: output rows floor(h oh / H) .. ceil((h + 1) oh / H) - 1 (no atomics, a fixed order).
+// Bindings (out, x: arrays of T) and Params are declared in wgpar/ops/pool.py.
+
+const BACKWARD: bool = {{BACKWARD}};
+
+fn lo(i: u32, n: u32, m: u32) -> u32 { return (i * n) / m; }
+fn hi(i: u32, n: u32, m: u32) -> u32 { return ((i + 1u) * n + m - 1u) / m; }
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x + gid.y * nwg.x * WG;
+  if (i >= p.total) { return; }
+  var acc = 0.0;
+  if (!BACKWARD) {
+    let ow = i % p.ow;
+    let oh = (i / p.ow) % p.oh;
+    let base = p.off_x + (i / (p.ow * p.oh)) * p.h * p.w;
+    let h0 = lo(oh, p.h, p.oh);
+    let h1 = hi(oh, p.h, p.oh);
+    let w0 = lo(ow, p.w, p.ow);
+    let w1 = hi(ow, p.w, p.ow);
+    for (var h = h0; h < h1; h = h + 1u) {
+      for (var w = w0; w < w1; w = w + 1u) {
+        acc = acc + f32(x[base + h * p.w + w]);
+      }
+    }
+    out[i] = {{T}}(acc / f32((h1 - h0) * (w1 - w0)));
+    return;
+  }
+  let w = i % p.w;
+  let h = (i / p.w) % p.h;
+  let out0 = p.off_x + (i / (p.w * p.h)) * p.oh * p.ow;
+  let oh1 = min(((h + 1u) * p.oh + p.h - 1u) / p.h, p.oh);
+  let ow0 = (w * p.ow) / p.w;
+  let ow1 = min(((w + 1u) * p.ow + p.w - 1u) / p.w, p.ow);
+  for (var oh = (h * p.oh) / p.h; oh < oh1; oh = oh + 1u) {
+    let rows = f32(hi(oh, p.h, p.oh) - lo(oh, p.h, p.oh));
+    for (var ow = ow0; ow < ow1; ow = ow + 1u) {
+      let size = rows * f32(hi(ow, p.w, p.ow) - lo(ow, p.w, p.ow));
+      acc = acc + f32(x[out0 + oh * p.ow + ow]) / size;
+    }
+  }
+  out[i] = {{T}}(acc);
+}
