@@ -53,8 +53,11 @@ def test_defaults_are_variants_tiles():
 @pytest.mark.parametrize("name", sorted(A.RT_VARIANTS))
 def test_variant_matches(name, causal, rng, reference):
     lanes = _lanes()
-    d = _head_dim(name) // 2
+    d = _head_dim(name)
     dev = wgpar.device(0)
+    with A.variant(name, lanes):
+        if any(A.pick(kind, dev, d) is None for kind in A.KINDS):
+            d //= 2  # the tiles need more workgroup memory than the device has (lavapipe: 32 KiB)
     for shapes in (((2, 2, 70, d), (2, 2, 45, d)), ((1, 2, 37, d), (1, 2, 100, d))):
         arrays = _problem(*shapes, rng)
         with A.variant(name, lanes):
