@@ -106,8 +106,11 @@ def timed_mpi(group, fn, repeat: int, gpu: bool = True) -> float:
 
 
 # The phases of one all-reduce, as the profiler records them (wgpar.runtime.profiling spans).
+# "host step": the MPI backend's pipelined step inside one host (a chunk's reduction, the previous chunk's
+# copy out of shared memory and the next one's copy in, at once on the host pool); the copies in and out
+# outside the steps are the first chunk's and the last one's.
 PHASES = ("device -> staging", "map wait", "header exchange", "copy into shared memory", "host barrier",
-          "host reduce", "copy out of shared memory", "leaders' step", "rendezvous",
+          "host step", "host reduce", "copy out of shared memory", "leaders' step", "rendezvous",
           "host copy", "upload buffer wait", "staging -> device")
 
 

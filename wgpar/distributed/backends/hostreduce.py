@@ -21,6 +21,7 @@ from ...dtypes import DType
 from ...runtime.transfer import host_pool
 
 BLOCK = 1 << 20  # elements per block: a worker's scratch block stays in its cache
+MIN_BLOCK = 1 << 14  # the fewest items per block when a job is split over the pool's workers
 _scratch = threading.local()
 
 
@@ -47,13 +48,13 @@ Task = Callable[[], None]
 
 def blocks(n: int, block: int, workers: int = 0, align: int = 16) -> list[tuple[int, int]]:
     """``[0, n)`` as ``(a, b)`` blocks of at most ``block`` items; with ``workers``, of about ``n / workers``
-    items instead where that is smaller (at least ``align`` * 64 items, block starts multiples of
-    ``align``), so that one job of a few blocks still spreads over the pool."""
+    items instead where that is smaller (but at least MIN_BLOCK: a task costs tens of microseconds), so
+    that one job of a few blocks still spreads over the pool. Block starts are multiples of ``align``."""
     if n <= 0:
         return []
     size = block if block > 0 else BLOCK
     if workers > 1:
-        size = min(size, max(align * 64, -(-n // workers)))
+        size = min(size, max(MIN_BLOCK, -(-n // workers)))
     size = max(align, -(-size // align) * align)
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 

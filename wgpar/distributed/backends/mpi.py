@@ -429,15 +429,16 @@ class MPIGroup(StagedGroup):
         self._count(d2h=t.nbytes)
         return rb
 
-    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None) -> ChunkedUpload:
-        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk."""
+    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None, depth: int = 3) -> ChunkedUpload:
+        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk, through a ring of ``depth``
+        upload buffers."""
         buf, base = target._storage.buffer, byte_offset(target)
 
         def copies(j: int, start: int, end: int):
             return [(0, buf, base + start, round4(end - start))]
 
         return ChunkedUpload(self._pool, target.nbytes, self.chunk, item or host_dtype(target.dtype), copies,
-                             self._timeout, what)
+                             self._timeout, what, depth)
 
     # -- the data movers ------------------------------------------------------------------
     def _chunk_elems(self, n: int) -> int:
@@ -725,7 +726,9 @@ class MPIGroup(StagedGroup):
         n, dtype = tensor.numel(), tensor.dtype
 
         def body(_):
-            up = self._upload(target, kind)
+            # Four buffers: a step writes chunk i and finishes chunk i - 1, so a buffer comes back for chunk
+            # i + 1 a whole step after its commit (with three, right after it: the upload buffer wait).
+            up = self._upload(target, kind, depth=4)
             self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
 
