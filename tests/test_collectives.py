@@ -315,3 +315,13 @@ def test_finish_tasks_waits_for_every_task_then_raises_the_first_error():
     with pytest.raises(MemoryError, match="injected"):
         hostreduce.finish_tasks(hostreduce.submit_tasks([bad, slow, slow]))
     assert done == [1, 1]  # nobody still writes into buffers the caller gives back
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 8, 9, 24, 25])
+def test_bundle_runs_every_task_once_in_at_most_n_tasks(count):
+    ran = []
+    tasks = [lambda k=k: ran.append(k) for k in range(count)]
+    bundled = hostreduce.bundle(tasks, 8)
+    assert len(bundled) == min(count, 8)
+    hostreduce.run_tasks(bundled)
+    assert sorted(ran) == list(range(count))

@@ -21,7 +21,7 @@ from ...dtypes import DType
 from ...runtime.transfer import host_pool
 
 BLOCK = 1 << 20  # elements per block: a worker's scratch block stays in its cache
-MIN_BLOCK = 1 << 14  # the fewest items per block when a job is split over the pool's workers
+MIN_BLOCK = 1 << 16  # the fewest items per block when a job is split over the pool's workers (a task costs ~20 us)
 _scratch = threading.local()
 
 
@@ -104,6 +104,21 @@ def copy_tasks(dst: np.ndarray, src: np.ndarray, divide: float | None = None, bl
             np.divide(src[a:b], divide, out=dst[a:b], casting="unsafe")
 
     return [partial(run_block, a, b) for a, b in blocks(len(src), block, workers)]
+
+
+def _run_all(tasks: Sequence[Task]) -> None:
+    for t in tasks:
+        t()
+
+
+def bundle(tasks: Sequence[Task], n: int) -> list[Task]:
+    """At most ``n`` tasks that run ``tasks`` (task k: tasks k, k + n, ...; jobs split into about ``n``
+    blocks each thus give every task one block of each job). Fewer, larger tasks for the pool: each
+    task costs its worker the GIL for its bookkeeping, and with many workers on small blocks the GIL,
+    not memory, becomes the limit."""
+    if n < 1 or len(tasks) <= n:
+        return list(tasks)
+    return [partial(_run_all, tasks[k::n]) for k in range(n)]
 
 
 def submit_tasks(tasks: Sequence[Task]) -> list[Future]:

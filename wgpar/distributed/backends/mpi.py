@@ -65,6 +65,7 @@ from ..group import DEFAULT_TIMEOUT, check_agreement, check_reduce_op, split_siz
 from .chunked import ChunkedReadback, ChunkedUpload
 from .common import Progress, byte_offset, check_timeout, kind_name, round4
 from .hostreduce import (
+    bundle,
     check_reducible,
     copy_into,
     copy_tasks,
@@ -549,16 +550,16 @@ class MPIGroup(StagedGroup):
             s0, s1 = share(0)
             with profiling.span("copy into shared memory", "collective", rank=rank,
                                 bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
-                run_tasks(copy_in(0, mine))
+                run_tasks(bundle(copy_in(0, mine), W))
             self._host_barrier(what)
         for i in range(len(chunks)):
             with profiling.span("host step", "collective", rank=rank):
-                futures = submit_tasks(reduce(i, mine) + (copy_out(i - 1) if gather and i > 0 else []))
+                futures = submit_tasks(bundle(reduce(i, mine) + (copy_out(i - 1) if gather and i > 0 else []), W))
                 try:
                     nxt = None
                     if i + 1 < len(chunks):
                         nxt = mapped(i + 1)  # the map is awaited while the pool works on step i
-                        futures += submit_tasks(copy_in(i + 1, nxt))
+                        futures += submit_tasks(bundle(copy_in(i + 1, nxt), W))
                 finally:
                     finish_tasks(futures)
             del futures
@@ -568,7 +569,7 @@ class MPIGroup(StagedGroup):
                 self._host_barrier(what)
         if gather:
             with profiling.span("copy out of shared memory", "collective", rank=rank):
-                run_tasks(copy_out(len(chunks) - 1))
+                run_tasks(bundle(copy_out(len(chunks) - 1), W))
             up.advance((hi - lo) * isz)
 
     def _reduce_hosts(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
