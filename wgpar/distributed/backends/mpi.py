@@ -475,8 +475,9 @@ class MPIGroup(StagedGroup):
         while the pool works), then meets the others at the next barrier. One barrier per step suffices,
         as it did per chunk: step i writes half i % 2's result slot and half (i + 1) % 2's input slot,
         which the others last read in steps i - 1 (chunk i - 2's results) and i - 1 (chunk i - 1's
-        inputs), and it reads half (i - 1) % 2's result slot, written in step i - 1. The reduction itself
-        is ``reduce_into``'s, blocks of the same elements in the same rank order: the same bits."""
+        inputs), and it reads half (i - 1) % 2's result slot, written in step i - 1. The upload chunks a
+        step finished are committed while the next step's tasks run. The reduction itself is
+        ``reduce_into``'s, blocks of the same elements in the same rank order: the same bits."""
         hdt = host_dtype(dtype)
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
@@ -552,10 +553,12 @@ class MPIGroup(StagedGroup):
                                 bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
                 run_tasks(bundle(copy_in(0, mine), W))
             self._host_barrier(what)
+        complete = 0  # upload bytes the steps so far finished: committed while the next step runs
         for i in range(len(chunks)):
             with profiling.span("host step", "collective", rank=rank):
                 futures = submit_tasks(bundle(reduce(i, mine) + (copy_out(i - 1) if gather and i > 0 else []), W))
                 try:
+                    up.advance(complete)  # the GPU copies of what the last step finished start now
                     nxt = None
                     if i + 1 < len(chunks):
                         nxt = mapped(i + 1)  # the map is awaited while the pool works on step i
@@ -564,9 +567,10 @@ class MPIGroup(StagedGroup):
                     finish_tasks(futures)
             del futures
             mine = nxt
-            up.advance(done(i))
+            complete = done(i)
             if L > 1 and (gather or i + 1 < len(chunks)):
                 self._host_barrier(what)
+        up.advance(complete)
         if gather:
             with profiling.span("copy out of shared memory", "collective", rank=rank):
                 run_tasks(bundle(copy_out(len(chunks) - 1), W))
@@ -727,8 +731,8 @@ class MPIGroup(StagedGroup):
         n, dtype = tensor.numel(), tensor.dtype
 
         def body(_):
-            # Four buffers: a step writes chunk i and finishes chunk i - 1, so a buffer comes back for chunk
-            # i + 1 a whole step after its commit (with three, right after it: the upload buffer wait).
+            # Four buffers: step i writes chunk i, finishes chunk i - 1 and commits chunk i - 2 (finished by
+            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before.
             up = self._upload(target, kind, depth=4)
             self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
