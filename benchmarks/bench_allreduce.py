@@ -106,8 +106,11 @@ def timed_mpi(group, fn, repeat: int, gpu: bool = True) -> float:
 
 
 # The phases of one all-reduce, as the profiler records them (wgpar.runtime.profiling spans).
+# "host step": the MPI backend's pipelined step inside one host (a chunk's reduction, the previous chunk's
+# copy out of shared memory and the next one's copy in, at once on the host pool); the copies in and out
+# outside the steps are the first chunk's and the last one's.
 PHASES = ("device -> staging", "map wait", "header exchange", "copy into shared memory", "host barrier",
-          "host reduce", "copy out of shared memory", "leaders' step", "rendezvous",
+          "host step", "host reduce", "copy out of shared memory", "leaders' step", "rendezvous",
           "host copy", "upload buffer wait", "staging -> device")
 
 
@@ -136,11 +139,13 @@ def phase_times(fn, repeat: int, sync) -> dict[str, float]:
     return out
 
 
-def memcpy_time(group, nbytes: int, repeat: int) -> float:
-    """Median seconds for every process to copy ``nbytes`` between host arrays at once, on the host pool
-    (the same parallelism as the shared-memory reduction)."""
+def memcpy_time(group, nbytes: int, repeat: int) -> tuple[float, float]:
+    """Median seconds for every process to copy ``nbytes`` between host arrays at once: on the host pool
+    (the same parallelism as the shared-memory reduction: the reference of the target), and as one
+    ``np.copyto`` on one thread."""
     src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    return timed_mpi(group, lambda: copy_into(dst, src, block=4 << 20), repeat, gpu=False)
+    pooled = timed_mpi(group, lambda: copy_into(dst, src, block=4 << 20), repeat, gpu=False)
+    return pooled, timed_mpi(group, lambda: np.copyto(dst, src), repeat, gpu=False)
 
 
 def measure_mpi(group, mb: float, repeat: int, profile: bool) -> tuple[list[str], dict]:
@@ -156,7 +161,7 @@ def measure_mpi(group, mb: float, repeat: int, profile: bool) -> tuple[list[str]
     t_proc = timed_mpi(group, lambda: all_reduce_all(group, ts), repeat)
     phases = {"processes": MPI.COMM_WORLD.gather(phase_times(lambda: all_reduce_all(group, ts), max(1, repeat),
                                                              group.device.synchronize) if profile else {})}
-    t_copy = memcpy_time(group, nbytes, repeat)
+    t_copy, t_copy1 = memcpy_time(group, nbytes, repeat)
     host = np.full(nbytes // 4, 1, np.float32)
     # The shared-memory reduction alone: the same path on host arrays (no device copies).
     shm = timed_mpi(group, lambda: group.host_all_reduce(host, "sum"), repeat, gpu=False)
@@ -178,6 +183,7 @@ def measure_mpi(group, mb: float, repeat: int, profile: bool) -> tuple[list[str]
     group.barrier()  # polls with sleeps: the waiting processes leave the cores to rank 0's threads
     row += [f"{t_thr * 1e3:.2f}", f"{nbytes / t_thr / 1e9:.2f}", f"{t_proc / t_thr:.2f}",
             f"{nbytes / shm / 1e9:.2f}", f"{nbytes / t_copy / 1e9:.2f}", f"{t_copy / shm:.2f}",
+            f"{nbytes / t_copy1 / 1e9:.2f}",
             f"{t_mpi * 1e3:.2f}", f"{nbytes / t_mpi / 1e9:.2f}"]
     if group.num_hosts > 1:  # the leaders' step inside the all-reduce vs MPI's Iallreduce among the leaders
         leaders = group.leaders
@@ -231,7 +237,8 @@ def main_mpi(args) -> None:
         return
     header = ["MiB", "processes ms", "processes GB/s", "threads ms", "threads GB/s",
               "processes / threads (target <= 1.1)", "shm reduction GB/s", "host memcpy GB/s",
-              "shm reduction / memcpy (target >= 0.7)", "MPI Allreduce (host) ms", "MPI Allreduce GB/s"]
+              "shm reduction / memcpy (target >= 0.7)", "memcpy on one thread GB/s", "MPI Allreduce (host) ms",
+              "MPI Allreduce GB/s"]
     hosts = ""
     if group.num_hosts > 1:
         header += ["MPI Iallreduce among leaders ms", "leaders' step in the all-reduce ms", "ratio (target <= 1.3)"]
@@ -246,7 +253,9 @@ def main_mpi(args) -> None:
             f"process; MPI Allreduce sums host arrays of the same size (no GPU copies). The shared-memory "
             f"reduction is the backend's all-reduce of a host array of the same size (`host_all_reduce`: the "
             f"path a tensor takes once on the host, without the device copies); host memcpy is every process "
-            f"copying the same bytes at once on its host pool.\n\n{table}\n" + "".join(f"\n{t}" for t in tables))
+            f"copying the same bytes at once on its host pool (its share of the host's cores: the target's "
+            f"reference), next to the same copy as one np.copyto on one thread.\n\n{table}\n"
+            + "".join(f"\n{t}" for t in tables))
     print(body)
     _report.finish(args, f"allreduce_mpi:{_report.slug(name)}:{group.num_hosts}-host", body)
 

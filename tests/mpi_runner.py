@@ -200,7 +200,32 @@ def check_host_all_reduce(group, seed):
             np.testing.assert_array_equal(got, conformance._fold(data, op), err_msg=f"{op} {np.dtype(dtype)} n={n}")
 
 
-MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce]
+def check_pipelined_steps(group, seed):
+    """The one-host pipeline (reduce chunk i, copy chunk i - 1 out and chunk i + 1 in, in one step) at
+    awkward sizes (the tests run with 64 KiB chunks: 16384 elements): one element, fewer elements than
+    ranks, one chunk and one more element, a chunk boundary, many chunks with a short last one; bit for
+    bit the rank-order reduction, for all_reduce (tensors and host arrays) and reduce_scatter_into
+    (each rank's range crossing chunks), float32 and float16."""
+    world, r = group.world_size, group.rank
+    E = 16384
+    for n in (1, world - 1 or 1, E - 1, E + 1, 2 * E, 5 * E - 3):
+        for dtype, op in ((np.float32, "sum"), (np.float32, "mean"), (np.float16, "sum")):
+            data = [conformance._data(seed + n, k, (n,), "f").astype(dtype) for k in range(world)]
+            want = conformance._fold(data, op)
+            np.testing.assert_array_equal(group.host_all_reduce(data[r].copy(), op), want, err_msg=f"host {n} {op}")
+            if dtype == np.float16 and not group.device.has_f16:
+                continue
+            t = wgpar.tensor(data[r], device=group.device, dtype=np.dtype(dtype).name)
+            group.all_reduce(t, op)
+            np.testing.assert_array_equal(t.numpy(), want, err_msg=f"all_reduce {n} {np.dtype(dtype)} {op}")
+        m = n + 3  # each rank's range of a reduce_scatter: chunk boundaries fall inside the ranges
+        data = [conformance._data(seed + m, k, (world * m,), "f") for k in range(world)]
+        out = wgpar.empty(m, device=group.device)
+        group.reduce_scatter_into(out, wgpar.tensor(data[r], device=group.device), "sum")
+        np.testing.assert_array_equal(out.numpy(), conformance._fold(data, "sum")[r * m:(r + 1) * m], err_msg=f"rs {m}")
+
+
+MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps]
 
 
 def conformance_program(group, seed: int) -> dict:
@@ -246,6 +271,13 @@ def fault_program(group, mode: str, token: str) -> None:
         if mode in ("skip", "nosend"):
             time.sleep(600)
             return None
+        if mode == "stall":  # stop inside the next all-reduce, past its header exchange (the pool never starts)
+            from wgpar.distributed.backends import mpi as _mpi
+
+            def stalled(tasks):
+                time.sleep(600)
+
+            _mpi.submit_tasks = stalled
     try:
         if mode == "nosend":  # rank 0 waits for a message rank 1 never sends
             group.recv(None, 1, tag=7)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import wgpar
@@ -257,3 +258,70 @@ def test_an_async_collective_does_not_keep_its_input_alive(method):
 
     results = run_spmd(f, 2, timeout=30)
     assert results[0] == (True, True)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 15, 16, 17, 1023, hostreduce.MIN_BLOCK, hostreduce.MIN_BLOCK + 1,
+                               3 * hostreduce.MIN_BLOCK + 5, 9 * hostreduce.MIN_BLOCK - 1, hostreduce.BLOCK + 3])
+@pytest.mark.parametrize("workers", [0, 1, 3, 8])
+def test_blocks_cover_every_element_once(n, workers):
+    """The host pool's split of a job (the MPI backend's steps split every copy and reduction this way):
+    contiguous, in order, nothing dropped or repeated, at most ``block`` items, starts aligned; sizes
+    smaller than the worker count and single elements give one block."""
+    block = 4 * hostreduce.MIN_BLOCK
+    got = hostreduce.blocks(n, block, workers)
+    assert [a for a, _ in got] == sorted({a for a, _ in got})
+    assert sum(b - a for a, b in got) == n and (not got or (got[0][0] == 0 and got[-1][1] == n))
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(got, got[1:]))
+    assert all(b - a <= block and a % 16 == 0 for a, b in got)
+    if n <= hostreduce.MIN_BLOCK:
+        assert len(got) == (1 if n else 0)
+    if workers > 1:  # a large job spreads over the pool, in blocks of at least MIN_BLOCK
+        assert len(got) >= min(workers, n // hostreduce.MIN_BLOCK, -(-n // block))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("n", [1, 3, 1000, 70_001])
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_reduce_and_copy_tasks_match_one_call_bit_for_bit(dtype, n, op):
+    """Tasks of awkward sizes, run in any order, give the bits of one reduction over the whole arrays
+    (each element's ranks are folded in the same order whatever the split); copy tasks divide for mean."""
+    if op == "mean" and dtype == np.int32:
+        pytest.skip("mean needs floats")
+    rng = np.random.default_rng(n)
+    parts = [rng.uniform(-1, 1, n).astype(dtype) if dtype != np.int32 else rng.integers(-99, 99, n, dtype=dtype)
+             for _ in range(3)]
+    want = conformance._fold(parts, op)
+    acc_dtype = np.float32 if dtype == np.float16 else dtype
+    out, acc = np.zeros(n, dtype), np.zeros(n, acc_dtype)
+    tasks = hostreduce.reduce_tasks(parts, [out], op, block=4096, acc=acc, workers=5)
+    hostreduce.finish_tasks(hostreduce.submit_tasks(tasks[::-1]))
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(acc.astype(dtype), want)
+    copied = np.zeros(n, dtype)
+    hostreduce.run_tasks(hostreduce.copy_tasks(copied, acc, divide=2.0 if dtype != np.int32 else None, workers=5))
+    np.testing.assert_array_equal(copied, (acc / 2).astype(dtype) if dtype != np.int32 else want)
+
+
+def test_finish_tasks_waits_for_every_task_then_raises_the_first_error():
+    done = []
+
+    def slow():
+        time.sleep(0.2)
+        done.append(1)
+
+    def bad():
+        raise MemoryError("injected")
+
+    with pytest.raises(MemoryError, match="injected"):
+        hostreduce.finish_tasks(hostreduce.submit_tasks([bad, slow, slow]))
+    assert done == [1, 1]  # nobody still writes into buffers the caller gives back
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 8, 9, 24, 25])
+def test_bundle_runs_every_task_once_in_at_most_n_tasks(count):
+    ran = []
+    tasks = [lambda k=k: ran.append(k) for k in range(count)]
+    bundled = hostreduce.bundle(tasks, 8)
+    assert len(bundled) == min(count, 8)
+    hostreduce.run_tasks(bundled)
+    assert sorted(ran) == list(range(count))

@@ -197,13 +197,15 @@ FAULTS = {  # rank 1's misbehaviour -> processes (fewer where a third adds nothi
     # (on a loaded machine a slow rank 2 may be missing too when the first timeout fires)
     "skip": (3, r"rank\(s\) \[1(, 2)?\] did not arrive within 3 s"),
     "nosend": (2, re.escape("recv on rank 0: no message from rank 1 (tag 7) within 3 s")),
+    # rank 1 stops inside the all-reduce, past its header exchange: the others time out in the host barrier
+    "stall": (3, re.escape("rank(s) [1] of this host stopped inside the collective for 3 s")),
 }
 TIMEOUT = 3  # the jobs' collective timeout
 
 
 def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
-    """Rank 1 raises / calls sys.exit / leaves its program early / never calls the collective, while
-    ranks 0 and 2 wait in an all-reduce (or never sends what rank 0 waits for): every other rank
+    """Rank 1 raises / calls sys.exit / leaves its program early / never calls the collective / stops inside
+    it, while ranks 0 and 2 wait in an all-reduce (or never sends what rank 0 waits for): every other rank
     raises an error naming rank 1, mpiexec returns non-zero within the timeout of the ranks being up
     (nobody waits for the acknowledgement of a rank that never arrived; a slack for a loaded machine),
     and no process of the job is left. The jobs run at once."""
@@ -217,7 +219,7 @@ def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
             lines = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
             assert lines, f"{mode}: rank {r} did not raise\n{out}\n{err[-4000:]}"
             assert re.search(pattern, lines[0]), f"{mode}, rank {r}: {lines[0]}"
-        sleeps = mode in ("skip", "nosend")  # rank 1 sleeps until the abort ends it
+        sleeps = mode in ("skip", "nosend", "stall")  # rank 1 sleeps until the abort ends it
         if not sleeps:  # rank 1 reports its own failure too
             assert f"wgpar: rank 1 of {n} failed" in err, (mode, err[-4000:])
         up = max(float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("UP "))

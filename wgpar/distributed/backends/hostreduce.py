@@ -11,7 +11,9 @@ pool (NumPy releases the GIL): one core cannot keep up with PCIe.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from functools import partial
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from ...dtypes import DType
 from ...runtime.transfer import host_pool
 
 BLOCK = 1 << 20  # elements per block: a worker's scratch block stays in its cache
+MIN_BLOCK = 1 << 16  # the fewest items per block when a job is split over the pool's workers (a task costs ~20 us)
 _scratch = threading.local()
 
 
@@ -40,22 +43,31 @@ def _ufunc(op: str, is_bool: bool):
     return {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
 
 
-def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
-                block: int = BLOCK, acc: np.ndarray | None = None) -> None:
-    """Reduce equal-length ``parts`` elementwise and write the result into every array of ``targets``.
+Task = Callable[[], None]
 
-    float16 accumulates in float32; NaN propagates (np.maximum / np.minimum / np.add do). ``block``
-    (at most BLOCK) elements per task on the host pool. ``acc``: cached memory of the accumulation
-    dtype (float32 for float16 parts) that receives the result too: the reduction accumulates in it
-    instead of a scratch block (the same operations, so the same bits).
-    """
+
+def blocks(n: int, block: int, workers: int = 0, align: int = 16) -> list[tuple[int, int]]:
+    """``[0, n)`` as ``(a, b)`` blocks of at most ``block`` items; with ``workers``, of about ``n / workers``
+    items instead where that is smaller (but at least MIN_BLOCK: a task costs tens of microseconds), so
+    that one job of a few blocks still spreads over the pool. Block starts are multiples of ``align``."""
+    if n <= 0:
+        return []
+    size = block if block > 0 else BLOCK
+    if workers > 1:
+        size = min(size, max(MIN_BLOCK, -(-n // workers)))
+    size = max(align, -(-size // align) * align)
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def reduce_tasks(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
+                 block: int = BLOCK, acc: np.ndarray | None = None, workers: int = 0) -> list[Task]:
+    """The blocks of ``reduce_into`` as tasks (run them with ``run_tasks``; any order, any thread)."""
     n = len(parts[0]) if parts else 0
     if n == 0:
-        return
+        return []
     fn = _ufunc(op, is_bool)
     world = len(parts)
     acc_dtype = np.dtype(np.float32) if parts[0].dtype == np.float16 else parts[0].dtype
-
     out = acc
 
     def run_block(a: int, b: int) -> None:
@@ -79,29 +91,79 @@ def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: 
         for t in targets:
             np.copyto(t[a:b], acc, casting="unsafe")
 
-    block = min(block, BLOCK)
-    blocks = [(a, min(a + block, n)) for a in range(0, n, block)]
-    if len(blocks) == 1:
-        run_block(*blocks[0])
-        return
-    for f in [host_pool().submit(run_block, a, b) for a, b in blocks]:
-        f.result()
+    return [partial(run_block, a, b) for a, b in blocks(n, min(block, BLOCK), workers)]
 
 
-def copy_into(dst: np.ndarray, src: np.ndarray, divide: float | None = None, block: int = BLOCK) -> None:
-    """``dst[:] = src`` (or ``src / divide``, cast to dst's dtype) in blocks on the host pool (large copies
-    between mappings)."""
-    n = len(src)
-
+def copy_tasks(dst: np.ndarray, src: np.ndarray, divide: float | None = None, block: int = BLOCK,
+               workers: int = 0) -> list[Task]:
+    """The blocks of ``copy_into`` as tasks (run them with ``run_tasks``)."""
     def run_block(a: int, b: int) -> None:
         if divide is None:
             np.copyto(dst[a:b], src[a:b])
         else:
             np.divide(src[a:b], divide, out=dst[a:b], casting="unsafe")
 
-    blocks = [(a, min(a + block, n)) for a in range(0, n, block)]
-    if len(blocks) <= 1:
-        run_block(0, n)
+    return [partial(run_block, a, b) for a, b in blocks(len(src), block, workers)]
+
+
+def _run_all(tasks: Sequence[Task]) -> None:
+    for t in tasks:
+        t()
+
+
+def bundle(tasks: Sequence[Task], n: int) -> list[Task]:
+    """At most ``n`` tasks that run ``tasks`` (task k: tasks k, k + n, ...; jobs split into about ``n``
+    blocks each thus give every task one block of each job). Fewer, larger tasks for the pool: each
+    task costs its worker the GIL for its bookkeeping, and with many workers on small blocks the GIL,
+    not memory, becomes the limit."""
+    if n < 1 or len(tasks) <= n:
+        return list(tasks)
+    return [partial(_run_all, tasks[k::n]) for k in range(n)]
+
+
+def submit_tasks(tasks: Sequence[Task]) -> list[Future]:
+    """Start ``tasks`` on the host pool; wait for them with ``finish_tasks``."""
+    if not tasks:
+        return []
+    pool = host_pool()
+    return [pool.submit(t) for t in tasks]
+
+
+def finish_tasks(futures: Sequence[Future]) -> None:
+    """Wait for every one of ``futures`` (all of them, even after one failed), then raise the first error."""
+    error = None
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, once every task has stopped
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
+
+
+def run_tasks(tasks: Sequence[Task]) -> None:
+    """Run ``tasks`` on the host pool and wait for all of them (a single task runs on the caller)."""
+    if len(tasks) <= 1:
+        for t in tasks:
+            t()
         return
-    for f in [host_pool().submit(run_block, a, b) for a, b in blocks]:
-        f.result()
+    finish_tasks(submit_tasks(tasks))
+
+
+def reduce_into(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
+                block: int = BLOCK, acc: np.ndarray | None = None) -> None:
+    """Reduce equal-length ``parts`` elementwise and write the result into every array of ``targets``.
+
+    float16 accumulates in float32; NaN propagates (np.maximum / np.minimum / np.add do). ``block``
+    (at most BLOCK) elements per task on the host pool. ``acc``: cached memory of the accumulation
+    dtype (float32 for float16 parts) that receives the result too: the reduction accumulates in it
+    instead of a scratch block (the same operations, so the same bits).
+    """
+    run_tasks(reduce_tasks(parts, targets, op, is_bool, block, acc))
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray, divide: float | None = None, block: int = BLOCK) -> None:
+    """``dst[:] = src`` (or ``src / divide``, cast to dst's dtype) in blocks on the host pool (large copies
+    between mappings)."""
+    run_tasks(copy_tasks(dst, src, divide, block))

@@ -58,15 +58,25 @@ from ...runtime import adapters as _adapters
 from ...runtime import profiling
 from ...runtime.config import CONFIG
 from ...runtime.device import Device
-from ...runtime.transfer import host_cores
+from ...runtime.transfer import host_cores, host_threads
 from ...tensor import Tensor
 from ..errors import CollectiveError, CollectiveTimeoutError, RankError
 from ..group import DEFAULT_TIMEOUT, check_agreement, check_reduce_op, split_sizes
 from .chunked import ChunkedReadback, ChunkedUpload
 from .common import Progress, byte_offset, check_timeout, kind_name, round4
-from .hostreduce import check_reducible, copy_into, host_dtype, reduce_into
+from .hostreduce import (
+    bundle,
+    check_reducible,
+    copy_into,
+    copy_tasks,
+    finish_tasks,
+    host_dtype,
+    reduce_tasks,
+    run_tasks,
+    submit_tasks,
+)
 from .mpi_world import Interrupted, World, world
-from .shm import SharedArena, shm_slot_cap, slot_size
+from .shm import HostFlags, SharedArena, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
@@ -79,6 +89,7 @@ _MOVED_ON_GRACE = 1.0
 # Elements per host-pool task: a chunk is split over the host's ranks, so smaller tasks than the
 # threaded backend's keep the pool busy within one chunk.
 _BLOCK = 1 << 18
+_MAX_FLAG_PAUSE = 0.0002  # seconds between two looks at the host barrier's counters, once past the spin
 
 
 def _pack(obj: Any, what: str) -> bytearray:
@@ -213,6 +224,8 @@ class MPIGroup(StagedGroup):
         self.chunk = 1 << max(16, (CONFIG.mpi_chunk_kb * 1024 - 1).bit_length())
         self._max_slot = comm.allreduce(shm_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
         self._arena = SharedArena(MPI, self.node, self.local_size)
+        self._flags = HostFlags(MPI, self.node)  # the host barrier
+        self._host_members = tuple(self.node.allgather(self.rank))  # the group rank of each host rank
         self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
         self._progress = Progress(f"wgpar-mpi-{name}", idle=self._poll_sends)
         self._sends: deque = deque()  # sends handed to MPI and not yet taken: (requests, readback)
@@ -337,14 +350,43 @@ class MPIGroup(StagedGroup):
             raise CollectiveTimeoutError(reason)
 
     def _host_barrier(self, what: str) -> None:
-        """Meet the other ranks of this host (their writes to the arena become visible)."""
+        """Meet the other ranks of this host (their writes to the arena become visible): each publishes an
+        arrival count in shared memory (``HostFlags``) and polls the others', with the group's timeout."""
         if self.local_size == 1:
             return
-        with profiling.span("host barrier", "collective", rank=self.ranks[self.rank]):
-            self._arena.sync()
-            self._wait([self.node.Ibarrier()], what,
-                       lambda: f"{what}: a rank of this host stopped inside the collective for {self._timeout:g} s")
-            self._arena.sync()
+        flags = self._flags
+        self._arena.sync()
+        flags.arrive()
+        if not flags.ready():
+            with profiling.span("host barrier", "collective", rank=self.ranks[self.rank]):
+                self._poll(flags.ready, what, lambda: (
+                    f"{what}: rank(s) {[self._host_members[k] for k in flags.late()]} of this host stopped inside "
+                    f"the collective for {self._timeout:g} s"))
+        self._arena.sync()
+
+    def _poll(self, ready: Callable[[], bool], what: str, on_timeout: Callable[[], str]) -> None:
+        """Wait until ``ready()`` (a check of shared memory, no MPI call), with the group's timeout: it spins
+        (yielding the GIL) for the group's spin time, then sleeps at most ``_max_pause`` between checks,
+        and every millisecond looks for failure notices."""
+        now = time.monotonic()
+        deadline, spin_until, next_check = now + self._timeout, now + self._spin, now
+        pause = 1e-5
+        while not ready():
+            now = time.monotonic()
+            if now >= next_check:
+                why = self._broken or self.world.poll()
+                if why:
+                    raise CollectiveError(f"{what} on rank {self.rank}: aborted, {why}")
+                if now > deadline:
+                    reason = on_timeout()
+                    self._fail(reason)
+                    raise CollectiveTimeoutError(reason)
+                next_check = now + 0.001
+            if now < spin_until:
+                time.sleep(0)
+            else:
+                time.sleep(pause)
+                pause = min(pause * 1.5, _MAX_FLAG_PAUSE)
 
     def _agree(self, kind: str, meta: dict, info: Any = None) -> list[Any]:
         """The header exchange: every rank learns every rank's kind, metadata and ``info``; they must agree
@@ -388,15 +430,16 @@ class MPIGroup(StagedGroup):
         self._count(d2h=t.nbytes)
         return rb
 
-    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None) -> ChunkedUpload:
-        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk."""
+    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None, depth: int = 3) -> ChunkedUpload:
+        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk, through a ring of ``depth``
+        upload buffers."""
         buf, base = target._storage.buffer, byte_offset(target)
 
         def copies(j: int, start: int, end: int):
             return [(0, buf, base + start, round4(end - start))]
 
         return ChunkedUpload(self._pool, target.nbytes, self.chunk, item or host_dtype(target.dtype), copies,
-                             self._timeout, what)
+                             self._timeout, what, depth)
 
     # -- the data movers ------------------------------------------------------------------
     def _chunk_elems(self, n: int) -> int:
@@ -412,88 +455,174 @@ class MPIGroup(StagedGroup):
         reduce a slice (a reduce-scatter, then an all-gather through the shared result slot); otherwise
         each reduces its own range.
 
-        Per chunk, each rank copies into its arena slot only the elements other ranks reduce (its own
-        slice is read from its mapped readback in place), and writes its reduced slice straight into its
-        upload as well as into the result slot, so it copies out of shared memory only the other ranks'
-        slices: every byte crosses shared memory once each way."""
+        Each rank copies into its arena slot only the elements other ranks reduce (its own slice is read
+        from its mapped readback in place), and writes its reduced slice straight into its upload as well
+        as into the result slot, so it copies out of shared memory only the other ranks' slices: every
+        byte crosses shared memory once each way. On one host the chunks are pipelined (``_pipeline``)."""
         if n == 0:
             return
+        if self.num_hosts > 1:
+            self._reduce_hosts(what, rb, n, dtype, op, lo, hi, up, shared)
+        else:
+            self._pipeline(what, rb, n, dtype, op, lo, hi, up, shared)
+
+    def _pipeline(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
+                  up: ChunkedUpload, shared: bool) -> None:
+        """``_reduce`` inside one host, chunk by chunk in steps: after the host barrier that ends step i - 1,
+        step i reduces this rank's slice of chunk i, copies the other ranks' slices of chunk i - 1's result
+        out of shared memory (shared) and copies chunk i + 1's shares of the other ranks into this rank's
+        slot, all three at once as one batch of tasks on the host pool (the next chunk's map is awaited
+        while the pool works), then meets the others at the next barrier. One barrier per step suffices,
+        as it did per chunk: step i writes half i % 2's result slot and half (i + 1) % 2's input slot,
+        which the others last read in steps i - 1 (chunk i - 2's results) and i - 1 (chunk i - 1's
+        inputs), and it reads half (i - 1) % 2's result slot, written in step i - 1. The upload chunks a
+        step finished are committed while the next step's tasks run. The reduction itself is
+        ``reduce_into``'s, blocks of the same elements in the same rank order: the same bits."""
         hdt = host_dtype(dtype)
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
         is_bool = dtype is _dt.bool_
         E = self._chunk_elems(n)
-        L, me, multi, arena = self.local_size, self.local_rank, self.num_hosts > 1, self._arena
-        part_op = "sum" if multi and op == "mean" else op  # across hosts: sum, then divide once
-        divide = self.world_size if multi and op == "mean" else None
+        L, me, arena = self.local_size, self.local_rank, self._arena
         rank = self.ranks[self.rank]
-        pending = None  # single host, shared: the chunk whose other slices are copied out after the next barrier
+        W = host_threads()
+        chunks = [(a, min(a + E, n)) for a in range(0, n, E)]
+        gather = shared and L > 1  # the others' slices come back through the result slot
 
-        def deliver(half: int, a: int, b: int, skip: tuple[int, int]) -> None:
-            """Elements ``[a, b) & [lo, hi)`` of the result slot into the upload, but for ``skip`` (written)."""
-            s, e = max(a, lo), min(b, hi)
-            if s >= e:
-                return
-            out = arena.slot(half, L, acc, b - a)
-            with profiling.span("copy out of shared memory", "collective", rank=rank, bytes=(e - s) * isz):
-                for x, y in ((s, min(e, skip[0])), (max(s, skip[1]), e)):
-                    if x < y:
-                        up.write((x - lo) * isz, out[x - a:y - a], divide, _BLOCK)
-            up.advance((e - lo) * isz)
+        def share(i: int) -> tuple[int, int]:
+            """The elements of chunk i this rank reduces."""
+            a, b = chunks[i]
+            if shared:
+                bounds = np.cumsum([0, *split_sizes(b - a, L)])
+                return a + int(bounds[me]), a + int(bounds[me + 1])
+            s0 = min(max(a, lo), b)
+            return s0, max(min(b, hi), s0)
 
-        def reduce_to_upload(parts: list[np.ndarray], a: int, s: int, e: int, also: np.ndarray | None) -> None:
-            """Reduce elements ``[s, e)`` (of the chunk at ``a``) of ``parts`` into the upload (and ``also``)."""
-            for first, dst in up.targets((s - lo) * isz, e - s):
-                x0 = s - a + first
-                reduce_into([x[x0:x0 + len(dst)] for x in parts], [dst], op, is_bool, _BLOCK,
-                            acc=None if also is None else also[x0:x0 + len(dst)])
+        def mapped(i: int) -> np.ndarray:
+            a, b = chunks[i]
+            return self._mapping(lambda: rb.array(a * isz, b - a, hdt, self._timeout, what), what)
 
+        def copy_in(i: int, mine: np.ndarray) -> list:
+            """Tasks: the others' shares of chunk i into this rank's slot."""
+            if L == 1:
+                return []
+            a, b = chunks[i]
+            s0, s1 = share(i)
+            slot = arena.slot(i % 2, me, hdt, b - a)
+            return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=W) + \
+                copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=W)
+
+        def reduce(i: int, mine: np.ndarray) -> list:
+            """Tasks: this rank's slice of chunk i into its upload (and the result slot, for the others)."""
+            a, b = chunks[i]
+            s0, s1 = share(i)
+            if s0 >= s1:
+                return []
+            parts = [mine if k == me else arena.slot(i % 2, k, hdt, b - a) for k in range(L)]
+            out = arena.slot(i % 2, L, acc, b - a) if gather else None
+            tasks = []
+            for first, dst in up.targets((s0 - lo) * isz, s1 - s0):
+                x0 = s0 - a + first
+                tasks += reduce_tasks([x[x0:x0 + len(dst)] for x in parts], [dst], op, is_bool, _BLOCK,
+                                      acc=None if out is None else out[x0:x0 + len(dst)], workers=W)
+            return tasks
+
+        def copy_out(i: int) -> list:
+            """Tasks: the other ranks' slices of chunk i's result out of the result slot into the upload."""
+            a, b = chunks[i]
+            s0, s1 = share(i)
+            out = arena.slot(i % 2, L, acc, b - a)
+            tasks = []
+            for x, y in ((a, s0), (s1, b)):
+                if x < y:
+                    for first, dst in up.targets((x - lo) * isz, y - x):
+                        x0 = x - a + first
+                        tasks += copy_tasks(dst, out[x0:x0 + len(dst)], workers=W)
+            return tasks
+
+        def done(i: int) -> int:
+            """Bytes of the upload complete once step i has run."""
+            if gather:
+                return (chunks[i - 1][1] - lo) * isz if i > 0 else 0
+            return (share(i)[1] - lo) * isz
+
+        mine = mapped(0)
+        if L > 1:
+            s0, s1 = share(0)
+            with profiling.span("copy into shared memory", "collective", rank=rank,
+                                bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
+                run_tasks(bundle(copy_in(0, mine), W))
+            self._host_barrier(what)
+        complete = 0  # upload bytes the steps so far finished: committed while the next step runs
+        for i in range(len(chunks)):
+            with profiling.span("host step", "collective", rank=rank):
+                futures = submit_tasks(bundle(reduce(i, mine) + (copy_out(i - 1) if gather and i > 0 else []), W))
+                try:
+                    up.advance(complete)  # the GPU copies of what the last step finished start now
+                    nxt = None
+                    if i + 1 < len(chunks):
+                        nxt = mapped(i + 1)  # the map is awaited while the pool works on step i
+                        futures += submit_tasks(bundle(copy_in(i + 1, nxt), W))
+                finally:
+                    finish_tasks(futures)
+            del futures
+            mine = nxt
+            complete = done(i)
+            if L > 1 and (gather or i + 1 < len(chunks)):
+                self._host_barrier(what)
+        up.advance(complete)
+        if gather:
+            with profiling.span("copy out of shared memory", "collective", rank=rank):
+                run_tasks(bundle(copy_out(len(chunks) - 1), W))
+            up.advance((hi - lo) * isz)
+
+    def _reduce_hosts(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
+                      up: ChunkedUpload, shared: bool) -> None:
+        """``_reduce`` across hosts, chunk by chunk: the host's ranks reduce their slices of the chunk into
+        the result slot (sum for mean), the leader all-reduces it with the other hosts' leaders (MPI), and
+        every rank copies its range of the result out (dividing for mean). ``shared`` changes nothing
+        here: every rank wants a range of the same result."""
+        hdt = host_dtype(dtype)
+        isz = hdt.itemsize
+        acc = np.dtype(np.float32) if hdt == np.float16 else hdt
+        is_bool = dtype is _dt.bool_
+        E = self._chunk_elems(n)
+        L, me, arena = self.local_size, self.local_rank, self._arena
+        part_op = "sum" if op == "mean" else op  # across hosts: sum, then divide once
+        divide = self.world_size if op == "mean" else None
+        rank = self.ranks[self.rank]
+        W = host_threads()
         for i, a in enumerate(range(0, n, E)):
             b, half = min(a + E, n), i % 2
             m = b - a
-            if shared or multi:  # this rank reduces its share of the chunk
-                bounds = np.cumsum([0, *split_sizes(m, L)])
-                s0, s1 = a + int(bounds[me]), a + int(bounds[me + 1])
-            else:  # it reduces exactly the elements it keeps
-                s0 = min(max(a, lo), b)
-                s1 = max(min(b, hi), s0)
+            bounds = np.cumsum([0, *split_sizes(m, L)])
+            s0, s1 = a + int(bounds[me]), a + int(bounds[me + 1])
             mine = self._mapping(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
             ins = [arena.slot(half, k, hdt, m) for k in range(L)]
             if L > 1:  # the others' shares of this rank's data
                 with profiling.span("copy into shared memory", "collective", rank=rank, bytes=(m - s1 + s0) * isz):
-                    copy_into(ins[me][:s0 - a], mine[:s0 - a], block=_BLOCK)
-                    copy_into(ins[me][s1 - a:], mine[s1 - a:], block=_BLOCK)
+                    run_tasks(copy_tasks(ins[me][:s0 - a], mine[:s0 - a], workers=W) +
+                              copy_tasks(ins[me][s1 - a:], mine[s1 - a:], workers=W))
             parts = [mine if k == me else ins[k] for k in range(L)]
             self._host_barrier(what)
-            if not shared and not multi:
-                if s0 < s1:
-                    with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
-                        reduce_to_upload(parts, a, s0, s1, None)
-                    up.advance((s1 - lo) * isz)
-                del mine, parts
-                continue
             out = arena.slot(half, L, acc, m)
-            if not multi:
-                # One barrier per chunk: chunk i's results are complete once everyone passed chunk i + 1's
-                # barrier, and nobody writes that half again before passing chunk i + 2's.
-                if pending is not None:
-                    deliver(*pending)
-                with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
-                    reduce_to_upload(parts, a, s0, s1, out)
-                pending = (half, a, b, (s0, s1))
-                del mine, parts
-                continue
             with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
-                reduce_into([x[s0 - a:s1 - a] for x in parts], [out[s0 - a:s1 - a]], part_op, is_bool, _BLOCK)
+                run_tasks(reduce_tasks([x[s0 - a:s1 - a] for x in parts], [out[s0 - a:s1 - a]], part_op, is_bool,
+                                       _BLOCK, workers=W))
             del mine, parts
             self._host_barrier(what)
             if me == 0:
                 self._leaders_reduce(out, part_op, is_bool, what)
             self._host_barrier(what)
-            deliver(half, a, b, (a, a))
-        if pending is not None:
-            self._host_barrier(what)
-            deliver(*pending)
+            s, e = max(a, lo), min(b, hi)
+            if s < e:
+                with profiling.span("copy out of shared memory", "collective", rank=rank, bytes=(e - s) * isz):
+                    tasks = []
+                    for first, dst in up.targets((s - lo) * isz, e - s):
+                        x0 = s - a + first
+                        tasks += copy_tasks(dst, out[x0:x0 + len(dst)], divide, workers=W)
+                    run_tasks(tasks)
+                up.advance((e - lo) * isz)
 
     def _leaders_reduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
         t0 = time.perf_counter()
@@ -602,7 +731,9 @@ class MPIGroup(StagedGroup):
         n, dtype = tensor.numel(), tensor.dtype
 
         def body(_):
-            up = self._upload(target, kind)
+            # Four buffers: step i writes chunk i, finishes chunk i - 1 and commits chunk i - 2 (finished by
+            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before.
+            up = self._upload(target, kind, depth=4)
             self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
 

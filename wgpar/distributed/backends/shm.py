@@ -80,3 +80,57 @@ class SharedArena:
             self._win.Free()
             self._win = None
             self.slot_bytes = 0
+
+
+_LINE = 64  # bytes between two ranks' counters (one cache line each)
+
+
+class HostFlags:
+    """A barrier of the host's ranks through shared memory: one arrival counter per rank, each on its
+    own cache line of a small shared window (allocated once, collective over ``node``).
+
+    ``arrive`` makes this process's earlier writes to shared memory visible (MPI_Win_sync, a memory
+    barrier) and then publishes its next count; ``ready`` is true once every rank's counter has reached
+    it, and makes their writes visible to this process. Every rank of the host passes the same
+    barriers in the same order (the header exchange keeps collectives in step), so the counts agree:
+    a rank that is ahead has only ever published larger counts. No MPI round trip: a waiting rank
+    reads the others' counters (polling, with a timeout, in ``MPIGroup._host_barrier``).
+    """
+
+    def __init__(self, MPI, node) -> None:
+        self.node = node
+        self.me, self.size = node.Get_rank(), node.Get_size()
+        nbytes = self.size * _LINE
+        self._win = MPI.Win.Allocate_shared(nbytes if self.me == 0 else 0, 1, comm=node)
+        buf, _ = self._win.Shared_query(0)
+        self._flags = np.frombuffer(buf, dtype=np.int64, count=nbytes // 8)[::_LINE // 8]
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self.count = 0
+        if self.me == 0:
+            self._flags[:] = 0
+        self._win.Sync()
+        node.Barrier()  # everyone sees the zeroed counters before anyone arrives
+
+    def arrive(self) -> None:
+        """Publish this rank's arrival at the next barrier (after its writes so far)."""
+        self.count += 1
+        self._win.Sync()
+        self._flags[self.me] = self.count
+
+    def ready(self) -> bool:
+        """Whether every rank of the host has arrived at this rank's current barrier."""
+        if int(self._flags.min()) < self.count:
+            return False
+        self._win.Sync()
+        return True
+
+    def late(self) -> list[int]:
+        """The host ranks that have not arrived at the current barrier."""
+        return [k for k in range(self.size) if int(self._flags[k]) < self.count]
+
+    def free(self) -> None:
+        if self._win is not None:
+            self._flags = None
+            self._win.Unlock_all()
+            self._win.Free()
+            self._win = None
