@@ -204,7 +204,8 @@ def test_reciprocal(rng):
     x = np.concatenate([_spread(rng, 999), np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, 1e-37], np.float32)])
     with np.errstate(divide="ignore"):
         want = 1.0 / x.astype(np.float64)
-    assert_ulp(wgpar.tensor(x).reciprocal().numpy(), want, 0.5, "reciprocal")
+    # WGSL's division is within 2.5 ulp (an H100's is not correctly rounded; lavapipe's is)
+    assert_ulp(wgpar.tensor(x).reciprocal().numpy(), want, 2.5, "reciprocal")
     i = wgpar.tensor(np.array([2, -4, 5], np.int32))
     assert i.reciprocal().dtype == wgpar.float32
     assert_close(wgpar.reciprocal(i).numpy(), np.array([0.5, -0.25, 0.2]), rtol=1e-7)
