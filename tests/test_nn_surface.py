@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import re
-
 import inspect
+import re
 import warnings
 
 import numpy as np
