@@ -34,10 +34,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
   let w = i % p.w;
   let h = (i / p.w) % p.h;
   let out0 = p.off_x + (i / (p.w * p.h)) * p.oh * p.ow;
-  let oh1 = min(((h + 1u) * p.oh + p.h - 1u) / p.h, p.oh);
-  let ow0 = (w * p.ow) / p.w;
-  let ow1 = min(((w + 1u) * p.ow + p.w - 1u) / p.w, p.ow);
-  for (var oh = (h * p.oh) / p.h; oh < oh1; oh = oh + 1u) {
+  let oh1 = min(hi(h, p.oh, p.h), p.oh);
+  let ow0 = lo(w, p.ow, p.w);
+  let ow1 = min(hi(w, p.ow, p.w), p.ow);
+  for (var oh = lo(h, p.oh, p.h); oh < oh1; oh = oh + 1u) {
     let rows = f32(hi(oh, p.h, p.oh) - lo(oh, p.h, p.oh));
     for (var ow = ow0; ow < ow1; ow = ow + 1u) {
       let size = rows * f32(hi(ow, p.w, p.ow) - lo(ow, p.w, p.ow));

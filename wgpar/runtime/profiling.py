@@ -159,8 +159,7 @@ class Recorder:
                 write_timestamp(cp, qs, track.slots)
                 track.slots += 1
                 track.stamped_pass = cp
-            before = after = track.slots
-            before -= 1
+            before, after = track.slots - 1, track.slots  # the stamp ahead of it, and its own
             cp.dispatch_workgroups(*groups)
             write_timestamp(cp, qs, after)
             track.slots += 1
