@@ -201,7 +201,7 @@ def test_tensors_in_garbage_cycles_leave_live_buffers_in_the_cache(mdev, rng):
             caught.append(exc)  # exception -> traceback -> frame -> tensor -> ... -> exception
     del caught
     gc.collect()
-    cached = [b for bucket in mdev.allocator._free.values() for b in bucket]
+    cached = list(mdev.allocator._cached.values())
     assert cached and all(b._internal is not None for b in cached), "released wgpu buffers in the cache"
     for n in (64, 1000, 4096):  # the cached buffers are reused and work
         a = rng.standard_normal(n).astype(np.float32)
@@ -473,3 +473,55 @@ def test_memory_limit_env_var(monkeypatch, raw, want):
     monkeypatch.setenv("WGPAR_MEMORY_LIMIT", "lots")
     with pytest.raises(ValueError, match="WGPAR_MEMORY_LIMIT='lots'"):
         config.load()
+
+
+# -- buffer reuse is the same every step (bind groups are kept) ----------------------------------------
+def test_the_cache_hands_out_the_lowest_free_buffer_whatever_the_free_order(mdev):
+    alloc = mdev.allocator
+    mdev.empty_cache()  # no other cached buffer of the bucket
+    blocks = [alloc.malloc(4096) for _ in range(3)]
+    serials = sorted(b.serial for b in blocks)
+    for perm in ((0, 1, 2), (2, 1, 0), (1, 2, 0)):
+        order = [blocks[i] for i in perm]
+        buffers = {b.serial: b.buffer for b in order}
+        for b in order:
+            alloc.free(b)
+        again = [alloc.malloc(4096) for _ in range(3)]
+        assert [b.serial for b in again] == serials
+        assert [b.buffer for b in again] == [buffers[s] for s in serials]
+        blocks = again
+    for b in blocks:
+        alloc.free(b)
+
+
+def test_a_repeated_training_step_makes_no_new_bind_groups(mdev, rng):
+    # Every dispatch binds its buffers through a bind group cached per buffer set; a step that is
+    # handed different buffers each time makes new ones at every dispatch (host time, issue 26).
+    from wgpar import nn, optim
+    from wgpar.nn import functional as F
+
+    wgpar.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 7 * 5, 10)).to(mdev)
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = wgpar.tensor(rng.standard_normal((3, 3, 7, 5)).astype(np.float32), device=mdev)
+    y = wgpar.tensor(rng.integers(0, 10, 3).astype(np.int32), device=mdev)
+    made = []
+    real = mdev._dev.create_bind_group
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+
+    mdev._dev.create_bind_group = counting
+    try:
+        per_step = []
+        for _ in range(6):
+            made.clear()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            per_step.append(len(made))
+    finally:
+        del mdev._dev.create_bind_group
+    assert per_step[0] > 0 and per_step[3:] == [0, 0, 0], per_step

@@ -24,6 +24,7 @@ aborts the process.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import threading
 import weakref
@@ -55,12 +56,14 @@ class Block:
     """One buffer handed out by the allocator; ``nbytes`` is what was asked for."""
 
     # category: set by memory_history.tag, or by a malloc while a history records (else unset: "other")
-    __slots__ = ("buffer", "size", "nbytes", "category")
+    # serial: the buffer's creation number on its allocator (the cache hands out the lowest free one)
+    __slots__ = ("buffer", "size", "nbytes", "category", "serial")
 
     def __init__(self, buffer: wgpu.GPUBuffer, size: int, nbytes: int) -> None:
         self.buffer = buffer
         self.size = size
         self.nbytes = nbytes
+        self.serial = 0
 
 
 class CachingAllocator:
@@ -80,7 +83,13 @@ class CachingAllocator:
         # a thread that holds this lock. So: a reentrant lock, and no object is made while it is held
         # (a nested free in mid-update would corrupt the counts or the buckets).
         self._lock = threading.RLock()
-        self._free: dict[int, list[wgpu.GPUBuffer]] = {}
+        # Per bucket size, the cached buffers' serials, negated and ascending: pop() gives the lowest
+        # serial. Handing out the lowest free buffer (not the last freed) makes a repeated step's
+        # buffers the same every step, whatever order the last step freed them in, so the device's
+        # bind groups (keyed by buffers) are reused instead of made again for every dispatch.
+        self._free: dict[int, list[int]] = {}
+        self._cached: dict[int, wgpu.GPUBuffer] = {}  # serial -> cached buffer
+        self._next_serial = 0
         # Every buffer handed out stays referenced here until freed. Otherwise a tensor in a garbage
         # cycle (autograd graph, a traceback) takes its buffer into the cycle, and the collector runs
         # the buffer's finalizer (releasing the wgpu handle) as well as Storage.__del__, which puts
@@ -111,7 +120,8 @@ class CachingAllocator:
         with self._lock:
             bucket = self._free.get(size)
             if bucket:
-                buf = block.buffer = bucket.pop()
+                block.serial = serial = -bucket.pop()
+                buf = block.buffer = self._cached.pop(serial)
                 self.cached_bytes -= size
                 self.num_cache_hits += 1
                 self._in_use[id(buf)] = block
@@ -124,6 +134,7 @@ class CachingAllocator:
         if buf is None:
             buf = block.buffer = self._create_with_retry(size, nbytes)
             with self._lock:
+                block.serial = self._next_serial = self._next_serial + 1
                 self.reserved_bytes += size
                 self.num_buffer_creates += 1
                 self._in_use[id(buf)] = block
@@ -177,12 +188,13 @@ class CachingAllocator:
         buf, block.buffer = block.buffer, None
         if buf is None:
             return
-        new_bucket: list[wgpu.GPUBuffer] = []  # made outside the lock (see __init__)
+        new_bucket: list[int] = []  # made outside the lock (see __init__)
         with self._lock:
             self.allocated_bytes -= block.nbytes
             self.num_frees += 1
             del self._in_use[id(buf)]
-            self._free.setdefault(block.size, new_bucket).append(buf)
+            bisect.insort(self._free.setdefault(block.size, new_bucket), -block.serial)
+            self._cached[block.serial] = buf
             self.cached_bytes += block.size
             rec = _hist.ACTIVE
             if rec is not None:
@@ -240,9 +252,11 @@ class CachingAllocator:
 
     def release_cache(self) -> int:
         """Drop every cached buffer; returns the bytes given back to wgpu."""
-        empty: dict[int, list[wgpu.GPUBuffer]] = {}
+        empty: dict[int, list[int]] = {}
+        none_cached: dict[int, wgpu.GPUBuffer] = {}
         with self._lock:
-            old, self._free = self._free, empty
+            self._free = empty
+            old, self._cached = self._cached, none_cached
             released = self.cached_bytes
             self.reserved_bytes -= released
             self.cached_bytes = 0
@@ -253,7 +267,7 @@ class CachingAllocator:
         if rec is not None and released:
             rec.record(self.device_index, "release", _hist.CACHE, 0, released, False, None, seq, allocated, reserved,
                        staging)
-        dropped = [b for bucket in old.values() for b in bucket]
+        dropped = list(old.values())
         self._on_release(dropped)
         return released
 
