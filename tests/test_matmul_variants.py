@@ -143,6 +143,34 @@ def test_split_k_choice(dev):
         assert plan_of(wgpar.empty((2, 64, 64)), wgpar.empty((2, 64, 128))).split == 1
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape,split", [((129, 512, 10), 8), ((10, 96, 515), 4), ((3, 34, 5), 2)])
+def test_general_split_k(rng, layout, shape, split):
+    """The general kernel (N or K not whole vec4s) with K in parts, summed after: a classifier's shapes."""
+    M, K, N = shape
+    a, b, wa, wb = operands(rng, M, K, N, layout)
+    with mm.force_variant("general", split=split):
+        p = plan_of(wa, wb)
+        assert (p.variant, p.split) == ("general", split)
+        got = (wa @ wb).numpy()
+    assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+def test_general_split_k_choice(dev):
+    """On a GPU, few general tiles over a long K are split (parts of at least 32); a CPU adapter, a
+    batch, float16 and a K without a power-of-two factor are not."""
+    p = plan_of(wgpar.empty((128, 512)), wgpar.empty((512, 10)))
+    assert p.variant == "general"
+    assert p.split == (1 if dev.adapter_type.lower() == "cpu" else 16)
+    assert plan_of(wgpar.empty((128, 511)), wgpar.empty((511, 10))).split == 1
+    assert plan_of(wgpar.empty((2, 128, 512)), wgpar.empty((2, 512, 10))).split == 1
+    with mm.force_variant("general", split=3):
+        assert plan_of(wgpar.empty((128, 512)), wgpar.empty((512, 10))).split == 1  # 3 does not divide 512
+    if dev.has_f16:
+        half = plan_of(wgpar.empty((128, 512), dtype=wgpar.float16), wgpar.empty((512, 10), dtype=wgpar.float16))
+        assert half.split == 1
+
+
 @pytest.mark.parametrize("shapes", [
     ((128, 64), (64, 99)),     # N not a multiple of 4: no vec4 stores
     ((128, 42), (42, 128)),    # K

@@ -16,6 +16,7 @@ summed after (split-K). :func:`plan` picks the variant; BENCHMARKS.md records wh
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -221,7 +222,7 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     if nb > 1 and b.sz == 0 and a.sj == 1 and a.sz == M * a.si:
         M, nb = nb * M, 1
         a = Operand(a3, a.offset, 0, a.si, a.sj)
-    general = Plan("general", nb, M, N, K, a, b)
+    general = _general_plan(a3.device, nb, M, N, K, a, b, out_dtype)
     if _force == "general":
         return general
     dev = a3.device
@@ -265,6 +266,21 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     return Plan(chosen.name, nb, M, N, K, a, b, la[0], lb[0], la[1], lb[1], edge, split)
 
 
+def _general_plan(dev, nb: int, M: int, N: int, K: int, a: Operand, b: Operand, out_dtype: _dt.DType) -> Plan:
+    """The general kernel's plan. Each of its workgroups walks all of K for one 64 x 64 tile, so on a
+    GPU a product of few tiles over a long K (a classifier's 128 x 512 @ 512 x 10 took 0.7 ms on an
+    H100) is split in K into parts of at least 32, summed after (float32 only, as the fast kernels)."""
+    split = 1
+    if nb == 1 and out_dtype is _dt.float32:
+        if _force_split is not None:
+            split = _force_split if K % _force_split == 0 else 1
+        elif dev.adapter_type.lower() != "cpu":
+            tiles = -(-M // _TILE) * -(-N // _TILE)
+            while tiles * split < _MIN_WORKGROUPS and K % (2 * split) == 0 and K // (2 * split) >= 32:
+                split *= 2
+    return Plan("general", nb, M, N, K, a, b, split=split)
+
+
 def gemm_tiling(dev, M: int, N: int, nb: int) -> Tiling | None:
     """The tile of an implicit GEMM of nb products M x N (ops/conv.py), bounds-checked at the edges:
     as :func:`plan`, the largest that still gives enough workgroups; None where none fits the device."""
@@ -279,20 +295,17 @@ def gemm_tiling(dev, M: int, N: int, nb: int) -> Tiling | None:
 
 def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
     """Run ``p`` into a new tensor of ``shape`` (its batch and M x N)."""
-    if p.variant == "general":
-        out = Tensor.empty(shape, dtype, p.a.t.device)
-        _run_general(p, out)
-        return out
+    run = _run_general if p.variant == "general" else functools.partial(_run_fast, t=TILINGS.get(p.variant))
     if p.split == 1:
         out = Tensor.empty(shape, dtype, p.a.t.device)
-        _run_fast(p, TILINGS[p.variant], out)
+        run(p, out=out)
         return out
     # Split-K: part s multiplies A's columns and B's rows s*K/S .. (s+1)*K/S, as batch entry s.
     kp = p.K // p.split
     parts = Tensor.empty((p.split, p.M, p.N), dtype, p.a.t.device)
     sp = Plan(p.variant, p.split, p.M, p.N, kp, Operand(p.a.t, p.a.offset, kp * p.a.sj, p.a.si, p.a.sj),
               Operand(p.b.t, p.b.offset, kp * p.b.si, p.b.si, p.b.sj), p.a_layout, p.b_layout, p.lda, p.ldb)
-    _run_fast(sp, TILINGS[p.variant], parts)
+    run(sp, out=parts)
     return reshape(reduce("sum", parts, 0), shape)
 
 
@@ -325,7 +338,7 @@ def _run_general(p: Plan, out: Tensor) -> None:
                             **_cost(p, out, m0, n0, groups, _TILE, _TILE))
 
 
-def _run_fast(p: Plan, t: Tiling, out: Tensor) -> None:
+def _run_fast(p: Plan, out: Tensor, t: Tiling) -> None:
     a, b = p.a.t, p.b.t
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge)
     for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
