@@ -244,11 +244,11 @@ def _attention_rows(torch, tdev, cfg, args) -> list[list[str]]:
         def t_both():
             torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
 
-        t_ref = {"forward": _report.timed(t_fwd, tsync, args.steps, warmup=max(1, args.warmup)),
-                 "forward + backward": _report.timed(t_both, tsync, args.steps, warmup=max(1, args.warmup))}
+        t_ref = {"forward": _report.timed(t_fwd, tsync, args.steps, 0.3, warmup=max(1, args.warmup)),
+                 "forward + backward": _report.timed(t_both, tsync, args.steps, 0.3, warmup=max(1, args.warmup))}
     wsync = lambda: wgpar.synchronize(dev)  # noqa: E731
     for name, fn, mult in (("forward", w_fwd, 1.0), ("forward + backward", w_both, 3.5)):
-        w = _report.timed(fn, wsync, args.steps, warmup=max(1, args.warmup))
+        w = _report.timed(fn, wsync, args.steps, 0.3, warmup=max(1, args.warmup))  # >= 0.3 s: many calls
         tr = t_ref.get(name)
         ratio = w / tr if tr else None
         met = "-" if ratio is None or tdev != "cuda" else ("yes" if ratio <= TARGET_ATTENTION else "NO")
