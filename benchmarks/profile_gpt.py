@@ -26,19 +26,25 @@ import bench_gpt  # noqa: E402
 import wgpar  # noqa: E402
 from benchmarks import _report  # noqa: E402
 from wgpar import nn, optim  # noqa: E402
+from wgpar.amp import GradScaler  # noqa: E402
 from wgpar.models import GPT, preset  # noqa: E402
 
 
-def _step_fn(model: GPT, batches):
+def _step_fn(model: GPT, batches, amp: bool = False):
+    """bench_gpt's step: AdamW, gradient clipping; with ``amp`` float16 autocast and a GradScaler."""
     opt = optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, betas=(0.9, 0.95))
+    scaler = GradScaler(enabled=amp)
 
     def step(i: int) -> None:
         x, y = batches[i % len(batches)]
         opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
+        with wgpar.autocast(enabled=amp):
+            loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
 
     return step
 
@@ -78,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of plain then profiled steps (medians kept)")
     ap.add_argument("--timing", choices=["kernels", "exact"], default="kernels",
                     help="the profiler's GPU timing (profile(timing=...))")
+    ap.add_argument("--amp", action="store_true", help="float16 autocast + GradScaler, as bench_gpt --amp")
     _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     cfg = preset(args.preset, block_size=args.context)
     dev = wgpar.device(0)
     wgpar.manual_seed(0)
     model = GPT(cfg, device=dev)
-    step = _step_fn(model, bench_gpt._batches(cfg, args.batch, cfg.block_size, 4))
+    step = _step_fn(model, bench_gpt._batches(cfg, args.batch, cfg.block_size, 4), args.amp)
     for i in range(args.warmup):
         step(i)
     def run() -> float:
@@ -119,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         prof.export_chrome_trace(args.trace)
         print(f"wrote {args.trace}")
-    key = f"profile-gpt:{_report.slug(dev.adapter_name)}:{args.preset}"
-    body = (f"## Where the GPT step's time goes ({args.preset}, {dev.adapter_name})\n\n"
+    amp = ", amp float16" if args.amp else ""
+    key = f"profile-gpt:{_report.slug(dev.adapter_name)}:{args.preset}{':amp' if args.amp else ''}"
+    body = (f"## Where the GPT step's time goes ({args.preset}{amp}, {dev.adapter_name})\n\n"
             f"- device: {_report.device_line(dev)}\n- date: {_report.today()}\n"
             f"- command: `{_report.command_line()}`\n- what: {summary}.\n\n{family}\n\n"
             f"Top kernels by GPU time (wgpar.profiler's key_averages over {args.steps} steps):\n\n"
