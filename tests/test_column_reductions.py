@@ -208,3 +208,16 @@ def test_layer_norm_backward_takes_two_dispatches(dev, rng, families):
     families.clear()
     y.backward(gy)
     assert [f for f in families if f != "elementwise_block"] == ["layer_norm_bwd"], families
+
+
+def test_axis_longer_than_a_thread_may_loop(dev, rng, families):
+    """70001 rows: more than MAX_LOOP, so slices are forced (argmax, which cannot split, is transposed)."""
+    a = rng.uniform(-1, 1, size=(70001, 5)).astype(np.float32)
+    x = wgpar.tensor(a)
+    for op in ("sum", "mean"):
+        want = getattr(a.astype(np.float64), op)(0)
+        families.clear()
+        assert_close(getattr(x, op)(0).numpy(), want, **sum_tol(a / (1 if op == "sum" else 70001), 0, False, want))
+        assert families == ["reduce_cols", "reduce_cols"], families
+    np.testing.assert_array_equal(x.amax(0).numpy(), a.max(0))
+    np.testing.assert_array_equal(x.argmax(0).numpy(), a.argmax(0))
