@@ -112,6 +112,13 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     return reshape(result, out_shape)
 
 
+def column_sums(x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) -> Tensor:
+    """Contiguous ``x`` viewed as [outer, n, inner] summed over n into [outer, inner] of ``out_dt``, in float32
+    for float inputs (a fused kernel's partial sums, finished in at most two dispatches)."""
+    out = _reduce_block("sum", x, outer, n, inner, out_dt, "f32" if x.dtype.is_float else None)
+    return reshape(out, (outer, inner))
+
+
 def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType,
                   ctype: str | None = None, scale: float | None = None, split: bool = True) -> Tensor:
     """Reduce x viewed as [outer, n, inner] over n; ``ctype`` is the accumulator type (default: x's
