@@ -600,7 +600,7 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bi
 
 def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
                       eps: float) -> Tensor:
-    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward
+    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward, param_grad
 
     cols = int(np.prod(shape))
     rows = x.numel() // cols if cols else 0
@@ -615,11 +615,10 @@ def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, 
     def bw(g):
         g2 = ops.reshape(_raw_contiguous(g), (rows, cols))
         want_w = weight is not None and weight.requires_grad
-        dx, gxh = layer_norm_backward(x2, w, stats, g2, want_w)
-        gw = ops.reshape(ops.reduce("sum", gxh, 0), shape) if want_w else None
-        gb = ops.reshape(ops.reduce("sum", g2, 0), shape) if bias is not None and bias.requires_grad else None
-        if gw is not None and gw.dtype is not weight.dtype:
-            gw = ops.cast(gw, weight.dtype)
+        want_b = bias is not None and bias.requires_grad
+        dx, sums = layer_norm_backward(x2, w, stats, g2, want_w or want_b)
+        gw = ops.reshape(param_grad(sums, 0), shape) if want_w else None
+        gb = ops.reshape(param_grad(sums, 1), shape) if want_b else None
         return ops.reshape(dx, x.shape), gw, gb
 
     return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])

@@ -1,15 +1,19 @@
 """Fused LayerNorm kernels (shaders/layer_norm_fwd.wgsl, layer_norm_bwd.wgsl) over [rows, cols].
 
 One forward kernel (normalise, scale, shift; save each row's mean and rstd) and one backward kernel
-(the input's gradient, and dy * xhat for the weight's) replace the ten-odd elementwise and reduction
-kernels of the composed form each way; ``nn.functional.layer_norm`` records them for autograd.
+(the input's gradient, and per-workgroup partial sums of dy * xhat and dy) plus one column reduction
+(the weight's and bias's gradients) replace the ten-odd elementwise and reduction kernels of the
+composed form each way; ``nn.functional.layer_norm`` records them for autograd.
 """
 
 from __future__ import annotations
 
 from .. import dtypes as _dt
-from ..runtime.kernels import Kernel, KernelSpec, grid
+from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec, grid
 from ..tensor import Tensor
+from .elementwise import fill
+from .reduce import column_sums
+from .shape import narrow, reshape
 
 
 def threads_per_row(cols: int) -> int:
@@ -23,13 +27,22 @@ def threads_per_row(cols: int) -> int:
 # 256-thread workgroups sized in the shaders (their shared arrays): no WG override.
 _FWD = Kernel("layer_norm_fwd", "y: w, stats: w, x: r, w: r, b: r",  # absent w / b: x bound, never read
               "rows: u32, cols: u32, off_x: u32, off_w: u32, off_b: u32, flags: u32, eps: f32", constants=())
-_BWD = Kernel("layer_norm_bwd", "dx: w, gxh: w, x: r, w: r, dy: r, stats: r",
-              "rows: u32, cols: u32, off_x: u32, off_w: u32, off_dy: u32, flags: u32", constants=())
+_BWD = Kernel("layer_norm_bwd", "dx: w, parts: w, x: r, w: r, dy: r, stats: r",
+              "rows: u32, cols: u32, off_x: u32, off_w: u32, off_dy: u32, flags: u32, blocks: u32, groups: u32",
+              constants=())
+# The backward's workgroups when it sums the weight's and bias's gradients: each walks a share of the
+# rows, so its partial sums cover many rows (on a 132-SM GPU about 4 workgroups an SM) and the partials,
+# [2, 512, cols], stay small enough for one pass to finish.
+_PARTS = 512
+# Columns a thread keeps those sums of in registers (up to 4096 columns at 256 threads a row); wider
+# rows keep them in the workgroup's part row in memory.
+_KMAX = 16
 
 
-def _kernel(backward: bool, dtype: str, tpr: int) -> KernelSpec:
+def _kernel(backward: bool, dtype: str, tpr: int, k: int = 0) -> KernelSpec:
     if backward:
-        return _BWD.spec((dtype, "f32", dtype, dtype, dtype, "f32"), T=dtype, TPR=tpr)
+        kn = str(k) + "u" if k else "(p.cols + TPR - 1u) / TPR"
+        return _BWD.spec((dtype, "f32", dtype, dtype, dtype, "f32"), T=dtype, TPR=tpr, K=k, KR=max(k, 1), KN=kn)
     return _FWD.spec((dtype, "f32", dtype, dtype, dtype), T=dtype, TPR=tpr)
 
 
@@ -58,25 +71,42 @@ def layer_norm_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, ep
 
 
 def layer_norm_backward(x: Tensor, weight: Tensor | None, stats: Tensor, dy: Tensor,
-                        want_xhat_grad: bool) -> tuple[Tensor, Tensor | None]:
-    """(dx, dy * xhat or None) for ``layer_norm_forward``'s ``x``, ``weight`` and ``stats`` and the output
-    gradient ``dy`` (contiguous [rows, cols], x's dtype)."""
+                        want_param_grads: bool) -> tuple[Tensor, Tensor | None]:
+    """(dx, the weight's and bias's gradients as rows 0 and 1 of a [2, cols] tensor of x's dtype, or None)
+    for ``layer_norm_forward``'s ``x``, ``weight`` and ``stats`` and the output gradient ``dy`` (contiguous
+    [rows, cols], x's dtype). Two dispatches: the kernel, then one pass over its partial sums (two where
+    MAX_LOOP asks for more than 512 workgroups: about a million rows)."""
     rows, cols = x.shape
     dev = x.device
-    tpr = threads_per_row(cols)
     dx = Tensor.empty((rows, cols), x.dtype, dev)
-    gxh = Tensor.empty((rows, cols) if want_xhat_grad else (1,), _dt.float32, dev)
     if rows == 0 or cols == 0:
-        return dx, gxh if want_xhat_grad else None
+        return dx, fill((2, cols), 0, x.dtype, dev) if want_param_grads else None
+    tpr = threads_per_row(cols)
+    k = -(-cols // tpr)
+    k = k if k <= _KMAX else 0
+    assert k or tpr == 256  # a part row in memory is race-free only with one row a block
+    blocks = -(-rows // (256 // tpr))
+    groups = blocks
+    if want_param_grads:
+        loops = 2 * -(-cols // tpr) + 2 * tpr.bit_length() + 2  # a thread's loop iterations per block
+        groups = max(min(blocks, _PARTS), -(-blocks // max(1, MAX_LOOP // loops)))  # lavapipe's loop limit
+    parts = Tensor.empty((2, groups, cols) if want_param_grads else (1,), _dt.float32, dev)
     w = weight if weight is not None else x
-    flags = (1 if weight is not None else 0) | (4 if want_xhat_grad else 0)
-    dev.dispatch(_kernel(True, x.dtype.storage, tpr),
-                 [dx._storage.buffer, gxh._storage.buffer, x._storage.buffer, w._storage.buffer, dy._storage.buffer,
-                  stats._storage.buffer],
+    flags = (1 if weight is not None else 0) | (4 if want_param_grads else 0)
+    dev.dispatch(_kernel(True, x.dtype.storage, tpr, k),
+                 [dx._storage.buffer, parts._storage.buffer, x._storage.buffer, w._storage.buffer,
+                  dy._storage.buffer, stats._storage.buffer],
                  _BWD.pack(rows=rows, cols=cols, off_x=x._offset, off_w=w._offset if weight is not None else 0,
-                           off_dy=dy._offset, flags=flags),
-                 _groups(rows, tpr, dev))
-    return dx, gxh if want_xhat_grad else None
+                           off_dy=dy._offset, flags=flags, blocks=blocks, groups=groups),
+                 grid(groups, dev.max_workgroups))
+    if not want_param_grads:
+        return dx, None
+    return dx, column_sums(parts, 2, groups, cols, x.dtype)
 
 
-__all__ = ["layer_norm_forward", "layer_norm_backward", "threads_per_row"]
+def param_grad(sums: Tensor, i: int) -> Tensor:
+    """Row ``i`` of ``layer_norm_backward``'s [2, cols] sums (0: the weight's gradient, 1: the bias's), a view."""
+    return reshape(narrow(sums, 0, i, 1), (sums.shape[1],))
+
+
+__all__ = ["layer_norm_forward", "layer_norm_backward", "param_grad", "threads_per_row"]

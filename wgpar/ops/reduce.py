@@ -18,7 +18,9 @@ _POS_INF = "bitcast<f32>(0x7f800000u)"
 _ARG = {"argmax": ">", "argmin": "<"}
 
 _ROWS = Kernel("reduce", "out: w, x: r", "rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32")
-_COLS = Kernel("reduce_cols", "out: w, x: r", "outer: u32, n: u32, inner: u32, off: u32, scale: f32")
+_COLS = Kernel("reduce_cols", "out: w, x: r",
+               "outer: u32, n: u32, units: u32, off: u32, tiles: u32, slices: u32, rows: u32, scale: f32",
+               constants=(("WG", WORKGROUP), ("TC", 64), ("TR", WORKGROUP // 64)))
 _SOFTMAX = Kernel("softmax", "y: w, x: r", "rows: u32, cols: u32, off_x: u32, off_y: u32",
                   constants=(("WG", WORKGROUP), ("W", 1)))
 
@@ -102,7 +104,7 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     x = contiguous(x)
     outer = math.prod(x.shape[: axes[0]])
     inner = math.prod(x.shape[axes[-1] + 1:])
-    if inner > 1 and n_red > MAX_LOOP:  # the column kernel loops over n_red per thread: make it rows
+    if inner > 1 and n_red > MAX_LOOP and op in _ARG:  # one column pass would loop past MAX_LOOP: make it rows
         rest = [i for i in range(x.ndim) if i not in axes]
         x = contiguous(permute(x, rest + list(axes)))
         outer, inner = outer * inner, 1
@@ -110,34 +112,24 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     return reshape(result, out_shape)
 
 
+def column_sums(x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) -> Tensor:
+    """Contiguous ``x`` viewed as [outer, n, inner] summed over n into [outer, inner] of ``out_dt``, in float32
+    for float inputs (a fused kernel's partial sums, finished in at most two dispatches)."""
+    out = _reduce_block("sum", x, outer, n, inner, out_dt, "f32" if x.dtype.is_float else None)
+    return reshape(out, (outer, inner))
+
+
 def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType,
-                  ctype: str | None = None) -> Tensor:
+                  ctype: str | None = None, scale: float | None = None, split: bool = True) -> Tensor:
     """Reduce x viewed as [outer, n, inner] over n; ``ctype`` is the accumulator type (default: x's
-    compute type, f32 for mean, so an integer mean never wraps)."""
+    compute type, f32 for mean, so an integer mean never wraps); a mean multiplies by ``scale``
+    (default 1 / n: a second pass over partial sums takes the first pass's count). ``split=False``
+    keeps a column reduction to one pass."""
     ctype = ctype or ("f32" if op == "mean" else x.dtype.compute)
-    text = _kernel_text(op, ctype)
-    scale = 1.0 / n
+    scale = 1.0 / n if scale is None else scale
     dev = x.device
     if inner > 1:
-        # Few outputs over a long axis (a bias gradient: [4096, 4096] summed over rows gives 4096 threads)
-        # leave a GPU mostly idle: reduce g slices of the axis side by side, then the g partials.
-        g = 1
-        while (op not in _ARG and g < 64 and n % (2 * g) == 0 and n // (2 * g) >= 16
-               and outer * inner * g < 1 << 16):
-            g *= 2
-        if g > 1:
-            first = _reduce_block("sum" if op == "mean" else op, x, outer * g, n // g, inner,
-                                  _dt.float32 if ctype == "f32" else _dt.int32, ctype)
-            second = _reduce_block(op, first, outer, g, inner, out_dt)
-            if op == "mean":  # the second pass averaged over g, not over n
-                second = run_map("mul", [second, float(g) / n])
-            return second
-        out = Tensor.empty((outer * inner,), out_dt, dev)
-        k = _COLS.spec((out_dt.storage, x.dtype.storage), O=out_dt.storage, C=ctype, **text)
-        dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                     _COLS.pack(outer=outer, n=n, inner=inner, off=x._offset, scale=scale),
-                     grid(-(-(outer * inner) // WORKGROUP), dev.max_workgroups))
-        return out
+        return _reduce_cols(op, x, outer, n, inner, out_dt, ctype, scale, split and op not in _ARG)
     # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
     # than MAX_LOOP times); partials reduced again.
     two_pass = n > 16 * WORKGROUP and (outer < 64 or n > WORKGROUP * MAX_LOOP)
@@ -158,10 +150,72 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
                  grid(outer * groups, dev.max_workgroups))
     if groups == 1:
         return out
-    second = _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt)
-    if op == "mean":  # the second pass averaged the partial sums over `groups`, not over n
-        second = run_map("mul", [second, float(groups) / n])
-    return second
+    return _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt, scale=scale)
+
+
+# A first column pass aims at this many workgroups (8 of 256 threads per SM of a 132-SM GPU: enough
+# loads in flight to run at memory bandwidth); a pass whose threads would each fold more than _COL_RT
+# rows splits the axis into slices instead, each thread then folding 8 or more.
+_COL_WG = 1024
+_COL_RT = 16
+
+
+def _pow2ceil(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _col_plan(outer: int, n: int, units: int, split: bool) -> tuple[int, int, int]:
+    """(TC column lanes of a workgroup, slices of the reduced axis, rows per slice) for reduce_cols.wgsl.
+
+    One pass takes narrow tiles (at least 8 column lanes: 32 bytes of each row at the least) and as many
+    row lanes as leave each about 4 rows, so a short axis (the partials) still spreads over many
+    workgroups. A long axis is first cut into slices of wide tiles (up to 64 lanes)."""
+    pu = _pow2ceil(units)
+    wide, narrow = WORKGROUP // min(pu, 64), WORKGROUP // min(pu, 8)  # row lanes of each tiling
+    tr = min(max(_pow2ceil(-(-n // 4)), wide), narrow)
+    if split and -(-n // tr) > _COL_RT:
+        tiles = -(-units // (WORKGROUP // wide))
+        slices = min(-(-_COL_WG // (outer * tiles)), n // (8 * wide))
+        slices = max(slices, -(-n // (wide * MAX_LOOP)))  # no thread loops past MAX_LOOP
+        if slices > 1:
+            per = -(-n // slices)
+            rows = -(-per // wide) * wide  # whole steps of the row lanes
+            return WORKGROUP // wide, -(-n // rows), rows
+    return WORKGROUP // tr, 1, n
+
+
+def _reduce_cols(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType, ctype: str, scale: float,
+                 split: bool) -> Tensor:
+    """The column reduction: one dispatch, or (``split``, a long axis) partials over slices of the axis
+    and one more over them, which never splits again."""
+    vec = op in ("sum", "mean") and inner % 4 == 0 and x._offset % 4 == 0  # whole vec4s of columns
+    w = 4 if vec else 1
+    units = inner // w
+    tc, slices, rows = _col_plan(outer, n, units, split)
+    if slices > 1:
+        part_dt = _dt.float32 if ctype == "f32" else _dt.int32
+        part = _cols_pass("sum" if op == "mean" else op, x, outer, n, inner, w, part_dt, ctype, 1.0,
+                          tc, slices, rows)
+        return _reduce_cols(op, part, outer, slices, inner, out_dt, ctype, scale, False)
+    return _cols_pass(op, x, outer, n, inner, w, out_dt, ctype, scale, tc, 1, n)
+
+
+def _cols_pass(op: str, x: Tensor, outer: int, n: int, inner: int, w: int, out_dt: _dt.DType, ctype: str,
+               scale: float, tc: int, slices: int, rows: int) -> Tensor:
+    """One dispatch of reduce_cols.wgsl: [outer, slices, inner] (flat) from x [outer, n, inner]; ``w`` 4
+    reads and writes vec4s of columns."""
+    dev = x.device
+    units = inner // w
+    out = Tensor.empty((outer * slices * inner,), out_dt, dev)
+    vt = (lambda t: f"vec4<{t}>") if w == 4 else (lambda t: t)
+    k = _COLS.spec((vt(out_dt.storage), vt(x.dtype.storage)), constants={"TC": tc, "TR": WORKGROUP // tc},
+                   O=vt(out_dt.storage), A=vt(ctype), C=ctype, **_kernel_text(op, ctype))
+    tiles = -(-units // tc)
+    dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
+                 _COLS.pack(outer=outer, n=n, units=units, off=x._offset // w, tiles=tiles, slices=slices, rows=rows,
+                            scale=scale),
+                 grid(outer * slices * tiles, dev.max_workgroups))
+    return out
 
 
 @functools.lru_cache(maxsize=256)
