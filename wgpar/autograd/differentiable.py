@@ -446,7 +446,34 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return record("matmul", out, [a, b], bw, [a, b], partial=True)
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` for a 2-d x as one graph node, its gradients as torch's linear computes
+    them: the weight's as ``g.T @ x``, contiguous [out, in] (through matmul's node it was the transpose
+    of ``x.T @ g``, a strided view that .grad copied), the bias's as one column sum of g. Other dtype
+    mixes go through matmul and add, whose type promotion they need."""
+    if is_autocast_enabled():
+        x, weight, bias = autocast_lower(x), autocast_lower(weight), autocast_lower(bias)
+    operands = [x, weight] + ([bias] if bias is not None else [])
+    if (x.ndim != 2 or weight.ndim != 2 or (bias is not None and bias.ndim != 1)
+            or any(t.dtype is not x.dtype for t in operands) or not x.dtype.is_float):
+        y = matmul(x, transpose(weight, 0, 1))
+        return y if bias is None else binary("add", y, bias)
+    out = ops.matmul(x, ops.transpose(weight, 0, 1))
+    if bias is not None:
+        out = ops.inplace("add", out, bias)  # the product is ours: no second [rows, out] buffer
+    if not (is_grad_enabled() and any(_needs(t) for t in operands)):
+        return out
+
+    def bw(g, mask=(True, True, True)):  # partial: a split backward computes each side in its own half
+        gx = ops.matmul(g, weight) if mask[0] and _needs(x) else None
+        gw = ops.matmul(ops.transpose(g, 0, 1), x) if mask[1] and _needs(weight) else None
+        gb = ops.reduce("sum", g, 0) if bias is not None and mask[2] and _needs(bias) else None
+        return (gx, gw) if bias is None else (gx, gw, gb)
+
+    return record("linear", out, operands, bw, [x, weight], partial=True)
+
+
 __all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
            "setitem", "reshape", "view", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
-           "index_select", "cat", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul", "unbroadcast",
-           "backward", "retain_grad"]
+           "index_select", "cat", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul", "linear",
+           "unbroadcast", "backward", "retain_grad"]
