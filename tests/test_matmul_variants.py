@@ -144,6 +144,39 @@ def test_split_k_choice(dev):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", FAST)
+@pytest.mark.parametrize("shape", [None, (100, 44, 36)])
+def test_matmul_bias_epilogue(rng, variant, layout, shape):
+    """The bias added as the fast kernel stores its tiles: one dispatch, equal to product + bias."""
+    M, K, N = shape or tile_shape(variant)
+    a, b, wa, wb = operands(rng, M, K, N, layout)
+    bias = rng.standard_normal(N + 4).astype(np.float32)
+    wbias = wgpar.tensor(bias)[4:]  # a view at a whole-vec4 offset
+    with mm.force_variant(variant):
+        assert plan_of(wa, wb).variant == variant
+        n0 = wa.device.num_dispatches
+        got = mm.matmul_bias(wa, wb, wbias)
+        assert wa.device.num_dispatches - n0 == 1
+    assert rel_err(got.numpy(), a.astype(np.float64) @ b + bias[4:]) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["general", "odd offset", "float16"])
+def test_matmul_bias_other_paths(rng, dev, case):
+    """Where the epilogue does not apply (the general kernel, a bias off a vec4 boundary) or in float16."""
+    M, K, N = (33, 10, 7) if case == "general" else (64, 32, 64)
+    dt = np.float16 if case == "float16" else np.float32
+    if dt == np.float16 and not dev.has_f16:
+        pytest.skip("no shader-f16 on this adapter")
+    a, b, wa, wb = operands(rng, M, K, N, "nt", dtype=dt)
+    bias = rng.standard_normal(N + 1).astype(dt)
+    wbias = wgpar.tensor(bias)[1:] if case == "odd offset" else wgpar.tensor(bias[:N])
+    want = a.astype(np.float64) @ b.astype(np.float64) + (bias[1:] if case == "odd offset" else bias[:N])
+    got = mm.matmul_bias(wa, wb, wbias)
+    assert got.dtype is wa.dtype
+    assert rel_err(got.numpy(), want) < (2e-3 if dt == np.float16 else 1e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape,split", [((129, 512, 10), 8), ((10, 96, 515), 4), ((3, 34, 5), 2)])
 def test_general_split_k(rng, layout, shape, split):
     """The general kernel (N or K not whole vec4s) with K in parts, summed after: a classifier's shapes."""

@@ -458,9 +458,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             or any(t.dtype is not x.dtype for t in operands) or not x.dtype.is_float):
         y = matmul(x, transpose(weight, 0, 1))
         return y if bias is None else binary("add", y, bias)
-    out = ops.matmul(x, ops.transpose(weight, 0, 1))
-    if bias is not None:
-        out = ops.inplace("add", out, bias)  # the product is ours: no second [rows, out] buffer
+    wt = ops.transpose(weight, 0, 1)
+    out = ops.matmul(x, wt) if bias is None else ops.matmul_bias(x, wt, bias)  # the bias added as tiles are stored
     if not (is_grad_enabled() and any(_needs(t) for t in operands)):
         return out
 

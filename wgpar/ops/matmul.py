@@ -37,6 +37,11 @@ _GENERAL = Kernel("matmul", "c: w, a: r, b: r",
 _FAST = Kernel("matmul_fast", "c: w, a: r, b: r",
                "M: u32, N: u32, K: u32, z0: u32, off_a: u32, off_b: u32, off_c: u32, m0: u32, "
                "sa_b: u32, lda: u32, sb_b: u32, ldb: u32, sc_b: u32, ldc: u32, n0: u32", constants=())
+# The same with a bias row added to every output row as it is stored (F.linear's forward).
+_FAST_BIAS = Kernel("matmul_fast", "c: w, a: r, b: r, bias: r",
+                    "M: u32, N: u32, K: u32, z0: u32, off_a: u32, off_b: u32, off_c: u32, m0: u32, "
+                    "sa_b: u32, lda: u32, sb_b: u32, ldb: u32, sc_b: u32, ldc: u32, n0: u32, off_bias: u32",
+                    constants=())
 # Each BK-deep step of K costs about BK + 2 loop iterations (inner loops of constant length are
 # unrolled): a longer K is split into parts whose products are summed.
 _MAX_K = MAX_LOOP
@@ -205,6 +210,22 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
+def matmul_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
+    """``a @ b + bias`` for 2-d a [M, K], b [K, N] and bias [N] of the result's dtype: the bias added
+    as the fast kernel stores its tile (no second pass over the [M, N] output) where that kernel runs
+    the product in one dispatch, else a product and an in-place add."""
+    out_dt = _result_dtype(a, b)
+    if (a.ndim == 2 and b.ndim == 2 and bias.shape == (b.shape[1],) and bias.dtype is out_dt
+            and bias.is_contiguous() and bias._offset % 4 == 0 and 0 < a.shape[1] <= _MAX_K
+            and a.shape[0] * b.shape[1] > 0 and a.device is b.device is bias.device):
+        p = plan(reshape(a, (1,) + a.shape), reshape(b, (1,) + b.shape), out_dt)
+        if p.variant != "general" and p.split == 1:
+            out = Tensor.empty((p.M, p.N), out_dt, a.device)
+            _run_fast(p, out, TILINGS[p.variant], bias)
+            return out
+    return inplace("add", matmul(a, b), bias)
+
+
 def _result_dtype(a: Tensor, b: Tensor) -> _dt.DType:
     if a.dtype is _dt.float16 and b.dtype is _dt.float16:
         return _dt.float16
@@ -338,30 +359,38 @@ def _run_general(p: Plan, out: Tensor) -> None:
                             **_cost(p, out, m0, n0, groups, _TILE, _TILE))
 
 
-def _run_fast(p: Plan, out: Tensor, t: Tiling) -> None:
+def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None) -> None:
+    """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4)."""
     a, b = p.a.t, p.b.t
-    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge)
+    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge,
+                     None if bias is None else bias.dtype.storage)
+    kernel = _FAST if bias is None else _FAST_BIAS
+    buffers = [out._storage.buffer, a._storage.buffer, b._storage.buffer]
+    extra = {}
+    if bias is not None:
+        buffers.append(bias._storage.buffer)
+        extra["off_bias"] = bias._offset // 4
     for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
-        params = _FAST.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
-                            off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
-                            ldb=p.ldb // 4, sc_b=p.M * p.N // 4, ldc=p.N // 4, n0=n0)
-        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups,
-                            **_cost(p, out, m0, n0, groups, t.bm, t.bn))
+        params = kernel.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
+                             off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
+                             ldb=p.ldb // 4, sc_b=p.M * p.N // 4, ldc=p.N // 4, n0=n0, **extra)
+        out.device.dispatch(k, buffers, params, groups, **_cost(p, out, m0, n0, groups, t.bm, t.bn))
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
 
 
-def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool) -> KernelSpec:
-    key = (t, la, lb, ta, tb, tc, edge)
+def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool,
+                 tbias: str | None = None) -> KernelSpec:
+    key = (t, la, lb, ta, tb, tc, edge, tbias)
     hit = _FAST_CACHE.get(key)
     if hit is None:
-        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge)
+        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias)
     return hit
 
 
 def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False,
-              gather: tuple[Kernel, str, tuple[str, ...]] | None = None) -> KernelSpec:
+              gather: tuple[Kernel, str, tuple[str, ...]] | None = None, bias: str | None = None) -> KernelSpec:
     """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file).
 
     ``edge``: M, N, K need not be multiples of the tile. Loads clamp their row and vec4 column into
@@ -373,6 +402,9 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     or column (n: the first of four where the vec4 runs along the columns), ``a_load(q, k)`` /
     ``b_load(q, k)`` a vec4 along the layout's direction (zeros outside), ``c_store(m, n, z, v)``
     four outputs of row m from column n. Bounds are the helpers' business.
+
+    ``bias``: the element type of a bias row (binding ``bias``, offset ``p.off_bias`` in vec4s) added
+    to every output row as it is stored; not with ``gather``.
     """
     wm, wn = t.bm // t.tm, t.bn // t.tn
     nthreads = wm * wn
@@ -451,8 +483,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
         for i in range(4):
             row = f"(row0 + {g * 4 * wm + i}u + ty * 4u)"
             for h in range(gb):
-                line = (f"c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
-                        f"vec4<{tc}>({acc[g * 4 + i][h]});")
+                value = acc[g * 4 + i][h]
+                if bias is not None:
+                    value = f"{value} + vec4<f32>(bias[p.off_bias + col0 / 4u + {h * wn}u + tx])"
+                line = f"c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = vec4<{tc}>({value});"
                 if gather:
                     line = f"c_store({row}, col0 + ({h * wn}u + tx) * 4u, z, {acc[g * 4 + i][h]});"
                 elif edge:
@@ -471,6 +505,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     consts = dict(SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn, BM=t.bm,
                   BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
     kernel, helpers, types = gather or (_FAST, "", (f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"))
+    if bias is not None:
+        kernel, types = _FAST_BIAS, types + (f"vec4<{bias}>",)
     return kernel.spec(types, constants=consts, HELPERS=helpers, DECL="\n".join(decl),
                        LOAD="\n".join(load), NEXT="k0 + BK" if edge or gather else "min(k0 + BK, p.K - BK)",
                        PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
