@@ -519,19 +519,24 @@ class MPIGroup(StagedGroup):
             if s0 >= s1:
                 return []
             parts = [mine if k == me else arena.slot(i % 2, k, hdt, b - a) for k in range(L)]
-            out = arena.slot(i % 2, L, acc, b - a) if gather else None
+            out = arena.slot(i % 2, L, hdt, b - a) if gather else None
             tasks = []
             for first, dst in up.targets((s0 - lo) * isz, s1 - s0):
                 x0 = s0 - a + first
-                tasks += reduce_tasks([x[x0:x0 + len(dst)] for x in parts], [dst], op, is_bool, _BLOCK,
-                                      acc=None if out is None else out[x0:x0 + len(dst)], workers=W)
+                xs = [x[x0:x0 + len(dst)] for x in parts]
+                if out is None:
+                    tasks += reduce_tasks(xs, [dst], op, is_bool, _BLOCK, workers=W)
+                elif hdt == acc:  # accumulate in the result slot itself
+                    tasks += reduce_tasks(xs, [dst], op, is_bool, _BLOCK, acc=out[x0:x0 + len(dst)], workers=W)
+                else:  # float16: the slot holds the rounded result, so copying it out is a plain copy
+                    tasks += reduce_tasks(xs, [out[x0:x0 + len(dst)], dst], op, is_bool, _BLOCK, workers=W)
             return tasks
 
         def copy_out(i: int) -> list:
             """Tasks: the other ranks' slices of chunk i's result out of the result slot into the upload."""
             a, b = chunks[i]
             s0, s1 = share(i)
-            out = arena.slot(i % 2, L, acc, b - a)
+            out = arena.slot(i % 2, L, hdt, b - a)
             tasks = []
             for x, y in ((a, s0), (s1, b)):
                 if x < y:
