@@ -284,7 +284,8 @@ def test_blocks_cover_every_element_once(n, workers):
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
 def test_reduce_and_copy_tasks_match_one_call_bit_for_bit(dtype, n, op):
     """Tasks of awkward sizes, run in any order, give the bits of one reduction over the whole arrays
-    (each element's ranks are folded in the same order whatever the split); copy tasks divide for mean."""
+    (each element's ranks are folded in the same order whatever the split), into every target (float16
+    ones share one cast of each block); copy tasks divide for mean."""
     if op == "mean" and dtype == np.int32:
         pytest.skip("mean needs floats")
     rng = np.random.default_rng(n)
@@ -297,6 +298,10 @@ def test_reduce_and_copy_tasks_match_one_call_bit_for_bit(dtype, n, op):
     hostreduce.finish_tasks(hostreduce.submit_tasks(tasks[::-1]))
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(acc.astype(dtype), want)
+    outs = [np.zeros(n, dtype) for _ in range(3)]
+    hostreduce.run_tasks(hostreduce.reduce_tasks(parts, outs, op, block=4096, workers=5)[::-1])
+    for o in outs:
+        np.testing.assert_array_equal(o, want)
     copied = np.zeros(n, dtype)
     hostreduce.run_tasks(hostreduce.copy_tasks(copied, acc, divide=2.0 if dtype != np.int32 else None, workers=5))
     np.testing.assert_array_equal(copied, (acc / 2).astype(dtype) if dtype != np.int32 else want)
