@@ -5,7 +5,13 @@ copy into shared memory, reduce, copy out, no device copies), then every process
 bytes between two host arrays on its host pool at once (the same workers: the issue's reference).
 The ratio reduction / memcpy (the median of the interleaved pairs' ratios) is the figure to compare
 across machines (target: at least 0.7).
-With ``--profile`` it also prints the phases of one reduction (rank 0's view).
+
+A third reference runs the reduction's own passes on private arrays, with no shared memory and no
+barriers: each process copies the others' shares (n (L - 1) / L), reduces its slice (L parts of n / L,
+into a result block and its target) and copies the others' results (n (L - 1) / L), the same blocks on
+the same pool. passes / memcpy is the ceiling of this design on the machine (about 0.5 for 2
+processes: twice a memcpy's passes over memory); reduction / passes is what shared memory and the
+barriers cost on top. With ``--profile`` it also prints the phases of one reduction (rank 0's view).
 
     mpiexec -n 2 python benchmarks/bench_shm_reduce.py --sizes-mb 16 64 256
     mpiexec -n 2 python benchmarks/bench_shm_reduce.py --dtype float16 --profile
@@ -25,7 +31,9 @@ import numpy as np  # noqa: E402
 
 import wgpar  # noqa: E402
 from benchmarks import _report  # noqa: E402
-from wgpar.distributed.backends.hostreduce import copy_into  # noqa: E402
+from wgpar.distributed import split_sizes  # noqa: E402
+from wgpar.distributed.backends.hostreduce import bundle, copy_into, copy_tasks, reduce_tasks, run_tasks  # noqa: E402
+from wgpar.distributed.backends.mpi import _BLOCK  # noqa: E402
 from wgpar.runtime.transfer import host_threads  # noqa: E402
 
 PHASES = ("header exchange", "copy into shared memory", "host barrier", "host step", "copy out of shared memory")
@@ -61,17 +69,47 @@ def phases(fn, repeat: int) -> dict[str, float]:
     return out
 
 
+def private_passes(data: np.ndarray, ranks: int, me: int):
+    """The reduction's passes over ``data`` (this process is rank ``me`` of ``ranks`` on the host) on
+    private arrays, no shared memory and no barriers: a function that runs them on the host pool."""
+    n, W = len(data), host_threads()
+    bounds = np.cumsum([0, *split_sizes(n, ranks)])
+    s0, s1 = int(bounds[me]), int(bounds[me + 1])
+    acc = np.float32 if data.dtype == np.float16 else data.dtype
+    slot, others, target = np.zeros_like(data), [np.ones(s1 - s0, data.dtype) for _ in range(ranks - 1)], \
+        np.zeros_like(data)
+    result = np.zeros(n, acc if acc == data.dtype else data.dtype)
+    out = result[s0:s1]
+    parts = [data[s0:s1], *others]
+    rest = ((0, s0), (s1, n))
+
+    def run() -> None:
+        run_tasks(bundle([t for a, b in rest for t in copy_tasks(slot[a:b], data[a:b], workers=W)], W))
+        if acc == data.dtype:  # as the backend: accumulate in the result slot, then the target
+            red = reduce_tasks(parts, [target[s0:s1]], "sum", block=_BLOCK, acc=out, workers=W)
+        else:
+            red = reduce_tasks(parts, [out, target[s0:s1]], "sum", block=_BLOCK, workers=W)
+        run_tasks(bundle(red, W))
+        run_tasks(bundle([t for a, b in rest for t in copy_tasks(target[a:b], result[a:b], workers=W)], W))
+
+    return run
+
+
 def measure(group, mb: float, dtype: str, repeat: int, profile: bool) -> tuple[list[str], dict[str, float]]:
     """One table row for ``mb`` MiB, and the reduction's phases (when ``profile``)."""
     nbytes = int(mb * 2**20) // 4 * 4
     data = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
     src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    reds, copies = timed_pair([lambda: group.host_all_reduce(data, "sum"),
-                               lambda: copy_into(dst, src, block=4 << 20)], repeat)
-    t_red, t_copy = statistics.median(reds), statistics.median(copies)
-    ratio = statistics.median(c / r for r, c in zip(reds, copies))  # of each interleaved pair
-    row = [f"{mb:g}", f"{t_red * 1e3:.2f}", f"{nbytes / t_red / 1e9:.2f}", f"{t_copy * 1e3:.2f}",
-           f"{nbytes / t_copy / 1e9:.2f}", f"{ratio:.2f}"]
+    passes = private_passes(data, group.local_size, group.local_rank)
+    reds, copies, alone = timed_pair([lambda: group.host_all_reduce(data, "sum"),
+                                      lambda: copy_into(dst, src, block=4 << 20), passes], repeat)
+    t_red, t_copy, t_alone = statistics.median(reds), statistics.median(copies), statistics.median(alone)
+
+    def ratio(xs, ys) -> float:  # the median of the interleaved runs' ratios
+        return statistics.median(y / x for x, y in zip(xs, ys))
+
+    row = [f"{mb:g}", f"{nbytes / t_red / 1e9:.2f}", f"{nbytes / t_copy / 1e9:.2f}", f"{nbytes / t_alone / 1e9:.2f}",
+           f"{ratio(reds, copies):.2f}", f"{ratio(alone, copies):.2f}", f"{ratio(reds, alone):.2f}"]
     return row, phases(lambda: group.host_all_reduce(data, "sum"), repeat) if profile else {}
 
 
@@ -94,8 +132,9 @@ def main() -> None:
             if prof:
                 print("    " + ", ".join(f"{k}: {v:.2f} ms" for k, v in prof.items()), flush=True)
     if group.rank == 0:
-        table = _report.markdown_table(["MiB", "reduction ms", "reduction GB/s", "memcpy ms", "memcpy GB/s",
-                                        "reduction / memcpy (target >= 0.7)"], rows)
+        table = _report.markdown_table(["MiB", "reduction GB/s", "memcpy GB/s", "passes alone GB/s",
+                                        "reduction / memcpy (target >= 0.7)", "passes / memcpy (ceiling)",
+                                        "reduction / passes"], rows)
         print(f"\n{group.world_size} processes, {host_threads()} host workers each, {args.dtype}, chunks of "
               f"{group.chunk // 2**20} MiB. Command: `{_report.mpi_command_line(group.world_size)}`\n\n{table}")
 
