@@ -13,13 +13,14 @@ the same pool. passes / memcpy is the ceiling of this design on the machine (abo
 processes: twice a memcpy's passes over memory); reduction / passes is what shared memory and the
 barriers cost on top. With ``--profile`` it also prints the phases of one reduction (rank 0's view).
 
-    mpiexec -n 2 python benchmarks/bench_shm_reduce.py --sizes-mb 16 64 256
-    mpiexec -n 2 python benchmarks/bench_shm_reduce.py --dtype float16 --profile
+    mpiexec -n 2 python benchmarks/bench_shm_reduce.py --sizes-mb 16 64 256 1024
+    mpiexec -n 2 python benchmarks/bench_shm_reduce.py --dtype float16 --profile --no-write
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -121,6 +122,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float32", "float16", "int32"), default="float32")
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--profile", action="store_true", help="print the phases of one reduction")
+    _report.add_report_flags(ap)
     args = ap.parse_args()
     group = init_process_group("mpi", timeout=600)
     rows = []
@@ -131,12 +133,21 @@ def main() -> None:
             print(" | ".join(row), flush=True)
             if prof:
                 print("    " + ", ".join(f"{k}: {v:.2f} ms" for k, v in prof.items()), flush=True)
-    if group.rank == 0:
-        table = _report.markdown_table(["MiB", "reduction GB/s", "memcpy GB/s", "passes alone GB/s",
-                                        "reduction / memcpy (target >= 0.7)", "passes / memcpy (ceiling)",
-                                        "reduction / passes"], rows)
-        print(f"\n{group.world_size} processes, {host_threads()} host workers each, {args.dtype}, chunks of "
-              f"{group.chunk // 2**20} MiB. Command: `{_report.mpi_command_line(group.world_size)}`\n\n{table}")
+    if group.rank != 0:
+        return
+    table = _report.markdown_table(["MiB", "reduction GB/s", "memcpy GB/s", "passes alone GB/s",
+                                    "reduction / memcpy (target >= 0.7)", "passes / memcpy (ceiling)",
+                                    "reduction / passes"], rows)
+    name = group.device.adapter_name
+    body = (f"### Shared-memory reduction vs memcpy, {group.world_size} MPI processes, {args.dtype}: {name}\n\n"
+            f"{os.cpu_count()} CPUs, {host_threads()} host workers per process, chunks of "
+            f"{group.chunk // 2**20} MiB. Date: {_report.today()}. Command: "
+            f"`{_report.mpi_command_line(group.world_size)}`\n\nThe reduction is `host_all_reduce` (no device "
+            f"copies); memcpy: every process copies the same bytes on its host pool at once; passes alone: the "
+            f"reduction's copies and sums on private arrays, no shared memory or barriers. Ratios are medians of "
+            f"the interleaved runs' ratios.\n\n{table}\n")
+    print(body)
+    _report.finish(args, f"shm_reduce:{_report.slug(name)}:{args.dtype}:{group.world_size}", body)
 
 
 if __name__ == "__main__":
