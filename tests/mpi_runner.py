@@ -6,10 +6,10 @@
 
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
-``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip) while the others are in an
-all-reduce (or, MODE nosend, wait for a message from it); each other rank prints ``RAISED`` and its
-error, and the job must end non-zero. ``p2p`` (p2p_program) is a recv never matched or a send never
-received, which must also end the job non-zero, naming the message.
+``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip, stall, stall_late) while the
+others are in an all-reduce (or, MODE nosend, wait for a message from it); each other rank prints
+``RAISED`` and its error, and the job must end non-zero. ``p2p`` (p2p_program) is a recv never matched
+or a send never received, which must also end the job non-zero, naming the message.
 """
 
 from __future__ import annotations
@@ -201,18 +201,23 @@ def check_host_all_reduce(group, seed):
 
 
 def check_pipelined_steps(group, seed):
-    """The one-host pipeline (reduce chunk i, copy chunk i - 1 out and chunk i + 1 in, in one step) at
-    awkward sizes (the tests run with 64 KiB chunks: 16384 elements): one element, fewer elements than
-    ranks, one chunk and one more element, a chunk boundary, many chunks with a short last one; bit for
-    bit the rank-order reduction, for all_reduce (tensors and host arrays) and reduce_scatter_into
-    (each rank's range crossing chunks), float32 and float16."""
+    """The one-host pipeline (reduce chunk i and copy chunk i - 1 out in one step, chunk i + 2 copied in
+    while waiting at the barrier that ends it, through three sets of input slots) at awkward sizes (the
+    tests run with 64 KiB chunks: 16384 elements): one element, fewer elements than ranks, one chunk and
+    one more element, a chunk boundary, many chunks with a short last one (the input sets wrap around,
+    slices that do not divide by the ranks); bit for bit the rank-order reduction, for all_reduce
+    (tensors and host arrays) and reduce_scatter_into (each rank's range crossing chunks), float32 and
+    float16 (its result slot holds float16), int32."""
     world, r = group.world_size, group.rank
     E = 16384
     for n in (1, world - 1 or 1, E - 1, E + 1, 2 * E, 5 * E - 3):
-        for dtype, op in ((np.float32, "sum"), (np.float32, "mean"), (np.float16, "sum")):
-            data = [conformance._data(seed + n, k, (n,), "f").astype(dtype) for k in range(world)]
+        for dtype, op in ((np.float32, "sum"), (np.float32, "mean"), (np.float16, "sum"), (np.float16, "mean"),
+                          (np.int32, "max")):
+            kind = "i" if dtype == np.int32 else "f"
+            data = [conformance._data(seed + n, k, (n,), kind).astype(dtype) for k in range(world)]
             want = conformance._fold(data, op)
-            np.testing.assert_array_equal(group.host_all_reduce(data[r].copy(), op), want, err_msg=f"host {n} {op}")
+            np.testing.assert_array_equal(group.host_all_reduce(data[r].copy(), op), want,
+                                          err_msg=f"host {n} {np.dtype(dtype)} {op}")
             if dtype == np.float16 and not group.device.has_f16:
                 continue
             t = wgpar.tensor(data[r], device=group.device, dtype=np.dtype(dtype).name)
@@ -278,11 +283,23 @@ def fault_program(group, mode: str, token: str) -> None:
                 time.sleep(600)
 
             _mpi.submit_tasks = stalled
+        if mode == "stall_late":  # stop at the second step of the next all-reduce (13 chunks), past two barriers
+            from wgpar.distributed.backends import mpi as _mpi
+
+            real, calls = _mpi.submit_tasks, []
+
+            def late(tasks):
+                calls.append(len(tasks))
+                if len(calls) == 4:  # chunk 1 and 2's copies in, step 0, then step 1
+                    time.sleep(600)
+                return real(tasks)
+
+            _mpi.submit_tasks = late
     try:
         if mode == "nosend":  # rank 0 waits for a message rank 1 never sends
             group.recv(None, 1, tag=7)
         else:
-            group.all_reduce(t)
+            group.all_reduce(wgpar.ones(200_000, device=group.device) if mode == "stall_late" else t)
     except CollectiveError as exc:
         _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
         raise

@@ -284,7 +284,8 @@ def test_blocks_cover_every_element_once(n, workers):
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
 def test_reduce_and_copy_tasks_match_one_call_bit_for_bit(dtype, n, op):
     """Tasks of awkward sizes, run in any order, give the bits of one reduction over the whole arrays
-    (each element's ranks are folded in the same order whatever the split); copy tasks divide for mean."""
+    (each element's ranks are folded in the same order whatever the split), into every target (float16
+    ones share one cast of each block); copy tasks divide for mean."""
     if op == "mean" and dtype == np.int32:
         pytest.skip("mean needs floats")
     rng = np.random.default_rng(n)
@@ -297,9 +298,39 @@ def test_reduce_and_copy_tasks_match_one_call_bit_for_bit(dtype, n, op):
     hostreduce.finish_tasks(hostreduce.submit_tasks(tasks[::-1]))
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(acc.astype(dtype), want)
+    outs = [np.zeros(n, dtype) for _ in range(3)]
+    hostreduce.run_tasks(hostreduce.reduce_tasks(parts, outs, op, block=4096, workers=5)[::-1])
+    for o in outs:
+        np.testing.assert_array_equal(o, want)
     copied = np.zeros(n, dtype)
     hostreduce.run_tasks(hostreduce.copy_tasks(copied, acc, divide=2.0 if dtype != np.int32 else None, workers=5))
     np.testing.assert_array_equal(copied, (acc / 2).astype(dtype) if dtype != np.int32 else want)
+
+
+def test_float16_conversions_give_numpys_bits():
+    """The host reductions' float16 conversions against NumPy's casts, bit for bit: every float16 value up;
+    down, every float16 value and its float32 neighbours, the halfway points between float16 values and
+    their neighbours (ties to even), the subnormal and overflow boundaries, NaN payloads (one that
+    would shift out keeps a bit), both signs, and random bit patterns."""
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    up = np.empty(len(every), np.float32)
+    hostreduce.f16_to_f32(every, up, np.empty(len(every), np.uint32), np.empty(len(every), np.bool_))
+    np.testing.assert_array_equal(up.view(np.uint32), every.astype(np.float32).view(np.uint32))
+
+    exact = every.astype(np.float32).view(np.uint32).astype(np.int64)
+    near = [exact + d for d in range(-3, 4)] + [exact + (1 << 12) + d for d in range(-2, 3)]  # halfway: bit 12
+    ranges = [np.arange(0x33000000 - 8, 0x38800000 + 8, 61), np.arange(0x477fe000, 0x47800000 + 8),
+              np.arange(0x7f800000, 0x80000000, 4099), np.arange(0x7f800000, 0x7f802001)]
+    rand = np.random.default_rng(0).integers(0, 1 << 32, 1 << 20, dtype=np.int64)
+    bits = np.concatenate(near + ranges + [rand]) % (1 << 32)
+    bits = np.concatenate([bits, bits | (1 << 31)]).astype(np.uint32)
+    x = bits.view(np.float32)
+    down = np.empty(len(x), np.float16)
+    hostreduce.f32_to_f16(x, down, *(np.empty(len(x), np.uint32) for _ in range(2)), np.empty(len(x), np.bool_))
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16)
+    bad = np.nonzero(down.view(np.uint16) != want.view(np.uint16))[0]
+    assert not len(bad), [(hex(bits[i]), hex(down.view(np.uint16)[i]), hex(want.view(np.uint16)[i])) for i in bad[:5]]
 
 
 def test_finish_tasks_waits_for_every_task_then_raises_the_first_error():

@@ -49,6 +49,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from typing import Any
 
 import numpy as np
@@ -349,20 +350,32 @@ class MPIGroup(StagedGroup):
             self._fail(reason, late())
             raise CollectiveTimeoutError(reason)
 
-    def _host_barrier(self, what: str) -> None:
+    def _host_barrier(self, what: str, ahead: Callable[[], list] | None = None, workers: int = 0) -> list[Future]:
         """Meet the other ranks of this host (their writes to the arena become visible): each publishes an
-        arrival count in shared memory (``HostFlags``) and polls the others', with the group's timeout."""
+        arrival count in shared memory (``HostFlags``) and polls the others', with the group's timeout.
+
+        ``ahead``: tasks that need only the barriers before this one, started on the host pool (bundled for
+        ``workers``) once this rank has arrived, so that they run while it waits; returns their futures
+        (the caller finishes them before its next barrier; after an error they are finished here)."""
         if self.local_size == 1:
-            return
+            return []
         flags = self._flags
         self._arena.sync()
         flags.arrive()
-        if not flags.ready():
-            with profiling.span("host barrier", "collective", rank=self.ranks[self.rank]):
-                self._poll(flags.ready, what, lambda: (
-                    f"{what}: rank(s) {[self._host_members[k] for k in flags.late()]} of this host stopped inside "
-                    f"the collective for {self._timeout:g} s"))
+        futures: list[Future] = []
+        try:
+            if ahead is not None:
+                futures = submit_tasks(bundle(ahead(), workers))
+            if not flags.ready():
+                with profiling.span("host barrier", "collective", rank=self.ranks[self.rank]):
+                    self._poll(flags.ready, what, lambda: (
+                        f"{what}: rank(s) {[self._host_members[k] for k in flags.late()]} of this host stopped "
+                        f"inside the collective for {self._timeout:g} s"))
+        except BaseException:
+            wait(futures)  # they write this rank's own slot: let them stop before the error leaves
+            raise
         self._arena.sync()
+        return futures
 
     def _poll(self, ready: Callable[[], bool], what: str, on_timeout: Callable[[], str]) -> None:
         """Wait until ``ready()`` (a check of shared memory, no MPI call), with the group's timeout: it spins
@@ -469,15 +482,18 @@ class MPIGroup(StagedGroup):
     def _pipeline(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
                   up: ChunkedUpload, shared: bool) -> None:
         """``_reduce`` inside one host, chunk by chunk in steps: after the host barrier that ends step i - 1,
-        step i reduces this rank's slice of chunk i, copies the other ranks' slices of chunk i - 1's result
-        out of shared memory (shared) and copies chunk i + 1's shares of the other ranks into this rank's
-        slot, all three at once as one batch of tasks on the host pool (the next chunk's map is awaited
-        while the pool works), then meets the others at the next barrier. One barrier per step suffices,
-        as it did per chunk: step i writes half i % 2's result slot and half (i + 1) % 2's input slot,
-        which the others last read in steps i - 1 (chunk i - 2's results) and i - 1 (chunk i - 1's
-        inputs), and it reads half (i - 1) % 2's result slot, written in step i - 1. The upload chunks a
-        step finished are committed while the next step's tasks run. The reduction itself is
-        ``reduce_into``'s, blocks of the same elements in the same rank order: the same bits."""
+        step i reduces this rank's slice of chunk i and copies the other ranks' slices of chunk i - 1's
+        result out of shared memory (shared), as one batch of tasks on the host pool, then meets the others
+        at the next barrier. The copy of chunk i + 2's shares of the other ranks into this rank's slot
+        needs no barrier but the one before, so it starts as soon as this rank arrives at the barrier that
+        ends step i and runs while it waits for the others (a process that finished early works ahead
+        instead of idling). One barrier per step suffices: step i writes result slot i % 2, which the
+        others last read in step i - 1 (chunk i - 2's results), and reads input set i % 3 and result slot
+        (i - 1) % 2, written before the barrier that opened it; chunk i + 2's copy writes input set
+        (i + 2) % 3, which the others last read in step i - 1. While the pool works, the next step's tasks
+        are built (its map and upload buffer awaited) and the upload chunks the last step finished are
+        committed. The reduction itself is ``reduce_into``'s, blocks of the same elements in the same rank
+        order: the same bits."""
         hdt = host_dtype(dtype)
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
@@ -487,7 +503,9 @@ class MPIGroup(StagedGroup):
         rank = self.ranks[self.rank]
         W = host_threads()
         chunks = [(a, min(a + E, n)) for a in range(0, n, E)]
+        N = len(chunks)
         gather = shared and L > 1  # the others' slices come back through the result slot
+        maps: dict[int, np.ndarray] = {}  # this rank's mapped readback of the chunks in use
 
         def share(i: int) -> tuple[int, int]:
             """The elements of chunk i this rank reduces."""
@@ -499,39 +517,48 @@ class MPIGroup(StagedGroup):
             return s0, max(min(b, hi), s0)
 
         def mapped(i: int) -> np.ndarray:
-            a, b = chunks[i]
-            return self._mapping(lambda: rb.array(a * isz, b - a, hdt, self._timeout, what), what)
+            if i not in maps:
+                a, b = chunks[i]
+                maps[i] = self._mapping(lambda: rb.array(a * isz, b - a, hdt, self._timeout, what), what)
+            return maps[i]
 
-        def copy_in(i: int, mine: np.ndarray) -> list:
-            """Tasks: the others' shares of chunk i into this rank's slot."""
-            if L == 1:
+        def copy_in(i: int) -> list:
+            """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk)."""
+            if L == 1 or i >= N:
                 return []
             a, b = chunks[i]
             s0, s1 = share(i)
-            slot = arena.slot(i % 2, me, hdt, b - a)
+            mine, slot = mapped(i), arena.inputs(i % 3, me, hdt, b - a)
             return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=W) + \
                 copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=W)
 
-        def reduce(i: int, mine: np.ndarray) -> list:
+        def reduce(i: int) -> list:
             """Tasks: this rank's slice of chunk i into its upload (and the result slot, for the others)."""
             a, b = chunks[i]
             s0, s1 = share(i)
             if s0 >= s1:
                 return []
-            parts = [mine if k == me else arena.slot(i % 2, k, hdt, b - a) for k in range(L)]
-            out = arena.slot(i % 2, L, acc, b - a) if gather else None
+            parts = [mapped(i) if k == me else arena.inputs(i % 3, k, hdt, b - a) for k in range(L)]
+            out = arena.result(i % 2, hdt, b - a) if gather else None
             tasks = []
             for first, dst in up.targets((s0 - lo) * isz, s1 - s0):
                 x0 = s0 - a + first
-                tasks += reduce_tasks([x[x0:x0 + len(dst)] for x in parts], [dst], op, is_bool, _BLOCK,
-                                      acc=None if out is None else out[x0:x0 + len(dst)], workers=W)
+                xs = [x[x0:x0 + len(dst)] for x in parts]
+                if out is None:
+                    tasks += reduce_tasks(xs, [dst], op, is_bool, _BLOCK, workers=W)
+                elif hdt == acc:  # accumulate in the result slot itself
+                    tasks += reduce_tasks(xs, [dst], op, is_bool, _BLOCK, acc=out[x0:x0 + len(dst)], workers=W)
+                else:  # float16: the slot holds the rounded result, so copying it out is a plain copy
+                    tasks += reduce_tasks(xs, [out[x0:x0 + len(dst)], dst], op, is_bool, _BLOCK, workers=W)
             return tasks
 
         def copy_out(i: int) -> list:
             """Tasks: the other ranks' slices of chunk i's result out of the result slot into the upload."""
+            if not gather or i < 0:
+                return []
             a, b = chunks[i]
             s0, s1 = share(i)
-            out = arena.slot(i % 2, L, acc, b - a)
+            out = arena.result(i % 2, hdt, b - a)
             tasks = []
             for x, y in ((a, s0), (s1, b)):
                 if x < y:
@@ -546,34 +573,33 @@ class MPIGroup(StagedGroup):
                 return (chunks[i - 1][1] - lo) * isz if i > 0 else 0
             return (share(i)[1] - lo) * isz
 
-        mine = mapped(0)
+        ahead: list[Future] = []  # chunk i + 2's copy in, started at the barrier that ends step i
         if L > 1:
             s0, s1 = share(0)
             with profiling.span("copy into shared memory", "collective", rank=rank,
                                 bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
-                run_tasks(bundle(copy_in(0, mine), W))
-            self._host_barrier(what)
+                run_tasks(bundle(copy_in(0), W))
+            ahead = self._host_barrier(what, lambda: copy_in(1), W)
+        tasks = reduce(0)
         complete = 0  # upload bytes the steps so far finished: committed while the next step runs
-        for i in range(len(chunks)):
+        for i in range(N):
             with profiling.span("host step", "collective", rank=rank):
-                futures = submit_tasks(bundle(reduce(i, mine) + (copy_out(i - 1) if gather and i > 0 else []), W))
+                futures = ahead + submit_tasks(bundle(tasks, W))
+                ahead = []
                 try:
                     up.advance(complete)  # the GPU copies of what the last step finished start now
-                    nxt = None
-                    if i + 1 < len(chunks):
-                        nxt = mapped(i + 1)  # the map is awaited while the pool works on step i
-                        futures += submit_tasks(bundle(copy_in(i + 1, nxt), W))
+                    tasks = reduce(i + 1) + copy_out(i) if i + 1 < N else []
                 finally:
                     finish_tasks(futures)
             del futures
-            mine = nxt
+            maps.pop(i, None)
             complete = done(i)
-            if L > 1 and (gather or i + 1 < len(chunks)):
-                self._host_barrier(what)
+            if L > 1 and (gather or i + 1 < N):
+                ahead = self._host_barrier(what, lambda i=i: copy_in(i + 2), W)
         up.advance(complete)
         if gather:
             with profiling.span("copy out of shared memory", "collective", rank=rank):
-                run_tasks(bundle(copy_out(len(chunks) - 1), W))
+                run_tasks(bundle(copy_out(N - 1), W))
             up.advance((hi - lo) * isz)
 
     def _reduce_hosts(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
@@ -598,14 +624,14 @@ class MPIGroup(StagedGroup):
             bounds = np.cumsum([0, *split_sizes(m, L)])
             s0, s1 = a + int(bounds[me]), a + int(bounds[me + 1])
             mine = self._mapping(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
-            ins = [arena.slot(half, k, hdt, m) for k in range(L)]
+            ins = [arena.inputs(half, k, hdt, m) for k in range(L)]
             if L > 1:  # the others' shares of this rank's data
                 with profiling.span("copy into shared memory", "collective", rank=rank, bytes=(m - s1 + s0) * isz):
                     run_tasks(copy_tasks(ins[me][:s0 - a], mine[:s0 - a], workers=W) +
                               copy_tasks(ins[me][s1 - a:], mine[s1 - a:], workers=W))
             parts = [mine if k == me else ins[k] for k in range(L)]
             self._host_barrier(what)
-            out = arena.slot(half, L, acc, m)
+            out = arena.result(half, acc, m)
             with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
                 run_tasks(reduce_tasks([x[s0 - a:s1 - a] for x in parts], [out[s0 - a:s1 - a]], part_op, is_bool,
                                        _BLOCK, workers=W))
@@ -649,7 +675,7 @@ class MPIGroup(StagedGroup):
         mine = [(off, nb) for r, off, nb in pieces if r == self.rank]
         for i, c0 in enumerate(range(0, total, S)):
             c1 = min(c0 + S, total)
-            buf = self._arena.slot(i % 2, self.local_size, np.uint8, c1 - c0)
+            buf = self._arena.result(i % 2, np.uint8, c1 - c0)
             for off, nb in mine:
                 s, e = max(off, c0), min(off + nb, c1)
                 if s < e:

@@ -2,12 +2,13 @@
 
 Inside one host the MPI backend moves collective data through shared memory,
 not MPI messages (MPI's own host Allreduce ran at 1.6 GB/s where the threaded
-backend's mapped-buffer reduction reached 12.5 GB/s). The arena has two halves
-(even and odd chunks of a pipelined collective); each half holds one slot per
-rank of the host plus one result slot, all ``slot_bytes`` long. It is
-allocated on the first collective that needs it and grows (collectively: every
-rank of the host decides the same from the agreed metadata) up to
-``max_slot`` bytes per slot.
+backend's mapped-buffer reduction reached 12.5 GB/s). The arena holds three
+sets of input slots, one slot per rank of the host each (chunk i of a pipelined
+collective uses set i % 3: a rank may copy chunk i + 2 in while the others
+still reduce chunk i), and two result slots (chunk i uses slot i % 2), all
+``slot_bytes`` long. It is allocated on the first collective that needs it and
+grows (collectively: every rank of the host decides the same from the agreed
+metadata) up to ``max_slot`` bytes per slot.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import os
 import numpy as np
 
 _MIN_SLOT = 1 << 16
+INPUT_SETS = 3
+
+
+def arena_slots(local_size: int) -> int:
+    """Slots of the arena of a host of ``local_size`` ranks: the input sets and two result slots."""
+    return INPUT_SETS * local_size + 2
 
 
 def shm_slot_cap(local_size: int, chunk: int) -> int:
@@ -28,7 +35,7 @@ def shm_slot_cap(local_size: int, chunk: int) -> int:
         free = st.f_bavail * st.f_frsize
     except OSError:
         return cap
-    while cap > _MIN_SLOT and 2 * (local_size + 1) * cap > free // 2:
+    while cap > _MIN_SLOT and arena_slots(local_size) * cap > free // 2:
         cap //= 2
     return cap
 
@@ -39,12 +46,13 @@ def slot_size(nbytes: int, cap: int) -> int:
 
 
 class SharedArena:
-    """Two halves of ``slots + 1`` shared slots over the host communicator ``node``."""
+    """The input slots of the host's ``ranks`` ranks and the result slots, shared over the host
+    communicator ``node``."""
 
-    def __init__(self, MPI, node, slots: int) -> None:
+    def __init__(self, MPI, node, ranks: int) -> None:
         self.MPI = MPI
         self.node = node
-        self.slots = slots
+        self.ranks = ranks
         self.slot_bytes = 0
         self._win = None
         self._base: np.ndarray | None = None
@@ -54,7 +62,7 @@ class SharedArena:
         if slot_bytes <= self.slot_bytes:
             return
         self.free()
-        total = 2 * (self.slots + 1) * slot_bytes
+        total = arena_slots(self.ranks) * slot_bytes
         mine = total if self.node.Get_rank() == 0 else 0  # one contiguous block, owned by the host's rank 0
         self._win = self.MPI.Win.Allocate_shared(mine, 1, comm=self.node)
         buf, _ = self._win.Shared_query(0)
@@ -62,10 +70,17 @@ class SharedArena:
         self._win.Lock_all(self.MPI.MODE_NOCHECK)
         self.slot_bytes = slot_bytes
 
-    def slot(self, half: int, j: int, dtype, count: int) -> np.ndarray:
-        """Slot ``j`` (0 .. slots; ``slots`` is the result slot) of half ``half`` as ``count`` items of ``dtype``."""
-        start = (half * (self.slots + 1) + j) * self.slot_bytes
+    def _slot(self, k: int, dtype, count: int) -> np.ndarray:
+        start = k * self.slot_bytes
         return self._base[start:start + self.slot_bytes].view(dtype)[:count]
+
+    def inputs(self, s: int, j: int, dtype, count: int) -> np.ndarray:
+        """Rank ``j``'s slot of input set ``s`` (0 .. INPUT_SETS - 1) as ``count`` items of ``dtype``."""
+        return self._slot(s * self.ranks + j, dtype, count)
+
+    def result(self, h: int, dtype, count: int) -> np.ndarray:
+        """Result slot ``h`` (0 or 1) as ``count`` items of ``dtype``."""
+        return self._slot(INPUT_SETS * self.ranks + h, dtype, count)
 
     def sync(self) -> None:
         """Make this process's writes visible (call before and after the host barrier)."""
