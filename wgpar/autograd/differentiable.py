@@ -420,6 +420,13 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
 
 
 # -- matmul -----------------------------------------------------------------------------------
+def _transposed(x: Tensor, other: Tensor) -> bool:
+    """Whether ``x`` is a 2-d matrix stored transposed (column-major: a Linear's ``weight.T``), multiplied by
+    another 2-d one. Its gradient is then computed transposed too (as torch's mm backward does), so it
+    comes back to the weight contiguous and becomes ``.grad`` without a copy."""
+    return x.ndim == 2 and other.ndim == 2 and x.strides == (1, x.shape[0]) and x.shape[0] > 1
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     if is_autocast_enabled():
         a, b = autocast_lower(a), autocast_lower(b)
@@ -439,8 +446,13 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     out = ops.matmul(a, b)
 
     def bw(g, mask=(True, True)):  # partial: a split backward computes each side in its own half
-        ga = unbroadcast(ops.matmul(g, ops.transpose(b, -2, -1)), a.shape) if mask[0] and _needs(a) else None
-        gb = unbroadcast(ops.matmul(ops.transpose(a, -2, -1), g), b.shape) if mask[1] and _needs(b) else None
+        ga = gb = None
+        if mask[0] and _needs(a):
+            ga = ops.transpose(ops.matmul(b, ops.transpose(g, -2, -1)), -2, -1) if _transposed(a, b) else \
+                unbroadcast(ops.matmul(g, ops.transpose(b, -2, -1)), a.shape)
+        if mask[1] and _needs(b):
+            gb = ops.transpose(ops.matmul(ops.transpose(g, -2, -1), a), -2, -1) if _transposed(b, a) else \
+                unbroadcast(ops.matmul(ops.transpose(a, -2, -1), g), b.shape)
         return ga, gb
 
     return record("matmul", out, [a, b], bw, [a, b], partial=True)
@@ -448,5 +460,5 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 __all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
            "setitem", "reshape", "view", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
-           "index_select", "cat", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul", "unbroadcast",
-           "backward", "retain_grad"]
+           "index_select", "cat", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul",
+           "unbroadcast", "backward", "retain_grad"]

@@ -14,6 +14,7 @@ ones asked for.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -100,7 +101,29 @@ def _name(hook) -> str:
     return getattr(hook, "__qualname__", None) or repr(hook)
 
 
+def _refs(g) -> tuple[int, int]:
+    """References to ``g`` and to its storage, as seen from a caller holding ``g`` in one local."""
+    return sys.getrefcount(g), sys.getrefcount(g._storage)
+
+
+class _Probe:
+    __slots__ = ("_storage",)
+
+
+def _sole_refs() -> tuple[int, int]:
+    """``_refs`` of an object that one local alone holds, whose attribute alone holds another (a gradient
+    nothing else can see): measured, since Python versions count references from the stack differently."""
+    probe = _Probe()
+    probe._storage = _Probe()
+    return _refs(probe)
+
+
+_SOLE = _sole_refs()
+
+
 def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
+    """Land ``g`` in ``t.grad``: a gradient nothing else holds (the walk passes it as a temporary and keeps
+    no reference) becomes ``.grad`` itself, without a copy, as torch's AccumulateGrad steals it."""
     if g.shape != t.shape:
         raise RuntimeError(f"autograd: gradient of shape {g.shape} for a leaf of shape {t.shape}")
     if g.dtype is not t.dtype:
@@ -108,9 +131,14 @@ def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
     hooks = getattr(t, "_tensor_hooks", None)
     if hooks:
         g = _run_hooks(hooks, g, f"a leaf of shape {t.shape}")
-    # A fresh, contiguous tensor: the same gradient object may reach several leaves, and
-    # optimizers and clip_grad_norm_ update .grad in place.
-    t.grad = ops.clone(g) if t.grad is None else ops.binary("add", t.grad, g)
+    if t.grad is not None:
+        t.grad = ops.binary("add", t.grad, g)
+    else:
+        # Optimizers and clip_grad_norm_ update .grad in place, so a gradient anything else can see is
+        # copied: one reaching several leaves or kept by a hook (more references), a view (its storage
+        # shared, or not covered exactly and contiguously).
+        sole = _refs(g) == _SOLE and g._offset == 0 and g.numel() == g._storage.numel and g.is_contiguous()
+        t.grad = g if sole else ops.clone(g)
     t.grad._storage.tag(_hist.GRADIENT)
     for hook in getattr(t, "_grad_hooks", ()):
         hook(t)
@@ -260,6 +288,7 @@ def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
             ref().grad = g
         node.check_versions()
         in_grads = _call(node, g, mask)
+        ready = []
         for t, ig in zip(node.inputs, in_grads):
             if t is None or ig is None:
                 continue
@@ -272,7 +301,7 @@ def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
                 leaf_pending[k] = ig if k not in leaf_pending else ops.binary("add", leaf_pending[k], ig)
                 leaf_uses[k] -= 1
                 if leaf_uses[k] == 0:
-                    _accumulate_leaf(t, leaf_pending.pop(k))
+                    ready.append(t)
             else:
                 k = t._node.id
                 pending[k] = ig if k not in pending else ops.binary("add", pending[k], ig)
@@ -281,6 +310,10 @@ def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
             later.append((node, g, rest, True))
         elif not retain_graph:
             node.release()
+        # The walk's own references go first: a leaf's gradient that nothing else holds becomes its .grad.
+        g = in_grads = ig = None
+        for t in ready:
+            _accumulate_leaf(t, leaf_pending.pop(id(t)))
     # Leaves on branches that produced no gradient still get what did arrive.
     for node in order:
         for t in node.inputs:

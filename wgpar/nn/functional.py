@@ -42,7 +42,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     lead = x.shape[:-1]
     if x.ndim > 2:  # [batch, seq, in] as one [batch * seq, in] product: the weight's gradient is then one
         x = D.reshape(x, (-1, x.shape[-1]))  # matmul over all rows, not a product per batch entry summed after
-    y = D.matmul(x, D.transpose(weight, 0, 1))
+    # Cast before the transpose: the weight's gradient then comes back contiguous (see D.matmul) under autocast too.
+    y = D.matmul(x, D.transpose(D.autocast_lower(weight) if is_autocast_enabled() else weight, 0, 1))
     if bias is not None:
         y = D.binary("add", y, D.autocast_lower(bias) if is_autocast_enabled() else bias)
     return D.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
