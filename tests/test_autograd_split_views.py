@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import wgpar
+from wgpar import nn, ops
 from wgpar.autograd import backward, backward_input, no_grad
 from wgpar.nn import functional as F
 from wgpar.runtime.device import Device
@@ -60,6 +61,22 @@ def test_unbind_backward_fills_only_the_gaps(rng, dispatches):
     for i, g in gs.items():
         want[i] = g
     assert_close(x.grad.numpy(), want, rtol=0, atol=0)
+
+
+def test_fused_projection_gradient_is_never_a_full_size_zero_fill(rng, monkeypatch):
+    """The attention blocks split their fused q|k|v projection: its gradient is joined, so backward makes
+    no zero tensor of the projection's shape (getitem's backward made three) and adds none."""
+    att = nn.CausalSelfAttention(16, 2)
+    x = wgpar.tensor(_f32(rng, 2, 5, 16), requires_grad=True)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    y = att(x).sum() + mha(x, x, x, need_weights=False)[0].sum()
+    fills, adds = [], []
+    real_fill, real_binary = ops.fill, ops.binary
+    monkeypatch.setattr(ops, "fill", lambda shape, *a: (fills.append(tuple(shape)), real_fill(shape, *a))[1])
+    monkeypatch.setattr(ops, "binary", lambda op, a, b: (adds.append(getattr(a, "shape", ())) if op == "add" else None,
+                                                         real_binary(op, a, b))[1])
+    y.backward()
+    assert (2, 5, 48) not in fills and (2, 5, 48) not in adds, (fills, adds)
 
 
 @pytest.mark.parametrize("how", ["split", "chunk", "unbind", "sections"])
