@@ -7,10 +7,11 @@
 //   present: running += (value - running) * momentum, the variance unbiased.
 // MODE 1 (running statistics): pa = running mean, pb = running variance (float32 [C]); the same rows,
 //   shift 0.
-// MODE 2 (gradient): pa = parts of sum g and sum g * (x - m), pb = the forward's st. Writes st rows:
-//   weight gradient, bias gradient, and the input gradient's k2 (factor of x - m) and k3 (constant):
-//   gx = g * scale + (x - m) * k2 + k3 (with batch statistics; k2 = k3 = 0 without).
-// Bindings and Params are declared in wgpar/ops/batch_norm.py; wt, bs, rm, rv are left out when absent.
+// MODE 2 (gradient): pa = parts of sum g and sum g * (x - m), pb = the forward's st. Writes the weight
+//   and bias gradients to gw and gb (buffers of their own, through GRADS) and st [2, C] rows: the input
+//   gradient's k2 (factor of x - m) and k3 (constant): gx = g * scale + (x - m) * k2 + k3 (with batch
+//   statistics; k2 = k3 = 0 without).
+// Bindings and Params are declared in wgpar/ops/batch_norm.py; wt, bs, rm, rv, gw, gb are left out when absent.
 
 const MODE: u32 = {{MODE}};
 
@@ -30,16 +31,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let invstd = pb[3u * c + ch];
     let scale = pb[4u * c + ch];
     sgx = sgx - sg * shift;  // sum g * (x - m - shift)
-    st[ch] = sgx * invstd;
-    st[c + ch] = sg;
+    {{GRADS}}
     var k2 = 0.0;
     var k3 = 0.0;
     if (p.batch != 0u) {
       k2 = scale * invstd * invstd * (sgx * -p.inv);
       k3 = scale * (sg * -p.inv) - shift * k2;
     }
-    st[2u * c + ch] = k2;
-    st[3u * c + ch] = k3;
+    st[ch] = k2;
+    st[c + ch] = k3;
     return;
   }
   var m = 0.0;

@@ -353,9 +353,11 @@ def test_memory_estimate_bounds_the_measured_peak(strategy, prefetch, offload, r
         else:
             opts = fsdp.optimizers(lambda ps: optim.AdamW(ps, lr=1e-3))
         peak = _measured_peak(ctx, fsdp, X, Y, opts)
-    # Activations of a 1-row batch are a few KiB: the estimate must cover the rest, and not by much.
+    # Activations of a 1-row batch are a few KiB: the estimate must cover the rest, and not by much. It is
+    # loosest with offload (1.63x since .grad takes backward's gradient without a copy): it adds the uploaded
+    # shards, the gather buffers and every reduced gradient shard as if all were alive at once.
     assert peak <= est.total, (peak, est)
-    assert est.total <= 1.5 * peak, (peak, est)
+    assert est.total <= (1.7 if offload else 1.5) * peak, (peak, est)
 
 
 def test_memory_estimate_refuses_what_fully_shard_refuses():

@@ -28,6 +28,7 @@ from .differentiable import (
     permute,
     reduce,
     reshape,
+    split_views,
     transpose,
     unary,
     where,
@@ -153,20 +154,16 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
 
 
 
-# -- splitting: views of the input, each differentiable on its own -----------------------------------
+# -- splitting: views of the input, their gradients joined (differentiable.split_views) ----------------------
 def _tensor_input(op: str, a) -> None:
     if not isinstance(a, Tensor):
         raise TypeError(f"{op}: expected a wgpar.Tensor, got {type(a).__name__}")
 
 
-def _slice(a: Tensor, d: int, start: int, stop: int) -> Tensor:
-    return getitem(a, (slice(None),) * d + (slice(start, stop),))
-
-
 def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
     """``a`` cut along ``dim`` into pieces of ``split_size_or_sections`` entries (an int: the last piece
     may be shorter) or of the listed sizes (which must add up to the dim's size), as torch.split.
-    The pieces are views; each one's gradient flows back into its own part of ``a``.
+    The pieces are views; backward joins their gradients into one buffer (a cat), as torch's.
 
     Arguments:
         a: a tensor of at least one dim.
@@ -187,11 +184,7 @@ def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]
         sizes = [int(s) for s in split_size_or_sections]
         if any(s < 0 for s in sizes) or sum(sizes) != n:
             raise ValueError(f"split: sizes {sizes} must be >= 0 and add up to dim {d}'s size {n} (shape {a.shape})")
-    out, start = [], 0
-    for s in sizes:
-        out.append(_slice(a, d, start, start + s))
-        start += s
-    return tuple(out)
+    return split_views(a, d, sizes)
 
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
@@ -209,10 +202,12 @@ def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         raise ValueError(f"chunk: chunks must be an int > 0, got {chunks!r}")
     if a.ndim == 0:
         raise ValueError("chunk: a 0-d tensor cannot be chunked")
-    n = a.shape[wrap_dim(dim, a.ndim)]
+    d = wrap_dim(dim, a.ndim)
+    n = a.shape[d]
     if n == 0:  # as torch: `chunks` empty pieces
-        return tuple(_slice(a, wrap_dim(dim, a.ndim), 0, 0) for _ in range(int(chunks)))
-    return split(a, -(-n // int(chunks)), dim)
+        return split_views(a, d, [0] * int(chunks), "chunk")
+    size = -(-n // int(chunks))
+    return split_views(a, d, [min(size, n - s) for s in range(0, n, size)], "chunk")
 
 
 def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
@@ -226,7 +221,7 @@ def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     if a.ndim == 0:
         raise ValueError("unbind: a 0-d tensor has no dim to unbind")
     d = wrap_dim(dim, a.ndim)
-    return tuple(getitem(a, (slice(None),) * d + (i,)) for i in range(a.shape[d]))
+    return split_views(a, d, [1] * a.shape[d], "unbind", keepdim=False)
 
 
 # -- triangles, flips, rolls ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ nothing themselves.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
 from .autocast_mode import get_autocast_dtype, is_autocast_enabled
-from .engine import backward, record, retain_grad
+from .engine import Parts, backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
 
@@ -286,6 +287,58 @@ def cat(tensors, dim: int = 0) -> Tensor:
     return record("cat", out, tensors, bw)
 
 
+class _Split:
+    """Where the pieces of one split lie along ``dim`` of the whole (``bounds``: [start, stop) each; ``squeezed``:
+    the pieces dropped that dim, as unbind's do); joins their gradients (engine.Parts)."""
+
+    __slots__ = ("shape", "dtype", "dim", "bounds", "squeezed", "n")
+
+    def __init__(self, a: Tensor, dim: int, bounds: list[tuple[int, int]], squeezed: bool) -> None:
+        self.shape, self.dtype, self.dim, self.bounds, self.squeezed = a.shape, a.dtype, dim, bounds, squeezed
+        self.n = len(bounds)
+
+    def join(self, grads: list[Tensor | None]) -> Tensor:
+        """The whole's gradient from one gradient or None per piece: each copied into its place of one new
+        buffer, one zero fill per run of pieces without one."""
+        runs: list[tuple[int, int, Tensor | None]] = []
+        for (lo, hi), g in zip(self.bounds, grads):
+            if g is None and runs and runs[-1][2] is None:
+                runs[-1] = (runs[-1][0], hi, None)
+            else:
+                runs.append((lo, hi, g))
+        device = next(g for g in grads if g is not None).device
+        out = Tensor.empty(self.shape, self.dtype, device)
+        for lo, hi, g in runs:
+            part = narrow(out, self.dim, lo, hi - lo)
+            if part.numel() == 0:
+                continue
+            if g is None:
+                ops.fill_(part, 0.0)
+            else:
+                ops.copy_(part, ops.unsqueeze(g, self.dim) if self.squeezed else g)
+        return out
+
+
+def split_views(a: Tensor, dim: int, sizes: Sequence[int], op: str = "split",
+                keepdim: bool = True) -> tuple[Tensor, ...]:
+    """The views of ``a`` of ``sizes`` entries along ``dim``, in order (``keepdim=False``: pieces of one entry
+    without that dim, as unbind's); ``op`` names their nodes. Each piece has a node of its own (its hooks, its
+    retain_grad); their gradients are joined into one buffer (engine.Parts), not each widened to ``a``'s
+    shape and summed."""
+    d = wrap_dim(dim, a.ndim)
+    bounds, start = [], 0
+    for n in sizes:
+        bounds.append((start, start + n))
+        start += n
+    pieces = [narrow(a, d, lo, hi - lo) for lo, hi in bounds]
+    if not keepdim:
+        pieces = [ops.squeeze(p, d) for p in pieces]
+    if not (is_grad_enabled() and _needs(a)):
+        return tuple(pieces)
+    split = _Split(a, d, bounds, not keepdim)
+    return tuple(record(op, p, [a], lambda g, i=i: (Parts(split, i, g),)) for i, p in enumerate(pieces))
+
+
 def stack(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
     d = stack_dim(tensors, dim)
@@ -420,6 +473,13 @@ def softmax(a: Tensor, axis=-1, log: bool = False) -> Tensor:
 
 
 # -- matmul -----------------------------------------------------------------------------------
+def _transposed(x: Tensor, other: Tensor) -> bool:
+    """Whether ``x`` is a 2-d matrix stored transposed (column-major: a Linear's ``weight.T``), multiplied by
+    another 2-d one. Its gradient is then computed transposed too (as torch's mm backward does), so it
+    comes back to the weight contiguous and becomes ``.grad`` without a copy."""
+    return x.ndim == 2 and other.ndim == 2 and x.strides == (1, x.shape[0]) and x.shape[0] > 1
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     if is_autocast_enabled():
         a, b = autocast_lower(a), autocast_lower(b)
@@ -439,8 +499,13 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     out = ops.matmul(a, b)
 
     def bw(g, mask=(True, True)):  # partial: a split backward computes each side in its own half
-        ga = unbroadcast(ops.matmul(g, ops.transpose(b, -2, -1)), a.shape) if mask[0] and _needs(a) else None
-        gb = unbroadcast(ops.matmul(ops.transpose(a, -2, -1), g), b.shape) if mask[1] and _needs(b) else None
+        ga = gb = None
+        if mask[0] and _needs(a):
+            ga = ops.transpose(ops.matmul(b, ops.transpose(g, -2, -1)), -2, -1) if _transposed(a, b) else \
+                unbroadcast(ops.matmul(g, ops.transpose(b, -2, -1)), a.shape)
+        if mask[1] and _needs(b):
+            gb = ops.transpose(ops.matmul(ops.transpose(g, -2, -1), a), -2, -1) if _transposed(b, a) else \
+                unbroadcast(ops.matmul(ops.transpose(a, -2, -1), g), b.shape)
         return ga, gb
 
     return record("matmul", out, [a, b], bw, [a, b], partial=True)
@@ -474,5 +539,5 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 __all__ = ["unary", "binary", "where", "clamp", "cast", "contiguous", "clone", "to_device", "inplace", "copy_", "fill_",
            "setitem", "reshape", "view", "flatten", "permute", "transpose", "expand", "squeeze", "unsqueeze", "getitem",
-           "index_select", "cat", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul", "linear",
-           "unbroadcast", "backward", "retain_grad"]
+           "index_select", "cat", "split_views", "stack", "reduce", "extreme", "sort", "topk", "softmax", "matmul",
+           "linear", "unbroadcast", "backward", "retain_grad"]

@@ -14,6 +14,7 @@ ones asked for.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -26,6 +27,49 @@ from .grad_mode import is_grad_enabled, no_grad
 from .graph import Node, current_tape
 
 _retained: weakref.WeakKeyDictionary[Node, weakref.ref] = weakref.WeakKeyDictionary()
+
+
+class Parts:
+    """Gradients of some pieces of one split (split, chunk, unbind), standing for the split tensor's gradient.
+
+    A piece's backward returns one; the engine merges those of one split as they arrive and joins them
+    once, when the gradient is used: one buffer, each piece's gradient copied into its place, zeros only
+    where none came (torch's split backward is one cat). As full-size tensors, each piece's gradient
+    would cost a zero tensor of the whole's size and an add.
+
+    Arguments:
+        split: the pieces' geometry: ``n`` pieces, ``join(grads)`` the whole's gradient from one per piece.
+        index: which piece ``grad`` belongs to.
+        grad: that piece's gradient.
+    """
+
+    __slots__ = ("split", "grads")
+
+    def __init__(self, split, index: int, grad: Tensor) -> None:
+        self.split = split
+        self.grads: list[Tensor | None] = [None] * split.n
+        self.grads[index] = grad
+
+    def merge(self, other: Parts) -> Parts:
+        """Take ``other``'s pieces (of the same split) into these; returns self. A piece's node runs once
+        per pass, so no piece comes twice."""
+        for i, g in enumerate(other.grads):
+            if g is not None:
+                self.grads[i] = g
+        return self
+
+
+def _sum(old: Tensor | Parts | None, new: Tensor | Parts) -> Tensor | Parts:
+    """Two gradients of one tensor (``old`` None: the first): added, or merged when both are parts of one split."""
+    if old is None:
+        return new
+    if isinstance(old, Parts) and isinstance(new, Parts) and old.split is new.split:
+        return old.merge(new)
+    return ops.binary("add", _joined(old), _joined(new))
+
+
+def _joined(g: Tensor | Parts) -> Tensor:
+    return g.split.join(g.grads) if isinstance(g, Parts) else g
 
 
 def record(name: str, out: Tensor, inputs: Sequence, backward_fn, saved: Sequence[Tensor] = (),
@@ -100,7 +144,29 @@ def _name(hook) -> str:
     return getattr(hook, "__qualname__", None) or repr(hook)
 
 
+def _refs(g) -> tuple[int, int]:
+    """References to ``g`` and to its storage, as seen from a caller holding ``g`` in one local."""
+    return sys.getrefcount(g), sys.getrefcount(g._storage)
+
+
+class _Probe:
+    __slots__ = ("_storage",)
+
+
+def _sole_refs() -> tuple[int, int]:
+    """``_refs`` of an object that one local alone holds, whose attribute alone holds another (a gradient
+    nothing else can see): measured, since Python versions count references from the stack differently."""
+    probe = _Probe()
+    probe._storage = _Probe()
+    return _refs(probe)
+
+
+_SOLE = _sole_refs()
+
+
 def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
+    """Land ``g`` in ``t.grad``: a gradient nothing else holds (the walk passes it as a temporary and keeps
+    no reference) becomes ``.grad`` itself, without a copy, as torch's AccumulateGrad steals it."""
     if g.shape != t.shape:
         raise RuntimeError(f"autograd: gradient of shape {g.shape} for a leaf of shape {t.shape}")
     if g.dtype is not t.dtype:
@@ -108,9 +174,14 @@ def _accumulate_leaf(t: Tensor, g: Tensor) -> None:
     hooks = getattr(t, "_tensor_hooks", None)
     if hooks:
         g = _run_hooks(hooks, g, f"a leaf of shape {t.shape}")
-    # A fresh, contiguous tensor: the same gradient object may reach several leaves, and
-    # optimizers and clip_grad_norm_ update .grad in place.
-    t.grad = ops.clone(g) if t.grad is None else ops.binary("add", t.grad, g)
+    if t.grad is not None:
+        t.grad = ops.binary("add", t.grad, g)
+    else:
+        # Optimizers and clip_grad_norm_ update .grad in place, so a gradient anything else can see is
+        # copied: one reaching several leaves or kept by a hook (more references), a view (its storage
+        # shared, or not covered exactly and contiguously).
+        sole = _refs(g) == _SOLE and g._offset == 0 and g.numel() == g._storage.numel and g.is_contiguous()
+        t.grad = g if sole else ops.clone(g)
     t.grad._storage.tag(_hist.GRADIENT)
     for hook in getattr(t, "_grad_hooks", ()):
         hook(t)
@@ -215,7 +286,7 @@ def _seed(tensors: Sequence[Tensor], grads: list[Tensor | None]) -> tuple[dict[i
             _accumulate_leaf(t, g)
             continue
         node = t._node
-        pending[node.id] = g if node.id not in pending else ops.binary("add", pending[node.id], g)
+        pending[node.id] = _sum(pending.get(node.id), g)
         roots.append(node)
     return pending, roots
 
@@ -239,11 +310,12 @@ def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
         for i, t in enumerate(node.inputs):
             if t is not None and t._node is None and (mask is None or mask[i]):
                 leaf_uses[id(t)] = leaf_uses.get(id(t), 0) + 1
-    leaf_pending: dict[int, Tensor] = {}
+    leaf_pending: dict[int, Tensor | Parts] = {}
     for node in order:
         g = pending.pop(node.id, None)
         if g is None:
             continue
+        g = _joined(g)
         mask = masks.get(node.id)
         if later is not None and not any(mask):  # nothing to do now: all of it waits
             later.append((node, g, tuple(t is not None for t in node.inputs), False))
@@ -260,32 +332,37 @@ def _walk(order: list[Node], pending: dict[int, Tensor], retain_graph: bool,
             ref().grad = g
         node.check_versions()
         in_grads = _call(node, g, mask)
+        ready = []
         for t, ig in zip(node.inputs, in_grads):
             if t is None or ig is None:
                 continue
-            if ig.dtype is not t.dtype and t.dtype.is_float:
+            if not isinstance(ig, Parts) and ig.dtype is not t.dtype and t.dtype.is_float:
                 # As in PyTorch, a gradient has its input's dtype: a float16 branch added into a float32
                 # one (autocast) gets float16 gradients, so its matmuls stay on the float16 kernels.
                 ig = ops.cast(ig, t.dtype)
             if t._node is None:
                 k = id(t)
-                leaf_pending[k] = ig if k not in leaf_pending else ops.binary("add", leaf_pending[k], ig)
+                leaf_pending[k] = _sum(leaf_pending.get(k), ig)
                 leaf_uses[k] -= 1
                 if leaf_uses[k] == 0:
-                    _accumulate_leaf(t, leaf_pending.pop(k))
+                    ready.append(t)
             else:
                 k = t._node.id
-                pending[k] = ig if k not in pending else ops.binary("add", pending[k], ig)
+                pending[k] = _sum(pending.get(k), ig)
         rest = None if later is None else tuple(t is not None and not m for t, m in zip(node.inputs, mask))
         if rest is not None and any(rest):
             later.append((node, g, rest, True))
         elif not retain_graph:
             node.release()
+        # The walk's own references go first: a leaf's gradient that nothing else holds becomes its .grad.
+        g = in_grads = ig = None
+        for t in ready:
+            _accumulate_leaf(t, _joined(leaf_pending.pop(id(t))))
     # Leaves on branches that produced no gradient still get what did arrive.
     for node in order:
         for t in node.inputs:
             if t is not None and id(t) in leaf_pending:
-                _accumulate_leaf(t, leaf_pending.pop(id(t)))
+                _accumulate_leaf(t, _joined(leaf_pending.pop(id(t))))
 
 
 def _call(node: Node, g: Tensor, mask: tuple[bool, ...] | None) -> tuple:

@@ -188,11 +188,11 @@ class BatchNorm(Function):
         gx = gw = gb = None
         scale = bn.row(st, bn.SCALE)
         if need_w or need_b or (need_x and ctx.batch_stats):
-            co = bn.grad_coefficients(x, g, st, ctx.batch_stats)
+            gw_all, gb_all, co = bn.grad_coefficients(x, g, st, ctx.batch_stats)
             if need_w:
-                gw = _as(bn.row(co, bn.GW), ctx.dtypes[0])
+                gw = _as(gw_all, ctx.dtypes[0])
             if need_b:
-                gb = _as(bn.row(co, bn.GB), ctx.dtypes[1])
+                gb = _as(gb_all, ctx.dtypes[1])
             if need_x and ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
                 gx = bn.affine(x, bn.row(co, bn.K2), m=bn.row(st, bn.MEAN), k3=bn.row(co, bn.K3), g=g, k1=scale)
         if need_x and gx is None:

@@ -84,11 +84,11 @@ class MultiheadAttention(Module):
         h, hd = self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
         if query is key and key is value:  # self-attention: one projection, split in three
-            qkv = F.linear(query, w, b)
-            q, k, v = (qkv[..., i * e:(i + 1) * e] for i in range(3))
+            q, k, v = D.split_views(F.linear(query, w, b), -1, [e] * 3)  # one gradient buffer, joined
         else:
-            q, k, v = (F.linear(x, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
-                       for i, x in enumerate((query, key, value)))
+            ws = D.split_views(w, 0, [e] * 3)
+            bs = (None,) * 3 if b is None else D.split_views(b, 0, [e] * 3)
+            q, k, v = (F.linear(x, wi, bi) for x, wi, bi in zip((query, key, value), ws, bs))
         q, k, v = (D.transpose(D.reshape(t, (n, -1, h, hd)), 1, 2) for t in (q, k, v))
         mask = self._mask(attn_mask, key_padding_mask, is_causal, n, lq, lk, query)
         dropout_p = self.dropout if self.training else 0.0
@@ -205,8 +205,8 @@ class CausalSelfAttention(Module):
         qkv = self.qkv(x)
         width = qkv.shape[-1] // 3  # local heads x head_dim: all heads on one device, this rank's under TP
         hd = self.head_dim
-        q, k, v = (D.transpose(D.reshape(qkv[..., i * width:(i + 1) * width], (b, t, -1, hd)), 1, 2)
-                   for i in range(3))
+        # split: one buffer holds the three gradients (slicing would widen each to qkv's shape and add them)
+        q, k, v = (D.transpose(D.reshape(p, (b, t, -1, hd)), 1, 2) for p in D.split_views(qkv, -1, [width] * 3))
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return self.out_proj(D.reshape(D.transpose(y, 1, 2), (b, t, width)))

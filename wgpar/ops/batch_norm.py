@@ -27,12 +27,13 @@ _SUMS = Kernel("batch_norm_sums", "part: w, a: r, b: r, mean: r",
 _APPLY = Kernel("batch_norm_apply", "out: w, x: r, g: r, m: r, k1: r, k2: r, k3: r",
                 "c: u32, inner: u32, total: u32, off_x: u32, off_g: u32, off_m: u32, off_k1: u32, off_k2: u32, "
                 "off_k3: u32")
-_FINAL = Kernel("batch_norm_finalize", "st: w, pa: r, pb: r, wt: r, bs: r, rm: w, rv: w",
+_FINAL = Kernel("batch_norm_finalize", "st: w, pa: r, pb: r, wt: r, bs: r, rm: w, rv: w, gw: w, gb: w",
                 "c: u32, g1: u32, g2: u32, inv: f32, eps: f32, momentum: f32, unbias: f32, batch: u32, off_w: u32, "
                 "off_b: u32, off_rm: u32, off_rv: u32")
-# Rows of the [6, C] statistics ``stats`` returns and of the [4, C] gradient coefficients ``grad_coefficients``.
+# Rows of the [6, C] statistics ``stats`` returns and of the [2, C] input-gradient coefficients of
+# ``grad_coefficients``.
 MEAN, SHIFT, VAR, INVSTD, SCALE, OFFSET = range(6)
-GW, GB, K2, K3 = range(4)
+K2, K3 = range(2)
 
 
 def column(t: Tensor, j: int) -> Tensor:
@@ -110,10 +111,10 @@ def channel_sums(a: Tensor, term1: str, term2: str, b: Tensor | None = None, mea
 
 def _finalize(mode: int, rows: int, pa: Tensor, pb: Tensor, c: int, fills: dict, extra: dict, **params) -> Tensor:
     st = Tensor.empty((rows, c), _dt.float32, pa.device)
-    named = {"st": st, "pa": pa, "pb": pb} | extra
+    named = {"st": st, "pa": pa, "pb": pb} | {k: extra.get(k) for k in ("wt", "bs", "rm", "rv", "gw", "gb")}
     present = [(k, t) for k, t in named.items() if t is not None]
     k = _FINAL.spec([t.dtype.storage for _, t in present], without=tuple(k for k, t in named.items() if t is None),
-                    MODE=mode, **fills)
+                    MODE=mode, **({"GRADS": "", "RUNNING": ""} | fills))
     args = dict(g1=0, g2=0, inv=0.0, eps=0.0, momentum=0.0, unbias=0.0, batch=0, off_w=0, off_b=0, off_rm=0,
                 off_rv=0) | params
     pa.device.dispatch(k, [t._storage.buffer for _, t in present], _FINAL.pack(c=c, **args),
@@ -149,7 +150,7 @@ def stats(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, run
     n, c, inner = x.shape
     weight, bias = _vec(weight), _vec(bias)
     fills = {"WEIGHT": "1.0" if weight is None else "f32(wt[p.off_w + ch])",
-             "BIAS": "0.0" if bias is None else "f32(bs[p.off_b + ch])", "RUNNING": ""}
+             "BIAS": "0.0" if bias is None else "f32(bs[p.off_b + ch])"}
     params = dict(eps=float(eps), off_w=0 if weight is None else weight._offset,
                   off_b=0 if bias is None else bias._offset)
     if not training:
@@ -157,7 +158,7 @@ def stats(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, run
                   for t in (running_mean, running_var))
         if rm._offset or rv._offset:
             rm, rv = clone(rm), clone(rv)
-        return _finalize(1, 6, rm, rv, c, fills, {"wt": weight, "bs": bias, "rm": None, "rv": None}, **params)
+        return _finalize(1, 6, rm, rv, c, fills, {"wt": weight, "bs": bias}, **params)
     count = n * inner
     p1 = channel_parts(x, "va", "0.0")
     p2 = channel_parts(x, "(va - m) * (va - m)", "va - m", mean_parts=p1)
@@ -173,10 +174,11 @@ def stats(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, run
                      g2=p2.shape[2], inv=1.0 / count, **params)
 
 
-def grad_coefficients(x: Tensor, g: Tensor, st: Tensor, batch_stats: bool) -> Tensor:
-    """The weight and bias gradients and the input gradient's coefficients, float32 [4, C] (rows ``GW``,
-    ``GB``, ``K2``, ``K3``: gx = g * scale + (x - mean) * k2 + k3), for the output gradient ``g`` of
-    the batch norm of ``x`` with statistics ``st`` (from ``stats``). Two dispatches.
+def grad_coefficients(x: Tensor, g: Tensor, st: Tensor, batch_stats: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The weight and bias gradients, float32 [C] each (buffers of their own: they become the parameters'
+    .grad without a copy), and the input gradient's coefficients, float32 [2, C] (rows ``K2``, ``K3``:
+    gx = g * scale + (x - mean) * k2 + k3), for the output gradient ``g`` of the batch norm of ``x`` with
+    statistics ``st`` (from ``stats``). Two dispatches.
 
     Arguments:
         x, g: contiguous [N, C, inner].
@@ -185,9 +187,10 @@ def grad_coefficients(x: Tensor, g: Tensor, st: Tensor, batch_stats: bool) -> Te
     """
     n, c, inner = x.shape
     parts = channel_parts(x, "vb", "vb * (va - m)", b=g, mean=row(st, MEAN))  # sum g, sum g * (x - mean)
-    return _finalize(2, 4, parts, st, c, {"WEIGHT": "1.0", "BIAS": "0.0", "RUNNING": ""},
-                     {"wt": None, "bs": None, "rm": None, "rv": None}, g1=parts.shape[2], inv=1.0 / (n * inner),
-                     batch=int(batch_stats))
+    gw, gb = (Tensor.empty((c,), _dt.float32, x.device) for _ in range(2))
+    k = _finalize(2, 2, parts, st, c, {"WEIGHT": "1.0", "BIAS": "0.0", "GRADS": "gw[ch] = sgx * invstd; gb[ch] = sg;"},
+                  {"gw": gw, "gb": gb}, g1=parts.shape[2], inv=1.0 / (n * inner), batch=int(batch_stats))
+    return gw, gb, k
 
 
 def affine(x: Tensor, k2: Tensor, m: Tensor | None = None, k3: Tensor | None = None, g: Tensor | None = None,
