@@ -603,7 +603,7 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bi
 
 def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
                       eps: float) -> Tensor:
-    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward, param_grad
+    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward
 
     cols = int(np.prod(shape))
     rows = x.numel() // cols if cols else 0
@@ -619,9 +619,9 @@ def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, 
         g2 = ops.reshape(_raw_contiguous(g), (rows, cols))
         want_w = weight is not None and weight.requires_grad
         want_b = bias is not None and bias.requires_grad
-        dx, sums = layer_norm_backward(x2, w, stats, g2, want_w or want_b)
-        gw = ops.reshape(param_grad(sums, 0), shape) if want_w else None
-        gb = ops.reshape(param_grad(sums, 1), shape) if want_b else None
+        dx, gw, gb = layer_norm_backward(x2, w, stats, g2, want_w or want_b)
+        gw = ops.reshape(gw, shape) if want_w else None
+        gb = ops.reshape(gb, shape) if want_b else None
         return ops.reshape(dx, x.shape), gw, gb
 
     return record("layer_norm", y, [x, weight, bias], bw, [x, *(t for t in (weight, bias) if t is not None)])

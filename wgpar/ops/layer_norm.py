@@ -71,16 +71,19 @@ def layer_norm_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, ep
 
 
 def layer_norm_backward(x: Tensor, weight: Tensor | None, stats: Tensor, dy: Tensor,
-                        want_param_grads: bool) -> tuple[Tensor, Tensor | None]:
-    """(dx, the weight's and bias's gradients as rows 0 and 1 of a [2, cols] tensor of x's dtype, or None)
-    for ``layer_norm_forward``'s ``x``, ``weight`` and ``stats`` and the output gradient ``dy`` (contiguous
-    [rows, cols], x's dtype). Two dispatches: the kernel, then one pass over its partial sums (two where
-    MAX_LOOP asks for more than 512 workgroups: about a million rows)."""
+                        want_param_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(dx, the weight's gradient, the bias's gradient; both [cols] of x's dtype, or None) for
+    ``layer_norm_forward``'s ``x``, ``weight`` and ``stats`` and the output gradient ``dy`` (contiguous
+    [rows, cols], x's dtype). Three dispatches: the kernel, then one pass over its partial sums for
+    each parameter (more where MAX_LOOP asks for more than 512 workgroups: about a million rows).
+    Each gradient gets a buffer of its own: autograd then stores it in .grad without a copy."""
     rows, cols = x.shape
     dev = x.device
     dx = Tensor.empty((rows, cols), x.dtype, dev)
     if rows == 0 or cols == 0:
-        return dx, fill((2, cols), 0, x.dtype, dev) if want_param_grads else None
+        if not want_param_grads:
+            return dx, None, None
+        return dx, fill((cols,), 0, x.dtype, dev), fill((cols,), 0, x.dtype, dev)
     tpr = threads_per_row(cols)
     k = -(-cols // tpr)
     k = k if k <= _KMAX else 0
@@ -100,13 +103,9 @@ def layer_norm_backward(x: Tensor, weight: Tensor | None, stats: Tensor, dy: Ten
                            off_dy=dy._offset, flags=flags, blocks=blocks, groups=groups),
                  grid(groups, dev.max_workgroups))
     if not want_param_grads:
-        return dx, None
-    return dx, column_sums(parts, 2, groups, cols, x.dtype)
+        return dx, None, None
+    gw, gb = (reshape(column_sums(narrow(parts, 0, i, 1), 1, groups, cols, x.dtype), (cols,)) for i in (0, 1))
+    return dx, gw, gb
 
 
-def param_grad(sums: Tensor, i: int) -> Tensor:
-    """Row ``i`` of ``layer_norm_backward``'s [2, cols] sums (0: the weight's gradient, 1: the bias's), a view."""
-    return reshape(narrow(sums, 0, i, 1), (sums.shape[1],))
-
-
-__all__ = ["layer_norm_forward", "layer_norm_backward", "param_grad", "threads_per_row"]
+__all__ = ["layer_norm_forward", "layer_norm_backward", "threads_per_row"]
