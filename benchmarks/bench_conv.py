@@ -255,15 +255,20 @@ def _torch_resnet(args, torch, tdev):
     return resnet_step(_Lib("torch", torch, tdev), *_resnet_data(args), None, args.steps, args.warmup)
 
 
+_CHILD_GPU: list[str] = []  # the GPU the child process's torch ran on
+
+
 def _torch_resnet_in_child(args):
-    """torch's (seconds, peak bytes, first loss, state) from a process of its own: beside wgpar's Vulkan
-    device in one process, torch's ResNet step ran 2x slower on an H100 (36-38 ms against 17.8 alone)."""
+    """torch's (seconds, peak bytes, first loss, state) from a process of its own: with CUDA and wgpar's
+    Vulkan device in one process both host-bound steps slowed down on an H100 (torch 36-38 ms against 17.8
+    alone, wgpar 44.8 against 30.7), so this process never touches CUDA."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "reference.npz"
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "--resnet", "--torch-reference-to", str(out),
                         "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--small"] if args.small else []),
                        check=True, timeout=900)
         z = np.load(out)
+        _CHILD_GPU.append(str(z["gpu"]))
         return (float(z["seconds"]), int(z["peak"]), float(z["first"]),
                 {k[len("state."):]: z[k] for k in z.files if k.startswith("state.")})
 
@@ -301,19 +306,23 @@ def main(argv: list[str] | None = None) -> int:
     _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     if args.torch_reference_to:
-        t, peak, first, state = _torch_resnet(args, *_report.torch_or_none())
-        np.savez(args.torch_reference_to, seconds=t, peak=peak, first=first,
+        torch_mod, tdev_child = _report.torch_or_none()
+        t, peak, first, state = _torch_resnet(args, torch_mod, tdev_child)
+        gpu = torch_mod.cuda.get_device_name(0) if tdev_child == "cuda" else "the CPU"
+        np.savez(args.torch_reference_to, seconds=t, peak=peak, first=first, gpu=gpu,
                  **{f"state.{k}": _numpy(v) for k, v in state.items()})
         return 0
     torch, tdev = (None, None) if args.no_torch else _report.torch_or_none()
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
     tname = None
-    if torch is not None:
+    if torch is not None and not (args.resnet and tdev == "cuda"):  # there CUDA is left to the child process
         tname = (f"torch {torch.__version__} FP32 (TF32 off) on {torch.cuda.get_device_name(0)}" if tdev == "cuda"
                  else f"torch {torch.__version__} on the CPU (results checked, not timed)")
         print(f"reference: {tname}")
     header, rows = (resnet if args.resnet else layers)(args, dev, torch, tdev)
+    if _CHILD_GPU:
+        tname = f"torch {torch.__version__} FP32 (TF32 off) on {_CHILD_GPU[0]}, in a process of its own"
     table = _report.markdown_table(header, rows)
     print(table)
     what = "resnet" if args.resnet else "conv"
