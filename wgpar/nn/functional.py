@@ -42,12 +42,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     lead = x.shape[:-1]
     if x.ndim > 2:  # [batch, seq, in] as one [batch * seq, in] product: the weight's gradient is then one
         x = D.reshape(x, (-1, x.shape[-1]))  # matmul over all rows, not a product per batch entry summed after
-    if x.ndim == 1:
-        y = D.matmul(x, D.transpose(weight, 0, 1))
-        if bias is not None:
-            y = D.binary("add", y, D.autocast_lower(bias) if is_autocast_enabled() else bias)
-    else:
-        y = D.linear(x, weight, bias)
+    y = D.linear(x, weight, bias)  # a 1-d x goes through matmul and add there
     return D.reshape(y, lead + (weight.shape[0],)) if len(lead) != 1 else y
 
 

@@ -120,16 +120,15 @@ def column_sums(x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) ->
 
 
 def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType,
-                  ctype: str | None = None, scale: float | None = None, split: bool = True) -> Tensor:
+                  ctype: str | None = None, scale: float | None = None) -> Tensor:
     """Reduce x viewed as [outer, n, inner] over n; ``ctype`` is the accumulator type (default: x's
     compute type, f32 for mean, so an integer mean never wraps); a mean multiplies by ``scale``
-    (default 1 / n: a second pass over partial sums takes the first pass's count). ``split=False``
-    keeps a column reduction to one pass."""
+    (default 1 / n: a second pass over partial sums takes the first pass's count)."""
     ctype = ctype or ("f32" if op == "mean" else x.dtype.compute)
     scale = 1.0 / n if scale is None else scale
     dev = x.device
     if inner > 1:
-        return _reduce_cols(op, x, outer, n, inner, out_dt, ctype, scale, split and op not in _ARG)
+        return _reduce_cols(op, x, outer, n, inner, out_dt, ctype, scale, op not in _ARG)
     # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
     # than MAX_LOOP times); partials reduced again.
     two_pass = n > 16 * WORKGROUP and (outer < 64 or n > WORKGROUP * MAX_LOOP)
