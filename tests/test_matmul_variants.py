@@ -190,8 +190,8 @@ def test_general_split_k(rng, layout, shape, split):
 
 
 def test_general_split_k_choice(dev):
-    """On a GPU, few general tiles over a long K are split (parts of at least 32); a CPU adapter, a
-    batch, float16 and a K without a power-of-two factor are not."""
+    """On a GPU, few general tiles over a long K are split (parts of at least 32; float16 too, its parts
+    float32); a CPU adapter, a batch and a K without a power-of-two factor are not."""
     p = plan_of(wgpar.empty((128, 512)), wgpar.empty((512, 10)))
     assert p.variant == "general"
     assert p.split == (1 if dev.adapter_type.lower() == "cpu" else 16)
@@ -201,7 +201,7 @@ def test_general_split_k_choice(dev):
         assert plan_of(wgpar.empty((128, 512)), wgpar.empty((512, 10))).split == 1  # 3 does not divide 512
     if dev.has_f16:
         half = plan_of(wgpar.empty((128, 512), dtype=wgpar.float16), wgpar.empty((512, 10), dtype=wgpar.float16))
-        assert half.split == 1
+        assert half.split == p.split
 
 
 @pytest.mark.parametrize("shapes", [
@@ -287,10 +287,33 @@ def test_tiling_parse():
         mm.Tiling.parse("128x64x8x6x4")
 
 
-def test_split_k_is_float32_only(dev, monkeypatch):
-    """On a GPU a float32 product with few tiles and a long K is split; a float16 one is not (its partial
-    products would be rounded to float16 before the sum)."""
+def test_split_k_choice_float16(dev, monkeypatch):
+    """On a GPU a product with few tiles and a long K is split in float16 as in float32 (the parts are
+    float32, so splitting changes no rounding)."""
     monkeypatch.setattr(dev, "adapter_type", "DiscreteGPU")
     assert plan_of(wgpar.empty((64, 8192)), wgpar.empty((8192, 128))).split == mm._SPLIT_MAX
     half = plan_of(wgpar.empty((64, 8192), dtype=wgpar.float16), wgpar.empty((8192, 128), dtype=wgpar.float16))
-    assert half.split == 1
+    assert half.split == mm._SPLIT_MAX
+
+
+@pytest.mark.parametrize("variant,N", [(SMALLEST, 128), ("general", 10)])
+def test_split_k_float16_rounds_once(rng, dev, variant, N):
+    """float16 split-K: each part's sum stays float32 and the result is rounded to float16 once. The
+    first half of K sums to about +1000 and the second to -1000, so a part rounded to float16 (spacing
+    0.5 there) would be off by up to 0.25 in a result near 1."""
+    if not dev.has_f16:
+        pytest.skip("no shader-f16 on this adapter")
+    M, K = 64, 128
+    a = np.ones((M, K), np.float16)
+    b = np.empty((K, N), np.float16)
+    b[: K // 2] = (15.75 + 0.1 * rng.random((K // 2, N))).astype(np.float16)
+    b[K // 2:] = -15.75
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    with mm.force_variant(variant, split=2):
+        wa, wb = wgpar.tensor(a), wgpar.tensor(b)
+        assert plan_of(wa, wb).split == 2
+        got = (wa @ wb).numpy()
+    assert got.dtype == np.float16
+    # Rounded once: within half a float16 spacing of the exact value (plus float32 summation error).
+    spacing = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+    assert np.all(np.abs(got.astype(np.float64) - want) <= 0.5 * spacing + 1e-4)

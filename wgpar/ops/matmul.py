@@ -26,7 +26,7 @@ from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
 from .arith import inplace
 from .elementwise import broadcast_shape, fill
-from .reduce import reduce
+from .reduce import column_sums
 from .shape import expand, narrow, reshape, squeeze
 
 _TILE = 64  # the general kernel's output tile
@@ -275,9 +275,9 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     if _force_split is not None:
         split = _force_split
     elif (dev.adapter_type.lower() != "cpu" and nb == 1 and not edge and groups(fits[0]) < _SPLIT_BELOW
-          and K >= 2 * _SPLIT_MIN_K and a.t.dtype is _dt.float32 and b.t.dtype is _dt.float32):
-        # float32 only: float16 partial products would be rounded to float16 before they are summed,
-        # where one kernel accumulates the whole K in float32.
+          and K >= 2 * _SPLIT_MIN_K):
+        # float16 too: the partial products stay float32 and their sum is rounded once (_run), as one
+        # kernel accumulating the whole K in float32 rounds its result once.
         chosen = fits[0]  # the largest tile: its parts give the workgroups
         while (groups(chosen) * split < _SPLIT_WORKGROUPS and K // (2 * split) >= _SPLIT_MIN_K
                and split < _SPLIT_MAX):
@@ -290,9 +290,9 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
 def _general_plan(dev, nb: int, M: int, N: int, K: int, a: Operand, b: Operand, out_dtype: _dt.DType) -> Plan:
     """The general kernel's plan. Each of its workgroups walks all of K for one 64 x 64 tile, so on a
     GPU a product of few tiles over a long K (a classifier's 128 x 512 @ 512 x 10 took 0.7 ms on an
-    H100) is split in K into parts of at least 32, summed after (float32 only, as the fast kernels)."""
+    H100) is split in K into parts of at least 32, summed after in float32 (as the fast kernels)."""
     split = 1
-    if nb == 1 and out_dtype is _dt.float32:
+    if nb == 1 and out_dtype.is_float:
         if _force_split is not None:
             split = _force_split if K % _force_split == 0 else 1
         elif dev.adapter_type.lower() != "cpu":
@@ -321,13 +321,14 @@ def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
         out = Tensor.empty(shape, dtype, p.a.t.device)
         run(p, out=out)
         return out
-    # Split-K: part s multiplies A's columns and B's rows s*K/S .. (s+1)*K/S, as batch entry s.
+    # Split-K: part s multiplies A's columns and B's rows s*K/S .. (s+1)*K/S, as batch entry s. The parts
+    # are float32 whatever the result's type, summed in float32 and rounded once into ``dtype``.
     kp = p.K // p.split
-    parts = Tensor.empty((p.split, p.M, p.N), dtype, p.a.t.device)
+    parts = Tensor.empty((p.split, p.M, p.N), _dt.float32, p.a.t.device)
     sp = Plan(p.variant, p.split, p.M, p.N, kp, Operand(p.a.t, p.a.offset, kp * p.a.sj, p.a.si, p.a.sj),
               Operand(p.b.t, p.b.offset, kp * p.b.si, p.b.si, p.b.sj), p.a_layout, p.b_layout, p.lda, p.ldb)
     run(sp, out=parts)
-    return reshape(reduce("sum", parts, 0), shape)
+    return reshape(column_sums(parts, 1, p.split, p.M * p.N, dtype), shape)
 
 
 def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int, tuple[int, int, int]]]:
