@@ -127,3 +127,35 @@ def test_a_failed_submit_leaves_the_device_usable(rng):
         wgpar.tensor(big, device=d)
     assert_close(wgpar.tensor(big * 2, device=d).numpy(), big * 2)
     assert d._pending == 0 or d._encoder is not None
+
+
+def test_after_a_wait_the_next_work_is_submitted_early(dev):
+    """Once the host has waited for the GPU (synchronize, a readback) the GPU is idle: the next work is
+    submitted after a few dispatches, the batch doubling back to the submit threshold, so the GPU is not
+    left idle while the host records a whole threshold's worth."""
+    from wgpar.runtime.config import CONFIG
+
+    device_mod = sys.modules["wgpar.runtime.device"]  # the module (wgpar.runtime.device is a function)
+
+    x = wgpar.ones((64,), device=dev)
+    x.numpy()  # a readback: the host waited
+    submits = dev.num_submits
+    for _ in range(device_mod._RAMP):
+        x = x + 1
+    assert dev.num_submits == submits + 1  # the first _RAMP dispatches went to the GPU at once
+    batches, pending = [], 0
+    while sum(batches) < 4 * CONFIG.submit_threshold:  # then 2, 4, ... times _RAMP, up to the threshold
+        before = dev.num_submits
+        x = x + 1
+        pending += 1
+        if dev.num_submits != before:
+            batches.append(pending)
+            pending = 0
+    want = [min(device_mod._RAMP * 2 ** i, CONFIG.submit_threshold) for i in range(1, len(batches) + 1)]
+    assert batches == want
+    dev.synchronize()
+    before = dev.num_submits
+    for _ in range(device_mod._RAMP):
+        x = x + 1
+    assert dev.num_submits == before + 1
+    assert float(x[0].item()) == 1 + 2 * device_mod._RAMP + sum(batches) + pending

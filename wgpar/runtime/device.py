@@ -26,6 +26,7 @@ _ARENA_SLOTS = 1024
 _LARGE_UPLOAD = 1 << 20  # bytes; smaller uploads use queue.write_buffer
 _UPLOAD_TIMEOUT = 300.0
 _BIND_GROUP_CACHE_MAX = 8192
+_RAMP = 16  # dispatches before the first submit after the host waited for the GPU (Device._idle)
 
 _LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
                "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
@@ -266,6 +267,7 @@ class Device:
             self.num_dispatches += 1
             if self._pending >= self._threshold:
                 self._flush_locked()
+                self._threshold = min(2 * self._threshold, CONFIG.submit_threshold)
 
     def copy(self, src: wgpu.GPUBuffer, src_offset: int, dst: wgpu.GPUBuffer, dst_offset: int, nbytes: int) -> None:
         """Record a buffer-to-buffer copy (offsets and size multiples of 4)."""
@@ -323,6 +325,14 @@ class Device:
         with self._lock:
             self._flush_locked()
             self._submit_empty_and_wait()
+            self._idle()
+
+    def _idle(self) -> None:
+        """The host waited for the GPU, which is now idle: submit the next work early (after _RAMP
+        dispatches, doubling back to submit_threshold), so the GPU is not left waiting while the host
+        records a whole threshold's worth (GPT-2 under GradScaler, which reads a flag every step: the GPU
+        idled about 30 ms a step while the optimizer and the next forward filled the first 512)."""
+        self._threshold = min(_RAMP, CONFIG.submit_threshold)
 
     # -- host transfers -------------------------------------------------------------------
     def upload(self, buffer: wgpu.GPUBuffer, offset: int, data: bytes | memoryview) -> None:
@@ -374,6 +384,7 @@ class Device:
             with _prof.span("map wait", "transfer", bytes=nbytes, device=self.index):
                 wait_promise(map_async(staging, wgpu.MapMode.READ, 0, staging.size), _UPLOAD_TIMEOUT,
                              f"readback of {nbytes} bytes on {self}")
+            self._idle()
             try:
                 return bytes(staging.read_mapped(0, nbytes, copy=True))
             finally:
