@@ -3,7 +3,8 @@
 A GPT-2 (d 768, 12 layers, byte vocabulary 256) step on batch 8 x 1024 tokens runs 147 matmuls: per
 layer qkv 768->2304, attention out 768->768, MLP 768->3072->768, and the tied lm_head 768->256 once.
 nn.Linear runs ``x @ W.T`` (layout nt); backward runs dX = g @ W (nn) and dW = g^T @ x (tn, K = 8192
-tokens), as F.linear's node computes them. For each shape this times wgpar's automatic choice and any forced ``--variants`` / ``--splits``,
+tokens), as F.linear's node computes them. For each shape this times wgpar's automatic choice and any
+forced ``--variants`` / ``--splits``,
 torch FP32 (TF32 off) on the same operand layouts, and checks every wgpar result against torch float64.
 The summary weighs each shape by how often the step runs it.
 
