@@ -13,6 +13,7 @@ largest difference of output and gradients, relative to the largest value) and i
     python benchmarks/bench_conv.py --small --steps 1 --no-write    # smoke test (lavapipe)
     python benchmarks/bench_conv.py                                  # full sizes, on a GPU
     python benchmarks/bench_conv.py --resnet                         # ResNet-18 step, batch 128, 32x32
+    python benchmarks/bench_conv.py --amp                            # layers under float16 autocast
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ class _Lib:
     def to(self, module):
         return module.to(self.tdev) if self.torch is not None else module.to(self.dev)
 
+    def autocast(self, enabled: bool):
+        """float16 autocast (torch's on its device), or nothing when not ``enabled``."""
+        if self.torch is not None:
+            return self.torch.autocast(self.tdev, dtype=self.torch.float16, enabled=enabled)
+        return wgpar.autocast(enabled=enabled)
+
     def sync(self) -> None:
         if self.torch is None:
             wgpar.synchronize(self.dev)
@@ -103,29 +110,33 @@ def _rel_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict | None, steps: int, warmup: int,
-              timed: bool):
-    """(outputs and gradients of the first call, fwd s, fwd+bwd s, peak bytes of a fwd+bwd, state dict)."""
+              timed: bool, amp: bool = False):
+    """(outputs and gradients of the first call, fwd s, fwd+bwd s, peak bytes of a fwd+bwd, state dict);
+    ``amp``: the forward under float16 autocast (the output gradient in the output's dtype)."""
     layer = lib.to(make(lib.nn))
     if state is not None:
         layer.load_state_dict(state if lib.torch is not None else {k: _numpy(v) for k, v in state.items()})
     xt = lib.tensor(x, requires_grad=True)
     params = list(layer.parameters())
-    y = layer(xt)
-    g = lib.tensor(gy if gy is not None else np.ones(y.shape, np.float32))
+    with lib.autocast(amp):
+        y = layer(xt)
+    g = lib.tensor(gy if gy is not None else np.ones(y.shape, np.float32)).to(y.dtype)
     y.backward(g)
-    results = [_numpy(y), _numpy(xt.grad)] + [_numpy(p.grad) for p in params]
+    results = [_numpy(y).astype(np.float32), _numpy(xt.grad)] + [_numpy(p.grad) for p in params]
     if not timed:
         return results, None, None, None, layer.state_dict()
 
     def fwd():
-        with lib.no_grad():
+        with lib.no_grad(), lib.autocast(amp):
             layer(xt)
 
     def fwd_bwd():
         xt.grad = None
         for p in params:
             p.grad = None
-        layer(xt).backward(g)
+        with lib.autocast(amp):
+            y = layer(xt)
+        y.backward(g)
 
     tf = _report.timed(fwd, lib.sync, steps, warmup=warmup)
     tfb = _report.timed(fwd_bwd, lib.sync, steps, warmup=warmup)
@@ -155,10 +166,10 @@ def layers(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
         if theirs is not None:
             ref = run_layer(theirs, make, x, None, None, args.steps, args.warmup, False)
             gy = rng.standard_normal(ref[0][0].shape, dtype=np.float32)
-            ref = run_layer(theirs, make, x, gy, ref[4], args.steps, args.warmup, tdev == "cuda")
+            ref = run_layer(theirs, make, x, gy, ref[4], args.steps, args.warmup, tdev == "cuda", args.amp)
         else:
             gy = None
-        got = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True)
+        got = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True, args.amp)
         check = "-" if ref is None else f"{max(_rel_diff(a, b) for a, b in zip(got[0], ref[0])):.0e}"
         _, wf, wfb, wpeak, _ = got
         tf, tfb, tpeak = (ref[1], ref[2], ref[3]) if ref is not None else (None, None, None)
@@ -172,10 +183,14 @@ def layers(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
         row = [name, f"{n}x{c}x{h}x{w}", ms(wf), ms(tf), ratio(wf, tf), ms(wfb), ms(tfb), ratio(wfb, tfb),
                f"{3 * flops / wfb / 1e9:.0f}" if flops else "-", f"{wpeak / 2**20:.1f}",
                f"{tpeak / 2**20:.1f}" if tpeak else "-", ratio(wpeak, tpeak), check]
+        if args.amp:  # wgpar's float32 fwd+bwd in the same run: is autocast faster?
+            f32 = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True)[2]
+            row += [ms(f32), ratio(wfb, f32)]
         rows.append(row)
         print("  ".join(row), flush=True)
     return ["layer", "input", "fwd ms", "torch fwd ms", "fwd ratio", "fwd+bwd ms", "torch fwd+bwd ms",
-            "fwd+bwd ratio", "fwd+bwd GFLOP/s", "peak MiB", "torch peak MiB", "peak ratio", "max rel. diff"], rows
+            "fwd+bwd ratio", "fwd+bwd GFLOP/s", "peak MiB", "torch peak MiB", "peak ratio", "max rel. diff"] + \
+        (["wgpar float32 fwd+bwd ms", "autocast / float32"] if args.amp else []), rows
 
 
 def resnet18(nn, F, classes: int = 10):
@@ -301,10 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed calls per measurement")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
+    ap.add_argument("--amp", action="store_true",
+                    help="layer rows under float16 autocast on both sides, with wgpar's float32 fwd+bwd beside")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
     ap.add_argument("--torch-reference-to", type=Path, help=argparse.SUPPRESS)  # --resnet's torch run (a child)
     _report.add_report_flags(ap)
     args = ap.parse_args(argv)
+    if args.amp and args.resnet:
+        ap.error("--amp times the layer rows under autocast; the ResNet-18 step (--resnet) is float32")
     if args.torch_reference_to:
         torch_mod, tdev_child = _report.torch_or_none()
         t, peak, first, state = _torch_resnet(args, torch_mod, tdev_child)
@@ -326,12 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     table = _report.markdown_table(header, rows)
     print(table)
     what = "resnet" if args.resnet else "conv"
-    key = f"{what}:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}"
-    title = "ResNet-18 training step (SGD momentum, BatchNorm)" if args.resnet else "Convolution and CNN layers"
+    amp = args.amp
+    key = f"{what}:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}{':amp' if amp else ''}"
+    title = ("ResNet-18 training step (SGD momentum, BatchNorm)" if args.resnet else
+             "Convolution and CNN layers" + (", float16 autocast" if amp else ""))
     body = (f"## {title} ({dev.adapter_name}{', small sizes' if args.small else ''})\n\n"
             f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
             f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
-            f"- what: float32; mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
+            f"- what: {'float16 autocast on both sides (torch.autocast on CUDA)' if amp else 'float32'}; "
+            f"mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
             + ("Step: zero_grad, forward, cross-entropy, backward, SGD(lr 0.01, momentum 0.9); peak: the most bytes "
                "allocated over the timed steps (parameters, momentum and activations included); torch on CUDA runs "
                "in a process of its own (its weights loaded into wgpar's model)."

@@ -3,7 +3,7 @@ handwritten digits on one WebGPU adapter.
 
     python examples/train_cnn.py --device 0 --epochs 4 --batch-size 64 --lr 3e-3 --width 16
 
-Prints loss and test accuracy per epoch, then the final accuracy, the time and memory_stats.
+Prints loss, test accuracy and training time per epoch, then the final accuracy, the time and memory_stats.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def train(device, epochs: int, batch_size: int, lr: float, seed: int = 0, width:
     history = []
     for epoch in range(1, epochs + 1):
         running, steps = None, 0
+        start = time.perf_counter()
         for xb, yb in loader:  # uploaded on the loader's thread while the previous step runs
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
@@ -93,10 +94,12 @@ def train(device, epochs: int, batch_size: int, lr: float, seed: int = 0, width:
             if bar is not None:
                 bar.update(1)
                 bar.set_description(f"epoch {epoch}")
-        mean_loss = running.item() / steps
+        mean_loss = running.item() / steps  # waits for the epoch's last step
+        seconds = time.perf_counter() - start
         acc = accuracy(model, xte, yte, device)
         history.append((epoch, mean_loss, acc))
-        msg = f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {acc * 100:.2f}%"
+        msg = (f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {acc * 100:.2f}%  "
+               f"train {seconds:.2f} s ({steps / seconds:.0f} steps/s)")
         if bar is not None:
             bar.write(msg)
         else:
