@@ -26,13 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import wgpar  # noqa: E402
-from benchmarks import _report  # noqa: E402
+from benchmarks import _report, _spmd  # noqa: E402
 from wgpar import nn, optim  # noqa: E402
 from wgpar.distributed import (  # noqa: E402
     DataParallel,
     DistributedDataParallel,
     MultiAdapterContext,
-    init_process_group,
     split_sizes,
 )
 from wgpar.nn import functional as F  # noqa: E402
@@ -88,65 +87,52 @@ def step_vs_broadcast(ctx: MultiAdapterContext, dp: DataParallel, opts) -> tuple
     return timed(opt_step), timed(broadcast)
 
 
-def threads_step_time(args, X: np.ndarray, Y: np.ndarray, n: int) -> float:
-    """Seconds per DataParallel step on ``n`` thread ranks (each step ends with the loss all-reduce)."""
+def threads_step_time(args, X: np.ndarray, Y: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    """Seconds per DataParallel step on ``n`` thread ranks (each step ends with the loss all-reduce), and the
+    losses of the warm-up step and the timed ones."""
     ctx = MultiAdapterContext(n, timeout=600)
     wgpar.manual_seed(0)
     dp = DataParallel(mlp(args.width, args.layers, args.classes, ctx.devices[0]), ctx, bucket_cap_mb=args.bucket_mb)
     opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
-    dp.train_step(X, Y, F.cross_entropy, opts)
+    losses = [dp.train_step(X, Y, F.cross_entropy, opts)]
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        dp.train_step(X, Y, F.cross_entropy, opts)
+        losses.append(dp.train_step(X, Y, F.cross_entropy, opts))
+    wgpar.synchronize()
     t = (time.perf_counter() - t0) / args.steps
+    losses = np.array([v.item() for v in losses], np.float32)
     del dp, opts
     ctx.close()
-    return t
+    return t, losses
 
 
 def main_mpi(args, X: np.ndarray, Y: np.ndarray) -> None:
-    from mpi4py import MPI
-
-    group = init_process_group("mpi", timeout=600)
+    group = _spmd.init_mpi()
     n, r = group.world_size, group.rank
     bounds = np.cumsum([0, *split_sizes(args.batch, n)])
     x, y = X[bounds[r]:bounds[r + 1]], Y[bounds[r]:bounds[r + 1]]
-    share = len(x) / args.batch
     wgpar.manual_seed(0)
-    model = mlp(args.width, args.layers, args.classes, group.device)
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=args.bucket_mb, op="sum")
-    opt = optim.SGD(ddp.parameters(), lr=1e-3)
-
-    def step() -> None:  # what DataParallel.train_step does on each rank
-        opt.zero_grad()
-        loss = F.cross_entropy(ddp(wgpar.tensor(x, device=group.device)), y) * share
-        loss.backward()
-        opt.step()
-        group.all_reduce(loss.detach().reshape(1), "sum", label="loss")
-
-    step()
-    group.device.synchronize()
-    MPI.COMM_WORLD.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    group.device.synchronize()
-    MPI.COMM_WORLD.Barrier()
-    t_proc = (time.perf_counter() - t0) / args.steps
+    ddp = DistributedDataParallel(mlp(args.width, args.layers, args.classes, group.device), group,
+                                  bucket_cap_mb=args.bucket_mb, op="sum")
+    step = _spmd.ddp_step(group, ddp, optim.SGD(ddp.parameters(), lr=1e-3), x, y, len(x) / args.batch)
+    losses = []
+    t_proc = max(_spmd.every_rank(lambda g: _spmd.timed(g, lambda: losses.append(step()), args.steps), group))
+    losses = np.array([v.item() for v in losses], np.float32)
     group.reset_traffic()
     step()
     moved = group.traffic()
-    devs = group.gather_objects(_report.device_line(group.device))
-    wgpar.empty_cache()
-    t1 = t_thr = float("nan")
-    if r == 0:  # one device, and thread ranks on the same devices, in this process; the others wait
+    where = _spmd.provenance(group)
+
+    def threads() -> tuple[float, float, np.ndarray]:  # one device, and thread ranks on the same devices
         t1 = single_device_step_time(args, X, Y)
         wgpar.empty_cache()
-        t_thr = threads_step_time(args, X, Y, n)
-    group.barrier()  # polls with sleeps: the waiting processes leave the cores to rank 0
+        return (t1, *threads_step_time(args, X, Y, n))
+
+    measured = _spmd.on_rank0(group, threads)
     if r != 0:
         return
-    params = sum(p.numel() for p in mlp(args.width, args.layers, args.classes, group.device).parameters())
+    t1, t_thr, thr_losses = measured
+    params = sum(p.numel() for p in ddp.module.parameters())
     rows = [["1", "-", f"{t1 * 1e3:.1f}", f"{args.batch / t1:.0f}", "1.00"],
             [str(n), "thread ranks (DataParallel)", f"{t_thr * 1e3:.1f}", f"{args.batch / t_thr:.0f}",
              f"{t1 / t_thr:.2f}"],
@@ -154,13 +140,12 @@ def main_mpi(args, X: np.ndarray, Y: np.ndarray) -> None:
              f"{t1 / t_proc:.2f}"]]
     table = _report.markdown_table(["devices", "ranks", "ms / step", "samples / s", "speed-up"], rows)
     name = group.device.adapter_name
-    body = (f"### DataParallel throughput, threads vs MPI processes: {name}\n\n"
-            f"Devices: {', '.join(devs)}. Date: {_report.today()}. "
-            f"Command: `{_report.mpi_command_line(n)}`\n\n"
+    body = (f"### DataParallel throughput, threads vs MPI processes: {name}\n\n{where}\n\n"
             f"MLP {args.layers} x {args.width} wide ({params} parameters), batch {args.batch}, SGD, buckets of "
             f"{args.bucket_mb:g} MiB; every step ends with an all-reduce of the loss. Per step each process moved "
             f"{moved['d2h_bytes'] / 2**20:.1f} MiB device -> host and {moved['h2d_bytes'] / 2**20:.1f} MiB "
-            f"host -> device. Processes / threads time: {t_proc / t_thr:.2f} (target <= 1.0).\n\n{table}\n")
+            f"host -> device. Processes / threads time: {t_proc / t_thr:.2f} (target <= 1.0). Losses of the "
+            f"{len(losses)} steps, processes against threads: {_spmd.same_bits(losses, thr_losses)}.\n\n{table}\n")
     print(body)
     _report.finish(args, f"data_parallel_mpi:{_report.slug(name)}", body)
 
@@ -173,7 +158,7 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--devices", type=int, default=2)
-    ap.add_argument("--backend", choices=("threads", "mpi"), default="threads")
+    _spmd.add_backend_flag(ap)
     ap.add_argument("--bucket-mb", type=float, default=25)
     _report.add_report_flags(ap)
     args = ap.parse_args()
