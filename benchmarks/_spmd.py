@@ -45,13 +45,17 @@ def every_rank(fn: Callable[[ProcessGroup], Any], ranks: MultiAdapterContext | P
     return ranks.gather_objects(fn(ranks), label="benchmark results")
 
 
-def timed(group: ProcessGroup, step: Callable[[], Any], steps: int, warmup: int = 1) -> float:
+def timed(group: ProcessGroup, step: Callable[[], Any], steps: int, warmup: int = 1,
+          start: Callable[[], Any] | None = None) -> float:
     """This rank's seconds per ``step()``: ``warmup`` steps and its device drained, then, from a barrier of
-    every rank, ``steps`` steps until its device is drained again. The step time is the slowest rank's."""
+    every rank, ``steps`` steps until its device is drained again. The step time is the slowest rank's.
+    ``start()`` runs right after the barrier, before the clock starts (reset traffic counts there)."""
     for _ in range(warmup):
         step()
     group.device.synchronize()
     group.barrier(label="timing")
+    if start is not None:
+        start()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()

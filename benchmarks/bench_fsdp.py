@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import wgpar  # noqa: E402
-from benchmarks import _report  # noqa: E402
+from benchmarks import _report, _spmd  # noqa: E402
 from wgpar import nn, optim  # noqa: E402
 from wgpar.distributed import (  # noqa: E402
     DistributedDataParallel,
@@ -52,13 +52,14 @@ MIB = 1 << 20
 
 
 class Dense(nn.Module):
-    """relu(x @ W.T + b) with zero-filled parameters: built on the device in one kernel each (no host
+    """relu(x @ W.T + b), W filled with 1 / n_in and b with 0: built on the device in one kernel each (no host
     initialisation, which would dominate building a model of billions of parameters); a step's time does
-    not depend on the values."""
+    not depend on the values, and every weight gets a gradient from the second step on (the losses that
+    processes and threads must agree on exercise every parameter)."""
 
     def __init__(self, n_in: int, n_out: int, device, relu: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(wgpar.zeros(n_out, n_in, device=device))
+        self.weight = nn.Parameter(wgpar.full((n_out, n_in), 1.0 / n_in, device=device))
         self.bias = nn.Parameter(wgpar.zeros(n_out, device=device))
         self.relu = relu
 
@@ -110,61 +111,71 @@ def _groups_of(model) -> list:
     return list(seen.values())
 
 
-def run_config(ctx, args, config: dict, X, Y, steps: int) -> dict:
-    n = ctx.world_size
-    models = ctx.run(lambda r: build(ctx.comm(r), args.width, args.layers, args.classes, config))
-    make = HostAdamW if config.get("host") else optim.AdamW
-    opts = [make(m.parameters(), lr=1e-4) for m in models]
+def rank_config(group, args, config: dict, X, Y, steps: int) -> dict:
+    """One rank's side of a configuration: build, a warm-up step, ``steps`` timed steps on this rank's rows;
+    its time, peak memory, traffic per step and the losses of every step. Its memory goes afterwards."""
+    out = _rank_config(group, args, config, X, Y, steps)
+    gc.collect()  # the model's hooks and the optimizer hold cycles
+    wgpar.empty_cache(group.device)
+    return out
+
+
+def _rank_config(group, args, config: dict, X, Y, steps: int) -> dict:
+    n, r = group.world_size, group.rank
+    model = build(group, args.width, args.layers, args.classes, config)
+    opt = (HostAdamW if config.get("host") else optim.AdamW)(model.parameters(), lr=1e-4)
     rows = len(X) // n
+    x, y = X[r * rows:(r + 1) * rows], Y[r * rows:(r + 1) * rows]
+    losses = []
 
-    def step(r: int, k: int) -> None:
-        for _ in range(k):
-            opts[r].zero_grad()
-            F.cross_entropy(models[r](wgpar.tensor(X[r * rows:(r + 1) * rows], device=ctx.devices[r])),
-                            Y[r * rows:(r + 1) * rows]).backward()
-            opts[r].step()
-        ctx.devices[r].synchronize()
+    def step() -> None:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(wgpar.tensor(x, device=group.device)), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
 
-    ctx.run(step, [1] * n)  # warm-up: kernels built, buffers cached
-    for d in ctx.devices:
-        wgpar.reset_peak_memory_stats(d)
-    for m in models:
-        for pg in _groups_of(m):
+    groups = _groups_of(model)
+    units = getattr(model, "fsdp_groups", list)()
+
+    def reset() -> None:
+        wgpar.reset_peak_memory_stats(group.device)
+        for pg in groups:
             pg.reset_traffic()
-        for g in getattr(m, "fsdp_groups", list)():
+        for g in units:
             g.offload_traffic.update(h2d_bytes=0, d2h_bytes=0)
-    t0 = time.perf_counter()
-    ctx.run(step, [steps] * n)
-    dt = (time.perf_counter() - t0) / steps
+
+    dt = _spmd.timed(group, step, steps, start=reset)  # warm-up: kernels built, buffers cached
     traffic = {"d2h_bytes": 0, "h2d_bytes": 0, "collectives": 0}
-    for pg in _groups_of(models[0]):
+    for pg in groups:
         for k, v in pg.traffic().items():
             traffic[k] += v
-    for g in getattr(models[0], "fsdp_groups", list)():  # offload's uploads of shards, readbacks of gradients
+    for g in units:  # offload's uploads of shards, readbacks of gradients
         for k, v in g.offload_traffic.items():
             traffic[k] += v
-    peak = max(wgpar.memory_stats(d)["peak_allocated_bytes"] for d in ctx.devices)
-    models.clear()  # the closure above holds these lists: empty them so the memory goes
-    opts.clear()
-    gc.collect()
-    for d in ctx.devices:
-        wgpar.empty_cache(d)
-    return {"ms": dt * 1e3, "peak": peak, **{k: v / steps for k, v in traffic.items()}}
+    return {"ms": dt * 1e3, "peak": wgpar.memory_stats(group.device)["peak_allocated_bytes"],
+            "losses": np.array([v.item() for v in losses], np.float32), **{k: v / steps for k, v in traffic.items()}}
 
 
-def collective_latency(ctx) -> float:
+def run_config(ranks, args, config: dict, X, Y, steps: int) -> dict:
+    """A configuration on every rank (``ranks``: a MultiAdapterContext or this process's MPI group): the
+    slowest rank's step time, the largest peak, rank 0's traffic, every rank's losses (rank by step)."""
+    res = _spmd.every_rank(lambda g: rank_config(g, args, config, X, Y, steps), ranks)
+    return {**res[0], "ms": max(v["ms"] for v in res), "peak": max(v["peak"] for v in res),
+            "losses": np.stack([v["losses"] for v in res])}
+
+
+def collective_latency(group) -> float:
     """ms for one all_gather_into of 1 KiB per rank: the fixed cost of any host-staged collective."""
-    def f(r: int) -> float:
-        g = ctx.comm(r)
-        x = wgpar.ones(256, device=g.device)
-        out = wgpar.empty(256 * g.world_size, device=g.device)
-        for _ in range(3):
-            g.all_gather_into(out, x)
-        t0 = time.perf_counter()
-        for _ in range(20):
-            g.all_gather_into(out, x)
-        return (time.perf_counter() - t0) / 20 * 1e3
-    return max(ctx.run(f))
+    x = wgpar.ones(256, device=group.device)
+    out = wgpar.empty(256 * group.world_size, device=group.device)
+    for _ in range(3):
+        group.all_gather_into(out, x)
+    group.barrier(label="timing")
+    t0 = time.perf_counter()
+    for _ in range(20):
+        group.all_gather_into(out, x)
+    return (time.perf_counter() - t0) / 20 * 1e3
 
 
 def host_adamw_ms(numel: int, device) -> float:
@@ -262,9 +273,67 @@ def largest(ctx, args, config: dict, start: int) -> tuple[int, int]:
     return lo, lo * (width * width + width) + args.classes * (width + 1)
 
 
+def model_line(args) -> str:
+    params = args.layers * (args.width * args.width + args.width) + args.classes * (args.width + 1)
+    return (f"MLP {args.layers} x {args.width} wide ({params / 1e6:.2f} M parameters, {params * 4 / MIB:.1f} MiB), "
+            f"batch {args.batch}, AdamW; each Linear a unit, every unit sharded (persist_threshold=0).")
+
+
+def main_mpi(args, X, Y, only: set[str] | None) -> None:
+    """Every configuration on this job's processes, then on as many thread ranks in rank 0's process."""
+    group = _spmd.init_mpi()
+    n = group.world_size
+    if args.devices is not None and args.devices != str(n):
+        raise SystemExit(f"bench_fsdp --backend mpi: --devices {args.devices}, but mpiexec started {n} processes "
+                         "(one per device; leave --devices out)")
+    if args.largest or args.largest_only:
+        raise SystemExit("bench_fsdp: --largest needs --backend threads (a process that runs out of memory ends "
+                         "an MPI job)")
+    cfgs = configs(n, args.f16, only)
+
+    def measure(ranks) -> tuple[float, list[dict]]:
+        latency = max(_spmd.every_rank(collective_latency, ranks))
+        return latency, [run_config(ranks, args, c, X, Y, args.steps) for c in cfgs]
+
+    lat_proc, procs = measure(group)
+    where = _spmd.provenance(group)
+
+    def threads() -> tuple[float, list[dict]]:
+        with MultiAdapterContext(n, timeout=_spmd.TIMEOUT) as ctx:
+            return measure(ctx)
+
+    measured = _spmd.on_rank0(group, threads)
+    if group.rank != 0:
+        return
+    lat_thr, thrs = measured
+
+    def both(p: float, t: float, fmt: str) -> str:  # one figure where processes and threads agree
+        return fmt.format(p) if fmt.format(p) == fmt.format(t) else f"{fmt.format(p)} / {fmt.format(t)}"
+
+    rows = [[c["name"], f"{t['ms']:.1f}", f"{p['ms']:.1f}", f"{p['ms'] / t['ms']:.2f}",
+             both(p["peak"] / MIB, t["peak"] / MIB, "{:.2f}"),
+             both(p["d2h_bytes"] / MIB, t["d2h_bytes"] / MIB, "{:.2f}"),
+             both(p["h2d_bytes"] / MIB, t["h2d_bytes"] / MIB, "{:.2f}"),
+             both(p["collectives"], t["collectives"], "{:.0f}"), _spmd.same_bits(p["losses"], t["losses"])]
+            for c, p, t in zip(cfgs, procs, thrs)]
+    table = _report.markdown_table(["strategy", "threads ms / step", "processes ms / step", "processes / threads",
+                                    "peak MiB / device", "d2h MiB / step", "h2d MiB / step", "collectives / step",
+                                    "losses, processes vs threads"], rows)
+    name = group.device.adapter_name
+    body = (f"### FSDP, threads vs MPI processes: {name}\n\n{where}\n\n{model_line(args)} {n} ranks: MPI "
+            f"processes, then thread ranks on the same devices in rank 0's process. Bytes are one rank's, through "
+            f"the host, per step; where processes and threads differ, the processes' figure comes first. Losses: "
+            f"every rank's, of the warm-up step and the {args.steps} timed ones. One host-staged collective "
+            f"(all_gather_into, 1 KiB per rank): {lat_proc:.2f} ms on processes, {lat_thr:.2f} ms on threads. "
+            f"Target: processes / threads <= 1.0.\n\n{table}\n")
+    print(body)
+    _report.finish(args, f"fsdp_mpi:{_report.slug(name)}", body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--devices", default="2", help="comma-separated device counts, e.g. 2,4")
+    ap.add_argument("--devices", default=None,
+                    help="comma-separated device counts, e.g. 2,4 (default 2; with --backend mpi, the processes)")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--classes", type=int, default=16)
@@ -282,20 +351,24 @@ def main() -> None:
                     help="first trial without a memory limit (with one, memory_estimate predicts it)")
     ap.add_argument("--memory-limit-mib", type=float, default=None,
                     help="per-device limit for --largest (default: 8 MiB on a CPU adapter, none on a GPU)")
+    _spmd.add_backend_flag(ap)
     _report.add_report_flags(ap)
     args = ap.parse_args()
     only = set(args.strategies.split(",")) if args.strategies else None
     rng = np.random.default_rng(0)
     X = rng.standard_normal((args.batch, args.width)).astype(np.float32)
     Y = rng.integers(0, args.classes, args.batch).astype(np.int32)
+    if args.backend == "mpi":
+        main_mpi(args, X, Y, only)
+        return
     params = args.layers * (args.width * args.width + args.width) + args.classes * (args.width + 1)
     sections = []
     dev0 = wgpar.device(0)
-    for n in (int(v) for v in args.devices.split(",")):
+    for n in (int(v) for v in (args.devices or "2").split(",")):
         with MultiAdapterContext(n, timeout=600) as ctx:
             text = f"#### {n} devices\n\n"
             if not args.largest_only:
-                latency = collective_latency(ctx)
+                latency = max(_spmd.every_rank(collective_latency, ctx))
                 results = [(c["name"], run_config(ctx, args, c, X, Y, args.steps)) for c in configs(n, args.f16, only)]
                 dp_ms = next((r["ms"] for name, r in results if name == "DataParallel"), None)
                 rows = [[name, f"{r['ms']:.1f}", f"{r['ms'] / dp_ms:.2f}" if dp_ms else "-", f"{r['peak'] / MIB:.2f}",
@@ -336,10 +409,8 @@ def main() -> None:
             print(text, flush=True)
     devs = _report.device_line(dev0)
     body = (f"### FSDP: {dev0.adapter_name}\n\nDevices: {devs}. Date: {_report.today()}. "
-            f"Command: `{_report.command_line()}`\n\nMLP {args.layers} x {args.width} wide ({params / 1e6:.2f} M "
-            f"parameters, {params * 4 / MIB:.1f} MiB), batch {args.batch}, AdamW; each Linear a unit, every unit "
-            f"sharded (persist_threshold=0). Bytes are one rank's, through the host, per step.\n\n"
-            + "\n".join(sections))
+            f"Command: `{_report.command_line()}`\n\n{model_line(args)} Bytes are one rank's, through the host, "
+            f"per step.\n\n" + "\n".join(sections))
     _report.finish(args, f"fsdp:{_report.slug(dev0.adapter_name)}", body)
 
 
