@@ -15,6 +15,17 @@ holds the whole model (DataParallel's ranks hold it whole, as they must).
     python benchmarks/bench_fsdp.py --devices 2 --width 8192 --layers 16 --batch 4096 --steps 5 --f16  # 2 H200s
     python benchmarks/bench_fsdp.py --devices 2 --largest-only --strategies full --largest-width 8192 \\
         --largest-batch 64 --memory-limit-mib 131072 --largest-max-layers 4096 --no-write
+
+With ``--backend mpi`` (under mpiexec, one process per device) every process runs its rank of each
+strategy (the same per-rank program, ``rank_config``); rank 0's process then runs them on thread ranks
+over the same devices while the others wait, and writes one table: threads and processes side by side,
+the losses of every rank and step compared bit for bit, and one small collective's fixed cost on each.
+Target: processes at least as fast as threads. ``--largest`` stays on threads (a process that runs out
+of memory ends an MPI job); the device count is the number of processes.
+
+    mpiexec -n 2 python benchmarks/bench_fsdp.py --backend mpi --no-write                    # lavapipe, small
+    mpirun --bind-to none -n 2 python benchmarks/bench_fsdp.py --backend mpi --width 8192 --layers 8 \\
+        --batch 4096 --steps 4 --f16                                                      # Open MPI, 2 GPUs
 """
 
 from __future__ import annotations

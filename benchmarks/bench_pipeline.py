@@ -10,6 +10,17 @@ the same devices closes the table. Target on 2 GPUs (issue 11): 2-stage 1F1B at 
 on the full size, ahead of DataParallel.
 
     python benchmarks/bench_pipeline.py --devices 2 --width 4096 --layers 8 --batch 8192 --microbatches 8
+
+With ``--backend mpi`` (under mpiexec, one process per device) every process runs its rank's
+PipelineSchedule of each schedule (what PipelineExecutor hands each rank's thread) and, for the last
+row, DistributedDataParallel; rank 0's process then runs PipelineExecutor, DataParallel and one device
+on thread ranks over the same devices while the others wait, and writes one table: step time, speed-up,
+measured bubble and host bytes of threads and processes side by side, and their losses compared bit
+for bit. Target: processes at least as fast as threads.
+
+    mpiexec -n 2 python benchmarks/bench_pipeline.py --backend mpi --no-write                # lavapipe, small
+    mpirun --bind-to none -n 2 python benchmarks/bench_pipeline.py --backend mpi --width 4096 --layers 8 \\
+        --batch 8192 --microbatches 8                                                     # Open MPI, 2 GPUs
 """
 
 from __future__ import annotations
