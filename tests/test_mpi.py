@@ -1,6 +1,7 @@
 """The MPI backend, one process per rank under mpiexec (tests/mpi_runner.py runs inside the processes):
 the conformance suite on 2 and 3 processes (one host, and two simulated hosts), DistributedDataParallel
-equal to thread ranks bit for bit and to one device within 1e-5, and failures that end the job."""
+equal to thread ranks bit for bit and to one device within 1e-5, failures that end the job, and the
+benchmarks' --backend mpi mode (processes next to thread ranks, same losses)."""
 
 from __future__ import annotations
 
@@ -49,15 +50,17 @@ if _why_no_mpi():
     pytest.skip(_why_no_mpi(), allow_module_level=True)
 
 
-def _command(n: int, *args: str) -> list[str]:
+def _command(n: int, *args: str, script: Path | None = None) -> list[str]:
+    """mpiexec running tests/mpi_runner.py (under mpi4py's guard) with ``args``, or ``script`` as a user runs it."""
     cmd = [_mpiexec(), "-n", str(n)]
     version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout
     if "Open MPI" in version or "OpenRTE" in version:
         cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    return cmd + [sys.executable, "-m", "mpi4py", str(RUNNER), *args]
+    program = [str(script)] if script is not None else ["-m", "mpi4py", str(RUNNER)]
+    return cmd + [sys.executable, *program, *args]
 
 
-def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+def _start(n: int, *args: str, env: dict | None = None, script: Path | None = None) -> subprocess.Popen:
     """Launch mpiexec in a session of its own; stdout and stderr go to files (jobs that run at once
     must not block on a full pipe) and stay apart: the ranks' lines interleave, but each print of a
     whole line stays whole."""
@@ -66,8 +69,8 @@ def _start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
                     WGPAR_MPI_CHUNK_KB="64")  # small chunks: the conformance sizes span many of them
     full_env.update(env or {})
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(_command(n, *args), stdout=out, stderr=err, text=True, env=full_env, cwd=ROOT,
-                            start_new_session=True)
+    proc = subprocess.Popen(_command(n, *args, script=script), stdout=out, stderr=err, text=True, env=full_env,
+                            cwd=ROOT, start_new_session=True)
     proc.logs = (out, err)
     return proc
 
@@ -229,3 +232,28 @@ def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
         assert end - up < limit, f"{mode}: the job took {end - up:.1f} s after every rank was up"
     left = _leftovers(token, {p.pid for p in jobs.values()})  # each launcher leads its own session
     assert not left, f"processes left behind: {left}"
+
+
+TINY = ("--width", "32", "--batch", "16", "--steps", "1")
+BENCHES = {  # the --backend mpi benchmarks at a tiny size: script -> its own flags
+    "bench_data_parallel": ("--layers", "2"),
+    "bench_fsdp": ("--layers", "2", "--strategies", "dp,full,offload"),
+    "bench_pipeline": ("--layers", "4", "--microbatches", "2", "--schedules", "1f1b,interleaved",
+                       "--profile-steps", "1"),
+}
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+def test_benchmark_on_processes_next_to_threads(bench, tmp_path):
+    """Each benchmark's --backend mpi mode runs as documented (mpiexec, plain python) and rank 0 writes its
+    section: processes next to thread ranks on the same devices, whose losses are the same bits."""
+    md = tmp_path / "BENCHMARKS.md"
+    proc = _start(2, *TINY, *BENCHES[bench], "--backend", "mpi", "--md", str(md),
+                  script=ROOT / "benchmarks" / f"{bench}.py")
+    rc, out, err = _finish(proc, 240)
+    assert rc == 0, out[-2000:] + err[-4000:]
+    text = md.read_text()
+    assert re.search(r"threads vs MPI processes", text), text
+    assert "mpiexec -n 2 python benchmarks/" in text, text
+    losses = re.findall(r"same bits|differ by up to [^ |.]+|shapes \([^)]*\) and \([^)]*\)", text)
+    assert losses and set(losses) == {"same bits"}, text
