@@ -9,6 +9,7 @@ backend, so a program written against one rank's ProcessGroup is timed the same 
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,7 @@ def ddp_step(group: ProcessGroup, ddp, opt, x, y, share: float) -> Callable[[], 
 def on_rank0(group: ProcessGroup, fn: Callable[[], Any]) -> Any:
     """``fn()`` in rank 0's process (the thread ranks' measurements, on the same devices: rank 0's is one of
     them) while the other processes wait; its result on rank 0, None elsewhere."""
+    gc.collect()
     wgpar.empty_cache()  # what this process's own runs left cached
     out = fn() if group.rank == 0 else None
     wgpar.empty_cache()
