@@ -40,9 +40,10 @@ _FACTOR = {FACTOR_PARAM: "p.momentum", FACTOR_TENSOR: "f32(fac[p.off_f])", FACTO
 
 
 def _chunking(count: int, channels: int) -> tuple[int, int]:
-    """(chunk, chunks per channel): enough workgroups to fill a GPU, no thread looping past MAX_LOOP."""
+    """(chunk, chunks per channel): enough workgroups to fill a GPU, no thread looping past MAX_LOOP
+    (the statistics read their chunk twice)."""
     groups = max(1, min(-(-count // (8 * WORKGROUP)), 1024 // channels))
-    groups = max(groups, -(-count // (WORKGROUP * MAX_LOOP)))
+    groups = max(groups, -(-count // (WORKGROUP * MAX_LOOP // 2)))
     chunk = max(1, -(-count // groups))
     return chunk, -(-count // chunk)
 
