@@ -10,8 +10,8 @@
 //   m + shift, invstd, scale = invstd * weight; y = (x - m) * scale + (bias - shift * scale). Chunk 0
 //   writes the st rows (mean, shift, variance, invstd, scale: {{STORE}}) and updates the running
 //   statistics in place ({{RUNNING}}: running += (value - running) * factor, the variance unbiased).
-// MODE 1 (the running statistics normalise): m and the variance are theirs, shift 0; the same map and
-//   st rows (when backward needs them).
+// MODE 1 (the running statistics normalise): m and the variance are theirs ({{RMEAN}}, {{RVAR}}: em
+//   and ev, bound read-only), shift 0; the same map and st rows (when backward needs them).
 // MODE 2 (backward): from the gradient parts ([C, 2, groups]: sum g, sum g (x - m); zero when there
 //   are none) and the forward's st rows (stat(r, ch)): the weight and bias gradients ({{GRADS}},
 //   chunk 0) and the input gradient gx = g * scale + (x - m) * k2 + k3 (k2 = k3 = 0 unless p.batch:

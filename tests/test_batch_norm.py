@@ -222,6 +222,19 @@ def test_strided_running_statistics_and_a_momentum_tensor_match_torch(rng, torch
     assert_close(rv.numpy(), trv.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_running_statistics_sharing_a_buffer(rng, torch):
+    """Running statistics that are views of one buffer are updated in training, and in evaluation they may
+    share it with the weight and bias (bound read-only there: a writable binding may not alias another)."""
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    buf, tbuf = wgpar.tensor(np.array([0, 0, 0, 1, 1, 1], np.float32)), torch.tensor([0.0, 0, 0, 1, 1, 1])
+    F.batch_norm(wgpar.tensor(x), buf[:3], buf[3:], training=True)
+    torch.nn.functional.batch_norm(torch.tensor(x), tbuf[:3], tbuf[3:], training=True)
+    assert_close(buf.numpy(), tbuf.numpy())
+    y = F.batch_norm(wgpar.tensor(x), buf[:3], buf[3:], buf[3:], buf[:3])
+    yt = torch.nn.functional.batch_norm(torch.tensor(x), tbuf[:3], tbuf[3:], tbuf[3:], tbuf[:3])
+    assert_close(y.numpy(), yt.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_empty_batch_in_eval_mode(torch):
     """No samples in evaluation: an empty output, an empty input gradient and zero parameter gradients
     (the backward divided by the zero count before)."""

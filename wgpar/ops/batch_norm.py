@@ -25,7 +25,7 @@ _SUMS = Kernel("batch_norm_sums", "part: w, a: r, b: r, st: r, nbt: w",
                "c: u32, inner: u32, count: u32, chunk: u32, groups: u32, off_p: u32, off_a: u32, off_b: u32, "
                "off_m: u32, off_n: u32")
 _APPLY = Kernel("batch_norm_apply",
-                "out: w, x: r, g: r, pa: r, st: w, wt: r, bs: r, rm: w, rv: w, fac: r, gw: w, gb: w",
+                "out: w, x: r, g: r, pa: r, st: w, wt: r, bs: r, rm: w, rv: w, em: r, ev: r, fac: r, gw: w, gb: w",
                 "c: u32, inner: u32, count: u32, chunk: u32, groups: u32, off_x: u32, off_g: u32, off_p: u32, "
                 "off_st: u32, off_w: u32, sw: u32, off_b: u32, sb: u32, off_rm: u32, srm: u32, off_rv: u32, "
                 "srv: u32, off_f: u32, batch: u32, inv: f32, eps: f32, momentum: f32, unbias: f32")
@@ -98,8 +98,11 @@ def _apply_kernel(mode: int, tx: str, tw: str | None, tb: str | None, rm: str | 
     """A forward (mode 0: batch statistics, 1: running ones): the types of x, weight, bias and the running
     statistics (None where absent), how the running statistics move (mode 0; (FACTOR_*, the type of
     ``fac``) or None to leave them) and whether the st rows are kept (written)."""
+    # The running statistics are rm and rv where they are written, em and ev (read-only: they may share a
+    # buffer with the weight or bias) where they normalise.
     named = {"out": tx, "x": tx, "st": "f32" if keep else None, "wt": tw, "bs": tb,
-             "rm": rm if mode == 1 or factor else None, "rv": rv if mode == 1 or factor else None,
+             "rm": rm if factor else None, "rv": rv if factor else None,
+             "em": rm if mode == 1 else None, "ev": rv if mode == 1 else None,
              "fac": factor[1] if factor and factor[0] != FACTOR_PARAM else None}
     running = ""
     if mode == 0 and factor:
@@ -114,8 +117,8 @@ def _apply_kernel(mode: int, tx: str, tw: str | None, tb: str | None, rm: str | 
         STAT="0.0", GRADS="", STORE=store, RUNNING=running,
         WEIGHT="1.0" if tw is None else "f32(wt[p.off_w + ch * p.sw])",
         BIAS="0.0" if tb is None else "f32(bs[p.off_b + ch * p.sb])",
-        RMEAN="f32(rm[p.off_rm + ch * p.srm])" if mode == 1 else "0.0",
-        RVAR="f32(rv[p.off_rv + ch * p.srv])" if mode == 1 else "0.0",
+        RMEAN="f32(em[p.off_rm + ch * p.srm])" if mode == 1 else "0.0",
+        RVAR="f32(ev[p.off_rv + ch * p.srv])" if mode == 1 else "0.0",
         BODY=f"out[at] = {tx}((f32(x[p.off_x + at]) - m) * k2 + k3);")
 
 
@@ -197,7 +200,8 @@ def _grad_kernel(tout: str | None, tx: str | None, tg: str | None, sums: bool, t
     else:
         body = f"out[at] = {tout}(f32(g[p.off_g + at]) * k1 + (f32(x[p.off_x + at]) - m) * k2 + k3);"
     return _APPLY.spec([t for t in named.values() if t is not None],
-                       without=("wt", "bs", "rm", "rv", "fac") + tuple(k for k, t in named.items() if t is None),
+                       without=("wt", "bs", "rm", "rv", "em", "ev", "fac") +
+                       tuple(k for k, t in named.items() if t is None),
                        MODE=2, PART="pa[i]" if sums else "0.0", STAT="st[p.off_st + r * p.c + ch]", GRADS=grads,
                        STORE="", RUNNING="", WEIGHT="1.0", BIAS="0.0", RMEAN="0.0", RVAR="0.0", BODY=body)
 
