@@ -161,44 +161,41 @@ class AvgPool2d(Function):
 
 
 class BatchNorm(Function):
-    """Batch norm of contiguous x [N, C, inner] with given coefficients: ``(x - mean) * scale + offset``.
+    """Batch norm of a contiguous x [N, C, ...] (``ops.batch_norm.forward``): ``(x - mean) * invstd * weight +
+    bias`` per channel.
 
-    ``apply(x, weight, bias, stats, batch_stats)``: ``stats`` the float32 [6, C] rows of
-    ``ops.batch_norm.stats`` (mean, shift, variance, invstd, scale = invstd * weight, offset); weight
-    and bias [C] or None (their gradients). With ``batch_stats`` the statistics are x's own
-    (training), so the input gradient includes their dependence on x; otherwise they are constants
-    (running statistics).
+    ``apply(x, weight, bias, running_mean, running_var, momentum, training, eps, cumulative, counter, keep)``:
+    weight and bias [C] or None (their gradients); the running statistics normalise unless ``training``
+    (then x's own statistics do, their dependence on x goes into the input gradient, and the running
+    statistics given move by ``momentum``, or by 1 / ``counter`` with ``cumulative``); ``counter``, the
+    int32 batch counter, gains 1 in training; ``keep``: whether backward may run (the eval forward then
+    keeps its statistics).
     """
 
     name = "batch_norm"
 
     @staticmethod
-    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, stats: Tensor,
-                batch_stats: bool) -> Tensor:
-        ctx.x, ctx.stats, ctx.batch_stats = x, stats, batch_stats
+    def forward(ctx: Context, x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+                running_var: Tensor | None, momentum: float | Tensor, training: bool, eps: float, cumulative: bool,
+                counter: Tensor | None, keep: bool) -> Tensor:
+        ctx.batch_stats = training
         ctx.dtypes = tuple(None if t is None else t.dtype for t in (weight, bias))
         ctx.save_for_backward(x, weight)
-        return bn.affine(x, bn.row(stats, bn.SCALE), m=bn.row(stats, bn.MEAN), k3=bn.row(stats, bn.OFFSET))
+        if not x.numel():  # (evaluation: training needs two values a channel)
+            ctx.stats = None
+            return Tensor.empty(x.shape, x.dtype, x.device)
+        y, ctx.stats = bn.forward(x, weight, bias, eps, training, running_mean, running_var, momentum, cumulative,
+                                  counter, keep)
+        return y
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
-        x, st = ctx.x, ctx.stats
+        x = ctx.saved_tensors[0]
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g = ops.contiguous(g)
-        gx = gw = gb = None
-        scale = bn.row(st, bn.SCALE)
-        if need_w or need_b or (need_x and ctx.batch_stats):
-            gw_all, gb_all, co = bn.grad_coefficients(x, g, st, ctx.batch_stats)
-            if need_w:
-                gw = _as(gw_all, ctx.dtypes[0])
-            if need_b:
-                gb = _as(gb_all, ctx.dtypes[1])
-            if need_x and ctx.batch_stats:  # d/dx of (x - mean(x)) * invstd(x): two per-channel corrections
-                gx = bn.affine(x, bn.row(co, bn.K2), m=bn.row(st, bn.MEAN), k3=bn.row(co, bn.K3), g=g, k1=scale)
-        if need_x and gx is None:
-            gx = bn.affine(g, scale)
-        return gx, gw, gb, None, None
-
-
-def _as(t: Tensor, dtype: _dt.DType) -> Tensor:
-    return t if t.dtype is dtype else ops.cast(t, dtype)
+        w_dtype, b_dtype = (dt if need else None for dt, need in zip(ctx.dtypes, (need_w, need_b)))
+        if ctx.stats is None:  # an empty input
+            gx = Tensor.empty(x.shape, x.dtype, x.device) if need_x else None
+            gw, gb = (None if dt is None else ops.fill((x.shape[1],), 0.0, dt, x.device) for dt in (w_dtype, b_dtype))
+        else:
+            gx, gw, gb = bn.backward(x, ops.contiguous(g), ctx.stats, ctx.batch_stats, need_x, w_dtype, b_dtype)
+        return (gx, gw, gb) + (None,) * 8

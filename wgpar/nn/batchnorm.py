@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import creation, ops
+from .. import creation
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
@@ -52,16 +52,13 @@ class _BatchNorm(Module):
             dims = " or ".join(f"{d}D" for d in self._dims)
             raise ValueError(f"{type(self).__name__}: expected {dims} input, got "
                              f"{getattr(x, 'shape', type(x).__name__)}")
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
-            with no_grad():
-                ops.inplace("add", self.num_batches_tracked, 1)
-            if self.momentum is None:  # a cumulative average: factor 1 / batches, on the device
-                momentum = ops.binary("div", 1.0, ops.cast(self.num_batches_tracked, _dt.float32))
         use_batch = self.training or not self.track_running_stats
         track = not self.training or self.track_running_stats
-        return F.batch_norm(x, self.running_mean if track else None, self.running_var if track else None,
-                            self.weight, self.bias, use_batch, momentum, self.eps)
+        counter = self.num_batches_tracked if self.training and self.track_running_stats else None
+        # The counter's increment and the running statistics' update (momentum None: factor 1 / batches,
+        # on the device) happen inside the batch norm's own kernels.
+        return F._batch_norm(x, self.running_mean if track else None, self.running_var if track else None,
+                             self.weight, self.bias, use_batch, self.momentum, self.eps, counter)
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

@@ -24,8 +24,6 @@ from ..autograd.nn_ops import (
     Dropout,
     max_pool2d_with_indices,
 )
-from ..ops.batch_norm import row as bn_row
-from ..ops.batch_norm import stats as bn_stats
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
 from ..ops.loss import class_targets
@@ -470,16 +468,28 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
     Training normalises with the batch's mean and biased variance and, where running statistics are
     given, updates them in place: ``running = (1 - momentum) * running + momentum * batch`` with the
-    unbiased variance, as torch. Otherwise the running statistics normalise.
+    unbiased variance, as torch. Otherwise the running statistics normalise. A training forward is two
+    kernels (the update among them), its backward two; otherwise one.
 
     Arguments:
         input: a float tensor of at least 2 dims.
-        running_mean, running_var: [C] buffers (None: training keeps none).
+        running_mean, running_var: [C] float buffers (None: training keeps none).
         weight, bias: the affine [C] parameters, or None.
         training: use (and record) the batch's statistics.
         momentum: the running statistics' update factor (a float, or a one-element tensor).
         eps: added to the variance.
     """
+    if momentum is None:
+        raise TypeError("batch_norm: momentum must be a float or a one-element tensor, got None (the cumulative "
+                        "average of BatchNorm's momentum=None needs its num_batches_tracked)")
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
+                bias: Tensor | None, training: bool, momentum: float | Tensor | None, eps: float,
+                counter: Tensor | None = None) -> Tensor:
+    """``batch_norm``, and for the modules: a batch counter ``counter`` (an int32 scalar tensor) that training
+    adds 1 to in the same kernels, and ``momentum`` None for the cumulative average (factor 1 / counter)."""
     if not isinstance(input, Tensor) or input.ndim < 2:
         raise ValueError(f"batch_norm: expected a Tensor [N, C, ...], got "
                          f"{getattr(input, 'shape', type(input).__name__)}")
@@ -491,34 +501,20 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         if t is not None and t.shape != (c,):
             raise ValueError(f"batch_norm: {name} of shape {t.shape} for an input of shape {input.shape} "
                              f"({c} channels)")
-    check_same_device(input, *(t for t in (running_mean, running_var, weight, bias) if t is not None), op="batch_norm")
-    inner = input.numel() // (n * c) if n * c else 0
-    x3 = D.contiguous(D.reshape(input, (n, c, inner)))
-    with no_grad():
-        if training:
-            if n * inner <= 1:
-                raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
-                                 f"shape {input.shape}")
-            running = [t for t in (running_mean, running_var) if t is not None]
-            fused = bool(running) and not isinstance(momentum, Tensor) and all(
-                t.dtype is _dt.float32 and t.is_contiguous() for t in running)
-            st = bn_stats(x3, weight, bias, eps, running_mean, running_var, float(momentum) if fused else None)
-            if running and not fused:
-                if running_mean is not None:
-                    _lerp_(running_mean, ops.binary("add", bn_row(st, 0), bn_row(st, 1)), momentum)
-                if running_var is not None:
-                    _lerp_(running_var, ops.binary("mul", bn_row(st, 2), n * inner / (n * inner - 1)), momentum)
-        else:
-            if running_mean is None or running_var is None:
-                raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
-            st = bn_stats(x3, weight, bias, eps, running_mean, running_var, training=False)
-    y = BatchNorm.apply(x3, weight, bias, st, bool(training))
-    return D.reshape(y, input.shape)
-
-
-def _lerp_(running: Tensor, value: Tensor, factor: float | Tensor) -> None:
-    """``running += (value - running) * factor`` in place, on the device."""
-    ops.inplace("add", running, ops.binary("mul", ops.binary("sub", value, running), factor))
+    if isinstance(momentum, Tensor) and momentum.numel() != 1:
+        raise ValueError(f"batch_norm: a momentum tensor must hold one element, got shape {momentum.shape}")
+    others = [t for t in (running_mean, running_var, weight, bias, momentum, counter) if isinstance(t, Tensor)]
+    check_same_device(input, *others, op="batch_norm")
+    if training:
+        if input.numel() // max(c, 1) <= 1:
+            raise ValueError(f"batch_norm: expected more than 1 value per channel when training, got input of "
+                             f"shape {input.shape}")
+    elif running_mean is None or running_var is None:
+        raise ValueError("batch_norm: running_mean and running_var are needed unless training=True")
+    x = input if input.is_contiguous() else D.contiguous(input)
+    keep = is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    return BatchNorm.apply(x, weight, bias, running_mean, running_var, 0.0 if momentum is None else momentum,
+                           bool(training), eps, momentum is None, counter, keep)
 
 
 def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,

@@ -1,229 +1,244 @@
-"""Batch norm's kernels: per-channel partial sums (shaders/batch_norm_sums.wgsl), per-channel
-coefficients from them (shaders/batch_norm_finalize.wgsl: statistics, scale and offset, the running
-statistics' update; or the gradients' coefficients) and per-channel affine maps
-(shaders/batch_norm_apply.wgsl) over contiguous [N, C, inner] tensors. A training forward is four
-dispatches, its backward three.
+"""Batch norm's kernels over contiguous [N, C, ...] tensors (every dim past 1 is one, ``inner``):
+per-channel partial sums (shaders/batch_norm_sums.wgsl) and one kernel that turns them into the
+channel's coefficients and maps the elements with them (shaders/batch_norm_apply.wgsl), each one
+workgroup per chunk of one channel. A training forward is two dispatches (the statistics, then the
+output with the running statistics' and the batch counter's updates), its backward two, an
+evaluation forward one.
 
-Statistics take two passes over the input, the mean first, then the sums of (x - mean)^2 and of
-x - mean (the corrected two-pass variance: no cancellation of large squares, as a single pass of
-x and x^2 would suffer). Everything per channel is float32, whatever the input's float type. The
-differentiable op is ``autograd.nn_ops.BatchNorm``.
+The statistics are two passes over each chunk within one workgroup, the chunk's mean first, then the
+sums of (x - mean) and (x - mean)^2 (no cancellation of large squares, as a single pass of x and x^2
+would suffer); the chunks are combined about their weighted mean. Everything per channel is float32,
+whatever the input's float type. The differentiable op is ``autograd.nn_ops.BatchNorm``.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid
+from ..storage import Storage
 from ..tensor import Tensor
-from .elementwise import cast, clone
-from .reduce import reduce
-from .shape import narrow, reshape
 
-_SUMS = Kernel("batch_norm_sums", "part: w, a: r, b: r, mean: r",
-               "c: u32, inner: u32, count: u32, off_a: u32, off_b: u32, chunk: u32, groups: u32, off_m: u32, "
-               "mg: u32, minv: f32")
-_APPLY = Kernel("batch_norm_apply", "out: w, x: r, g: r, m: r, k1: r, k2: r, k3: r",
-                "c: u32, inner: u32, total: u32, off_x: u32, off_g: u32, off_m: u32, off_k1: u32, off_k2: u32, "
-                "off_k3: u32")
-_FINAL = Kernel("batch_norm_finalize", "st: w, pa: r, pb: r, wt: r, bs: r, rm: w, rv: w, gw: w, gb: w",
-                "c: u32, g1: u32, g2: u32, inv: f32, eps: f32, momentum: f32, unbias: f32, batch: u32, off_w: u32, "
-                "off_b: u32, off_rm: u32, off_rv: u32")
-# Rows of the [6, C] statistics ``stats`` returns and of the [2, C] input-gradient coefficients of
-# ``grad_coefficients``.
-MEAN, SHIFT, VAR, INVSTD, SCALE, OFFSET = range(6)
-K2, K3 = range(2)
-
-
-def column(t: Tensor, j: int) -> Tensor:
-    """Column ``j`` of a [C, k] tensor, as a [C] view."""
-    return reshape(narrow(t, 1, j, 1), (t.shape[0],))
-
-
-def row(t: Tensor, j: int) -> Tensor:
-    """Row ``j`` of a [k, C] tensor, as a [C] view."""
-    return reshape(narrow(t, 0, j, 1), (t.shape[1],))
+_SUMS = Kernel("batch_norm_sums", "part: w, a: r, b: r, st: r, nbt: w",
+               "c: u32, inner: u32, count: u32, chunk: u32, groups: u32, off_p: u32, off_a: u32, off_b: u32, "
+               "off_m: u32, off_n: u32")
+_APPLY = Kernel("batch_norm_apply",
+                "out: w, x: r, g: r, pa: r, st: w, wt: r, bs: r, rm: w, rv: w, em: r, ev: r, fac: r, gw: w, gb: w",
+                "c: u32, inner: u32, count: u32, chunk: u32, groups: u32, off_x: u32, off_g: u32, off_p: u32, "
+                "off_st: u32, off_w: u32, sw: u32, off_b: u32, sb: u32, off_rm: u32, srm: u32, off_rv: u32, "
+                "srv: u32, off_f: u32, batch: u32, inv: f32, eps: f32, momentum: f32, unbias: f32")
+# Rows of the float32 statistics a forward keeps for backward ([ROWS, C] from the start of ``stats``).
+MEAN, SHIFT, VAR, INVSTD, SCALE = range(5)
+ROWS = 5
+# How a training forward's running statistics move: ``running += (value - running) * factor`` with
+# factor the float ``momentum`` (FACTOR_PARAM), a one-element tensor's value (FACTOR_TENSOR) or the
+# reciprocal of the batch counter, just incremented (FACTOR_CUMULATIVE: torch's momentum=None).
+FACTOR_PARAM, FACTOR_TENSOR, FACTOR_CUMULATIVE = range(3)
+_FACTOR = {FACTOR_PARAM: "p.momentum", FACTOR_TENSOR: "f32(fac[p.off_f])", FACTOR_CUMULATIVE: "1.0 / f32(fac[p.off_f])"}
 
 
 def _chunking(count: int, channels: int) -> tuple[int, int]:
-    """(chunk, chunks per channel): enough workgroups to fill a GPU, no thread looping past MAX_LOOP."""
+    """(chunk, chunks per channel): enough workgroups to fill a GPU, no thread looping past MAX_LOOP
+    (the statistics read their chunk twice)."""
     groups = max(1, min(-(-count // (8 * WORKGROUP)), 1024 // channels))
-    groups = max(groups, -(-count // (WORKGROUP * MAX_LOOP)))
-    chunk = -(-count // groups)
+    groups = max(groups, -(-count // (WORKGROUP * MAX_LOOP // 2)))
+    chunk = max(1, -(-count // groups))
     return chunk, -(-count // chunk)
 
 
-_MEAN_OF = """fn mean_of(ch: u32) -> f32 {
-  var s = 0.0;
-  for (var g = 0u; g < p.mg; g = g + 1u) { s = s + mean[p.off_m + 2u * ch * p.mg + g]; }
-  return s * p.minv;
-}"""
+def _shape(x: Tensor) -> tuple[int, int, int]:
+    return x.shape[0], x.shape[1], math.prod(x.shape[2:])
+
+
+def _new(shape: tuple[int, ...], dtype: _dt.DType, like: Tensor) -> Tensor:
+    return Tensor(Storage(like.device, dtype, math.prod(shape)), shape)
+
+
+def _vector(t: Tensor | None) -> tuple[int, int]:
+    """(offset, stride) of a [C] tensor read or written by index."""
+    return (0, 0) if t is None else (t._offset, t._strides[0])
 
 
 @functools.lru_cache(maxsize=64)
-def _sums_kernel(ta: str, tb: str | None, mean: str | None, term1: str, term2: str) -> KernelSpec:
-    without = tuple(n for n, keep in (("b", tb is not None), ("mean", mean is not None)) if not keep)
-    types = ["f32", ta] + ([tb] if tb is not None else []) + (["f32"] if mean is not None else [])
-    m = {None: "0.0", "vec": "mean[p.off_m + ch]", "parts": "mean_of(ch)"}[mean]
-    return _SUMS.spec(types, without=without, MEAN=m, FNS=_MEAN_OF if mean == "parts" else "",
-                      VB="f32(b[p.off_b + at])" if tb is not None else "0.0", TERM1=term1, TERM2=term2)
+def _sums_kernel(ta: str, tb: str | None, counter: str | None) -> KernelSpec:
+    """MODE 0, the statistics of a (``tb`` None; ``counter`` the batch counter's type, or None), or MODE 1,
+    the gradient's sums (``tb`` the gradient's type)."""
+    if tb is None:
+        types, without = ["f32", ta] + ([counter] if counter else []), ("b", "st") + (() if counter else ("nbt",))
+    else:
+        types, without = ["f32", ta, tb, "f32"], ("nbt",)
+    return _SUMS.spec(types, without=without, MODE=int(tb is not None),
+                      COUNT="nbt[p.off_n] = nbt[p.off_n] + 1;" if counter else "",
+                      MEAN="0.0" if tb is None else "st[p.off_m + ch]",
+                      VB="0.0" if tb is None else "f32(b[p.off_b + at])")
 
 
-def channel_parts(a: Tensor, term1: str, term2: str, b: Tensor | None = None, mean: Tensor | None = None,
-                  mean_parts: Tensor | None = None) -> Tensor:
-    """Per channel, partial sums of ``term1`` and ``term2`` over dims 0 and 2 of [N, C, inner] tensors:
-    float32 [C, 2, parts] (chunks of each channel, summed by the caller: ``channel_sums``, or the
-    finalize kernel, which sums them in order).
-
-    Arguments:
-        a: contiguous [N, C, inner], read as ``va``.
-        term1, term2: WGSL f32 expressions over ``va``, ``vb`` and ``m``.
-        b: contiguous, a's shape, read as ``vb`` (0 without).
-        mean: float32 [C] (contiguous), read as ``m`` (0 without).
-        mean_parts: instead of ``mean``, the parts of the sums of ``a`` (an earlier call with term1 ``va``):
-            ``m`` is their sum over the count.
-    """
-    n, c, inner = a.shape
-    count = n * inner
-    chunk, groups = _chunking(count, c)
-    part = Tensor.empty((c, 2, groups), _dt.float32, a.device)
-    mt = mean if mean is not None else mean_parts
+def _sums(a: Tensor, part: Tensor, off_p: int, chunk: int, groups: int, b: Tensor | None = None,
+          stats: Tensor | None = None, counter: Tensor | None = None) -> None:
+    n, c, inner = _shape(a)
     k = _sums_kernel(a.dtype.storage, None if b is None else b.dtype.storage,
-                     None if mt is None else ("vec" if mean is not None else "parts"), term1, term2)
-    if mt is not None and not mt.is_contiguous():
-        mt = clone(mt)
-    bufs = [part._storage.buffer, a._storage.buffer] + [t._storage.buffer for t in (b, mt) if t is not None]
-    a.device.dispatch(k, bufs, _SUMS.pack(c=c, inner=inner, count=count, off_a=a._offset,
-                                          off_b=0 if b is None else b._offset, chunk=chunk, groups=groups,
-                                          off_m=0 if mt is None else mt._offset,
-                                          mg=0 if mean_parts is None else mean_parts.shape[2], minv=1.0 / count),
+                     None if counter is None else counter.dtype.storage)
+    bufs = [part._storage.buffer, a._storage.buffer]
+    if b is not None:
+        bufs += [b._storage.buffer, stats._storage.buffer]
+    elif counter is not None:
+        bufs.append(counter._storage.buffer)
+    a.device.dispatch(k, bufs, _SUMS.pack(c=c, inner=inner, count=n * inner, chunk=chunk, groups=groups,
+                                          off_p=off_p, off_a=a._offset, off_b=0 if b is None else b._offset,
+                                          off_m=0 if stats is None else stats._offset + MEAN * c,
+                                          off_n=0 if counter is None else counter._offset),
                       grid(c * groups, a.device.max_workgroups))
-    return part
 
 
-def channel_sums(a: Tensor, term1: str, term2: str, b: Tensor | None = None, mean: Tensor | None = None) -> Tensor:
-    """Per channel, the sums of ``term1`` and ``term2`` over dims 0 and 2 of [N, C, inner] tensors: float32 [C, 2]
-    (``channel_parts`` summed)."""
-    part = channel_parts(a, term1, term2, b, mean)
-    return reshape(part, part.shape[:2]) if part.shape[2] == 1 else reduce("sum", part, 2)
+@functools.lru_cache(maxsize=256)
+def _apply_kernel(mode: int, tx: str, tw: str | None, tb: str | None, rm: str | None, rv: str | None,
+                  factor: tuple[int, str] | None, keep: bool) -> KernelSpec:
+    """A forward (mode 0: batch statistics, 1: running ones): the types of x, weight, bias and the running
+    statistics (None where absent), how the running statistics move (mode 0; (FACTOR_*, the type of
+    ``fac``) or None to leave them) and whether the st rows are kept (written)."""
+    # The running statistics are rm and rv where they are written, em and ev (read-only: they may share a
+    # buffer with the weight or bias) where they normalise.
+    named = {"out": tx, "x": tx, "st": "f32" if keep else None, "wt": tw, "bs": tb,
+             "rm": rm if factor else None, "rv": rv if factor else None,
+             "em": rm if mode == 1 else None, "ev": rv if mode == 1 else None,
+             "fac": factor[1] if factor and factor[0] != FACTOR_PARAM else None}
+    running = ""
+    if mode == 0 and factor:
+        for r, t, value in (("rm", rm, "m + shift"), ("rv", rv, "v * p.unbias")):
+            if t is not None:
+                at = f"{r}[p.off_{r} + ch * p.s{r}]"
+                running += f"{at} = {t}(f32({at}) + ({value} - f32({at})) * {_FACTOR[factor[0]]}); "
+    store = "".join(f"st[p.off_st + {i}u * p.c + ch] = {v}; "
+                    for i, v in enumerate(("m", "shift", "v", "invstd", "scale"))) if keep else ""
+    return _APPLY.spec([t for t in named.values() if t is not None], without=("g", "pa", "gw", "gb") + tuple(
+        k for k, t in named.items() if t is None), MODE=mode, PART="st[p.off_p + i]" if mode == 0 else "0.0",
+        STAT="0.0", GRADS="", STORE=store, RUNNING=running,
+        WEIGHT="1.0" if tw is None else "f32(wt[p.off_w + ch * p.sw])",
+        BIAS="0.0" if tb is None else "f32(bs[p.off_b + ch * p.sb])",
+        RMEAN="f32(em[p.off_rm + ch * p.srm])" if mode == 1 else "0.0",
+        RVAR="f32(ev[p.off_rv + ch * p.srv])" if mode == 1 else "0.0",
+        BODY=f"out[at] = {tx}((f32(x[p.off_x + at]) - m) * k2 + k3);")
 
 
-def _finalize(mode: int, rows: int, pa: Tensor, pb: Tensor, c: int, fills: dict, extra: dict, **params) -> Tensor:
-    st = Tensor.empty((rows, c), _dt.float32, pa.device)
-    named = {"st": st, "pa": pa, "pb": pb} | {k: extra.get(k) for k in ("wt", "bs", "rm", "rv", "gw", "gb")}
-    present = [(k, t) for k, t in named.items() if t is not None]
-    k = _FINAL.spec([t.dtype.storage for _, t in present], without=tuple(k for k, t in named.items() if t is None),
-                    MODE=mode, **({"GRADS": "", "RUNNING": ""} | fills))
-    args = dict(g1=0, g2=0, inv=0.0, eps=0.0, momentum=0.0, unbias=0.0, batch=0, off_w=0, off_b=0, off_rm=0,
-                off_rv=0) | params
-    pa.device.dispatch(k, [t._storage.buffer for _, t in present], _FINAL.pack(c=c, **args),
-                       grid(-(-c // WORKGROUP), pa.device.max_workgroups))
-    return st
+def forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, training: bool,
+            running_mean: Tensor | None = None, running_var: Tensor | None = None, momentum: float | Tensor = 0.0,
+            cumulative: bool = False, counter: Tensor | None = None,
+            keep: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Batch norm of contiguous ``x`` [N, C, ...] and the float32 statistics backward needs: (y in x's
+    dtype, ``stats`` with rows ``MEAN``, ``SHIFT``, ``VAR``, ``INVSTD``, ``SCALE`` of C each first, or
+    None without ``keep``). ``y = (x - mean) * scale + bias - shift * scale``, scale = invstd * weight.
 
-
-def _vec(t: Tensor | None) -> Tensor | None:
-    return t if t is None or t.is_contiguous() else clone(t)
-
-
-def stats(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, running_mean: Tensor | None = None,
-          running_var: Tensor | None = None, momentum: float | None = None, training: bool = True) -> Tensor:
-    """Batch norm's per-channel statistics and affine coefficients, float32 [6, C] (rows ``MEAN``, ``SHIFT``,
-    ``VAR``, ``INVSTD``, ``SCALE``, ``OFFSET``): the output is ``(x - mean) * scale + offset``.
-
-    Training (x's own statistics): two passes over x, the mean m first, then the sums of (x - m)^2 and
-    x - m; shift = mean(x - m) is the float32 mean's rounding error, the variance is taken about
-    m + shift and offset = bias - shift * scale takes it out (an input far from 0 with a small spread
-    would lose its digits in a float32 mean). With ``momentum`` (a float) the float32 running
-    statistics are updated in the same kernel (the variance unbiased). Otherwise (``training``
-    False) the running statistics normalise; shift is 0. Four dispatches in training, one otherwise.
+    Training (x's own statistics, N * inner >= 1): two dispatches; the first also adds 1 to ``counter``,
+    the second updates the running statistics given, in place. Otherwise the running statistics
+    normalise (shift 0): one dispatch.
 
     Arguments:
-        x: contiguous [N, C, inner] (training: N * inner >= 1).
+        x: contiguous [N, C, ...], a float dtype, not empty.
         weight, bias: [C] or None.
         eps: added to the variance.
-        running_mean, running_var: float32 [C] buffers to update (training with ``momentum``), or
-            what normalises (not training, any float dtype).
-        momentum: the running statistics' update factor, or None to leave them.
-        training: use x's statistics.
+        training: normalise with x's statistics (else with the running ones).
+        running_mean, running_var: [C] float tensors (any strides): updated in training, read otherwise.
+        momentum: the running statistics' factor, a float or a one-element tensor (training).
+        cumulative: the factor is 1 / ``counter`` after its increment instead (torch's momentum=None).
+        counter: the int32 batch counter (a scalar tensor) to add 1 to, or None.
+        keep: whether to return the statistics (backward needs them).
     """
-    n, c, inner = x.shape
-    weight, bias = _vec(weight), _vec(bias)
-    fills = {"WEIGHT": "1.0" if weight is None else "f32(wt[p.off_w + ch])",
-             "BIAS": "0.0" if bias is None else "f32(bs[p.off_b + ch])"}
-    params = dict(eps=float(eps), off_w=0 if weight is None else weight._offset,
-                  off_b=0 if bias is None else bias._offset)
-    if not training:
-        rm, rv = (t if t.dtype is _dt.float32 and t.is_contiguous() else clone(cast(t, _dt.float32))
-                  for t in (running_mean, running_var))
-        if rm._offset or rv._offset:
-            rm, rv = clone(rm), clone(rv)
-        return _finalize(1, 6, rm, rv, c, fills, {"wt": weight, "bs": bias}, **params)
+    n, c, inner = _shape(x)
     count = n * inner
-    p1 = channel_parts(x, "va", "0.0")
-    p2 = channel_parts(x, "(va - m) * (va - m)", "va - m", mean_parts=p1)
-    rm = rv = None
-    if momentum is not None:
-        rm, rv = running_mean, running_var
-        fills["RUNNING"] = "".join(
-            f"{r}[p.off_{r} + ch] = {r}[p.off_{r} + ch] + ({value} - {r}[p.off_{r} + ch]) * p.momentum;"
-            for r, value, t in (("rm", "(m + shift)", rm), ("rv", "v * p.unbias", rv)) if t is not None)
-        params |= dict(momentum=float(momentum), unbias=count / (count - 1) if count > 1 else float("inf"),
-                       off_rm=0 if rm is None else rm._offset, off_rv=0 if rv is None else rv._offset)
-    return _finalize(0, 6, p1, p2, c, fills, {"wt": weight, "bs": bias, "rm": rm, "rv": rv}, g1=p1.shape[2],
-                     g2=p2.shape[2], inv=1.0 / count, **params)
+    chunk, groups = _chunking(count, c)
+    out = _new(x.shape, x.dtype, x)
+    w_off, sw = _vector(weight)
+    b_off, sb = _vector(bias)
+    rm_off, srm = _vector(running_mean)
+    rv_off, srv = _vector(running_var)
+    tw, tb = (None if t is None else t.dtype.storage for t in (weight, bias))
+    trm, trv = (None if t is None else t.dtype.storage for t in (running_mean, running_var))
+    factor = fac = None
+    unbias = 0.0
+    if training:
+        st = _new((ROWS * c + 3 * c * groups,), _dt.float32, x)
+        _sums(x, st, ROWS * c, chunk, groups, counter=counter)
+        if running_mean is not None or running_var is not None:
+            if cumulative:
+                factor, fac = (FACTOR_CUMULATIVE, counter.dtype.storage), counter
+            elif isinstance(momentum, Tensor):
+                factor, fac = (FACTOR_TENSOR, momentum.dtype.storage), momentum
+            else:
+                factor = (FACTOR_PARAM, "f32")
+            unbias = count / (count - 1) if count > 1 else float("inf")
+        for t in (running_mean, running_var, counter) if factor else (counter,):
+            if t is not None:
+                t._storage.bump_version()
+        keep = True
+    else:
+        st = _new((ROWS * c,), _dt.float32, x) if keep else None
+    k = _apply_kernel(0 if training else 1, x.dtype.storage, tw, tb, trm, trv, factor, keep)
+    bufs = [out, x, st, weight, bias] + ([running_mean, running_var] if not training or factor else []) + [fac]
+    x.device.dispatch(k, [t._storage.buffer for t in bufs if t is not None],
+                      _APPLY.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_x=x._offset, off_g=0,
+                                  off_p=ROWS * c if training else 0, off_st=0, off_w=w_off, sw=sw, off_b=b_off,
+                                  sb=sb, off_rm=rm_off, srm=srm, off_rv=rv_off, srv=srv,
+                                  off_f=0 if fac is None else fac._offset, batch=0, inv=1.0 / count, eps=float(eps),
+                                  momentum=0.0 if isinstance(momentum, Tensor) else float(momentum), unbias=unbias),
+                      grid(c * groups, x.device.max_workgroups))
+    return out, st
 
 
-def grad_coefficients(x: Tensor, g: Tensor, st: Tensor, batch_stats: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """The weight and bias gradients, float32 [C] each (buffers of their own: they become the parameters'
-    .grad without a copy), and the input gradient's coefficients, float32 [2, C] (rows ``K2``, ``K3``:
-    gx = g * scale + (x - mean) * k2 + k3), for the output gradient ``g`` of the batch norm of ``x`` with
-    statistics ``st`` (from ``stats``). Two dispatches.
+@functools.lru_cache(maxsize=64)
+def _grad_kernel(tout: str | None, tx: str | None, tg: str | None, sums: bool, tw: str | None,
+                 tb: str | None) -> KernelSpec:
+    """A backward: the types of the input gradient (None: not wanted), of x (None: not read), of g (None:
+    not read), of the weight and bias gradients (None: not wanted), and whether there are gradient sums."""
+    named = {"out": tout, "x": tx, "g": tg, "pa": "f32" if sums else None, "st": "f32", "gw": tw, "gb": tb}
+    grads = (f"gw[ch] = {tw}(sgx * invstd); " if tw else "") + (f"gb[ch] = {tb}(sg);" if tb else "")
+    if tout is None:
+        body = ""
+    elif tx is None:
+        body = f"out[at] = {tout}(f32(g[p.off_g + at]) * k1);"
+    else:
+        body = f"out[at] = {tout}(f32(g[p.off_g + at]) * k1 + (f32(x[p.off_x + at]) - m) * k2 + k3);"
+    return _APPLY.spec([t for t in named.values() if t is not None],
+                       without=("wt", "bs", "rm", "rv", "em", "ev", "fac") +
+                       tuple(k for k, t in named.items() if t is None),
+                       MODE=2, PART="pa[i]" if sums else "0.0", STAT="st[p.off_st + r * p.c + ch]", GRADS=grads,
+                       STORE="", RUNNING="", WEIGHT="1.0", BIAS="0.0", RMEAN="0.0", RVAR="0.0", BODY=body)
+
+
+def backward(x: Tensor, g: Tensor, stats: Tensor, batch_stats: bool, need_x: bool, w_dtype: _dt.DType | None,
+             b_dtype: _dt.DType | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The input, weight and bias gradients (None where not asked for) of the batch norm of ``x`` with
+    output gradient ``g`` and the forward's ``stats``. The weight and bias gradients are tensors of their
+    own (they become the parameters' .grad without a copy). Two dispatches (one for an input gradient
+    alone with running statistics).
 
     Arguments:
-        x, g: contiguous [N, C, inner].
-        st: the forward's [6, C] statistics.
+        x, g: contiguous [N, C, ...], not empty.
+        stats: the forward's statistics (``forward``).
         batch_stats: whether they were x's own (the input gradient's two corrections).
+        need_x: whether to compute the input gradient.
+        w_dtype, b_dtype: the weight and bias gradients' dtypes, or None not to compute them.
     """
-    n, c, inner = x.shape
-    parts = channel_parts(x, "vb", "vb * (va - m)", b=g, mean=row(st, MEAN))  # sum g, sum g * (x - mean)
-    gw, gb = (Tensor.empty((c,), _dt.float32, x.device) for _ in range(2))
-    k = _finalize(2, 2, parts, st, c, {"WEIGHT": "1.0", "BIAS": "0.0", "GRADS": "gw[ch] = sgx * invstd; gb[ch] = sg;"},
-                  {"gw": gw, "gb": gb}, g1=parts.shape[2], inv=1.0 / (n * inner), batch=int(batch_stats))
-    return gw, gb, k
-
-
-def affine(x: Tensor, k2: Tensor, m: Tensor | None = None, k3: Tensor | None = None, g: Tensor | None = None,
-           k1: Tensor | None = None) -> Tensor:
-    """``g * k1 + (x - m) * k2 + k3`` per channel of contiguous [N, C, inner] tensors, in x's dtype;
-    terms whose tensors are None are left out.
-
-    Arguments:
-        x: contiguous [N, C, inner].
-        k2: [C], the factor of x (or of x - m).
-        m: [C] subtracted from x.
-        k3: [C] added.
-        g, k1: contiguous [N, C, inner] and its factor [C].
-    """
-    n, c, inner = x.shape
-    out = Tensor.empty(x.shape, x.dtype, x.device)
-    total = out.numel()
-    if not total:
-        return out
-    xs = "(f32(x[p.off_x + i]) - f32(m[p.off_m + ch]))" if m is not None else "f32(x[p.off_x + i])"
-    expr = f"{xs} * f32(k2[p.off_k2 + ch])"
-    if g is not None:
-        expr = f"f32(g[p.off_g + i]) * f32(k1[p.off_k1 + ch]) + {expr}"
-    if k3 is not None:
-        expr += " + f32(k3[p.off_k3 + ch])"
-    vec = {name: _vec(t) for name, t in (("m", m), ("k1", k1 if g is not None else None), ("k2", k2), ("k3", k3))}
-    named = {"out": out, "x": x, "g": g} | vec
-    present = [(name, t) for name, t in named.items() if t is not None]
-    k = _APPLY.spec([t.dtype.storage for _, t in present], without=tuple(n for n, t in named.items() if t is None),
-                    T=x.dtype.storage, EXPR=expr)
-    offs = {f"off_{name}": 0 if t is None else t._offset for name, t in vec.items()}
-    x.device.dispatch(k, [t._storage.buffer for _, t in present],
-                      _APPLY.pack(c=c, inner=inner, total=total, off_x=x._offset, off_g=0 if g is None else g._offset,
-                                  **offs),
-                      grid(-(-total // WORKGROUP), x.device.max_workgroups))
-    return out
+    n, c, inner = _shape(x)
+    count = n * inner
+    chunk, groups = _chunking(count, c)
+    sums = w_dtype is not None or b_dtype is not None or batch_stats
+    part = None
+    if sums:
+        part = _new((2 * c * groups,), _dt.float32, x)
+        _sums(x, part, 0, chunk, groups, b=g, stats=stats)
+    gx = _new(x.shape, x.dtype, x) if need_x else None
+    gw, gb = (None if t is None else _new((c,), t, x) for t in (w_dtype, b_dtype))
+    reads_x = need_x and batch_stats
+    k = _grad_kernel(x.dtype.storage if need_x else None, x.dtype.storage if reads_x else None,
+                     g.dtype.storage if need_x else None, sums, None if gw is None else gw.dtype.storage,
+                     None if gb is None else gb.dtype.storage)
+    bufs = [gx, x if reads_x else None, g if need_x else None, part, stats, gw, gb]
+    x.device.dispatch(k, [t._storage.buffer for t in bufs if t is not None],
+                      _APPLY.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_x=x._offset,
+                                  off_g=g._offset, off_p=0, off_st=stats._offset, off_w=0, sw=0, off_b=0, sb=0,
+                                  off_rm=0, srm=0, off_rv=0, srv=0, off_f=0, batch=int(batch_stats), inv=1.0 / count,
+                                  eps=0.0, momentum=0.0, unbias=0.0),
+                      grid(c * groups, x.device.max_workgroups))
+    return gx, gw, gb
