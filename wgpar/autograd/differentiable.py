@@ -19,7 +19,7 @@ from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
 from .autocast_mode import get_autocast_dtype, is_autocast_enabled
-from .engine import Parts, backward, record, retain_grad
+from .engine import Parts, attach, backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
 
@@ -58,14 +58,17 @@ def autocast_full(t):
 
 
 # -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
+_AUTOCAST_FP32 = frozenset(name for name, op in OPS.items() if op.autocast_fp32)
+
+
 def unary(op: str, a: Tensor) -> Tensor:
-    if is_autocast_enabled() and OPS[op].autocast_fp32:
+    if op in _AUTOCAST_FP32 and is_autocast_enabled():
         a = autocast_full(a)
     return _elementwise(op, ops.unary(op, a), (a,))
 
 
 def binary(op: str, a, b) -> Tensor:
-    if is_autocast_enabled() and OPS[op].autocast_fp32:
+    if op in _AUTOCAST_FP32 and is_autocast_enabled():
         a, b = autocast_full(a), autocast_full(b)
     return _elementwise(op, ops.binary(op, a, b), (a, b))
 
@@ -83,23 +86,38 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
     return _elementwise("clamp", out, (a, min, max))
 
 
+_READS: dict[tuple[str, tuple[bool, ...]], tuple[tuple[str, int], ...]] = {}
+
+
+def _reads(op: str, needs: tuple[bool, ...]) -> tuple[tuple[str, int], ...]:
+    """What the gradient expressions of the operands in ``needs`` read besides g: (name, operand index, -1
+    for the output y), cached per op and mask (as torch saves an operand only for a gradient that reads it)."""
+    hit = _READS.get((op, needs))
+    if hit is None:
+        names = {v for k, kernel in enumerate(GRADS[op]) if needs[k] and not isinstance(kernel, str) and kernel
+                 for v in kernel.operands} - {"g"}
+        hit = _READS[(op, needs)] = tuple((v, -1 if v == "y" else int(v[1])) for v in SAVES[op] if v in names)
+    return hit
+
+
 def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None) -> Tensor:
     """Record ``out = op(*operands)``: each operand that needs a gradient gets one fused kernel of its
-    gradient expression (registry.GRADS), summed down to its shape. The node keeps only what those
-    expressions read (registry.SAVES; its tensors saved, so an in-place change to one before backward
-    raises): an operand or output they do not read is freed as soon as nothing else uses it."""
+    gradient expression (registry.GRADS), summed down to its shape. The node keeps only what the
+    expressions of the operands needing a gradient read (registry.SAVES; its tensors saved, so an
+    in-place change to one before backward raises): an operand or output they do not read is freed as
+    soon as nothing else uses it."""
     for x in operands:  # the common case first, and cheaply: nothing to differentiate
         if isinstance(x, Tensor) and x.requires_grad:
             break
     else:
         return out
     grads = GRADS.get(op)
-    if grads is None or not is_grad_enabled() or not out.dtype.is_float:
+    if grads is None or not out.dtype.is_float or not is_grad_enabled():
         return out
+    needs = tuple([isinstance(x, Tensor) and x.requires_grad for x in operands])
     # y without its node: out -> node -> closure -> out would be a reference cycle
-    kept = {v: out.detach() if v == "y" else operands[int(v[1])] for v in SAVES[op]}
-    needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in operands)
-    shapes = tuple(x.shape if isinstance(x, Tensor) else () for x in operands)
+    kept = {v: out.detach() if k < 0 else operands[k] for v, k in _reads(op, needs)}
+    shapes = tuple([x._shape if isinstance(x, Tensor) else () for x in operands])
 
     def bw(g, mask=None):  # mask: a split backward computes each operand's gradient in its own half
         result = []
@@ -114,7 +132,8 @@ def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None)
         return tuple(result)
 
     saved = [t for t in kept.values() if isinstance(t, Tensor)]
-    return record(name or op, out, operands, bw, saved, partial=True)
+    return attach(name or op, out, [x if need else None for x, need in zip(operands, needs)], bw, saved,
+                  partial=True)
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
