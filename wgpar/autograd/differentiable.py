@@ -7,6 +7,7 @@ nothing themselves.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -86,18 +87,42 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
     return _elementwise("clamp", out, (a, min, max))
 
 
-_READS: dict[tuple[str, tuple[bool, ...]], tuple[tuple[str, int], ...]] = {}
+_PASS = "g"  # a gradient that is the incoming one (registry.GRADS)
+_GRAD_PLANS: dict[tuple[str, tuple[bool, ...]], tuple] = {}
 
 
-def _reads(op: str, needs: tuple[bool, ...]) -> tuple[tuple[str, int], ...]:
-    """What the gradient expressions of the operands in ``needs`` read besides g: (name, operand index, -1
-    for the output y), cached per op and mask (as torch saves an operand only for a gradient that reads it)."""
-    hit = _READS.get((op, needs))
+def _grad_plan(op: str, needs: tuple[bool, ...]) -> tuple[tuple[int, ...], tuple]:
+    """What an elementwise node of ``op`` saves and runs when the operands in ``needs`` need gradients,
+    cached per op and mask (as torch saves an operand only for a gradient that reads it): the operands
+    to keep (their index, -1 for the output y), and per operand None, ``_PASS`` or (the gradient's op,
+    each of its arguments as an index into (g, *kept))."""
+    hit = _GRAD_PLANS.get((op, needs))
     if hit is None:
-        names = {v for k, kernel in enumerate(GRADS[op]) if needs[k] and not isinstance(kernel, str) and kernel
+        grads = GRADS[op]
+        names = {v for k, kernel in enumerate(grads) if needs[k] and not isinstance(kernel, str) and kernel
                  for v in kernel.operands} - {"g"}
-        hit = _READS[(op, needs)] = tuple((v, -1 if v == "y" else int(v[1])) for v in SAVES[op] if v in names)
+        kept = tuple(v for v in SAVES[op] if v in names)
+        runs = tuple(None if kernel is None or not needs[k] else _PASS if kernel == "g" else
+                     (kernel.op, tuple(0 if v == "g" else 1 + kept.index(v) for v in kernel.operands))
+                     for k, kernel in enumerate(grads))
+        hit = _GRAD_PLANS[(op, needs)] = (tuple(-1 if v == "y" else int(v[1]) for v in kept), runs)
     return hit
+
+
+def _elementwise_backward(runs: tuple, kept: tuple, shapes: tuple, g: Tensor, mask=None) -> tuple:
+    """The backward of an elementwise node (a partial of this holds what it needs: one object, not a closure
+    and its cells, for the cycle collector to walk). ``mask``: a split backward computes each operand's
+    gradient in its own half."""
+    result = []
+    for k, run in enumerate(runs):
+        if run is None or (mask is not None and not mask[k]):
+            result.append(None)
+        elif run is _PASS:
+            result.append(unbroadcast(g, shapes[k]))
+        else:
+            args = [g if i == 0 else kept[i - 1] for i in run[1]]
+            result.append(unbroadcast(ops.run_map(run[0], args), shapes[k]))
+    return tuple(result)
 
 
 def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None) -> Tensor:
@@ -111,29 +136,16 @@ def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None)
             break
     else:
         return out
-    grads = GRADS.get(op)
-    if grads is None or not out.dtype.is_float or not is_grad_enabled():
+    if op not in GRADS or not out.dtype.is_float or not is_grad_enabled():
         return out
     needs = tuple([isinstance(x, Tensor) and x.requires_grad for x in operands])
-    # y without its node: out -> node -> closure -> out would be a reference cycle
-    kept = {v: out.detach() if k < 0 else operands[k] for v, k in _reads(op, needs)}
+    reads, runs = _grad_plan(op, needs)
+    # y without its node: out -> node -> backward -> out would be a reference cycle
+    kept = tuple([out.detach() if k < 0 else operands[k] for k in reads])
     shapes = tuple([x._shape if isinstance(x, Tensor) else () for x in operands])
-
-    def bw(g, mask=None):  # mask: a split backward computes each operand's gradient in its own half
-        result = []
-        for k, kernel in enumerate(grads):
-            if kernel is None or not needs[k] or (mask is not None and not mask[k]):
-                result.append(None)
-            elif kernel == "g":
-                result.append(unbroadcast(g, shapes[k]))
-            else:
-                args = [g if v == "g" else kept[v] for v in kernel.operands]
-                result.append(unbroadcast(ops.run_map(kernel.op, args), shapes[k]))
-        return tuple(result)
-
-    saved = [t for t in kept.values() if isinstance(t, Tensor)]
-    return attach(name or op, out, [x if need else None for x, need in zip(operands, needs)], bw, saved,
-                  partial=True)
+    saved = [t for t in kept if isinstance(t, Tensor)]
+    return attach(name or op, out, [x if need else None for x, need in zip(operands, needs)],
+                  functools.partial(_elementwise_backward, runs, kept, shapes), saved, partial=True)
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:
