@@ -13,27 +13,30 @@ import os
 import sys
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # four singletons, compared and hashed by identity (in C: plan keys hash them)
 class DType:
     name: str
     np: np.dtype
     storage: str  # WGSL element type of the buffer
     compute: str  # WGSL type arithmetic runs in
     itemsize: int
+    is_float: bool = field(init=False)
+    """True for the floating dtypes (computed in f32 by the kernels: float32 and float16), like
+    ``torch.dtype.is_floating_point``."""
 
-    @property
-    def is_float(self) -> bool:
-        """True for the floating dtypes (computed in f32 by the kernels: float32 and float16), like
-        ``torch.dtype.is_floating_point``."""
-        return self.compute == "f32"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_float", self.compute == "f32")  # read per op: a field, not a property
 
     def __repr__(self) -> str:
         return f"wgpar.{self.name}"
+
+    def __reduce__(self):  # pickled and copied, still the one instance (code compares dtypes with `is`)
+        return as_dtype, (self.name,)
 
 
 float32 = DType("float32", np.dtype(np.float32), "f32", "f32", 4)

@@ -25,7 +25,10 @@ class Storage:
         self.version = 0
         self.block = None  # set first: __del__ runs even when malloc below raises
         # Zero-size tensors own no buffer: WebGPU bindings must be non-empty, and no kernel runs on them.
-        self.block = device.malloc(numel * dtype.itemsize) if numel > 0 else None
+        if numel > 0:
+            nbytes = numel * dtype.itemsize
+            # straight to the allocator within the binding limit (one call less per op); past it the device raises
+            self.block = device.allocator.malloc(nbytes) if nbytes <= device.max_binding else device.malloc(nbytes)
 
     @property
     def buffer(self):

@@ -26,19 +26,36 @@ from .storage import Storage
 Shape = tuple[int, ...]
 
 
+_STRIDES: dict[tuple, tuple[int, ...]] = {}  # shape -> contiguous strides: a step meets the same few shapes
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    hit = _STRIDES.get(shape) if type(shape) is tuple else None
+    if hit is not None:
+        return hit
     strides = []
     acc = 1
     for n in reversed(shape):
         strides.append(acc)
         acc *= max(n, 1)
-    return tuple(reversed(strides))
+    out = tuple(reversed(strides))
+    if type(shape) is tuple and type(acc) is int:  # NumPy integers in the shape give NumPy strides: not shared
+        if len(_STRIDES) >= 4096:
+            _STRIDES.clear()
+        _STRIDES[shape] = out
+    return out
 
 
 def normalize_shape(shape: Iterable[Any]) -> Shape:
     """A shape given as ints or one sequence of ints, checked (non-negative ints) and made a tuple."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
+    if type(shape) is tuple:  # the usual case, checked without building a new tuple
+        for n in shape:
+            if type(n) is not int or n < 0:
+                break
+        else:
+            return shape
     out = []
     for n in shape:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
@@ -57,8 +74,9 @@ class Tensor:
     def __init__(self, storage: Storage, shape: Shape, strides: Shape | None = None, offset: int = 0,
                  requires_grad: bool = False) -> None:
         self._storage = storage
-        self._shape = tuple(shape)
-        self._strides = contiguous_strides(shape) if strides is None else tuple(strides)
+        self._shape = shape = shape if type(shape) is tuple else tuple(shape)
+        self._strides = contiguous_strides(shape) if strides is None else strides if type(strides) is tuple \
+            else tuple(strides)
         self._offset = offset
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
@@ -69,10 +87,11 @@ class Tensor:
     @classmethod
     def empty(cls, shape: Sequence[int], dtype: DType | str = _dt.float32, device=None) -> Tensor:
         """An uninitialised tensor of ``shape`` (wgpar.empty is the usual spelling)."""
-        dtype = _dt.as_dtype(dtype)
-        dev = _adapters.resolve(device)
+        dtype = dtype if type(dtype) is DType else _dt.as_dtype(dtype)
+        dev = device if type(device) is Device else _adapters.resolve(device)
         shape = normalize_shape(shape)
-        check_dtype_supported(dtype, dev)
+        if dtype is _dt.float16 and not dev.has_f16:
+            check_dtype_supported(dtype, dev)
         return cls(Storage(dev, dtype, math.prod(shape)), shape)
 
     @classmethod
@@ -165,6 +184,8 @@ class Tensor:
     def is_contiguous(self) -> bool:
         """Whether the elements lie in row-major order without gaps (size-1 dims' strides ignored)."""
         expect = contiguous_strides(self._shape)
+        if self._strides == expect:
+            return True
         return all(n == 1 or s == e for n, s, e in zip(self._shape, self._strides, expect))
 
     def data_ptr(self) -> tuple[int, int]:

@@ -7,6 +7,7 @@ nothing themselves.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -19,7 +20,7 @@ from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
 from .autocast_mode import get_autocast_dtype, is_autocast_enabled
-from .engine import Parts, backward, record, retain_grad
+from .engine import Parts, attach, backward, record, retain_grad
 from .grad_mode import is_grad_enabled
 
 
@@ -58,14 +59,17 @@ def autocast_full(t):
 
 
 # -- elementwise: every op of ops/registry.py, its backward from its gradient expressions ----------
+_AUTOCAST_FP32 = frozenset(name for name, op in OPS.items() if op.autocast_fp32)
+
+
 def unary(op: str, a: Tensor) -> Tensor:
-    if is_autocast_enabled() and OPS[op].autocast_fp32:
+    if op in _AUTOCAST_FP32 and is_autocast_enabled():
         a = autocast_full(a)
     return _elementwise(op, ops.unary(op, a), (a,))
 
 
 def binary(op: str, a, b) -> Tensor:
-    if is_autocast_enabled() and OPS[op].autocast_fp32:
+    if op in _AUTOCAST_FP32 and is_autocast_enabled():
         a, b = autocast_full(a), autocast_full(b)
     return _elementwise(op, ops.binary(op, a, b), (a, b))
 
@@ -83,38 +87,65 @@ def clamp(a: Tensor, min=None, max=None) -> Tensor:
     return _elementwise("clamp", out, (a, min, max))
 
 
+_PASS = "g"  # a gradient that is the incoming one (registry.GRADS)
+_GRAD_PLANS: dict[tuple[str, tuple[bool, ...]], tuple] = {}
+
+
+def _grad_plan(op: str, needs: tuple[bool, ...]) -> tuple[tuple[int, ...], tuple]:
+    """What an elementwise node of ``op`` saves and runs when the operands in ``needs`` need gradients,
+    cached per op and mask (as torch saves an operand only for a gradient that reads it): the operands
+    to keep (their index, -1 for the output y), and per operand None, ``_PASS`` or (the gradient's op,
+    each of its arguments as an index into (g, *kept))."""
+    hit = _GRAD_PLANS.get((op, needs))
+    if hit is None:
+        grads = GRADS[op]
+        names = {v for k, kernel in enumerate(grads) if needs[k] and not isinstance(kernel, str) and kernel
+                 for v in kernel.operands} - {"g"}
+        kept = tuple(v for v in SAVES[op] if v in names)
+        runs = tuple(None if kernel is None or not needs[k] else _PASS if kernel == "g" else
+                     (kernel.op, tuple(0 if v == "g" else 1 + kept.index(v) for v in kernel.operands))
+                     for k, kernel in enumerate(grads))
+        hit = _GRAD_PLANS[(op, needs)] = (tuple(-1 if v == "y" else int(v[1]) for v in kept), runs)
+    return hit
+
+
+def _elementwise_backward(runs: tuple, kept: tuple, shapes: tuple, g: Tensor, mask=None) -> tuple:
+    """The backward of an elementwise node (a partial of this holds what it needs: one object, not a closure
+    and its cells, for the cycle collector to walk). ``mask``: a split backward computes each operand's
+    gradient in its own half."""
+    result = []
+    for k, run in enumerate(runs):
+        if run is None or (mask is not None and not mask[k]):
+            result.append(None)
+        elif run is _PASS:
+            result.append(unbroadcast(g, shapes[k]))
+        else:
+            args = [g if i == 0 else kept[i - 1] for i in run[1]]
+            result.append(unbroadcast(ops.run_map(run[0], args), shapes[k]))
+    return tuple(result)
+
+
 def _elementwise(op: str, out: Tensor, operands: tuple, name: str | None = None) -> Tensor:
     """Record ``out = op(*operands)``: each operand that needs a gradient gets one fused kernel of its
-    gradient expression (registry.GRADS), summed down to its shape. The node keeps only what those
-    expressions read (registry.SAVES; its tensors saved, so an in-place change to one before backward
-    raises): an operand or output they do not read is freed as soon as nothing else uses it."""
+    gradient expression (registry.GRADS), summed down to its shape. The node keeps only what the
+    expressions of the operands needing a gradient read (registry.SAVES; its tensors saved, so an
+    in-place change to one before backward raises): an operand or output they do not read is freed as
+    soon as nothing else uses it."""
     for x in operands:  # the common case first, and cheaply: nothing to differentiate
         if isinstance(x, Tensor) and x.requires_grad:
             break
     else:
         return out
-    grads = GRADS.get(op)
-    if grads is None or not is_grad_enabled() or not out.dtype.is_float:
+    if op not in GRADS or not out.dtype.is_float or not is_grad_enabled():
         return out
-    # y without its node: out -> node -> closure -> out would be a reference cycle
-    kept = {v: out.detach() if v == "y" else operands[int(v[1])] for v in SAVES[op]}
-    needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in operands)
-    shapes = tuple(x.shape if isinstance(x, Tensor) else () for x in operands)
-
-    def bw(g, mask=None):  # mask: a split backward computes each operand's gradient in its own half
-        result = []
-        for k, kernel in enumerate(grads):
-            if kernel is None or not needs[k] or (mask is not None and not mask[k]):
-                result.append(None)
-            elif kernel == "g":
-                result.append(unbroadcast(g, shapes[k]))
-            else:
-                args = [g if v == "g" else kept[v] for v in kernel.operands]
-                result.append(unbroadcast(ops.run_map(kernel.op, args), shapes[k]))
-        return tuple(result)
-
-    saved = [t for t in kept.values() if isinstance(t, Tensor)]
-    return record(name or op, out, operands, bw, saved, partial=True)
+    needs = tuple([isinstance(x, Tensor) and x.requires_grad for x in operands])
+    reads, runs = _grad_plan(op, needs)
+    # y without its node: out -> node -> backward -> out would be a reference cycle
+    kept = tuple([out.detach() if k < 0 else operands[k] for k in reads])
+    shapes = tuple([x._shape if isinstance(x, Tensor) else () for x in operands])
+    saved = [t for t in kept if isinstance(t, Tensor)]
+    return attach(name or op, out, [x if need else None for x, need in zip(operands, needs)],
+                  functools.partial(_elementwise_backward, runs, kept, shapes), saved, partial=True)
 
 
 def cast(a: Tensor, dtype: _dt.DType) -> Tensor:

@@ -82,8 +82,16 @@ def record(name: str, out: Tensor, inputs: Sequence, backward_fn, saved: Sequenc
     if not is_grad_enabled():
         return out
     tins = [x if isinstance(x, Tensor) and x.requires_grad else None for x in inputs]
-    if not any(t is not None for t in tins):
-        return out
+    for t in tins:
+        if t is not None:
+            return attach(name, out, tins, backward_fn, saved, partial)
+    return out
+
+
+def attach(name: str, out: Tensor, tins: list, backward_fn, saved: Sequence[Tensor] = (),
+           partial: bool = False) -> Tensor:
+    """``record`` for a caller that has checked grad mode and made ``tins`` (per input the tensor if it
+    requires grad, else None; one at least a tensor): the node, on ``out`` and the thread's tape."""
     node = Node(name, tins, backward_fn, saved, partial)
     out._node = node
     out.requires_grad = True

@@ -55,7 +55,7 @@ class Node:
         self.inputs = tuple(inputs)  # Tensor or None per differentiable input position
         self.backward_fn = backward_fn
         self.partial = partial  # backward_fn(g, mask) computes only the masked inputs' gradients
-        self.saved = tuple((t, t._storage.version) for t in saved)
+        self.saved = tuple([(t, t._storage.version) for t in saved]) if saved else ()
         if _hist.ACTIVE is not None:  # on the memory timeline, what backward keeps is a saved activation
             for t in saved:
                 _hist.save(t._storage)

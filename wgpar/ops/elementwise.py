@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -169,10 +170,7 @@ def _buffers(sig: tuple, out_storage: str, width: int) -> tuple[tuple[str, str, 
 _MAP = Params("numel: u32, ndim: u32, off_o: u32, shape: array<vec4<u32>, 2>, str_o: array<vec4<i32>, 2>, "
               "st: array<vec4<i32>, 8>, off: vec4<u32>, sc: vec4<u32>")
 _BLOCK = Params("n: u32, off_o: u32, dv: vec4<u32>, md: vec4<u32>, off: vec4<u32>, sc: vec4<u32>")
-_MAP_FIXED, _BLOCK_FIXED = 51, 10  # words before off
 _CONSTANTS = (("WG", WORKGROUP),)
-_MAP_PACK = _MAP.struct.pack
-_BLOCK_PACK = _BLOCK.struct.pack
 MAX_OPERANDS = 4
 
 
@@ -389,20 +387,28 @@ class MapPlan:
     reads: tuple[int, ...]  # SCALAR / UNITS / ELEMENT / STRIDED per operand
     ctypes: tuple[str, ...]  # the compute type each operand is converted to
     kernel: Callable[..., KernelSpec]  # (binding signature[, width 4]) -> kernel
-    kernels: dict  # (binding signature, vec4) -> kernel, filled as calls meet them
-    pack: Callable[..., bytes]  # packs the block or the strided kernel's parameters: words, offsets, scalars
+    kernels: dict  # (tensor operands' bindings, vec4) -> kernel, filled as calls meet them
+    block: bool  # the block kernel runs (else the strided one)
     vec4: bool  # sizes allow vec4 (block kernel); the offsets are checked per call
-    words: tuple  # the parameter words before the offsets, which do not change between calls, per width (1, 4)
+    prefix: tuple  # the parameter bytes before the offsets, which do not change between calls, per width (1, 4)
+    tail: struct.Struct  # packs the offsets and scalars: each scalar in its compute type (f32 or i32)
     groups: tuple  # the grid, per width (1, 4)
+    tensors: tuple[int, ...]  # the positions of the tensor operands
+    storages: tuple[str, ...]  # their storage types
 
-    @property
-    def block(self) -> bool:
-        """Whether the block kernel runs (else the strided one)."""
-        return self.pack is _BLOCK_PACK
+    def params(self, vec: bool, offs: list, scal: list, operands: list) -> bytes:
+        """This call's parameter block: the plan's fixed words, then the offsets and scalars."""
+        try:
+            return self.prefix[vec] + self.tail.pack(*offs, *scal)
+        except (struct.error, OverflowError, TypeError):  # a scalar struct cannot take as it is: the exact rules
+            bits = [_scalar_bits(x, ct) if r == SCALAR else 0 for x, r, ct in zip(operands, self.reads, self.ctypes)]
+            return self.prefix[vec] + _TAIL_BITS.pack(*offs, *bits, *[0] * (MAX_OPERANDS - len(bits)))
 
 
 _PLANS: dict[tuple, MapPlan | None] = {}
 _PLANS_MAX = 4096
+_TAIL_BYTES = 32  # off and sc (vec4 each) end both parameter blocks
+_TAIL_BITS = struct.Struct("<8I")
 
 
 def plan(op: str, operands: list, out_dtype: DType | None = None) -> MapPlan | None:
@@ -443,20 +449,23 @@ def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | No
                   cmp_as_i32=out_dtype is None)
     modes = _block_modes(operands, shape, numel)
     zeros = [x if isinstance(x, Tensor) else 0 for x in operands]  # scalars' values are per call
+    where = tuple(k for k, x in enumerate(operands) if isinstance(x, Tensor))
+    storages = tuple(operands[k].dtype.storage for k in where)
+    scalar_fmt = "".join("I" if isinstance(x, Tensor) else "f" if ct == "f32" else "i" for x, ct in zip(operands, cts))
+    tail = struct.Struct("<4I" + scalar_fmt + "4x" * (MAX_OPERANDS - len(operands)))
     if modes is None:
-        fixed = _map_words(numel, shape, None, zeros, cts)[:_MAP_FIXED]
+        head = _MAP.pack_flat(_map_words(numel, shape, None, zeros, cts))[:-_TAIL_BYTES]
         reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
         kernel = functools.partial(_map_kernel, op, cts=cts, **common)
-        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, _MAP_PACK,
-                       False, (tuple(fixed), None), groups)
-    words1 = _block_words(numel, 1, 0, zeros, modes, cts)
+        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, False, False,
+                       (head, None), tail, groups, where, storages)
     vec4 = _vec_static(numel, modes)
-    words4 = _block_words(numel, 4, 0, zeros, modes, cts) if vec4 else None
-    fixed = (tuple(words1[:_BLOCK_FIXED]), tuple(words4[:_BLOCK_FIXED]) if vec4 else None)
+    heads = tuple(_BLOCK.pack_flat(_block_words(numel, w, 0, zeros, modes, cts))[:-_TAIL_BYTES] if w else None
+                  for w in (1, 4 if vec4 else 0))
     reads = tuple(SCALAR if m is None else UNITS if m[0] in ("full", "mod") else ELEMENT for m in modes)
     kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=cts, **common)
-    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, _BLOCK_PACK, vec4,
-                   fixed, groups)
+    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, True, vec4, heads,
+                   tail, groups, where, storages)
 
 
 def launch(p: MapPlan, operands: list) -> Tensor:
@@ -465,25 +474,28 @@ def launch(p: MapPlan, operands: list) -> Tensor:
     buffers = [out._storage.buffer]
     vec = p.vec4
     reads = p.reads
-    sig = []
+    binds = []
     offs = [0, 0, 0, 0]
-    scal = [0, 0, 0, 0]
-    for k, x in enumerate(operands):
-        r = reads[k]
-        if r:
-            b = x._storage.buffer
-            sig.append((_binding(buffers, b), x._storage.dtype.storage))
-            off = offs[k] = x._offset
-            if vec and (off & 3 if r == UNITS else b.size & 15):
-                vec = False
+    for k in p.tensors:
+        x = operands[k]
+        b = x._storage.buffer
+        if b in buffers:  # operands on one buffer share a binding (the fresh output is on none of theirs)
+            binds.append(buffers.index(b))
         else:
-            sig.append(None)
-            scal[k] = _scalar_bits(x, p.ctypes[k])
-    key = (tuple(sig), vec)
+            binds.append(len(buffers))
+            buffers.append(b)
+        off = offs[k] = x._offset
+        if vec and (off & 3 if reads[k] == UNITS else b.size & 15):
+            vec = False
+    key = (tuple(binds), vec)
     kspec = p.kernels.get(key)
     if kspec is None:
-        kspec = p.kernels[key] = p.kernel(key[0], 4) if vec else p.kernel(key[0])
-    p.device.dispatch(kspec, buffers, p.pack(*p.words[vec], *offs, *scal), p.groups[vec])
+        sig = [None] * len(operands)
+        for k, j, st in zip(p.tensors, binds, p.storages):
+            sig[k] = (j, st)
+        kspec = p.kernels[key] = p.kernel(tuple(sig), 4) if vec else p.kernel(tuple(sig))
+    scal = [0 if r else x for x, r in zip(operands, reads)]
+    p.device.dispatch(kspec, buffers, p.params(vec, offs, scal, operands), p.groups[vec])
     return out
 
 

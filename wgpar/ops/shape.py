@@ -17,6 +17,13 @@ def view(t: Tensor, shape, strides, offset=None) -> Tensor:
 
 
 def _infer(shape: Sequence[int], numel: int, src: tuple[int, ...]) -> tuple[int, ...]:
+    if type(shape) is tuple:  # the usual case: ints, none -1, numel right
+        for n in shape:
+            if type(n) is not int or n < 0:
+                break
+        else:
+            if math.prod(shape) == numel:
+                return shape
     shape = list(shape)
     if shape.count(-1) > 1:
         raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
@@ -31,9 +38,25 @@ def _infer(shape: Sequence[int], numel: int, src: tuple[int, ...]) -> tuple[int,
     return shape_t
 
 
+_VIEWS: dict[tuple, tuple[int, ...] | None] = {}  # (shape, strides, new shape) -> _view_strides
+
+
 def _view_strides(t: Tensor, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Strides expressing ``shape`` over t's memory without a copy, or None (NumPy's attempt_nocopy)."""
-    old = [(n, s) for n, s in zip(t.shape, t.strides) if n != 1]
+    """Strides expressing ``shape`` over t's memory without a copy, or None (NumPy's attempt_nocopy);
+    remembered per (shape, strides, new shape): a model reshapes the same few ways every step."""
+    key = (t._shape, t._strides, shape)
+    try:
+        return _VIEWS[key]
+    except KeyError:
+        pass
+    if len(_VIEWS) >= 4096:
+        _VIEWS.clear()
+    out = _VIEWS[key] = _attempt_nocopy(t._shape, t._strides, shape)
+    return out
+
+
+def _attempt_nocopy(shape_in: tuple[int, ...], strides_in: tuple[int, ...], shape: tuple[int, ...]):
+    old = [(n, s) for n, s in zip(shape_in, strides_in) if n != 1]
     new = [0] * len(shape)
     oi, oj, ni, nj = 0, 1, 0, 1
     while ni < len(shape) and oi < len(old):

@@ -37,6 +37,7 @@ from ..errors import OutOfMemoryError
 from . import memory_history as _hist
 
 _MIN_BLOCK = 256
+_SIZES_MAX = 4096  # request sizes whose block size is remembered
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
@@ -90,6 +91,7 @@ class CachingAllocator:
         self._free: dict[int, list[int]] = {}
         self._cached: dict[int, wgpu.GPUBuffer] = {}  # serial -> cached buffer
         self._next_serial = 0
+        self._sizes: dict[int, int] = {}  # request -> block size (round_size)
         # Every buffer handed out stays referenced here until freed. Otherwise a tensor in a garbage
         # cycle (autograd graph, a traceback) takes its buffer into the cycle, and the collector runs
         # the buffer's finalizer (releasing the wgpu handle) as well as Storage.__del__, which puts
@@ -114,39 +116,46 @@ class CachingAllocator:
         _hist.register(self)
 
     def malloc(self, nbytes: int) -> Block:
-        size = round_size(nbytes, self._limit)
-        buf = None
+        size = self._sizes.get(nbytes)
+        if size is None:
+            size = self._size_of(nbytes)
         block = Block(None, size, nbytes)
+        # acquire / release rather than `with`: half the cost, and nothing in between can raise
+        lock = self._lock
+        lock.acquire()
+        bucket = self._free.get(size)
+        if bucket:
+            block.serial = serial = -bucket.pop()
+            buf = block.buffer = self._cached.pop(serial)
+            self.cached_bytes -= size
+            self.num_cache_hits += 1
+            self._in_use[id(buf)] = block
+            allocated = self.allocated_bytes = self.allocated_bytes + nbytes
+            if allocated > self.peak_allocated_bytes:
+                self.peak_allocated_bytes = allocated
+            self.num_allocs += 1
+            rec = _hist.ACTIVE
+            if rec is not None:  # only names and ints here: no object is made under the lock
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+            lock.release()
+            if rec is not None:
+                self._record_alloc(rec, block, True, seq, allocated, reserved, staging)
+            return block
+        lock.release()
+        buf = block.buffer = self._create_with_retry(size, nbytes)
         with self._lock:
-            bucket = self._free.get(size)
-            if bucket:
-                block.serial = serial = -bucket.pop()
-                buf = block.buffer = self._cached.pop(serial)
-                self.cached_bytes -= size
-                self.num_cache_hits += 1
-                self._in_use[id(buf)] = block
-                self._count_alloc(nbytes)
-                rec = _hist.ACTIVE
-                if rec is not None:  # only names and ints here: no object is made under the lock
-                    seq = self._seq = self._seq + 1
-                    allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
-        from_cache = buf is not None
-        if buf is None:
-            buf = block.buffer = self._create_with_retry(size, nbytes)
-            with self._lock:
-                block.serial = self._next_serial = self._next_serial + 1
-                self.reserved_bytes += size
-                self.num_buffer_creates += 1
-                self._in_use[id(buf)] = block
-                self._count_alloc(nbytes)
-                rec = _hist.ACTIVE
-                if rec is not None:
-                    seq = self._seq = self._seq + 1
-                    allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+            block.serial = self._next_serial = self._next_serial + 1
+            self.reserved_bytes += size
+            self.num_buffer_creates += 1
+            self._in_use[id(buf)] = block
+            self._count_alloc(nbytes)
+            rec = _hist.ACTIVE
+            if rec is not None:
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
         if rec is not None:
-            block.category = cat = _hist.current_category()
-            rec.record(self.device_index, "alloc", cat, nbytes, size, from_cache, None, seq, allocated, reserved,
-                       staging)
+            self._record_alloc(rec, block, False, seq, allocated, reserved, staging)
         return block
 
     def _count_alloc(self, nbytes: int) -> None:
@@ -154,6 +163,19 @@ class CachingAllocator:
         if self.allocated_bytes > self.peak_allocated_bytes:
             self.peak_allocated_bytes = self.allocated_bytes
         self.num_allocs += 1
+
+    def _size_of(self, nbytes: int) -> int:
+        """``round_size`` remembered per request size (a training step asks for the same few sizes)."""
+        if len(self._sizes) >= _SIZES_MAX:
+            self._sizes.clear()
+        size = self._sizes[nbytes] = round_size(nbytes, self._limit)
+        return size
+
+    def _record_alloc(self, rec, block: Block, from_cache: bool, seq: int, allocated: int, reserved: int,
+                      staging: int) -> None:
+        block.category = cat = _hist.current_category()
+        rec.record(self.device_index, "alloc", cat, block.nbytes, block.size, from_cache, None, seq, allocated,
+                   reserved, staging)
 
     def set_limit(self, nbytes: int | None) -> int | None:
         """Cap ``reserved_bytes`` at ``nbytes`` (None: no cap); returns the previous cap.
@@ -188,20 +210,23 @@ class CachingAllocator:
         buf, block.buffer = block.buffer, None
         if buf is None:
             return
+        size = block.size
         new_bucket: list[int] = []  # made outside the lock (see __init__)
-        with self._lock:
-            self.allocated_bytes -= block.nbytes
-            self.num_frees += 1
-            del self._in_use[id(buf)]
-            bisect.insort(self._free.setdefault(block.size, new_bucket), -block.serial)
-            self._cached[block.serial] = buf
-            self.cached_bytes += block.size
-            rec = _hist.ACTIVE
-            if rec is not None:
-                seq = self._seq = self._seq + 1
-                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        lock = self._lock
+        lock.acquire()
+        self.allocated_bytes -= block.nbytes
+        self.num_frees += 1
+        del self._in_use[id(buf)]
+        bisect.insort(self._free.setdefault(size, new_bucket), -block.serial)
+        self._cached[block.serial] = buf
+        self.cached_bytes += size
+        rec = _hist.ACTIVE
         if rec is not None:
-            rec.record(self.device_index, "free", _hist.block_category(block), block.nbytes, block.size, False, None,
+            seq = self._seq = self._seq + 1
+            allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        lock.release()
+        if rec is not None:
+            rec.record(self.device_index, "free", _hist.block_category(block), block.nbytes, size, False, None,
                        seq, allocated, reserved, staging)
 
     def retag(self, block: Block, name: str) -> None:

@@ -26,6 +26,9 @@ class Config:
     multi-host path of the MPI backend on one machine); unset: the real hosts."""
     memory_limit: int | None = None
     """WGPAR_MEMORY_LIMIT: bytes each device may reserve (``512M``, ``2G`` and ``64K`` work too)."""
+    native_calls: bool = True
+    """WGPAR_NATIVE_CALLS: ``0`` records dispatches through wgpu-py's public calls instead of straight
+    into wgpu-native (runtime/native.py), e.g. to see an encoding error at the call that caused it."""
 
 
 def _int(name: str, default: int) -> int:
@@ -65,6 +68,7 @@ def load() -> Config:
         mpi_chunk_kb=_int("WGPAR_MPI_CHUNK_KB", 16384),
         mpi_ranks_per_host=_int("WGPAR_MPI_RANKS_PER_HOST", 0) or None,
         memory_limit=_bytes("WGPAR_MEMORY_LIMIT"),
+        native_calls=_int("WGPAR_NATIVE_CALLS", 1) != 0,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import wgpu
 
 from ..errors import BindingLimitError, OutOfMemoryError, WgparError
+from . import native as _native
 from . import profiling as _prof
 from .allocator import STORAGE_USAGE, Block, CachingAllocator, create_with_retry
 from .config import CONFIG
@@ -74,6 +75,11 @@ class Device:
         self.allocator.device_index = index
         self.allocator.set_limit(CONFIG.memory_limit)
         self._pipelines: dict[KernelSpec, tuple[Any, Any]] = {}
+        # id(kspec) -> (kspec, pipeline, layout, native pipeline): KernelSpec hashes in Python, an id in C
+        self._pipes: dict[int, tuple] = {}
+        self._native = _native.PASS_CALLS
+        self._offset_arg = self._native[3].new("uint32_t[1]") if self._native else None  # set_bind_group's one offset
+        self._pass_handle: Any = None
         self._bind_groups: dict[tuple, Any] = {}
         self._staging: dict[int, wgpu.GPUBuffer] = {}
         self._upload_ring = None
@@ -179,6 +185,7 @@ class Device:
             if self._encoder is None:
                 self._encoder = self._dev.create_command_encoder(label=f"wgpar:{self.index}:batch")
             self._pass = self._encoder.begin_compute_pass(label=f"wgpar:{self.index}:pass")
+            self._pass_handle = _native.handle(self._pass) if self._native else None
             self._pass_pipeline = None
         return self._pass
 
@@ -186,6 +193,7 @@ class Device:
         if self._pass is not None:
             self._pass.end()
             self._pass = None
+            self._pass_handle = None
         if self._encoder is None:
             self._encoder = self._dev.create_command_encoder(label=f"wgpar:{self.index}:batch")
         return self._encoder
@@ -219,10 +227,20 @@ class Device:
         self._pipelines[kspec] = (pipeline, layout)
         return pipeline, layout
 
+    def _pipe(self, kspec: KernelSpec) -> tuple:
+        """(kspec, pipeline, layout, native handle) for ``kspec``, remembered by its id (held, so no reuse)."""
+        pipeline, layout = self._pipeline(kspec)
+        hit = self._pipes[id(kspec)] = (kspec, pipeline, layout, _native.handle(pipeline) if self._native else None)
+        return hit
+
     def _bind_group(self, kspec: KernelSpec, layout, buffers: tuple) -> Any:
+        return self._bound(kspec, layout, buffers)[0]
+
+    def _bound(self, kspec: KernelSpec, layout, buffers: tuple) -> tuple:
+        """(bind group, its native handle) of ``buffers`` for ``kspec``'s layout, made once."""
         key = (layout, buffers)  # the layout stands for the kspec and hashes faster
-        bg = self._bind_groups.get(key)
-        if bg is None:
+        hit = self._bind_groups.get(key)
+        if hit is None:
             if len(self._bind_groups) >= _BIND_GROUP_CACHE_MAX:
                 self._bind_groups.clear()
             entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
@@ -230,8 +248,8 @@ class Device:
             entries.append({"binding": len(buffers),
                             "resource": {"buffer": self._arena, "offset": 0, "size": PARAM_SLOT}})
             bg = self._dev.create_bind_group(label=kspec.label, layout=layout, entries=entries)
-            self._bind_groups[key] = bg
-        return bg
+            hit = self._bind_groups[key] = (bg, _native.handle(bg) if self._native else None)
+        return hit
 
     def dispatch(self, kspec: KernelSpec, buffers: Sequence[wgpu.GPUBuffer], params: bytes,
                  groups: tuple[int, int] | tuple[int, int, int], flops: int = 0, nbytes: int = 0) -> None:
@@ -245,29 +263,51 @@ class Device:
             raise WgparError(f"{self}: kernel {kspec.label} asks for {tuple(groups)} workgroups; this device "
                              f"allows {self.max_workgroups} per dimension (max-compute-workgroups-per-dimension)")
         rec = _prof.ACTIVE
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # with try/finally rather than `with`: half the cost (this runs per op)
+        try:
             t0 = _prof.now() if rec is not None else 0
-            pipeline, layout = self._pipeline(kspec)
-            bg = self._bind_group(kspec, layout, tuple(buffers))
+            pipe = self._pipes.get(id(kspec))
+            if pipe is None or pipe[0] is not kspec:
+                pipe = self._pipe(kspec)
+            buffers = tuple(buffers)
+            bound = self._bind_groups.get((pipe[2], buffers))
+            if bound is None:
+                bound = self._bound(kspec, pipe[2], buffers)
             if self._arena_used >= _ARENA_SLOTS:
                 self._flush_locked()
             offset = self._arena_used * self._slot
             self._arena_host[offset:offset + len(params)] = params
             self._arena_used += 1
             cp = self._pass or self._compute_pass()
-            if pipeline is not self._pass_pipeline:  # runs of one kernel set it once
-                cp.set_pipeline(pipeline)
-                self._pass_pipeline = pipeline
-            cp.set_bind_group(0, bg, [offset])
-            if rec is None:
-                cp.dispatch_workgroups(*groups)
+            native = self._native
+            if rec is None and native is not None:
+                handle = self._pass_handle
+                if pipe[1] is not self._pass_pipeline:  # runs of one kernel set it once
+                    native[0](handle, pipe[3])
+                    self._pass_pipeline = pipe[1]
+                self._offset_arg[0] = offset
+                native[1](handle, 0, bound[1], 1, self._offset_arg)
+                if len(groups) == 2:
+                    native[2](handle, groups[0], groups[1], 1)
+                else:
+                    native[2](handle, *groups)
             else:
-                rec.dispatch(self, cp, kspec, groups, flops, nbytes, t0)
+                if pipe[1] is not self._pass_pipeline:
+                    cp.set_pipeline(pipe[1])
+                    self._pass_pipeline = pipe[1]
+                cp.set_bind_group(0, bound[0], [offset])
+                if rec is None:
+                    cp.dispatch_workgroups(*groups)
+                else:
+                    rec.dispatch(self, cp, kspec, groups, flops, nbytes, t0)
             self._pending += 1
             self.num_dispatches += 1
             if self._pending >= self._threshold:
                 self._flush_locked()
                 self._threshold = min(2 * self._threshold, CONFIG.submit_threshold)
+        finally:
+            lock.release()
 
     def copy(self, src: wgpu.GPUBuffer, src_offset: int, dst: wgpu.GPUBuffer, dst_offset: int, nbytes: int) -> None:
         """Record a buffer-to-buffer copy (offsets and size multiples of 4)."""
@@ -302,6 +342,7 @@ class Device:
     def _reset_stream(self) -> None:
         self._encoder = None
         self._pass = None
+        self._pass_handle = None
         self._pass_pipeline = None
         self._pending = 0
         self._arena_used = 0

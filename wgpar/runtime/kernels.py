@@ -119,6 +119,8 @@ class Params:
         if self.size > PARAM_SLOT:
             raise ValueError(f"kernel parameters {decl!r} take {self.size} bytes, more than the {PARAM_SLOT}-byte slot")
         self.struct = struct.Struct(fmt)
+        self._names = tuple(name for name, _ in self.fields)
+        self._scalars_only = all(n == 1 for _, n, _ in self._words)  # flat() is then one lookup per field
         self._bits = struct.Struct(fmt.replace("i", "I").replace("f", "I"))
         self._body = "\n".join(lines)
 
@@ -127,6 +129,11 @@ class Params:
 
     def flat(self, values: Mapping[str, object]) -> list:
         """The words of ``values`` in declaration order (every field must be given, no other)."""
+        if self._scalars_only and len(values) == len(self._names):
+            try:
+                return [values[name] for name in self._names]
+            except KeyError:
+                pass  # an unknown name in place of a missing one: the loop below names the missing one
         words: list = []
         for name, n, _ in self._words:
             try:
