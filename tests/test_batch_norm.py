@@ -304,6 +304,9 @@ def test_half_module_keeps_the_batch_counter_an_integer(rng, dev):
     (lambda: nn.BatchNorm1d(4)(wgpar.zeros(2, 3)), ValueError, r"running_mean of shape \(4,\).*3 channels"),
     (lambda: F.batch_norm(wgpar.zeros(2, 3), None, None), ValueError, r"running_mean and running_var"),
     (lambda: F.batch_norm(wgpar.zeros(2, 3, dtype=wgpar.int32), None, None, training=True), TypeError, r"float"),
+    (lambda: F.batch_norm(wgpar.zeros(2, 3), None, None, training=True, momentum=None), TypeError, r"momentum"),
+    (lambda: F.batch_norm(wgpar.zeros(2, 3), wgpar.zeros(3), wgpar.ones(3), training=True, momentum=wgpar.zeros(2)),
+     ValueError, r"one element"),
 ])
 def test_bad_inputs_raise_clearly(call, error, match):
     with pytest.raises(error, match=match):
