@@ -100,6 +100,7 @@ class Params:
     def __init__(self, decl: str) -> None:
         self.decl = decl
         self.fields = tuple(_split_decl(decl))
+        self.offsets: dict[str, int] = {}  # field -> its byte offset in the block
         fmt, self._words, lines, used = "<", [], [], 0
         for name, typ in self.fields:
             code, n, align = _layout(typ)
@@ -110,6 +111,7 @@ class Params:
                 used += pad
             fmt += f"{n}{code}" if n > 1 else code
             lines.append(f"  {name}: {typ},")
+            self.offsets[name] = 4 * used
             self._words.append((name, n, code))
             used += n
         tail = -used % 4
