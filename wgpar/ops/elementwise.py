@@ -303,8 +303,8 @@ def _block_words(numel: int, width: int, out_offset: int, operands: list, modes:
     return words
 
 
-def _map_words(numel: int, shape, out: Tensor | None, operands: list, cts) -> list[int]:
-    """The words of _MAP (a fresh contiguous output when ``out`` is None)."""
+def _map_words(numel: int, shape, out: Tensor | None, operands: list, cts, out_offset: int | None = None) -> list[int]:
+    """The words of _MAP (a fresh contiguous output when ``out`` is None; ``out_offset`` in place of out's)."""
     offs, scal, st = [0] * 4, [0] * 4, []
     for k, x in enumerate(operands):
         if isinstance(x, Tensor):
@@ -315,8 +315,8 @@ def _map_words(numel: int, shape, out: Tensor | None, operands: list, cts) -> li
             st += dims([])
     st += dims([]) * (MAX_OPERANDS - len(operands))
     out_strides = contiguous_strides(shape) if out is None else out.strides
-    return [numel, len(shape), 0 if out is None else out._offset, *dims(shape, 1), *dims(out_strides), *st,
-            *offs, *scal]
+    off_o = (0 if out is None else out._offset) if out_offset is None else out_offset
+    return [numel, len(shape), off_o, *dims(shape, 1), *dims(out_strides), *st, *offs, *scal]
 
 
 def _extent(t: Tensor) -> tuple[int, int]:
@@ -371,11 +371,12 @@ STRIDED = 3  # read through strides (the strided kernel)
 
 @dataclass(slots=True, eq=False)
 class MapPlan:
-    """How an elementwise op runs into a fresh output, for one signature of its operands.
+    """How an elementwise op runs, into a fresh output or into a given one (``out``), for one signature
+    of its operands.
 
-    Everything here follows from the op, the requested dtype, and per operand its dtype, shape,
-    strides and device (or a scalar's type): the plan's cache key. What remains per call is the
-    operands' buffers, offsets and scalar values, and (for the block kernel) whether the offsets
+    Everything here follows from the op, the requested dtype, per operand its dtype, shape, strides
+    and device (or a scalar's type), and the given output's (the plan's cache key). What remains per
+    call is the buffers, the offsets and scalar values, and (for the block kernel) whether the offsets
     allow vec4 accesses.
     """
 
@@ -390,31 +391,41 @@ class MapPlan:
     kernels: dict  # (tensor operands' bindings, vec4) -> kernel, filled as calls meet them
     block: bool  # the block kernel runs (else the strided one)
     vec4: bool  # sizes allow vec4 (block kernel); the offsets are checked per call
-    prefix: tuple  # the parameter bytes before the offsets, which do not change between calls, per width (1, 4)
+    prefix: tuple  # the parameter bytes before the offsets, output offset 0, per width (1, 4)
     tail: struct.Struct  # packs the offsets and scalars: each scalar in its compute type (f32 or i32)
     groups: tuple  # the grid, per width (1, 4)
     tensors: tuple[int, ...]  # the positions of the tensor operands
     storages: tuple[str, ...]  # their storage types
+    out_at: int = 0  # where the output's offset lies in the parameters (a plan into a given output)
+    # per operand: read element for element where the output is written (an operand on the output's
+    # storage at its offset, the in-place case, needs no copy then)
+    as_out: tuple[bool, ...] = ()
 
-    def params(self, vec: bool, offs: list, scal: list, operands: list) -> bytes:
+    def params(self, vec: bool, offs: list, scal: list, operands: list, out_offset: int = 0) -> bytes:
         """This call's parameter block: the plan's fixed words, then the offsets and scalars."""
+        head = self.prefix[vec]
+        if out_offset:
+            head = head[:self.out_at] + _U32.pack(out_offset) + head[self.out_at + 4:]
         try:
-            return self.prefix[vec] + self.tail.pack(*offs, *scal)
+            return head + self.tail.pack(*offs, *scal)
         except (struct.error, OverflowError, TypeError):  # a scalar struct cannot take as it is: the exact rules
             bits = [_scalar_bits(x, ct) if r == SCALAR else 0 for x, r, ct in zip(operands, self.reads, self.ctypes)]
-            return self.prefix[vec] + _TAIL_BITS.pack(*offs, *bits, *[0] * (MAX_OPERANDS - len(bits)))
+            return head + _TAIL_BITS.pack(*offs, *bits, *[0] * (MAX_OPERANDS - len(bits)))
 
 
 _PLANS: dict[tuple, MapPlan | None] = {}
 _PLANS_MAX = 4096
 _TAIL_BYTES = 32  # off and sc (vec4 each) end both parameter blocks
 _TAIL_BITS = struct.Struct("<8I")
+_U32 = struct.Struct("<I")
 
 
-def plan(op: str, operands: list, out_dtype: DType | None = None) -> MapPlan | None:
-    """The cached plan for ``op`` over ``operands`` into a fresh output; None when the general path
-    must run (a zero-size result, operands it has to check or reject)."""
+def plan(op: str, operands: list, out_dtype: DType | None = None, out: Tensor | None = None) -> MapPlan | None:
+    """The cached plan for ``op`` over ``operands`` into a fresh output (or into ``out``); None when the
+    general path must run (a zero-size result, operands it has to check or reject)."""
     key: list = [op, out_dtype]
+    if out is not None:
+        key.append((out._storage.dtype, out._shape, out._strides, out._storage.device))
     for x in operands:
         key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
     key = tuple(key)
@@ -423,7 +434,8 @@ def plan(op: str, operands: list, out_dtype: DType | None = None) -> MapPlan | N
     except KeyError:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
-        p = _PLANS[key] = _make_plan(op, operands, out_dtype)
+        p = _PLANS[key] = _make_plan(op, operands, out_dtype) if out is None else _make_into(op, operands, out_dtype,
+                                                                                              out)
         return p
 
 
@@ -442,49 +454,102 @@ def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | No
         return None
     dtype, cts = result_type(op, operands, out_dtype)
     check_dtype_supported(dtype, dev)
-    cts = tuple(cts)
-    lim = dev.max_workgroups
-    groups = (grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim))
     common = dict(out_storage=dtype.storage, out_is_bool=dtype is _dt.bool_, compute=dtype.compute,
                   cmp_as_i32=out_dtype is None)
-    modes = _block_modes(operands, shape, numel)
+    return _assemble(op, operands, tuple(cts), dev, dtype, shape, contiguous_strides(shape), numel, None,
+                     _block_modes(operands, shape, numel), common)
+
+
+def _make_into(op: str, operands: list, out_dtype: DType | None, out: Tensor) -> MapPlan | None:
+    """The plan into ``out``: what ``_run_general`` and ``_into`` decide, for operands it would not have to
+    copy first; None wherever they would raise (they raise then, with their messages) or copy."""
+    tensors = [x for x in operands if isinstance(x, Tensor)]
+    if any(not isinstance(x, Tensor) and not is_scalar(x) for x in operands):
+        return None
+    dev = out.device
+    if any(t.device is not dev for t in tensors):
+        return None
+    try:
+        shape = broadcast_shape(*(t.shape for t in tensors), op=op) if tensors else ()
+        dtype, cts = result_type(op, operands, out_dtype)
+        if out.shape != shape and broadcast_shape(out.shape, shape, op=op) != out.shape:
+            return None
+    except (ValueError, TypeError):
+        return None
+    if any(n > 1 and s == 0 for n, s in zip(out.shape, out.strides)):
+        return None
+    if out_dtype is None and dtype is not out.dtype:
+        dtype = out.dtype
+    shape = out.shape
+    numel = math.prod(shape)
+    if numel == 0:
+        return None
+    common = dict(out_storage=out.dtype.storage, out_is_bool=out.dtype is _dt.bool_, compute=dtype.compute,
+                  cmp_as_i32=out_dtype is None)
+    as_out = tuple(isinstance(x, Tensor) and all(n == 1 or s == so for n, s, so in
+                                                 zip(shape, broadcast_strides(x, shape), out.strides))
+                   for x in operands)
+    modes = _block_modes(operands, shape, numel) if out.is_contiguous() else None
+    return _assemble(op, operands, tuple(cts), dev, out.dtype, shape, out.strides, numel, out, modes, common,
+                     as_out)
+
+
+def _assemble(op: str, operands: list, cts: tuple, dev: Device, dtype: DType, shape, strides, numel: int,
+              out: Tensor | None, modes: tuple | None, common: dict, as_out: tuple = ()) -> MapPlan:
+    lim = dev.max_workgroups
+    groups = (grid(-(-numel // WORKGROUP), lim), grid(-(-numel // (4 * WORKGROUP)), lim))
     zeros = [x if isinstance(x, Tensor) else 0 for x in operands]  # scalars' values are per call
     where = tuple(k for k, x in enumerate(operands) if isinstance(x, Tensor))
     storages = tuple(operands[k].dtype.storage for k in where)
     scalar_fmt = "".join("I" if isinstance(x, Tensor) else "f" if ct == "f32" else "i" for x, ct in zip(operands, cts))
     tail = struct.Struct("<4I" + scalar_fmt + "4x" * (MAX_OPERANDS - len(operands)))
     if modes is None:
-        head = _MAP.pack_flat(_map_words(numel, shape, None, zeros, cts))[:-_TAIL_BYTES]
+        head = _MAP.pack_flat(_map_words(numel, shape, out, zeros, cts, 0))[:-_TAIL_BYTES]
         reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
         kernel = functools.partial(_map_kernel, op, cts=cts, **common)
-        return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, False, False,
-                       (head, None), tail, groups, where, storages)
+        return MapPlan(dev, dtype, shape, strides, numel, reads, cts, kernel, {}, False, False, (head, None), tail,
+                       groups, where, storages, _MAP.offsets["off_o"], as_out)
     vec4 = _vec_static(numel, modes)
     heads = tuple(_BLOCK.pack_flat(_block_words(numel, w, 0, zeros, modes, cts))[:-_TAIL_BYTES] if w else None
                   for w in (1, 4 if vec4 else 0))
     reads = tuple(SCALAR if m is None else UNITS if m[0] in ("full", "mod") else ELEMENT for m in modes)
     kernel = functools.partial(_block_kernel, op, modes=tuple(m and m[0] for m in modes), cts=cts, **common)
-    return MapPlan(dev, dtype, shape, contiguous_strides(shape), numel, reads, cts, kernel, {}, True, vec4, heads,
-                   tail, groups, where, storages)
+    return MapPlan(dev, dtype, shape, strides, numel, reads, cts, kernel, {}, True, vec4, heads, tail, groups, where,
+                   storages, _BLOCK.offsets["off_o"], as_out)
 
 
-def launch(p: MapPlan, operands: list) -> Tensor:
-    """Run a plan: a fresh output, the operands' bindings, offsets and scalars, one dispatch."""
-    out = Tensor(Storage(p.device, p.dtype, p.numel), p.shape, p.strides)
+def launch(p: MapPlan, operands: list, out: Tensor | None = None) -> Tensor | None:
+    """Run a plan: a fresh output (or ``out``), the operands' bindings, offsets and scalars, one dispatch.
+    None, with nothing recorded, when an operand overlaps ``out`` other than element for element (the
+    general path copies it first)."""
+    if out is None:
+        out = Tensor(Storage(p.device, p.dtype, p.numel), p.shape, p.strides)
+        dst = None
+        off_o = 0
+        vec = p.vec4
+    else:
+        dst = out._storage
+        off_o = out._offset
+        vec = p.vec4 and not off_o & 3
     buffers = [out._storage.buffer]
-    vec = p.vec4
     reads = p.reads
     binds = []
     offs = [0, 0, 0, 0]
     for k in p.tensors:
         x = operands[k]
-        b = x._storage.buffer
-        if b in buffers:  # operands on one buffer share a binding (the fresh output is on none of theirs)
-            binds.append(buffers.index(b))
-        else:
-            binds.append(len(buffers))
-            buffers.append(b)
         off = offs[k] = x._offset
+        if x._storage is dst:  # written as it is read, element for element, or the general path copies it
+            if off != off_o or not p.as_out[k]:
+                return None
+            binds.append(0)
+            b = buffers[0]
+        else:
+            b = x._storage.buffer
+            if b in buffers:  # operands on one buffer share a binding
+                binds.append(buffers.index(b))
+            else:
+                binds.append(len(buffers))
+                buffers.append(b)
         if vec and (off & 3 if reads[k] == UNITS else b.size & 15):
             vec = False
     key = (tuple(binds), vec)
@@ -495,7 +560,7 @@ def launch(p: MapPlan, operands: list) -> Tensor:
             sig[k] = (j, st)
         kspec = p.kernels[key] = p.kernel(tuple(sig), 4) if vec else p.kernel(tuple(sig))
     scal = [0 if r else x for x, r in zip(operands, reads)]
-    p.device.dispatch(kspec, buffers, p.params(vec, offs, scal, operands), p.groups[vec])
+    p.device.dispatch(kspec, buffers, p.params(vec, offs, scal, operands, off_o), p.groups[vec])
     return out
 
 
@@ -503,10 +568,11 @@ def run_map(op: str, operands: list[Operand], out: Tensor | None = None, out_dty
     """Evaluate ``OPS[op]`` elementwise into a new tensor (of ``out_dtype`` when given), or into ``out``
     (any strides, converted to its dtype). Integer divisors are not checked for zeros here (a zero
     gives an undefined value): ``arith.binary`` and ``arith.inplace`` check them."""
-    if out is None:
-        p = plan(op, operands, out_dtype)
-        if p is not None:
-            return launch(p, operands)
+    p = plan(op, operands, out_dtype, out)
+    if p is not None:
+        done = launch(p, operands, out)
+        if done is not None:
+            return done
     return _run_general(op, operands, out, out_dtype)
 
 

@@ -17,13 +17,21 @@ def view(t: Tensor, shape, strides, offset=None) -> Tensor:
 
 
 def _infer(shape: Sequence[int], numel: int, src: tuple[int, ...]) -> tuple[int, ...]:
-    if type(shape) is tuple:  # the usual case: ints, none -1, numel right
-        for n in shape:
-            if type(n) is not int or n < 0:
+    if type(shape) is tuple:  # the usual case: ints, at most one -1, numel right
+        free = -1
+        for i, n in enumerate(shape):
+            if type(n) is not int or n < 0 and (n != -1 or free >= 0):
                 break
+            if n == -1:
+                free = i
         else:
-            if math.prod(shape) == numel:
-                return shape
+            if free < 0:
+                if math.prod(shape) == numel:
+                    return shape
+            else:
+                rest = -math.prod(shape)
+                if rest and not numel % rest:
+                    return shape[:free] + (numel // rest,) + shape[free + 1:]
     shape = list(shape)
     if shape.count(-1) > 1:
         raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
@@ -138,6 +146,8 @@ def transpose(t: Tensor, d0: int, d1: int) -> Tensor:
 def expand(t: Tensor, shape) -> Tensor:
     """A broadcast view of ``t`` with ``shape``: sizes >= 0, -1 keeps an existing dim's size."""
     shape = tuple(shape)
+    if shape == t._shape and all(type(n) is int for n in shape):  # matmul expands to the same shape
+        return view(t, shape, t._strides)
     for n in shape:
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
             raise TypeError(f"expand: sizes must be ints, got {shape!r}")
@@ -222,9 +232,9 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 def narrow(t: Tensor, d: int, start: int, length: int) -> Tensor:
     """The view of ``length`` entries of dim ``d`` from ``start``."""
-    shape = list(t.shape)
-    shape[d] = length
-    return view(t, shape, t.strides, t._offset + start * t.strides[d])
+    shape = t._shape
+    d = d + len(shape) if d < 0 else d
+    return view(t, shape[:d] + (length,) + shape[d + 1:], t._strides, t._offset + start * t._strides[d])
 
 
 def stack_dim(tensors: Sequence[Tensor], dim: int) -> int:

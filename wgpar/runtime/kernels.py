@@ -100,6 +100,7 @@ class Params:
     def __init__(self, decl: str) -> None:
         self.decl = decl
         self.fields = tuple(_split_decl(decl))
+        self.offsets: dict[str, int] = {}  # field -> its byte offset in the block
         fmt, self._words, lines, used = "<", [], [], 0
         for name, typ in self.fields:
             code, n, align = _layout(typ)
@@ -110,6 +111,7 @@ class Params:
                 used += pad
             fmt += f"{n}{code}" if n > 1 else code
             lines.append(f"  {name}: {typ},")
+            self.offsets[name] = 4 * used
             self._words.append((name, n, code))
             used += n
         tail = -used % 4
@@ -288,7 +290,8 @@ class Kernel:
         """Specialise: the element type of each buffer (in order, those in ``without`` left out, so
         their bindings do not exist), code for the file's placeholders, and constants that differ
         from the declared ones. Made once per distinct call (ops call this per dispatch)."""
-        key = (tuple(types), tuple(without), tuple(constants.items()) if constants else (), tuple(fills.items()))
+        key = (types if type(types) is tuple else tuple(types), without if type(without) is tuple else tuple(without),
+               tuple(constants.items()) if constants else (), tuple(fills.items()) if fills else ())
         hit = self._specs.get(key)
         if hit is None:
             if len(self._specs) >= _SPECS_MAX:
@@ -306,7 +309,8 @@ class Kernel:
                           tuple(sorted((k, str(v)) for k, v in fills.items())), tuple(sorted(consts.items())))
 
     def pack(self, **values) -> bytes:
-        return self.param_block.pack(**values)
+        block = self.param_block
+        return block.pack_flat(block.flat(values))
 
 
 def dump_wgsl(directory: str, kspec: KernelSpec, source: str) -> Path:
