@@ -24,14 +24,19 @@ def test_ops_are_batched_into_few_submits(dev, rng):
         want = want * 0.99 + 0.01 if k % 2 else np.tanh(want - 0.5)
     dispatches = dev.num_dispatches - d0
     assert dispatches >= 200
-    assert dev.num_submits - s0 <= 1  # nothing forced a submit yet
-    got = y.numpy()  # the readback submits everything at once
-    assert dev.num_submits - s0 <= 2
+    # After the wait the batches grow 16, 32, 64, ... (Device._idle): a handful of submits, not one per op.
+    assert dev.num_submits - s0 <= (dispatches // 16).bit_length()
+    got = y.numpy()  # the readback submits the rest at once
+    assert dev.num_submits - s0 <= (dispatches // 16).bit_length() + 1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_submit_threshold_bounds_pending_work(dev, monkeypatch):
-    monkeypatch.setattr(dev, "_threshold", 16)
+    import dataclasses
+    import sys
+
+    device_mod = sys.modules["wgpar.runtime.device"]
+    monkeypatch.setattr(device_mod, "CONFIG", dataclasses.replace(device_mod.CONFIG, submit_threshold=16))
     dev.synchronize()
     x = wgpar.zeros(129)
     s0, d0 = dev.num_submits, dev.num_dispatches
