@@ -293,3 +293,29 @@ def test_unused_graph_frees_its_memory_without_the_cycle_collector(dev):
         assert wgpar.memory_stats(dev)["allocated_bytes"] == base
     finally:
         gc.enable()
+
+
+def test_elementwise_nodes_save_only_what_the_needed_gradients_read(rng):
+    # As torch: x * w with only x requiring grad keeps w (x's gradient reads it), not x. So an in-place
+    # change to x before backward is harmless and not refused; one to w still is.
+    a, b = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    x, w = wgpar.tensor(a, requires_grad=True), wgpar.tensor(b)
+    h = x * 1.0  # a non-leaf, so it can be changed in place under no_grad
+    y = h * w
+    with no_grad():
+        h.add_(3.0)
+    y.sum().backward()
+    assert_close(x.grad.numpy(), b)
+    x.grad = None
+    y = (x * 1.0) * w
+    with no_grad():
+        w.mul_(2.0)
+    with pytest.raises(RuntimeError, match="saved by mul for backward was modified in place"):
+        y.sum().backward()
+    # an op whose gradient reads its output (exp) still saves it
+    h = x * 1.0
+    e = h.exp()
+    with no_grad():
+        e.add_(1.0)
+    with pytest.raises(RuntimeError, match="saved by exp for backward was modified in place"):
+        e.sum().backward()

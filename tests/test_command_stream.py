@@ -159,3 +159,32 @@ def test_after_a_wait_the_next_work_is_submitted_early(dev):
         x = x + 1
     assert dev.num_submits == before + 1
     assert float(x[0].item()) == 1 + 2 * device_mod._RAMP + sum(batches) + pending
+
+
+# -- dispatch through wgpu-native (runtime/native.py) ------------------------------------------
+def test_native_and_public_dispatch_calls_agree(rng, monkeypatch):
+    d = wgpar.runtime.open_device(9)
+    if d._native is None:
+        pytest.skip("this wgpu-py has no wgpu-native internals: every dispatch takes the public calls")
+    x = rng.standard_normal((37, 29)).astype(np.float32)
+
+    def run():
+        t = wgpar.tensor(x, device=d)
+        return ((t * 2 + 1).T @ t).softmax(-1).sum(0).numpy()
+
+    native = run()
+    monkeypatch.setattr(d, "_native", None)
+    np.testing.assert_array_equal(run(), native)
+
+
+def test_a_pass_error_recorded_natively_is_reported_at_submit(rng, monkeypatch):
+    d = wgpar.runtime.open_device(10)  # its own device: the failure discards what was recorded on it
+    t = wgpar.tensor(rng.standard_normal(64).astype(np.float32), device=d)
+    _ = t * 2
+    monkeypatch.setattr(d, "_slot", 4)  # the next dispatches' dynamic offsets break the uniform alignment
+    lost = t + 1
+    monkeypatch.setattr(d, "_slot", 256)
+    with pytest.raises(wgpar.WgparError, match="alignment") as info:
+        lost.numpy()
+    assert "discarded" in str(info.value)
+    assert_close((t * 3).numpy(), t.numpy() * 3)

@@ -174,3 +174,13 @@ def test_conversions_on_the_way_in(dev):
         wgpar.tensor(np.array([1 + 1j]), dtype=wgpar.int32)
     idx = wgpar.tensor([0.0, 2.9], dtype=wgpar.int32)  # its checked range is that of the int32 values
     np.testing.assert_array_equal(wgpar.arange(3).index_select(0, idx).numpy(), [0, 2])
+
+
+def test_dtypes_stay_the_one_instance_through_pickle_and_copy():
+    import copy
+    import pickle
+
+    for d in (wgpar.float32, wgpar.float16, wgpar.int32, wgpar.bool_):
+        assert pickle.loads(pickle.dumps(d)) is d and copy.deepcopy(d) is d and copy.copy(d) is d
+        assert d == d and hash(d) == hash(d) and d != "float32"
+    assert wgpar.float16.is_float and not wgpar.bool_.is_float

@@ -201,3 +201,35 @@ def test_one_plan_serves_every_offset_and_scalar(dev, rng):
         assert_close((x[start:start + 32] * 3.0).numpy(), r64(v[start:start + 32]) * 3)
     widths = {key[1] for key in el.plan("mul", [x[4:36], 3.0]).kernels}
     assert widths == {True, False}
+
+
+def test_writes_into_a_given_output_take_a_cached_plan(dev, rng):
+    """In-place ops, copy_ and fill_ plan once per signature (the output's included): the output's offset
+    and the operands' are per call, an operand that is the output itself shares its binding."""
+    el = sys.modules["wgpar.ops.elementwise"]
+    m = f32(rng, (9, 16))
+    for r in range(0, 8):  # offsets 16r: the vec4 kernel; the same plan each time
+        w = wgpar.tensor(m)
+        w[r:r + 2] += w[r + 1:r + 3] if r % 2 else 2.5
+        want = r64(m).copy()
+        want[r:r + 2] += r64(m)[r + 1:r + 3] if r % 2 else 2.5
+        assert_close(w.numpy(), want)
+    w = wgpar.tensor(m)
+    p = el.plan("add", [w[1:3], 1.0], w.dtype, w[1:3])
+    assert p is el.plan("add", [w[4:6], -1.0], w.dtype, w[4:6]) and p.block and p.vec4
+    v = f32(rng, (41,))
+    for start in (4, 5):  # one plan; an odd output offset takes the scalar-width kernel
+        x = wgpar.tensor(v)
+        x[start:start + 32].mul_(x[start:start + 32])
+        want = r64(v).copy()
+        want[start:start + 32] *= r64(v)[start:start + 32]
+        assert_close(x.numpy(), want)
+    t = wgpar.tensor(m)
+    t.T.copy_(wgpar.tensor(m.T * 2))  # a strided output: the strided kernel, planned too
+    assert_close(t.numpy(), r64(m) * 2)
+    assert not el.plan("copy", [wgpar.tensor(m.T)], t.dtype, t.T).block
+    t.fill_(7)
+    assert_close(t.numpy(), np.full((9, 16), 7.0))
+    i = wgpar.tensor(np.arange(10, dtype=np.int32))
+    i[2:8].copy_(wgpar.tensor(np.array([0.5, -1.7, 2.2, 3.9, -4.1, 5.5], np.float32)))  # to int32: truncated
+    assert i.tolist() == [0, 1, 0, -1, 2, 3, -4, 5, 8, 9]

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,12 +25,12 @@ class DType:
     storage: str  # WGSL element type of the buffer
     compute: str  # WGSL type arithmetic runs in
     itemsize: int
-    is_float: bool = field(init=False)
-    """True for the floating dtypes (computed in f32 by the kernels: float32 and float16), like
-    ``torch.dtype.is_floating_point``."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "is_float", self.compute == "f32")  # read per op: a field, not a property
+    @property
+    def is_float(self) -> bool:
+        """True for the floating dtypes (computed in f32 by the kernels: float32 and float16), like
+        ``torch.dtype.is_floating_point``."""
+        return self.compute == "f32"
 
     def __repr__(self) -> str:
         return f"wgpar.{self.name}"

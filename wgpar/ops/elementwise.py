@@ -9,10 +9,10 @@ offsets allow, and shaders/elementwise.wgsl (any strides) otherwise. The host
 picks the expression, the operand types and the indexing, then caches one
 pipeline per combination.
 
-``run_map`` into a fresh output is two steps: ``plan`` (cached by the op and the operands' dtypes,
-shapes, strides and devices: a ``MapPlan``) and ``launch`` (this call's buffers, offsets and scalars,
-one dispatch). Everything else (an ``out`` to write, zero sizes, operands to reject) takes the
-general path.
+``run_map`` is two steps: ``plan`` (cached by the op and the dtypes, shapes, strides and devices of
+the operands and of the ``out`` to write, if any: a ``MapPlan``) and ``launch`` (this call's buffers,
+offsets and scalars, one dispatch). Everything else (zero sizes, operands to reject, an operand
+overlapping ``out`` other than element for element, which is copied first) takes the general path.
 """
 
 from __future__ import annotations

@@ -120,42 +120,44 @@ class CachingAllocator:
         if size is None:
             size = self._size_of(nbytes)
         block = Block(None, size, nbytes)
-        # acquire / release rather than `with`: half the cost, and nothing in between can raise
+        rec = None
         lock = self._lock
-        lock.acquire()
-        bucket = self._free.get(size)
-        if bucket:
-            block.serial = serial = -bucket.pop()
-            buf = block.buffer = self._cached.pop(serial)
-            self.cached_bytes -= size
-            self.num_cache_hits += 1
-            self._in_use[id(buf)] = block
-            allocated = self.allocated_bytes = self.allocated_bytes + nbytes
-            if allocated > self.peak_allocated_bytes:
-                self.peak_allocated_bytes = allocated
-            self.num_allocs += 1
-            rec = _hist.ACTIVE
-            if rec is not None:  # only names and ints here: no object is made under the lock
-                seq = self._seq = self._seq + 1
-                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        lock.acquire()  # acquire / release in try / finally: half the cost of `with` (this runs per op)
+        try:
+            bucket = self._free.get(size)
+            if bucket:
+                block.serial = serial = -bucket.pop()
+                buf = block.buffer = self._cached.pop(serial)
+                self.cached_bytes -= size
+                self.num_cache_hits += 1
+                self._in_use[id(buf)] = block
+                allocated = self.allocated_bytes = self.allocated_bytes + nbytes
+                if allocated > self.peak_allocated_bytes:
+                    self.peak_allocated_bytes = allocated
+                self.num_allocs += 1
+                rec = _hist.ACTIVE
+                if rec is not None:  # only names and ints here: no object is made under the lock
+                    seq = self._seq = self._seq + 1
+                    allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        finally:
             lock.release()
-            if rec is not None:
-                self._record_alloc(rec, block, True, seq, allocated, reserved, staging)
-            return block
-        lock.release()
-        buf = block.buffer = self._create_with_retry(size, nbytes)
-        with self._lock:
-            block.serial = self._next_serial = self._next_serial + 1
-            self.reserved_bytes += size
-            self.num_buffer_creates += 1
-            self._in_use[id(buf)] = block
-            self._count_alloc(nbytes)
-            rec = _hist.ACTIVE
-            if rec is not None:
-                seq = self._seq = self._seq + 1
-                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        from_cache = block.buffer is not None
+        if not from_cache:
+            buf = block.buffer = self._create_with_retry(size, nbytes)
+            with self._lock:
+                block.serial = self._next_serial = self._next_serial + 1
+                self.reserved_bytes += size
+                self.num_buffer_creates += 1
+                self._in_use[id(buf)] = block
+                self._count_alloc(nbytes)
+                rec = _hist.ACTIVE
+                if rec is not None:
+                    seq = self._seq = self._seq + 1
+                    allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
         if rec is not None:
-            self._record_alloc(rec, block, False, seq, allocated, reserved, staging)
+            block.category = cat = _hist.current_category()
+            rec.record(self.device_index, "alloc", cat, nbytes, size, from_cache, None, seq, allocated, reserved,
+                       staging)
         return block
 
     def _count_alloc(self, nbytes: int) -> None:
@@ -170,12 +172,6 @@ class CachingAllocator:
             self._sizes.clear()
         size = self._sizes[nbytes] = round_size(nbytes, self._limit)
         return size
-
-    def _record_alloc(self, rec, block: Block, from_cache: bool, seq: int, allocated: int, reserved: int,
-                      staging: int) -> None:
-        block.category = cat = _hist.current_category()
-        rec.record(self.device_index, "alloc", cat, block.nbytes, block.size, from_cache, None, seq, allocated,
-                   reserved, staging)
 
     def set_limit(self, nbytes: int | None) -> int | None:
         """Cap ``reserved_bytes`` at ``nbytes`` (None: no cap); returns the previous cap.
@@ -214,17 +210,19 @@ class CachingAllocator:
         new_bucket: list[int] = []  # made outside the lock (see __init__)
         lock = self._lock
         lock.acquire()
-        self.allocated_bytes -= block.nbytes
-        self.num_frees += 1
-        del self._in_use[id(buf)]
-        bisect.insort(self._free.setdefault(size, new_bucket), -block.serial)
-        self._cached[block.serial] = buf
-        self.cached_bytes += size
-        rec = _hist.ACTIVE
-        if rec is not None:
-            seq = self._seq = self._seq + 1
-            allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
-        lock.release()
+        try:
+            self.allocated_bytes -= block.nbytes
+            self.num_frees += 1
+            del self._in_use[id(buf)]
+            bisect.insort(self._free.setdefault(size, new_bucket), -block.serial)
+            self._cached[block.serial] = buf
+            self.cached_bytes += size
+            rec = _hist.ACTIVE
+            if rec is not None:
+                seq = self._seq = self._seq + 1
+                allocated, reserved, staging = self.allocated_bytes, self.reserved_bytes, self.staging_bytes
+        finally:
+            lock.release()
         if rec is not None:
             rec.record(self.device_index, "free", _hist.block_category(block), block.nbytes, size, False, None,
                        seq, allocated, reserved, staging)

@@ -28,7 +28,7 @@ class Config:
     """WGPAR_MEMORY_LIMIT: bytes each device may reserve (``512M``, ``2G`` and ``64K`` work too)."""
     native_calls: bool = True
     """WGPAR_NATIVE_CALLS: ``0`` records dispatches through wgpu-py's public calls instead of straight
-    into wgpu-native (runtime/native.py), e.g. to see an encoding error at the call that caused it."""
+    into wgpu-native (runtime/native.py; slower, for comparison)."""
 
 
 def _int(name: str, default: int) -> int:

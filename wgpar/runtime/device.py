@@ -233,9 +233,6 @@ class Device:
         hit = self._pipes[id(kspec)] = (kspec, pipeline, layout, _native.handle(pipeline) if self._native else None)
         return hit
 
-    def _bind_group(self, kspec: KernelSpec, layout, buffers: tuple) -> Any:
-        return self._bound(kspec, layout, buffers)[0]
-
     def _bound(self, kspec: KernelSpec, layout, buffers: tuple) -> tuple:
         """(bind group, its native handle) of ``buffers`` for ``kspec``'s layout, made once."""
         key = (layout, buffers)  # the layout stands for the kspec and hashes faster
