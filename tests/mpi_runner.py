@@ -3,13 +3,15 @@
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py conformance SEED OUT.npz
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py fault MODE TIMEOUT TOKEN
     mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p MODE TIMEOUT TOKEN
+    mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p_progress BUSY
 
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
 ``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip, stall, stall_late) while the
 others are in an all-reduce (or, MODE nosend, wait for a message from it); each other rank prints
 ``RAISED`` and its error, and the job must end non-zero. ``p2p`` (p2p_program) is a recv never matched
-or a send never received, which must also end the job non-zero, naming the message.
+or a send never received, which must also end the job non-zero, naming the message. ``p2p_progress``
+(p2p_progress_program) times a recv whose sender's communication thread is busy elsewhere.
 """
 
 from __future__ import annotations
@@ -325,6 +327,29 @@ def p2p_program(group, mode: str, token: str) -> None:
     return None
 
 
+def p2p_progress_program(group, busy: float) -> None:
+    """Rank 0 sends rank 1 1 MiB, then keeps its communication thread busy for ``busy`` s in a wait that
+    makes no MPI call (as a readback's map wait does); rank 1 prints how long its recv took. The message
+    must move meanwhile: where MPI has no single-copy path it moves only while the sender calls MPI."""
+    from wgpar.distributed.group import Work
+
+    data = np.arange(1 << 18, dtype=np.float32)
+    group.barrier()
+    if group.rank == 0:
+        group.send(wgpar.tensor(data, device=group.device), 1, tag=3)
+        busy_work = Work("busy", busy + 60)
+        group._progress.submit(busy_work, lambda: time.sleep(busy))
+        busy_work.wait()
+    else:
+        t0 = time.perf_counter()
+        got = group.recv(None, 0, tag=3)
+        ms = (time.perf_counter() - t0) * 1e3
+        if not np.array_equal(got.numpy(), data):
+            raise AssertionError("rank 1 received other bytes than rank 0 sent")
+        _say(f"RECEIVED in {ms:.1f} ms")
+    group.barrier()
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario == "conformance":
@@ -339,6 +364,8 @@ def main() -> None:
     elif scenario == "p2p":
         mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
         run_spmd(p2p_program, args=(mode, token), backend="mpi", timeout=timeout)
+    elif scenario == "p2p_progress":
+        run_spmd(p2p_progress_program, args=(float(sys.argv[2]),), backend="mpi", timeout=60)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

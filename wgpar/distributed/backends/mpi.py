@@ -76,6 +76,7 @@ from .hostreduce import (
     run_tasks,
     submit_tasks,
 )
+from .mpi_sends import PAUSE_IN_FLIGHT, SendPump
 from .mpi_world import Interrupted, World, world
 from .shm import HostFlags, SharedArena, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
@@ -228,8 +229,8 @@ class MPIGroup(StagedGroup):
         self._flags = HostFlags(MPI, self.node)  # the host barrier
         self._host_members = tuple(self.node.allgather(self.rank))  # the group rank of each host rank
         self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
-        self._progress = Progress(f"wgpar-mpi-{name}", idle=self._poll_sends)
-        self._sends: deque = deque()  # sends handed to MPI and not yet taken: (requests, readback)
+        self._progress = Progress(f"wgpar-mpi-{name}")
+        self._sends = SendPump(MPI.Request.Testall, f"wgpar-mpi-{name}-sends")  # handed to MPI, not yet taken
         # Messages this rank sent each member and received from each; what each member had sent this rank
         # when it entered the last collective (its header says): at exit the difference is what this
         # rank never received (a small message is delivered eagerly, so its sender never knows).
@@ -288,11 +289,13 @@ class MPIGroup(StagedGroup):
         for child in self._children:
             child.close()
         self._progress.close()
+        self._sends.stop()
 
     def quiesce(self) -> None:
         """At exit: stop the communication thread, then wait (with the timeout) until every send was taken
         by its receiver; one that never is fails the job instead of leaving MPI_Finalize waiting."""
         self._progress.close()
+        in_flight = self._sends.stop()
         unreceived = self._unreceived()
         if unreceived:
             # Its senders are exiting too, some already in MPI_Finalize where they never acknowledge the
@@ -300,9 +303,9 @@ class MPIGroup(StagedGroup):
             self.world.grace = min(self.world.grace, 1.0)
             self._fail(unreceived)
             return
-        pending = [req for reqs, _ in self._sends for req in reqs]
+        pending = [req for reqs in in_flight for req in reqs]
         if pending and not self.world.wait(pending, self._timeout, lambda: None):
-            self._fail(f"exiting with {len(self._sends)} send(s) that no rank received within {self._timeout:g} s")
+            self._fail(f"exiting with {len(in_flight)} send(s) that no rank received within {self._timeout:g} s")
 
     def _unreceived(self) -> str | None:
         """At exit: the messages members sent this rank (up to their last collective) that it never
@@ -336,13 +339,15 @@ class MPIGroup(StagedGroup):
 
     # -- plumbing -------------------------------------------------------------------------
     def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float | None = None,
-              late: Callable[[], Sequence[int]] = tuple) -> None:
+              late: Callable[[], Sequence[int]] = tuple, max_pause: float | None = None) -> None:
         """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
         naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait;
-        default: the group's, which is 0 where the host's processes have no core to spare)."""
+        default: the group's, which is 0 where the host's processes have no core to spare);
+        ``max_pause``: the longest sleep between two looks after that (default: the group's)."""
         spin = self._spin if spin is None else spin
+        pause = self._max_pause if max_pause is None else max_pause
         try:
-            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin, self._max_pause)
+            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin, pause)
         except Interrupted as exc:
             raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
         if not done:
@@ -873,17 +878,6 @@ class MPIGroup(StagedGroup):
         if not 0 <= tag <= self.tag_ub:
             raise ValueError(f"{what} on rank {self.rank}: MPI tags run from 0 to {self.tag_ub}, got {tag}")
 
-    def _poll_sends(self) -> bool:
-        """Drive the sends handed to MPI (a large one moves only while this process calls MPI); give each
-        one's staging buffers back once the receiver took it. True while any is outstanding."""
-        for _ in range(len(self._sends)):  # only the communication thread touches _sends
-            reqs, rb = self._sends.popleft()
-            if self.MPI.Request.Testall(reqs):
-                rb.release()
-            else:
-                self._sends.append((reqs, rb))
-        return bool(self._sends)
-
     def _start_send(self, kind: str, tensor: Tensor, dst: int, tag: int) -> Completion:
         rb = self._readback(tensor)
         header = (tensor.shape, tensor.dtype.name, rb.nbytes, self.chunk)
@@ -897,15 +891,20 @@ class MPIGroup(StagedGroup):
                                                                    kind), kind)
                     reqs.append(self._p2p_data.Isend(mem, dst, tag))  # the mapped memory itself, no copy
             finally:
-                self._sends.append((reqs, rb))
+                self._sends.add(reqs, rb.release)
             return None
 
         return complete
 
     def _start_recv(self, kind: str, tensor: Tensor | None, src: int, tag: int) -> Completion:
+        # The header's receive is posted now, in call order (messages with one source and tag match in
+        # posting order): a message sent before this recv's turn comes on the communication thread is
+        # matched on arrival, and its header waits there.
+        hdr = bytearray(_HDR)
+        req = self._p2p.Irecv(hdr, src, tag)
+
         def complete():
-            hdr = bytearray(_HDR)
-            self._await_message(hdr, src, tag, kind)
+            self._await_message(req, hdr, src, tag, kind)
             self._received[src] += 1
             shape, dtype_name, nbytes, chunk = _unpack(hdr)
             try:
@@ -922,13 +921,13 @@ class MPIGroup(StagedGroup):
 
         return complete
 
-    def _await_message(self, hdr: bytearray, src: int, tag: int, kind: str) -> None:
-        """Receive the header of the next message from ``src`` with ``tag``. A sender that entered a
-        collective of this group instead will never send it: its messages on this group leave in call
-        order, and it waits in the collective for this rank, which gets there only after this recv. So
-        once its collective header has waited ``_MOVED_ON_GRACE`` s, fail naming the recv (not the
-        collective, such as run_spmd's end-of-program gather, that the sender met)."""
-        req = self._p2p.Irecv(hdr, src, tag)
+    def _await_message(self, req, hdr: bytearray, src: int, tag: int, kind: str) -> None:
+        """Wait for ``req``, the receive (posted at launch) of the header of the next message from ``src``
+        with ``tag``. A sender that entered a collective of this group instead will never send it: its
+        messages on this group leave in call order, and it waits in the collective for this rank, which
+        gets there only after this recv. So once its collective header has waited ``_MOVED_ON_GRACE`` s,
+        fail naming the recv (not the collective, such as run_spmd's end-of-program gather, that the
+        sender met)."""
         seen: list[float] = []  # when the sender's collective header was first seen
         moved_on = "moved on"
 
@@ -943,7 +942,7 @@ class MPIGroup(StagedGroup):
             return None
 
         try:
-            done = self.world.wait([req], self._timeout, broken)
+            done = self.world.wait([req], self._timeout, broken, self._spin, _MAX_FLAG_PAUSE)
         except Interrupted as exc:
             if str(exc) != moved_on:
                 raise CollectiveError(f"{kind} on rank {self.rank}: aborted, {exc}") from None
@@ -971,8 +970,10 @@ class MPIGroup(StagedGroup):
             if len(posted) > _RECV_AHEAD or i == len(starts) - 1:
                 while posted and (len(posted) > _RECV_AHEAD or i == len(starts) - 1):
                     req, end = posted.popleft()
+                    # The sender is sending: look often (a fragment may move per look on either side).
                     self._wait([req], kind, lambda: f"recv on rank {self.rank}: the message from rank {src} "
-                                                    f"(tag {tag}) stopped arriving for {self._timeout:g} s")
+                                                    f"(tag {tag}) stopped arriving for {self._timeout:g} s",
+                               max_pause=PAUSE_IN_FLIGHT)
                     up.advance(end)
 
     def _drain(self, src: int, tag: int, nbytes: int, chunk: int, kind: str) -> None:
