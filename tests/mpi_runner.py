@@ -232,7 +232,37 @@ def check_pipelined_steps(group, seed):
         np.testing.assert_array_equal(out.numpy(), conformance._fold(data, "sum")[r * m:(r + 1) * m], err_msg=f"rs {m}")
 
 
-MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps]
+def check_mailbox_and_mpi_in_order(group, seed):
+    """Messages of one sender and tag arrive in order whichever way each went: inside a host, one that fits a
+    free mailbox slot (64 KiB under these tests' chunks, 4 per pair) goes through shared memory, a larger
+    one, or one sent while the pair's slots are full, as MPI messages. Rank 0 sends rank 1 (and rank 1
+    rank 0) nine messages before the receiver takes any: small and large alternating, so the slots fill
+    up and later small ones fall back to MPI; every slot is free again afterwards."""
+    if group.world_size < 2 or group.rank > 1:  # the same barriers as ranks 0 and 1
+        group.barrier()
+        group.barrier()
+        return
+    peer = 1 - group.rank
+    sizes = [16, 40_000, 16, 16, 3, 16, 40_000, 16, 0]
+    rng = np.random.default_rng(seed + group.rank)
+    sent = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    works = [group.send(wgpar.tensor(x, device=group.device), peer, tag=2, async_op=True) for x in sent]
+    for w in works:
+        w.wait()
+    group.barrier()  # every message is on its way before anyone receives
+    theirs = np.random.default_rng(seed + peer)
+    for n in sizes:
+        want = theirs.standard_normal(n).astype(np.float32)
+        got = group.recv(None, peer, tag=2).numpy()
+        assert got.shape == want.shape and np.array_equal(got, want), (n, got.shape)
+    group.barrier()
+    if group._mail is not None and peer in group._host_members:
+        me, other = group.local_rank, group._host_members.index(peer)
+        assert [int(group._mail._state[group._mail._index(other, me, k)]) for k in range(4)] == [0] * 4
+
+
+MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps,
+              check_mailbox_and_mpi_in_order]
 
 
 def conformance_program(group, seed: int) -> dict:

@@ -263,7 +263,8 @@ def test_a_send_moves_while_its_senders_communication_thread_waits_elsewhere():
     """Rank 0 sends 1 MiB, then its communication thread waits 4 s without calling MPI (as it does for a
     readback's map); rank 1's recv must not wait for that. MPICH here runs without its single-copy path
     (CMA off: what it does under ptrace_scope restrictions), where a message moves only while both
-    processes call MPI: before the sends had a thread of their own, this recv took the 4 s and more."""
+    processes call MPI: before the sends had a thread of their own, this recv took the 4 s and more.
+    (1 MiB is larger than a mailbox slot under these tests' 64 KiB chunks: this is the MPI path.)"""
     proc = _start(2, "p2p_progress", "4", env={"MPIR_CVAR_CH4_CMA_ENABLE": "0"})
     rc, out, err = _finish(proc, 120)
     assert rc == 0, out[-2000:] + err[-4000:]

@@ -29,10 +29,12 @@ thread, in call order:
 3. Every rank writes its result into leased mapped upload buffers, which
    the GPU copies into the output chunk by chunk.
 
-send / recv hand the mapped staging memory to MPI in place (and receive into
-mapped upload memory); a send completes once its data is handed to MPI, and
-the group's communication thread keeps polling the transfer until the
-receiver has taken it.
+send / recv inside a host copy the message through a shared-memory mailbox
+slot and send MPI only its header (shm.Mailbox); otherwise (another host, a
+message larger than a slot, the pair's slots all full) they hand the mapped
+staging memory to MPI in place and receive into mapped upload memory. A send
+completes once its data is in the slot or handed to MPI; a thread of its own
+(mpi_sends.SendPump) keeps testing the sends until the receivers took them.
 
 Failures end the job (MPI cannot repair a communicator): see mpi_world.py.
 ``reset()`` raises on a broken group.
@@ -78,7 +80,7 @@ from .hostreduce import (
 )
 from .mpi_sends import PAUSE_IN_FLIGHT, SendPump
 from .mpi_world import Interrupted, World, world
-from .shm import HostFlags, SharedArena, shm_slot_cap, slot_size
+from .shm import HostFlags, Mailbox, SharedArena, mail_slot_cap, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
@@ -228,6 +230,8 @@ class MPIGroup(StagedGroup):
         self._arena = SharedArena(MPI, self.node, self.local_size)
         self._flags = HostFlags(MPI, self.node)  # the host barrier
         self._host_members = tuple(self.node.allgather(self.rank))  # the group rank of each host rank
+        mail = self.node.allreduce(mail_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
+        self._mail = Mailbox(MPI, self.node, mail) if mail else None  # send / recv inside the host
         self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
         self._progress = Progress(f"wgpar-mpi-{name}")
         self._sends = SendPump(MPI.Request.Testall, f"wgpar-mpi-{name}-sends")  # handed to MPI, not yet taken
@@ -328,7 +332,7 @@ class MPIGroup(StagedGroup):
                     break
                 tag, hdr = status.Get_tag(), bytearray(_HDR)
                 self._p2p.Recv(hdr, src, tag)
-                shape, dtype_name, nbytes, _ = _unpack(hdr)
+                shape, dtype_name, nbytes, *_ = _unpack(hdr)
                 named.append(f"tag {tag}, {nbytes} bytes ({dtype_name} {tuple(shape)})")
                 status = MPI.Status()
             more = f" and {n - len(named)} more" if n > len(named) else ""
@@ -883,7 +887,11 @@ class MPIGroup(StagedGroup):
         header = (tensor.shape, tensor.dtype.name, rb.nbytes, self.chunk)
 
         def complete():
-            reqs = [self._p2p.Isend(_pack(header, kind), dst, tag)]
+            if self._mail is not None and dst in self._host_members and rb.nbytes <= self._mail.slot_bytes:
+                slot = self._mail.claim(self._host_members.index(dst))
+                if slot is not None:
+                    return self._send_through_mailbox(kind, rb, header, dst, tag, slot)
+            reqs = [self._p2p.Isend(_pack((*header, -1), kind), dst, tag)]
             self._sent[dst] += 1
             try:
                 for a in range(0, rb.nbytes, self.chunk):
@@ -896,6 +904,23 @@ class MPIGroup(StagedGroup):
 
         return complete
 
+    def _send_through_mailbox(self, kind: str, rb: ChunkedReadback, header: tuple, dst: int, tag: int,
+                              slot: int) -> None:
+        """Copy the message into a free mailbox slot to ``dst`` (on this host), mark it full, then send the
+        header naming the slot: nothing of the message depends on MPI's progress but its small header."""
+        to = self._host_members.index(dst)
+        try:
+            box = self._mail.slot(self.local_rank, to, slot, rb.nbytes)
+            for a in range(0, rb.nbytes, self.chunk):
+                ((_, mem),) = self._mapping(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
+                                                               kind), kind)
+                copy_into(box[a:a + len(mem)], np.frombuffer(mem, dtype=np.uint8))
+            self._mail.post(to, slot)
+        finally:
+            rb.release()
+        self._sends.add([self._p2p.Isend(_pack((*header, slot), kind), dst, tag)], _nothing)
+        self._sent[dst] += 1
+
     def _start_recv(self, kind: str, tensor: Tensor | None, src: int, tag: int) -> Completion:
         # The header's receive is posted now, in call order (messages with one source and tag match in
         # posting order): a message sent before this recv's turn comes on the communication thread is
@@ -906,17 +931,23 @@ class MPIGroup(StagedGroup):
         def complete():
             self._await_message(req, hdr, src, tag, kind)
             self._received[src] += 1
-            shape, dtype_name, nbytes, chunk = _unpack(hdr)
+            shape, dtype_name, nbytes, chunk, slot = _unpack(hdr)
             try:
                 out, target = self._receiving(tensor, src, tag, shape, _dt.as_dtype(dtype_name))
             except CollectiveError:
-                self._drain(src, tag, nbytes, chunk, kind)
+                if slot >= 0:
+                    self._mail.free(self._host_members.index(src), slot)
+                else:
+                    self._drain(src, tag, nbytes, chunk, kind)
                 raise
             buf, base = target._storage.buffer, byte_offset(target)
             up = ChunkedUpload(self._pool, nbytes, chunk, np.dtype(np.uint8),
                                lambda j, s, e: [(0, buf, base + s, round4(e - s))], self._timeout, kind,
                                depth=_RECV_AHEAD + 1)
-            self._run_upload(up, lambda: self._receive_into(up, src, tag, nbytes, chunk, kind))
+            if slot >= 0:
+                self._run_upload(up, lambda: self._take_from_mailbox(up, src, slot, nbytes, chunk))
+            else:
+                self._run_upload(up, lambda: self._receive_into(up, src, tag, nbytes, chunk, kind))
             return self._landed(target, out)
 
         return complete
@@ -976,6 +1007,21 @@ class MPIGroup(StagedGroup):
                                max_pause=PAUSE_IN_FLIGHT)
                     up.advance(end)
 
+    def _take_from_mailbox(self, up: ChunkedUpload, src: int, slot: int, nbytes: int, chunk: int) -> None:
+        """Copy a message out of ``src``'s mailbox slot into mapped upload memory, committing chunk by chunk,
+        then free the slot."""
+        frm = self._host_members.index(src)
+        try:
+            self._mail.opened()
+            box = self._mail.slot(frm, self.local_rank, slot, nbytes)
+            for a in range(0, nbytes, chunk):
+                n = min(chunk, nbytes - a)
+                for rel, piece in up.span(a, n):
+                    copy_into(piece, box[a + rel:a + rel + len(piece)])
+                up.advance(a + n)
+        finally:
+            self._mail.free(frm, slot)
+
     def _drain(self, src: int, tag: int, nbytes: int, chunk: int, kind: str) -> None:
         """Take a message's payload without keeping it (it did not fit the receiver's tensor)."""
         scratch = np.empty(min(chunk, max(nbytes, 1)), np.uint8)
@@ -998,6 +1044,10 @@ class MPIGroup(StagedGroup):
             return g
 
         return self._collective(kind, meta, None, body)
+
+
+def _nothing() -> None:
+    pass
 
 
 # -- the process's world group, and run_spmd under mpiexec ------------------------------------

@@ -9,7 +9,9 @@ Measured on the 2-core lavapipe machine with CMA off: a 2 MiB send took 290 ms t
 receiver while the sender's communication thread looked at it once a millisecond, and arrived only
 after the sender's next wait ended while that thread waited for a map. So every send handed to MPI
 goes to a ``SendPump``, whose thread tests the outstanding requests every ``pause`` seconds until the
-receivers took them, and gives each send's staging buffers back then.
+receivers took them, and gives each send's staging buffers back then. (Inside a host most messages
+take the shared-memory mailbox instead, shm.Mailbox, and MPI carries only their headers: the pump
+serves those headers, messages between hosts, and messages that do not fit a free slot.)
 """
 
 from __future__ import annotations
