@@ -185,7 +185,7 @@ class Mailbox:
         self.size = node.Get_size()
         self.me = node.Get_rank()
         self.slot_bytes = slot_bytes
-        n = self.size * self.size * MAIL_SLOTS
+        n = self.size * (self.size - 1) * MAIL_SLOTS
         flag_bytes = n * _LINE
         total = flag_bytes + n * slot_bytes
         self._win = MPI.Win.Allocate_shared(total if self.me == 0 else 0, 1, comm=node)
@@ -200,7 +200,9 @@ class Mailbox:
         node.Barrier()  # everyone sees the free states before anyone sends
 
     def _index(self, sender: int, receiver: int, k: int) -> int:
-        return (sender * self.size + receiver) * MAIL_SLOTS + k
+        """Slot ``k`` of the ordered pair (``sender``, ``receiver``), two different host ranks."""
+        pair = sender * (self.size - 1) + (receiver if receiver < sender else receiver - 1)
+        return pair * MAIL_SLOTS + k
 
     def claim(self, receiver: int) -> int | None:
         """A free slot of this rank's to ``receiver`` (host ranks), or None when all are full."""
