@@ -3,7 +3,7 @@
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py conformance SEED OUT.npz
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py fault MODE TIMEOUT TOKEN
     mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p MODE TIMEOUT TOKEN
-    mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p_progress BUSY
+    mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p_progress BUSY FLOATS
 
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
@@ -357,13 +357,13 @@ def p2p_program(group, mode: str, token: str) -> None:
     return None
 
 
-def p2p_progress_program(group, busy: float) -> None:
-    """Rank 0 sends rank 1 1 MiB, then keeps its communication thread busy for ``busy`` s in a wait that
+def p2p_progress_program(group, busy: float, n: int) -> None:
+    """Rank 0 sends rank 1 ``n`` floats, then keeps its communication thread busy for ``busy`` s in a wait that
     makes no MPI call (as a readback's map wait does); rank 1 prints how long its recv took. The message
     must move meanwhile: where MPI has no single-copy path it moves only while the sender calls MPI."""
     from wgpar.distributed.group import Work
 
-    data = np.arange(1 << 18, dtype=np.float32)
+    data = np.arange(n, dtype=np.float32)
     group.barrier()
     if group.rank == 0:
         group.send(wgpar.tensor(data, device=group.device), 1, tag=3)
@@ -395,7 +395,7 @@ def main() -> None:
         mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
         run_spmd(p2p_program, args=(mode, token), backend="mpi", timeout=timeout)
     elif scenario == "p2p_progress":
-        run_spmd(p2p_progress_program, args=(float(sys.argv[2]),), backend="mpi", timeout=60)
+        run_spmd(p2p_progress_program, args=(float(sys.argv[2]), int(sys.argv[3])), backend="mpi", timeout=60)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

@@ -259,17 +259,19 @@ def test_benchmark_on_processes_next_to_threads(bench, tmp_path):
     assert losses and set(losses) == {"same bits"}, text
 
 
-def test_a_send_moves_while_its_senders_communication_thread_waits_elsewhere():
-    """Rank 0 sends 1 MiB, then its communication thread waits 4 s without calling MPI (as it does for a
-    readback's map); rank 1's recv must not wait for that. MPICH here runs without its single-copy path
-    (CMA off: what it does under ptrace_scope restrictions), where a message moves only while both
-    processes call MPI: before the sends had a thread of their own, this recv took the 4 s and more.
-    (1 MiB is larger than a mailbox slot under these tests' 64 KiB chunks: this is the MPI path.)"""
-    proc = _start(2, "p2p_progress", "4", env={"MPIR_CVAR_CH4_CMA_ENABLE": "0"})
+@pytest.mark.parametrize("floats", [1 << 18, 8000], ids=["mpi-path", "mailbox"])
+def test_a_send_moves_while_its_senders_communication_thread_waits_elsewhere(floats):
+    """Rank 0 sends 1 MiB (larger than a mailbox slot under these tests' 64 KiB chunks: MPI messages) or
+    32 KB (a mailbox slot, MPI carries its header), then its communication thread waits 4 s without
+    calling MPI (as it does for a readback's map); rank 1's recv must not wait for that. MPICH here runs
+    without its single-copy path (CMA off: what it does under ptrace_scope restrictions), where a message
+    moves only while both processes call MPI: before the sends had a thread of their own, the 1 MiB
+    recv took the 4 s and more."""
+    proc = _start(2, "p2p_progress", "4", str(floats), env={"MPIR_CVAR_CH4_CMA_ENABLE": "0"})
     rc, out, err = _finish(proc, 120)
     assert rc == 0, out[-2000:] + err[-4000:]
     ms = float(re.search(r"RECEIVED in ([\d.]+) ms", out).group(1))
-    assert ms < 2000, f"rank 1's recv of 1 MiB took {ms:.0f} ms while rank 0's communication thread was busy"
+    assert ms < 2000, f"rank 1's recv of {4 * floats} bytes took {ms:.0f} ms while rank 0's comm thread was busy"
 
 
 def test_the_send_pump_releases_each_send_once_taken_and_hands_back_what_is_left():
