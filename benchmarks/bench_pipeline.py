@@ -21,6 +21,10 @@ for bit. Target: processes at least as fast as threads.
     mpiexec -n 2 python benchmarks/bench_pipeline.py --backend mpi --no-write                # lavapipe, small
     mpirun --bind-to none -n 2 python benchmarks/bench_pipeline.py --backend mpi --width 4096 --layers 8 \\
         --batch 8192 --microbatches 8                                                     # Open MPI, 2 GPUs
+
+``--block scale`` swaps each Linear block for a per-feature scale that costs next to nothing, so a step is
+its transfers (2 MiB per message at ``--width 2048 --batch 1024 --microbatches 4``); with
+``MPIR_CVAR_CH4_CMA_ENABLE=0`` MPICH runs without its single-copy path, as under ptrace_scope restrictions.
 """
 
 from __future__ import annotations
@@ -53,11 +57,25 @@ from wgpar.nn import functional as F  # noqa: E402
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 
 
-def blocks(width: int, layers: int, classes: int, device) -> list[nn.Module]:
+class Scale(nn.Module):
+    """``x * w`` with a weight per feature: a stage that costs next to nothing, so the step is its transfers."""
+
+    def __init__(self, width: int, device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(wgpar.full((width,), 1.001, device=device))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def blocks(width: int, layers: int, classes: int, device, block: str = "linear") -> list[nn.Module]:
+    """The MLP: ``layers - 1`` blocks of ``block`` (linear: Linear + ReLU; scale: Scale + ReLU) and a Linear
+    head. Every rank builds them all from seed 0."""
     wgpar.manual_seed(0)
     mods: list[nn.Module] = []
     for _ in range(layers - 1):
-        mods += [nn.Linear(width, width, device=device), nn.ReLU()]
+        body = nn.Linear(width, width, device=device) if block == "linear" else Scale(width, device)
+        mods += [body, nn.ReLU()]
     return mods + [nn.Linear(width, classes, device=device)]
 
 
@@ -65,7 +83,7 @@ def blocks(width: int, layers: int, classes: int, device) -> list[nn.Module]:
 
 def single_device(args, X, Y) -> float:
     dev = wgpar.device(0)
-    model = nn.Sequential(*blocks(args.width, args.layers, args.classes, dev))
+    model = nn.Sequential(*blocks(args.width, args.layers, args.classes, dev, args.block))
     opt = optim.SGD(model.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -84,7 +102,7 @@ def traffic_per_step(ctx, step) -> int:
 
 
 def pipeline_row(args, ctx, schedule: str, m: int, X, Y) -> dict:
-    pipe = PipelineExecutor(blocks(args.width, args.layers, args.classes, ctx.devices[0]), ctx, m, schedule,
+    pipe = PipelineExecutor(blocks(args.width, args.layers, args.classes, ctx.devices[0], args.block), ctx, m, schedule,
                             F.cross_entropy, stages_per_rank=2)
     opts = pipe.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
     losses = []
@@ -108,7 +126,7 @@ def pipeline_row(args, ctx, schedule: str, m: int, X, Y) -> dict:
 
 
 def data_parallel_row(args, ctx, X, Y) -> tuple[float, int, np.ndarray]:
-    dp = DataParallel(nn.Sequential(*blocks(args.width, args.layers, args.classes, ctx.devices[0])), ctx)
+    dp = DataParallel(nn.Sequential(*blocks(args.width, args.layers, args.classes, ctx.devices[0], args.block)), ctx)
     opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
     losses = []
 
@@ -124,7 +142,7 @@ def rank_pipeline(group, args, schedule: str, m: int, X, Y) -> dict:
     (every rank builds them all from seed 0 and keeps its own), PipelineSchedule, SGD; timed like
     ``pipeline_row``. Returns this rank's time, traffic, busy and step seconds per profiled step, and losses."""
     sched = build(schedule, group.world_size, m, stages_per_rank=2)
-    parts = split_module(blocks(args.width, args.layers, args.classes, group.device), sched.num_stages)
+    parts = split_module(blocks(args.width, args.layers, args.classes, group.device, args.block), sched.num_stages)
     pipe = PipelineSchedule([PipelineStage(parts[s], s, sched.num_stages, group.device)
                              for s in sched.stages_of(group.rank)], group, m, sched, F.cross_entropy)
     del parts  # the other ranks' blocks
@@ -156,8 +174,8 @@ def rank_data_parallel(group, args, X, Y) -> dict:
     """DistributedDataParallel on this rank's rows, the step DataParallel.train_step runs on each rank."""
     bounds = np.cumsum([0, *split_sizes(len(X), group.world_size)])
     x, y = X[bounds[group.rank]:bounds[group.rank + 1]], Y[bounds[group.rank]:bounds[group.rank + 1]]
-    ddp = DistributedDataParallel(nn.Sequential(*blocks(args.width, args.layers, args.classes, group.device)), group,
-                                  op="sum")
+    model = nn.Sequential(*blocks(args.width, args.layers, args.classes, group.device, args.block))
+    ddp = DistributedDataParallel(model, group, op="sum")
     step = _spmd.ddp_step(group, ddp, optim.SGD(ddp.parameters(), lr=1e-3), x, y, len(x) / len(X))
     losses = []
     t = _spmd.timed(group, lambda: losses.append(step()), args.steps)
@@ -198,9 +216,16 @@ def measure_threads(args, X, Y, devices: int) -> tuple[float, list[dict], tuple[
     return t1, rows, dp, devs
 
 
+def section_suffix(args) -> str:
+    """Scale blocks get BENCHMARKS.md sections of their own."""
+    return "" if args.block == "linear" else f"_{args.block}"
+
+
 def model_line(args, p: int) -> str:
-    params = (args.layers - 1) * (args.width + 1) * args.width + (args.width + 1) * args.classes
-    return (f"MLP {args.layers} x {args.width} wide ({params} parameters), batch {args.batch}, SGD, {p} pipeline "
+    per_block = (args.width + 1) * args.width if args.block == "linear" else args.width
+    params = (args.layers - 1) * per_block + (args.width + 1) * args.classes
+    kind = "MLP" if args.block == "linear" else "Elementwise-scale blocks (transfer-bound)"
+    return (f"{kind} {args.layers} x {args.width} wide ({params} parameters), batch {args.batch}, SGD, {p} pipeline "
             f"ranks (interleaved: 2 stages per rank).")
 
 
@@ -257,7 +282,7 @@ def main_mpi(args, X, Y) -> None:
             f"(processes first where they differ). Losses: the warm-up step's and the {args.steps} timed ones. "
             f"Target: processes / threads <= 1.0.\n\n{table}\n")
     print(body)
-    _report.finish(args, f"pipeline_mpi:{_report.slug(name)}", body)
+    _report.finish(args, f"pipeline_mpi{section_suffix(args)}:{_report.slug(name)}", body)
 
 
 def main() -> None:
@@ -266,6 +291,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--classes", type=int, default=16)
+    ap.add_argument("--block", choices=("linear", "scale"), default="linear",
+                    help="scale: elementwise blocks that cost next to nothing, so the step measures the transfers")
     ap.add_argument("--microbatches", default="4,8", help="comma-separated micro-batch counts")
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--steps", type=int, default=5)
@@ -304,7 +331,7 @@ def main() -> None:
             f"model counts F = 1, B = 2 (I = W = 1) time units and free transfers. "
             f"Host traffic: every rank's device -> host plus host -> device bytes in one step, summed.\n\n{table}\n")
     print(body)
-    _report.finish(args, f"pipeline:{_report.slug(dev0.adapter_name)}", body)
+    _report.finish(args, f"pipeline{section_suffix(args)}:{_report.slug(dev0.adapter_name)}", body)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py conformance SEED OUT.npz
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py fault MODE TIMEOUT TOKEN
     mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p MODE TIMEOUT TOKEN
+    mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p_progress BUSY FLOATS
 
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
 ``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip, stall, stall_late) while the
 others are in an all-reduce (or, MODE nosend, wait for a message from it); each other rank prints
 ``RAISED`` and its error, and the job must end non-zero. ``p2p`` (p2p_program) is a recv never matched
-or a send never received, which must also end the job non-zero, naming the message.
+or a send never received, which must also end the job non-zero, naming the message. ``p2p_progress``
+(p2p_progress_program) times a recv whose sender's communication thread is busy elsewhere.
 """
 
 from __future__ import annotations
@@ -230,7 +232,37 @@ def check_pipelined_steps(group, seed):
         np.testing.assert_array_equal(out.numpy(), conformance._fold(data, "sum")[r * m:(r + 1) * m], err_msg=f"rs {m}")
 
 
-MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps]
+def check_mailbox_and_mpi_in_order(group, seed):
+    """Messages of one sender and tag arrive in order whichever way each went: inside a host, one that fits a
+    free mailbox slot (64 KiB under these tests' chunks, 4 per pair) goes through shared memory, a larger
+    one, or one sent while the pair's slots are full, as MPI messages. Rank 0 sends rank 1 (and rank 1
+    rank 0) nine messages before the receiver takes any: small and large alternating, so the slots fill
+    up and later small ones fall back to MPI; every slot is free again afterwards."""
+    if group.world_size < 2 or group.rank > 1:  # the same barriers as ranks 0 and 1
+        group.barrier()
+        group.barrier()
+        return
+    peer = 1 - group.rank
+    sizes = [16, 40_000, 16, 16, 3, 16, 40_000, 16, 0]
+    rng = np.random.default_rng(seed + group.rank)
+    sent = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    works = [group.send(wgpar.tensor(x, device=group.device), peer, tag=2, async_op=True) for x in sent]
+    for w in works:
+        w.wait()
+    group.barrier()  # every message is on its way before anyone receives
+    theirs = np.random.default_rng(seed + peer)
+    for n in sizes:
+        want = theirs.standard_normal(n).astype(np.float32)
+        got = group.recv(None, peer, tag=2).numpy()
+        assert got.shape == want.shape and np.array_equal(got, want), (n, got.shape)
+    group.barrier()
+    if group._mail is not None and peer in group._host_members:
+        me, other = group.local_rank, group._host_members.index(peer)
+        assert [int(group._mail._state[group._mail._index(other, me, k)]) for k in range(4)] == [0] * 4
+
+
+MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps,
+              check_mailbox_and_mpi_in_order]
 
 
 def conformance_program(group, seed: int) -> dict:
@@ -325,6 +357,29 @@ def p2p_program(group, mode: str, token: str) -> None:
     return None
 
 
+def p2p_progress_program(group, busy: float, n: int) -> None:
+    """Rank 0 sends rank 1 ``n`` floats, then keeps its communication thread busy for ``busy`` s in a wait that
+    makes no MPI call (as a readback's map wait does); rank 1 prints how long its recv took. The message
+    must move meanwhile: where MPI has no single-copy path it moves only while the sender calls MPI."""
+    from wgpar.distributed.group import Work
+
+    data = np.arange(n, dtype=np.float32)
+    group.barrier()
+    if group.rank == 0:
+        group.send(wgpar.tensor(data, device=group.device), 1, tag=3)
+        busy_work = Work("busy", busy + 60)
+        group._progress.submit(busy_work, lambda: time.sleep(busy))
+        busy_work.wait()
+    else:
+        t0 = time.perf_counter()
+        got = group.recv(None, 0, tag=3)
+        ms = (time.perf_counter() - t0) * 1e3
+        if not np.array_equal(got.numpy(), data):
+            raise AssertionError("rank 1 received other bytes than rank 0 sent")
+        _say(f"RECEIVED in {ms:.1f} ms")
+    group.barrier()
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario == "conformance":
@@ -339,6 +394,8 @@ def main() -> None:
     elif scenario == "p2p":
         mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
         run_spmd(p2p_program, args=(mode, token), backend="mpi", timeout=timeout)
+    elif scenario == "p2p_progress":
+        run_spmd(p2p_progress_program, args=(float(sys.argv[2]), int(sys.argv[3])), backend="mpi", timeout=60)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

@@ -257,3 +257,44 @@ def test_benchmark_on_processes_next_to_threads(bench, tmp_path):
     assert "mpiexec -n 2 python benchmarks/" in text, text
     losses = re.findall(r"same bits|differ by up to [^ |.]+|shapes \([^)]*\) and \([^)]*\)", text)
     assert losses and set(losses) == {"same bits"}, text
+
+
+@pytest.mark.parametrize("floats", [1 << 18, 8000], ids=["mpi-path", "mailbox"])
+def test_a_send_moves_while_its_senders_communication_thread_waits_elsewhere(floats):
+    """Rank 0 sends 1 MiB (larger than a mailbox slot under these tests' 64 KiB chunks: MPI messages) or
+    32 KB (a mailbox slot, MPI carries its header), then its communication thread waits 4 s without
+    calling MPI (as it does for a readback's map); rank 1's recv must not wait for that. MPICH here runs
+    without its single-copy path (CMA off: what it does under ptrace_scope restrictions), where a message
+    moves only while both processes call MPI: before the sends had a thread of their own, the 1 MiB
+    recv took the 4 s and more."""
+    proc = _start(2, "p2p_progress", "4", str(floats), env={"MPIR_CVAR_CH4_CMA_ENABLE": "0"})
+    rc, out, err = _finish(proc, 120)
+    assert rc == 0, out[-2000:] + err[-4000:]
+    ms = float(re.search(r"RECEIVED in ([\d.]+) ms", out).group(1))
+    assert ms < 2000, f"rank 1's recv of {4 * floats} bytes took {ms:.0f} ms while rank 0's comm thread was busy"
+
+
+def test_the_send_pump_releases_each_send_once_taken_and_hands_back_what_is_left():
+    """SendPump, without MPI: a send's buffers go back once all its requests completed, in any order;
+    stop() hands the requests still in flight to the caller (quiesce waits for them)."""
+    from wgpar.distributed.backends.mpi_sends import SendPump
+
+    done = {"a": False, "b": False}
+    released = []
+    pump = SendPump(lambda reqs: all(done[r] for r in reqs), "test-sends", pause=0.0005)
+    pump.add(["a"], lambda: released.append("a"))
+    pump.add(["b", "a"], lambda: released.append("b"))
+    pump.add(["c"], lambda: released.append("c"))  # never completes
+    done["c"] = False
+    done["b"] = True
+    time.sleep(0.05)
+    assert released == [] and pump.pending == 3
+    done["a"] = True
+    deadline = time.monotonic() + 5
+    while len(released) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert sorted(released) == ["a", "b"] and pump.completed == 2
+    assert pump.stop() == [["c"]]
+    with pytest.raises(RuntimeError, match="after the pump stopped"):
+        pump.add(["d"], lambda: None)
+    assert not [t for t in threading.enumerate() if t.name == "test-sends"]

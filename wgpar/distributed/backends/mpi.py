@@ -29,10 +29,12 @@ thread, in call order:
 3. Every rank writes its result into leased mapped upload buffers, which
    the GPU copies into the output chunk by chunk.
 
-send / recv hand the mapped staging memory to MPI in place (and receive into
-mapped upload memory); a send completes once its data is handed to MPI, and
-the group's communication thread keeps polling the transfer until the
-receiver has taken it.
+send / recv inside a host copy the message through a shared-memory mailbox
+slot and send MPI only its header (shm.Mailbox); otherwise (another host, a
+message larger than a slot, the pair's slots all full) they hand the mapped
+staging memory to MPI in place and receive into mapped upload memory. A send
+completes once its data is in the slot or handed to MPI; a thread of its own
+(mpi_sends.SendPump) keeps testing the sends until the receivers took them.
 
 Failures end the job (MPI cannot repair a communicator): see mpi_world.py.
 ``reset()`` raises on a broken group.
@@ -76,8 +78,9 @@ from .hostreduce import (
     run_tasks,
     submit_tasks,
 )
+from .mpi_sends import PAUSE_IN_FLIGHT, SendPump
 from .mpi_world import Interrupted, World, world
-from .shm import HostFlags, SharedArena, shm_slot_cap, slot_size
+from .shm import HostFlags, Mailbox, SharedArena, mail_slot_cap, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
@@ -227,9 +230,11 @@ class MPIGroup(StagedGroup):
         self._arena = SharedArena(MPI, self.node, self.local_size)
         self._flags = HostFlags(MPI, self.node)  # the host barrier
         self._host_members = tuple(self.node.allgather(self.rank))  # the group rank of each host rank
+        mail = self.node.allreduce(mail_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
+        self._mail = Mailbox(MPI, self.node, mail) if mail else None  # send / recv inside the host
         self._pool = TransferPool(device, f"mpi:{name}:{self.rank}")
-        self._progress = Progress(f"wgpar-mpi-{name}", idle=self._poll_sends)
-        self._sends: deque = deque()  # sends handed to MPI and not yet taken: (requests, readback)
+        self._progress = Progress(f"wgpar-mpi-{name}")
+        self._sends = SendPump(MPI.Request.Testall, f"wgpar-mpi-{name}-sends")  # handed to MPI, not yet taken
         # Messages this rank sent each member and received from each; what each member had sent this rank
         # when it entered the last collective (its header says): at exit the difference is what this
         # rank never received (a small message is delivered eagerly, so its sender never knows).
@@ -288,11 +293,13 @@ class MPIGroup(StagedGroup):
         for child in self._children:
             child.close()
         self._progress.close()
+        self._sends.stop()
 
     def quiesce(self) -> None:
         """At exit: stop the communication thread, then wait (with the timeout) until every send was taken
         by its receiver; one that never is fails the job instead of leaving MPI_Finalize waiting."""
         self._progress.close()
+        in_flight = self._sends.stop()
         unreceived = self._unreceived()
         if unreceived:
             # Its senders are exiting too, some already in MPI_Finalize where they never acknowledge the
@@ -300,9 +307,9 @@ class MPIGroup(StagedGroup):
             self.world.grace = min(self.world.grace, 1.0)
             self._fail(unreceived)
             return
-        pending = [req for reqs, _ in self._sends for req in reqs]
+        pending = [req for reqs in in_flight for req in reqs]
         if pending and not self.world.wait(pending, self._timeout, lambda: None):
-            self._fail(f"exiting with {len(self._sends)} send(s) that no rank received within {self._timeout:g} s")
+            self._fail(f"exiting with {len(in_flight)} send(s) that no rank received within {self._timeout:g} s")
 
     def _unreceived(self) -> str | None:
         """At exit: the messages members sent this rank (up to their last collective) that it never
@@ -325,7 +332,7 @@ class MPIGroup(StagedGroup):
                     break
                 tag, hdr = status.Get_tag(), bytearray(_HDR)
                 self._p2p.Recv(hdr, src, tag)
-                shape, dtype_name, nbytes, _ = _unpack(hdr)
+                shape, dtype_name, nbytes, *_ = _unpack(hdr)
                 named.append(f"tag {tag}, {nbytes} bytes ({dtype_name} {tuple(shape)})")
                 status = MPI.Status()
             more = f" and {n - len(named)} more" if n > len(named) else ""
@@ -336,13 +343,15 @@ class MPIGroup(StagedGroup):
 
     # -- plumbing -------------------------------------------------------------------------
     def _wait(self, requests: Sequence, what: str, on_timeout: Callable[[], str], spin: float | None = None,
-              late: Callable[[], Sequence[int]] = tuple) -> None:
+              late: Callable[[], Sequence[int]] = tuple, max_pause: float | None = None) -> None:
         """Wait for MPI requests with the group's timeout; a timeout fails the job with ``on_timeout()``
         naming the members ``late()`` returns. ``spin``: seconds of polling without sleeping (World.wait;
-        default: the group's, which is 0 where the host's processes have no core to spare)."""
+        default: the group's, which is 0 where the host's processes have no core to spare);
+        ``max_pause``: the longest sleep between two looks after that (default: the group's)."""
         spin = self._spin if spin is None else spin
+        pause = self._max_pause if max_pause is None else max_pause
         try:
-            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin, self._max_pause)
+            done = self.world.wait(requests, self._timeout, lambda: self._broken, spin, pause)
         except Interrupted as exc:
             raise CollectiveError(f"{what} on rank {self.rank}: aborted, {exc}") from None
         if not done:
@@ -873,23 +882,16 @@ class MPIGroup(StagedGroup):
         if not 0 <= tag <= self.tag_ub:
             raise ValueError(f"{what} on rank {self.rank}: MPI tags run from 0 to {self.tag_ub}, got {tag}")
 
-    def _poll_sends(self) -> bool:
-        """Drive the sends handed to MPI (a large one moves only while this process calls MPI); give each
-        one's staging buffers back once the receiver took it. True while any is outstanding."""
-        for _ in range(len(self._sends)):  # only the communication thread touches _sends
-            reqs, rb = self._sends.popleft()
-            if self.MPI.Request.Testall(reqs):
-                rb.release()
-            else:
-                self._sends.append((reqs, rb))
-        return bool(self._sends)
-
     def _start_send(self, kind: str, tensor: Tensor, dst: int, tag: int) -> Completion:
         rb = self._readback(tensor)
         header = (tensor.shape, tensor.dtype.name, rb.nbytes, self.chunk)
 
         def complete():
-            reqs = [self._p2p.Isend(_pack(header, kind), dst, tag)]
+            if self._mail is not None and dst in self._host_members and rb.nbytes <= self._mail.slot_bytes:
+                slot = self._mail.claim(self._host_members.index(dst))
+                if slot is not None:
+                    return self._send_through_mailbox(kind, rb, header, dst, tag, slot)
+            reqs = [self._p2p.Isend(_pack((*header, -1), kind), dst, tag)]
             self._sent[dst] += 1
             try:
                 for a in range(0, rb.nbytes, self.chunk):
@@ -897,38 +899,66 @@ class MPIGroup(StagedGroup):
                                                                    kind), kind)
                     reqs.append(self._p2p_data.Isend(mem, dst, tag))  # the mapped memory itself, no copy
             finally:
-                self._sends.append((reqs, rb))
+                self._sends.add(reqs, rb.release)
             return None
 
         return complete
 
+    def _send_through_mailbox(self, kind: str, rb: ChunkedReadback, header: tuple, dst: int, tag: int,
+                              slot: int) -> None:
+        """Copy the message into a free mailbox slot to ``dst`` (on this host), mark it full, then send the
+        header naming the slot: nothing of the message depends on MPI's progress but its small header."""
+        to = self._host_members.index(dst)
+        try:
+            box = self._mail.slot(self.local_rank, to, slot, rb.nbytes)
+            for a in range(0, rb.nbytes, self.chunk):
+                ((_, mem),) = self._mapping(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
+                                                               kind), kind)
+                copy_into(box[a:a + len(mem)], np.frombuffer(mem, dtype=np.uint8))
+            self._mail.post(to, slot)
+        finally:
+            rb.release()
+        self._sends.add([self._p2p.Isend(_pack((*header, slot), kind), dst, tag)], _nothing)
+        self._sent[dst] += 1
+
     def _start_recv(self, kind: str, tensor: Tensor | None, src: int, tag: int) -> Completion:
+        # The header's receive is posted now, in call order (messages with one source and tag match in
+        # posting order): a message sent before this recv's turn comes on the communication thread is
+        # matched on arrival, and its header waits there.
+        hdr = bytearray(_HDR)
+        req = self._p2p.Irecv(hdr, src, tag)
+
         def complete():
-            hdr = bytearray(_HDR)
-            self._await_message(hdr, src, tag, kind)
+            self._await_message(req, hdr, src, tag, kind)
             self._received[src] += 1
-            shape, dtype_name, nbytes, chunk = _unpack(hdr)
+            shape, dtype_name, nbytes, chunk, slot = _unpack(hdr)
             try:
                 out, target = self._receiving(tensor, src, tag, shape, _dt.as_dtype(dtype_name))
             except CollectiveError:
-                self._drain(src, tag, nbytes, chunk, kind)
+                if slot >= 0:
+                    self._mail.free(self._host_members.index(src), slot)
+                else:
+                    self._drain(src, tag, nbytes, chunk, kind)
                 raise
             buf, base = target._storage.buffer, byte_offset(target)
             up = ChunkedUpload(self._pool, nbytes, chunk, np.dtype(np.uint8),
                                lambda j, s, e: [(0, buf, base + s, round4(e - s))], self._timeout, kind,
                                depth=_RECV_AHEAD + 1)
-            self._run_upload(up, lambda: self._receive_into(up, src, tag, nbytes, chunk, kind))
+            if slot >= 0:
+                self._run_upload(up, lambda: self._take_from_mailbox(up, src, slot, nbytes, chunk))
+            else:
+                self._run_upload(up, lambda: self._receive_into(up, src, tag, nbytes, chunk, kind))
             return self._landed(target, out)
 
         return complete
 
-    def _await_message(self, hdr: bytearray, src: int, tag: int, kind: str) -> None:
-        """Receive the header of the next message from ``src`` with ``tag``. A sender that entered a
-        collective of this group instead will never send it: its messages on this group leave in call
-        order, and it waits in the collective for this rank, which gets there only after this recv. So
-        once its collective header has waited ``_MOVED_ON_GRACE`` s, fail naming the recv (not the
-        collective, such as run_spmd's end-of-program gather, that the sender met)."""
-        req = self._p2p.Irecv(hdr, src, tag)
+    def _await_message(self, req, hdr: bytearray, src: int, tag: int, kind: str) -> None:
+        """Wait for ``req``, the receive (posted at launch) of the header of the next message from ``src``
+        with ``tag``. A sender that entered a collective of this group instead will never send it: its
+        messages on this group leave in call order, and it waits in the collective for this rank, which
+        gets there only after this recv. So once its collective header has waited ``_MOVED_ON_GRACE`` s,
+        fail naming the recv (not the collective, such as run_spmd's end-of-program gather, that the
+        sender met)."""
         seen: list[float] = []  # when the sender's collective header was first seen
         moved_on = "moved on"
 
@@ -943,7 +973,7 @@ class MPIGroup(StagedGroup):
             return None
 
         try:
-            done = self.world.wait([req], self._timeout, broken)
+            done = self.world.wait([req], self._timeout, broken, self._spin, _MAX_FLAG_PAUSE)
         except Interrupted as exc:
             if str(exc) != moved_on:
                 raise CollectiveError(f"{kind} on rank {self.rank}: aborted, {exc}") from None
@@ -971,9 +1001,26 @@ class MPIGroup(StagedGroup):
             if len(posted) > _RECV_AHEAD or i == len(starts) - 1:
                 while posted and (len(posted) > _RECV_AHEAD or i == len(starts) - 1):
                     req, end = posted.popleft()
+                    # The sender is sending: look often (a fragment may move per look on either side).
                     self._wait([req], kind, lambda: f"recv on rank {self.rank}: the message from rank {src} "
-                                                    f"(tag {tag}) stopped arriving for {self._timeout:g} s")
+                                                    f"(tag {tag}) stopped arriving for {self._timeout:g} s",
+                               max_pause=PAUSE_IN_FLIGHT)
                     up.advance(end)
+
+    def _take_from_mailbox(self, up: ChunkedUpload, src: int, slot: int, nbytes: int, chunk: int) -> None:
+        """Copy a message out of ``src``'s mailbox slot into mapped upload memory, committing chunk by chunk,
+        then free the slot."""
+        frm = self._host_members.index(src)
+        try:
+            self._mail.opened()
+            box = self._mail.slot(frm, self.local_rank, slot, nbytes)
+            for a in range(0, nbytes, chunk):
+                n = min(chunk, nbytes - a)
+                for rel, piece in up.span(a, n):
+                    copy_into(piece, box[a + rel:a + rel + len(piece)])
+                up.advance(a + n)
+        finally:
+            self._mail.free(frm, slot)
 
     def _drain(self, src: int, tag: int, nbytes: int, chunk: int, kind: str) -> None:
         """Take a message's payload without keeping it (it did not fit the receiver's tensor)."""
@@ -997,6 +1044,10 @@ class MPIGroup(StagedGroup):
             return g
 
         return self._collective(kind, meta, None, body)
+
+
+def _nothing() -> None:
+    pass
 
 
 # -- the process's world group, and run_spmd under mpiexec ------------------------------------

@@ -149,3 +149,83 @@ class HostFlags:
             self._win.Unlock_all()
             self._win.Free()
             self._win = None
+
+
+MAIL_SLOTS = 4  # slots per (sender, receiver) pair of a host
+_MAIL_MAX_SLOT = 4 << 20
+
+
+def mail_slot_cap(local_size: int, chunk: int) -> int:
+    """The mailbox's slot size: at most ``chunk`` and 4 MiB, halved until every pair's slots fit in a quarter of
+    /dev/shm's free space; 0 (no mailbox) below 64 KiB."""
+    cap = min(chunk, _MAIL_MAX_SLOT)
+    pairs = local_size * (local_size - 1)
+    if pairs == 0:
+        return 0
+    try:
+        st = os.statvfs("/dev/shm")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        return cap
+    while cap >= _MIN_SLOT and pairs * MAIL_SLOTS * cap > free // 4:
+        cap //= 2
+    return cap if cap >= _MIN_SLOT else 0
+
+
+class Mailbox:
+    """Point-to-point messages between the processes of one host through shared memory: ``MAIL_SLOTS`` slots of
+    ``slot_bytes`` per ordered pair of the host's ranks, each with a state on its own cache line (0 free, 1
+    full). Only the sender turns a slot full (after its writes, made visible first) and only the receiver
+    turns it free (after its reads): each side has one communication thread per group, so no slot has two
+    writers. MPI still carries the message's header, in order, naming the slot.
+
+    Allocated once, collective over ``node`` (``slot_bytes`` must agree)."""
+
+    def __init__(self, MPI, node, slot_bytes: int) -> None:
+        self.size = node.Get_size()
+        self.me = node.Get_rank()
+        self.slot_bytes = slot_bytes
+        n = self.size * (self.size - 1) * MAIL_SLOTS
+        flag_bytes = n * _LINE
+        total = flag_bytes + n * slot_bytes
+        self._win = MPI.Win.Allocate_shared(total if self.me == 0 else 0, 1, comm=node)
+        buf, _ = self._win.Shared_query(0)
+        base = np.frombuffer(buf, dtype=np.uint8, count=total)
+        self._state = base[:flag_bytes].view(np.int64)[::_LINE // 8]
+        self._data = base[flag_bytes:]
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        if self.me == 0:
+            self._state[:] = 0
+        self._win.Sync()
+        node.Barrier()  # everyone sees the free states before anyone sends
+
+    def _index(self, sender: int, receiver: int, k: int) -> int:
+        """Slot ``k`` of the ordered pair (``sender``, ``receiver``), two different host ranks."""
+        pair = sender * (self.size - 1) + (receiver if receiver < sender else receiver - 1)
+        return pair * MAIL_SLOTS + k
+
+    def claim(self, receiver: int) -> int | None:
+        """A free slot of this rank's to ``receiver`` (host ranks), or None when all are full."""
+        for k in range(MAIL_SLOTS):
+            if self._state[self._index(self.me, receiver, k)] == 0:
+                self._win.Sync()  # the receiver's reads of it happened before it read free
+                return k
+        return None
+
+    def slot(self, sender: int, receiver: int, k: int, nbytes: int) -> np.ndarray:
+        i = self._index(sender, receiver, k)
+        return self._data[i * self.slot_bytes:i * self.slot_bytes + nbytes]
+
+    def post(self, receiver: int, k: int) -> None:
+        """Mark slot ``k`` to ``receiver`` full, after this process's writes into it."""
+        self._win.Sync()
+        self._state[self._index(self.me, receiver, k)] = 1
+
+    def opened(self) -> None:
+        """Before reading a slot whose header arrived: make the sender's writes visible."""
+        self._win.Sync()
+
+    def free(self, sender: int, k: int) -> None:
+        """Mark ``sender``'s slot ``k`` to this rank free, after this process's reads of it."""
+        self._win.Sync()
+        self._state[self._index(sender, self.me, k)] = 0
