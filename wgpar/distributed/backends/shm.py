@@ -45,6 +45,31 @@ def slot_size(nbytes: int, cap: int) -> int:
     return min(cap, max(_MIN_SLOT, 1 << max(0, (nbytes - 1).bit_length())))
 
 
+_LINE = 64  # bytes between two ranks' counters (one cache line each)
+
+
+def shared_window(MPI, node, nbytes: int):
+    """(window, bytes): ``nbytes`` of shared memory over the host communicator ``node``, one contiguous
+    block owned by the host's rank 0, seen by every rank as a uint8 array and locked for passive access
+    (collective over ``node``)."""
+    win = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 1, comm=node)
+    buf, _ = win.Shared_query(0)
+    base = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    return win, base
+
+
+def release_window(win) -> None:
+    """Unlock and free a ``shared_window`` (collective over its host)."""
+    win.Unlock_all()
+    win.Free()
+
+
+def cache_lines(base: np.ndarray) -> np.ndarray:
+    """One int64 per cache line of ``base`` (flags and counters that no two ranks share a line for)."""
+    return base.view(np.int64)[::_LINE // 8]
+
+
 class SharedArena:
     """The input slots of the host's ``ranks`` ranks and the result slots, shared over the host
     communicator ``node``."""
@@ -62,12 +87,7 @@ class SharedArena:
         if slot_bytes <= self.slot_bytes:
             return
         self.free()
-        total = arena_slots(self.ranks) * slot_bytes
-        mine = total if self.node.Get_rank() == 0 else 0  # one contiguous block, owned by the host's rank 0
-        self._win = self.MPI.Win.Allocate_shared(mine, 1, comm=self.node)
-        buf, _ = self._win.Shared_query(0)
-        self._base = np.frombuffer(buf, dtype=np.uint8, count=total)
-        self._win.Lock_all(self.MPI.MODE_NOCHECK)
+        self._win, self._base = shared_window(self.MPI, self.node, arena_slots(self.ranks) * slot_bytes)
         self.slot_bytes = slot_bytes
 
     def _slot(self, k: int, dtype, count: int) -> np.ndarray:
@@ -91,13 +111,11 @@ class SharedArena:
         """Release the window (collective over the host)."""
         if self._win is not None:
             self._base = None
-            self._win.Unlock_all()
-            self._win.Free()
+            release_window(self._win)
             self._win = None
             self.slot_bytes = 0
 
 
-_LINE = 64  # bytes between two ranks' counters (one cache line each)
 
 
 class HostFlags:
@@ -115,11 +133,8 @@ class HostFlags:
     def __init__(self, MPI, node) -> None:
         self.node = node
         self.me, self.size = node.Get_rank(), node.Get_size()
-        nbytes = self.size * _LINE
-        self._win = MPI.Win.Allocate_shared(nbytes if self.me == 0 else 0, 1, comm=node)
-        buf, _ = self._win.Shared_query(0)
-        self._flags = np.frombuffer(buf, dtype=np.int64, count=nbytes // 8)[::_LINE // 8]
-        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._win, base = shared_window(MPI, node, self.size * _LINE)
+        self._flags = cache_lines(base)
         self.count = 0
         if self.me == 0:
             self._flags[:] = 0
@@ -146,8 +161,7 @@ class HostFlags:
     def free(self) -> None:
         if self._win is not None:
             self._flags = None
-            self._win.Unlock_all()
-            self._win.Free()
+            release_window(self._win)
             self._win = None
 
 
@@ -187,13 +201,9 @@ class Mailbox:
         self.slot_bytes = slot_bytes
         n = self.size * (self.size - 1) * MAIL_SLOTS
         flag_bytes = n * _LINE
-        total = flag_bytes + n * slot_bytes
-        self._win = MPI.Win.Allocate_shared(total if self.me == 0 else 0, 1, comm=node)
-        buf, _ = self._win.Shared_query(0)
-        base = np.frombuffer(buf, dtype=np.uint8, count=total)
-        self._state = base[:flag_bytes].view(np.int64)[::_LINE // 8]
+        self._win, base = shared_window(MPI, node, flag_bytes + n * slot_bytes)
+        self._state = cache_lines(base[:flag_bytes])
         self._data = base[flag_bytes:]
-        self._win.Lock_all(MPI.MODE_NOCHECK)
         if self.me == 0:
             self._state[:] = 0
         self._win.Sync()
