@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import wgpar  # noqa: E402
-from benchmarks import _report  # noqa: E402
+from benchmarks import _report, _spmd  # noqa: E402
 from wgpar.distributed import MultiAdapterContext, split_sizes  # noqa: E402
 from wgpar.distributed.backends.hostreduce import copy_into  # noqa: E402
 from wgpar.runtime.config import CONFIG  # noqa: E402
@@ -263,7 +263,7 @@ def main_mpi(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", type=int, default=2)
-    ap.add_argument("--backend", choices=("threads", "mpi"), default="threads")
+    _spmd.add_backend_flag(ap)
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true",
