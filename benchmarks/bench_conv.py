@@ -14,6 +14,7 @@ largest difference of output and gradients, relative to the largest value) and i
     python benchmarks/bench_conv.py                                  # full sizes, on a GPU
     python benchmarks/bench_conv.py --resnet                         # ResNet-18 step, batch 128, 32x32
     python benchmarks/bench_conv.py --amp                            # layers under float16 autocast
+    python benchmarks/bench_conv.py --profile --no-torch             # GPU time of each layer's kernels
 """
 
 from __future__ import annotations
@@ -148,6 +149,64 @@ def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict
     fwd_bwd()
     peak = lib.peak() - before
     return results, tf, tfb, peak, layer.state_dict()
+
+
+def profile_layer(dev, make, x: np.ndarray, amp: bool, steps: int) -> tuple[list[list[str]], float, float]:
+    """Where one layer's forward + backward spends its GPU time: per kernel family, dispatches and GPU
+    microseconds per call in the forward and in the backward (wgpar.profiler over ``steps`` calls after a
+    warm-up); and the wall and GPU milliseconds per call."""
+    lib = _Lib("wgpar", dev=dev)
+    layer = lib.to(make(lib.nn))
+    xt = lib.tensor(x, requires_grad=True)
+    params = list(layer.parameters())
+    with lib.autocast(amp):
+        g = lib.tensor(np.ones(layer(xt).shape, np.float32))
+
+    def fwd_bwd():
+        xt.grad = None
+        for p in params:
+            p.grad = None
+        with lib.autocast(amp):
+            y = layer(xt)
+        y.backward(g.to(y.dtype))
+
+    for _ in range(2):
+        fwd_bwd()
+    lib.sync()
+    t0 = time.perf_counter()
+    with wgpar.profiler.profile() as prof:
+        for _ in range(steps):
+            fwd_bwd()
+        lib.sync()
+    wall = (time.perf_counter() - t0) / steps
+    fam: dict[str, list[float]] = {}
+    for k in prof.kernels():
+        row = fam.setdefault(k.family, [0, 0.0, 0, 0.0])  # forward dispatches, ns; backward dispatches, ns
+        i = 2 if k.phase == "backward" else 0
+        row[i] += 1
+        row[i + 1] += k.gpu_dur or 0
+    gpu = sum(r[1] + r[3] for r in fam.values()) / steps
+    rows = [[name, f"{f / steps:.0f}", f"{fn / steps / 1e3:.1f}", f"{b / steps:.0f}", f"{bn / steps / 1e3:.1f}",
+             f"{100 * (fn + bn) / steps / gpu:.0f}%" if gpu else "-"]
+            for name, (f, fn, b, bn) in sorted(fam.items(), key=lambda kv: -(kv[1][1] + kv[1][3]))]
+    return rows, wall * 1e3, gpu / 1e6
+
+
+def profiles(args, dev) -> tuple[list[str], list[list[str]]]:
+    rows = []
+    rng = np.random.default_rng(0)
+    for name, (n, c, h, w), make, _ in LAYERS:
+        if args.only and not any(s in name for s in args.only):
+            continue
+        if args.small:
+            n, h, w = max(n // 4, 1), max(h // 4, 8), max(w // 4, 8)
+        fams, wall, gpu = profile_layer(dev, make, rng.standard_normal((n, c, h, w), dtype=np.float32), args.amp,
+                                        args.steps)
+        for i, fam in enumerate(fams):
+            rows.append(([name, f"{wall:.2f}", f"{gpu:.2f}"] if i == 0 else ["", "", ""]) + fam)
+            print("  ".join(rows[-1]), flush=True)
+    return ["layer", "fwd+bwd wall ms", "GPU ms", "kernel family", "fwd dispatches", "fwd GPU us",
+            "bwd dispatches", "bwd GPU us", "share of GPU"], rows
 
 
 def layers(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
@@ -318,12 +377,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
     ap.add_argument("--amp", action="store_true",
                     help="layer rows under float16 autocast on both sides, with wgpar's float32 fwd+bwd beside")
+    ap.add_argument("--profile", action="store_true",
+                    help="per layer, the GPU time of each kernel family in its forward and backward (no torch)")
     ap.add_argument("--device", type=int, default=0, help="wgpar device index")
     ap.add_argument("--torch-reference-to", type=Path, help=argparse.SUPPRESS)  # --resnet's torch run (a child)
     _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     if args.amp and args.resnet:
         ap.error("--amp times the layer rows under autocast; the ResNet-18 step (--resnet) is float32")
+    if args.profile and args.resnet:
+        ap.error("--profile breaks down the layer rows; profile the ResNet step with wgpar.profiler")
     if args.torch_reference_to:
         torch_mod, tdev_child = _report.torch_or_none()
         t, peak, first, state = _torch_resnet(args, torch_mod, tdev_child)
@@ -331,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         np.savez(args.torch_reference_to, seconds=t, peak=peak, first=first, gpu=gpu,
                  **{f"state.{k}": _numpy(v) for k, v in state.items()})
         return 0
-    torch, tdev = (None, None) if args.no_torch else _report.torch_or_none()
+    torch, tdev = (None, None) if args.no_torch or args.profile else _report.torch_or_none()
     dev = wgpar.device(args.device)
     print(f"device: {_report.device_line(dev)}")
     tname = None
@@ -339,22 +402,30 @@ def main(argv: list[str] | None = None) -> int:
         tname = (f"torch {torch.__version__} FP32 (TF32 off) on {torch.cuda.get_device_name(0)}" if tdev == "cuda"
                  else f"torch {torch.__version__} on the CPU (results checked, not timed)")
         print(f"reference: {tname}")
-    header, rows = (resnet if args.resnet else layers)(args, dev, torch, tdev)
+    if args.profile:
+        header, rows = profiles(args, dev)
+    else:
+        header, rows = (resnet if args.resnet else layers)(args, dev, torch, tdev)
     if _CHILD_GPU:
         tname = f"torch {torch.__version__} FP32 (TF32 off) on {_CHILD_GPU[0]}, in a process of its own"
     table = _report.markdown_table(header, rows)
     print(table)
-    what = "resnet" if args.resnet else "conv"
+    what = "resnet" if args.resnet else "conv-profile" if args.profile else "conv"
     amp = args.amp
     key = f"{what}:{_report.slug(dev.adapter_name)}{':small' if args.small else ''}{':amp' if amp else ''}"
     title = ("ResNet-18 training step (SGD momentum, BatchNorm)" if args.resnet else
+             "Where each CNN layer's GPU time goes" if args.profile else
              "Convolution and CNN layers" + (", float16 autocast" if amp else ""))
     body = (f"## {title} ({dev.adapter_name}{', small sizes' if args.small else ''})\n\n"
             f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
             f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
             f"- what: {'float16 autocast on both sides (torch.autocast on CUDA)' if amp else 'float32'}; "
             f"mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
-            + ("Step: zero_grad, forward, cross-entropy, backward, SGD(lr 0.01, momentum 0.9); peak: the most bytes "
+            + ("wgpar.profiler around the fwd+bwd calls (input and parameter gradients, an output gradient of "
+               "ones): per kernel family, dispatches and GPU time per call in the forward and the backward; wall "
+               "ms per call under the profiler."
+               if args.profile else
+               "Step: zero_grad, forward, cross-entropy, backward, SGD(lr 0.01, momentum 0.9); peak: the most bytes "
                "allocated over the timed steps (parameters, momentum and activations included); torch on CUDA runs "
                "in a process of its own (its weights loaded into wgpar's model)."
                if args.resnet else
