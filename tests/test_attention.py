@@ -279,6 +279,58 @@ def test_register_tiled_backward_matches(tiles, causal, rng, reference):
         _check(y, ins, _want(reference, arrays, causal))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dkv", ["16x16r4t4", "32x32r4t4", "16x32r4t4"])
+def test_dq_as_ds_times_k_matches(dkv, causal, rng, reference, monkeypatch):
+    """dQ = dS K (a GPU's default): the dK / dV kernel writes dS for groups of (batch, head) pairs (a small
+    DS_BYTES forces several, ragged ones), a batched matmul makes dQ; L != S both ways, keys in vec4s;
+    query chunks of the dK / dV kernel (a small loop budget) write their rows of dS."""
+    dev = wgpar.device(0)
+    for shapes, groups in ((((2, 3, 45, 16), (2, 3, 36, 16)), 4), (((1, 2, 21, 32), (1, 2, 52, 32)), 1),
+                           (((3, 2, 64, 16), (3, 2, 64, 16)), 3)):
+        arrays = _problem(*shapes, rng)
+        lq, lk = shapes[0][2], shapes[1][2]
+        monkeypatch.setattr(A, "DS_BYTES", lq * lk * 4 * (shapes[0][0] * shapes[0][1] // groups))
+        with A.force_tiles(dkv=dkv), A.force_ds_path(True):
+            assert A._use_ds(dev, A.pick("dkv", dev, shapes[0][3]), lq, lk)
+            y, ins = _run(arrays, causal, path="fused")
+        _check(y, ins, _want(reference, arrays, causal))
+    monkeypatch.setattr(A, "MAX_LOOP", 60)
+    arrays = _problem((1, 2, 40, 16), (1, 2, 40, 16), rng)
+    with A.force_tiles(dkv=dkv), A.force_ds_path(True):
+        assert len(A.chunks("dkv", A.pick("dkv", dev, 16), 4, 40)) >= 2
+        y, ins = _run(arrays, causal, path="fused")
+    _check(y, ins, _want(reference, arrays, causal))
+
+
+def test_dq_as_ds_times_k_float16_and_nan(rng, reference):
+    """float16 operands through dS K (dS and the product in float32); a NaN key makes the dQ rows that see
+    it NaN and leaves other heads alone (rows before it meet it as 0 * NaN in the product, as torch's math
+    backend)."""
+    arrays = _problem((2, 2, 50, 32), (2, 2, 48, 32), rng)
+    with A.force_tiles(dkv="32x16r4t4"), A.force_ds_path(True):
+        y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
+    assert all(t.grad.dtype is wgpar.float16 for t in ins)
+    _check(y, ins, _want(reference, arrays, True), tol=3e-3)
+    bad = [a.copy() for a in arrays]
+    bad[1][0, 1, 7, 3] = np.nan
+    with A.force_tiles(dkv="16x16r4t4"), A.force_ds_path(True):
+        _, got = _run(bad, True, path="fused")
+    dq = got[0].grad.numpy()
+    assert np.isnan(dq[0, 1, 7:]).all() and not np.isnan(dq[0, 0]).any() and not np.isnan(dq[1]).any()
+
+
+def test_dq_path_choice():
+    """dS K needs the register-tiled dK / dV kernel, keys in whole vec4s and one head's dS within DS_BYTES;
+    a CPU adapter keeps the dQ kernel unless forced."""
+    dev = wgpar.device(0)
+    rt, rows = A.parse_tile("16x16r4t4"), A.parse_tile("16x16")
+    with A.force_ds_path(True):
+        assert A._use_ds(dev, rt, 40, 48) and not A._use_ds(dev, rt, 40, 50) and not A._use_ds(dev, rows, 40, 48)
+        assert not A._use_ds(dev, rt, 8192, 8192)  # 256 MiB of dS for one head
+    assert A._use_ds(dev, rt, 40, 48) is (dev.adapter_type != "CPU")
+
+
 def test_register_tiled_backward_float16(rng, reference):
     arrays = _problem((2, 2, 50, 32), (2, 2, 50, 32), rng)
     with A.force_tiles(fwd="32x16r4t4", dq="32x16r4t4", dkv="32x16r4t4"):
