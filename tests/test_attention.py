@@ -322,13 +322,14 @@ def test_dq_as_ds_times_k_float16_and_nan(rng, reference):
 
 def test_dq_path_choice():
     """dS K needs the register-tiled dK / dV kernel, keys in whole vec4s and one head's dS within DS_BYTES;
-    a CPU adapter keeps the dQ kernel unless forced."""
+    a CPU adapter, or a short sequence, keeps the dQ kernel unless forced."""
     dev = wgpar.device(0)
     rt, rows = A.parse_tile("16x16r4t4"), A.parse_tile("16x16")
     with A.force_ds_path(True):
         assert A._use_ds(dev, rt, 40, 48) and not A._use_ds(dev, rt, 40, 50) and not A._use_ds(dev, rows, 40, 48)
         assert not A._use_ds(dev, rt, 8192, 8192)  # 256 MiB of dS for one head
-    assert A._use_ds(dev, rt, 40, 48) is (dev.adapter_type != "CPU")
+    assert not A._use_ds(dev, rt, 40, 48)  # few pairs: the dQ kernel
+    assert A._use_ds(dev, rt, 512, 512) is (dev.adapter_type != "CPU")
 
 
 def test_register_tiled_backward_float16(rng, reference):

@@ -710,6 +710,9 @@ def _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t: Tile, causal: 
 # 8x12x1024x64 causal: dQ kernel 1.73 ms; matmul 0.48 + zero fill 0.13 + the extra stores; D = 128 and
 # T = 2048: 6.6 and 8.0 ms against about 1 and 2.2). The dS buffer of a group holds at most DS_BYTES.
 DS_BYTES = 128 << 20
+# Below this many (query, key) pairs per head the dQ kernel stays: the extra dispatches (fill, delta, matmul)
+# cost more than they save (an H100 at T = 512: equal causal, 17% faster not; T = 128 is launch-bound).
+DS_MIN_PAIRS = 512 * 512
 _ds_path: list[bool | None] = [None]  # force_ds_path
 
 
@@ -724,11 +727,13 @@ def force_ds_path(on: bool | None) -> Iterator[None]:
 
 
 def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:
-    """Whether dQ runs as dS K: the register-tiled dK / dV kernel, keys in whole vec4s, one query row of dS
-    within DS_BYTES and the device's binding limit; on a GPU unless forced."""
+    """Whether dQ runs as dS K: the register-tiled dK / dV kernel, keys in whole vec4s, one head's dS within
+    DS_BYTES and the device's binding limit; on a GPU from DS_MIN_PAIRS pairs per head, unless forced."""
     if t_kv.rm == 1 or lk % 4 or lq * lk * 4 > min(DS_BYTES, dev.max_binding):
         return False
-    return _ds_path[0] if _ds_path[0] is not None else dev.adapter_type != "CPU"
+    if _ds_path[0] is not None:
+        return _ds_path[0]
+    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS
 
 
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, causal: bool,
