@@ -176,21 +176,38 @@ def test_nan_reaches_the_rows_that_see_it(rng):
     assert np.isnan(K.grad.numpy()[0, 0, 12]).any() and np.isnan(V.grad.numpy()[0, 0, :4]).any()
 
 
-def test_fused_memory_has_no_score_matrix(dev):
-    """Causal attention over T = 1024: forward + backward allocate O(T * D), never a [T, T] matrix."""
-    T, D = 1024, 16
+def _attention_peak(dev, bh: int, T: int, D: int) -> int:
+    """Bytes allocated at the peak of a causal forward + backward over [1, bh, T, D], above the operands."""
     rng = np.random.default_rng(0)
-    Q, K, V = (wgpar.tensor(rng.standard_normal((1, 1, T, D)).astype(np.float32), requires_grad=True)
+    Q, K, V = (wgpar.tensor(rng.standard_normal((1, bh, T, D)).astype(np.float32), requires_grad=True)
                for _ in range(3))
-    g = wgpar.tensor(rng.standard_normal((1, 1, T, D)).astype(np.float32))
+    g = wgpar.tensor(rng.standard_normal((1, bh, T, D)).astype(np.float32))
     wgpar.synchronize(dev)
     base = wgpar.memory_stats(dev)["allocated_bytes"]
     wgpar.reset_peak_memory_stats(dev)
     y = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
     y.backward(g)
-    peak = wgpar.memory_stats(dev)["peak_allocated_bytes"] - base
+    return wgpar.memory_stats(dev)["peak_allocated_bytes"] - base
+
+
+def test_fused_memory_has_no_score_matrix(dev):
+    """Causal attention over T = 1024 with the dQ kernel: forward + backward allocate O(T * D), never a
+    [T, T] matrix."""
+    T, D = 1024, 16
+    with A.force_ds_path(False):
+        peak = _attention_peak(dev, 1, T, D)
     assert peak <= 12 * T * D * 4, f"{peak} bytes at peak"  # out, lse, delta, 3 grads, ...
     assert peak < T * T * 4 // 8  # a score matrix alone would be 4 MiB
+
+
+def test_ds_path_memory_is_one_group(dev, monkeypatch):
+    """With dQ = dS K, the backward holds one group's dS at a time: DS_BYTES (here one head's [T, T]) over
+    O(T * D), not every head's."""
+    T, D, heads = 512, 16, 4
+    monkeypatch.setattr(A, "DS_BYTES", T * T * 4)
+    with A.force_tiles(dkv="16x16r4t4"), A.force_ds_path(True):
+        peak = _attention_peak(dev, heads, T, D)
+    assert T * T * 4 <= peak <= T * T * 4 + 16 * heads * T * D * 4, f"{peak} bytes at peak"
 
 
 def test_errors(rng):
