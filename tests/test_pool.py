@@ -233,3 +233,34 @@ def test_pool_gradients_on_a_two_dimensional_grid(dev, monkeypatch, rng, torch):
                           lambda t: torch.nn.functional.adaptive_avg_pool2d(t, (5, 4)))]:
         got, want = _grad_pair(x, fn, torch_fn, torch, wgpar.float32, False, rng)
         assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("limit", [4, 12], ids=["taps", "one-element"])
+def test_pool_gradients_past_the_loop_limit(limit, monkeypatch, rng, torch):
+    """A lower loop limit makes the backward kernels take one element a thread, and max pooling's
+    loop over the taps (limit 4), as long windows do."""
+    from wgpar.ops import pool
+
+    x = np.round(rng.standard_normal((2, 3, 13, 7)) * 2) / 2
+    cases = [(lambda t: F.max_pool2d(t, 3, 1, 1), lambda t: torch.nn.functional.max_pool2d(t, 3, 1, 1)),
+             (lambda t: F.max_pool2d(t, 3, 2, 1, dilation=2), lambda t: torch.nn.functional.max_pool2d(t, 3, 2, 1, 2)),
+             (lambda t: F.avg_pool2d(t, 3, 1, 1, count_include_pad=False),
+              lambda t: torch.nn.functional.avg_pool2d(t, 3, 1, 1, count_include_pad=False))]
+    monkeypatch.setattr(pool, "MAX_LOOP", limit)
+    for fn, torch_fn in cases:
+        got, want = _grad_pair(x, fn, torch_fn, torch, wgpar.float32, False, rng)
+        assert_close(got, want, rtol=1e-6, atol=1e-6)
+    g = rng.standard_normal((2, 3, 5, 3)).astype(np.float32)  # adaptive: the kernel itself (F would use matmuls)
+    theirs = torch.tensor(x.astype(np.float32), requires_grad=True)
+    torch.nn.functional.adaptive_avg_pool2d(theirs, (5, 3)).backward(torch.tensor(g))
+    got = pool.adaptive_avg_pool2d(wgpar.tensor(g), (5, 3), backward=True, in_hw=(13, 7)).numpy()
+    assert_close(got, theirs.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_max_pool2d_gradient_with_a_long_dilated_span(rng, torch):
+    """Spans of 301 rows and columns: too many outputs to visit, so the kernel loops over the 4 taps."""
+    x = rng.standard_normal((1, 2, 303, 305))
+    got, want = _grad_pair(x, lambda t: F.max_pool2d(t, 2, 1, dilation=300),
+                           lambda t: torch.nn.functional.max_pool2d(t, 2, 1, dilation=300), torch, wgpar.float32,
+                           False, rng)
+    assert_close(got, want, rtol=1e-6, atol=1e-6)
