@@ -52,7 +52,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = out0 + oh * p.ow;
     for (var ow = ow0; ow < ow1; ow = ow + 1u) {
       let k = idx[p.off_idx + r + ow] - me;  // which of this thread's elements the output picked
-      if (u32(k) < VEC) { acc = acc + select(vec4<f32>(0.0), vec4<f32>(f32(g[p.off_g + r + ow])), lanes == vec4<i32>(k)); }
+      if (u32(k) < VEC) {  // (g read only then)
+        acc = acc + select(vec4<f32>(0.0), vec4<f32>(f32(g[p.off_g + r + ow])), lanes == vec4<i32>(k));
+      }
     }
   }
   gx[at] = {{T}}(acc.x);
