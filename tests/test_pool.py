@@ -141,3 +141,126 @@ def test_adaptive_avg_pool2d_matches_torch(shape, out_hw, rng, torch):
     y.backward(wgpar.tensor(gy))
     yt.backward(torch.tensor(gy))
     assert_close(ours.grad.numpy(), theirs.grad.numpy(), 1e-6, 1e-6)
+
+
+# Input gradients against torch where the backward kernels' index arithmetic is easiest to get wrong:
+# sizes not multiples of 4 (and 1xN), overlapping windows, stride > kernel, padding, dilation, ceil_mode.
+# (shape, kwargs shared by max and avg pooling)
+GRAD_CASES = [
+    ((2, 3, 13, 7), dict(kernel_size=3, stride=1, padding=1)),
+    ((2, 3, 13, 7), dict(kernel_size=3, stride=2, padding=1)),
+    ((2, 2, 13, 11), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ((2, 2, 13, 7), dict(kernel_size=2, stride=3)),
+    ((1, 3, 11, 10), dict(kernel_size=(3, 2), stride=(2, 5), padding=(1, 1), ceil_mode=True)),
+    ((1, 2, 1, 9), dict(kernel_size=(1, 3), stride=1, padding=(0, 1))),
+    ((1, 2, 1, 13), dict(kernel_size=(1, 4), stride=(1, 3), padding=(0, 2), ceil_mode=True)),
+    ((2, 2, 7, 1), dict(kernel_size=(2, 1), stride=(1, 1))),
+    ((1, 2, 6, 18), dict(kernel_size=5, stride=(1, 2), padding=2)),
+]
+MAX_ONLY = [
+    ((2, 2, 13, 7), dict(kernel_size=3, stride=2, padding=1, dilation=2)),
+    ((1, 3, 9, 14), dict(kernel_size=(2, 3), stride=1, dilation=(3, 2), ceil_mode=True)),
+    ((1, 2, 10, 11), dict(kernel_size=2, stride=3, padding=1, dilation=2, ceil_mode=True)),
+]
+
+
+def _grad_pair(x, fn, torch_fn, torch, dtype, transpose, rng):
+    """(ours, torch's) input gradient of fn(x) for a random output gradient; ``transpose``: both the input
+    and the output gradient are transposed views (not contiguous)."""
+    xs = np.swapaxes(x, 2, 3).copy() if transpose else x
+    ours = wgpar.tensor(xs, dtype=dtype, requires_grad=True)
+    theirs = torch.tensor(xs.astype(np.float32), requires_grad=True)
+    y = fn(ours.transpose(2, 3) if transpose else ours)
+    yt = torch_fn(theirs.transpose(2, 3) if transpose else theirs)
+    assert tuple(y.shape) == tuple(yt.shape)
+    gy = np.round(rng.standard_normal(yt.shape) * 8) / 8  # exact in float16
+    if transpose:
+        y.backward(wgpar.tensor(np.swapaxes(gy, 2, 3).copy(), dtype=dtype).transpose(2, 3))
+    else:
+        y.backward(wgpar.tensor(gy, dtype=dtype))
+    yt.backward(torch.tensor(gy.astype(np.float32)))
+    got, want = ours.grad.numpy().astype(np.float32), theirs.grad.numpy()
+    return (np.swapaxes(got, 2, 3), np.swapaxes(want, 2, 3)) if transpose else (got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", GRAD_CASES + MAX_ONLY, ids=str)
+def test_max_pool2d_input_gradient_matches_torch(case, dtype, rng, torch):
+    shape, kwargs = case
+    x = np.round(rng.standard_normal(shape) * 2) / 2  # few distinct values: many ties
+    for transpose in (False, True):
+        got, want = _grad_pair(x, lambda t: F.max_pool2d(t, **kwargs),
+                               lambda t: torch.nn.functional.max_pool2d(t, **kwargs), torch,
+                               getattr(wgpar, dtype), transpose, rng)
+        assert_close(got, want, rtol=1e-6 if dtype == "float32" else 1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("extra", [dict(), dict(count_include_pad=False), dict(divisor_override=3)], ids=str)
+@pytest.mark.parametrize("case", GRAD_CASES, ids=str)
+def test_avg_pool2d_input_gradient_matches_torch(case, extra, dtype, rng, torch):
+    shape, kwargs = case
+    kwargs = {**kwargs, **extra}
+    x = rng.standard_normal(shape)
+    for transpose in (False, True):
+        got, want = _grad_pair(x, lambda t: F.avg_pool2d(t, **kwargs),
+                               lambda t: torch.nn.functional.avg_pool2d(t, **kwargs), torch,
+                               getattr(wgpar, dtype), transpose, rng)
+        assert_close(got, want, rtol=1e-5 if dtype == "float32" else 2e-3, atol=1e-6 if dtype == "float32" else 2e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape,out_hw", [((2, 3, 13, 7), (5, 3)), ((1, 2, 1, 9), (1, 4)), ((2, 2, 7, 13), (3, 13)),
+                                          ((2, 2, 5, 6), (11, 9)), ((1, 3, 13, 7), (1, 1)), ((1, 2, 3, 5), (2, 14))],
+                         ids=str)
+def test_adaptive_avg_pool2d_input_gradient_matches_torch(shape, out_hw, dtype, rng, torch):
+    x = rng.standard_normal(shape)
+    for transpose in (False, True):
+        got, want = _grad_pair(x, lambda t: F.adaptive_avg_pool2d(t, out_hw),
+                               lambda t: torch.nn.functional.adaptive_avg_pool2d(t, out_hw), torch,
+                               getattr(wgpar, dtype), transpose, rng)
+        assert_close(got, want, rtol=1e-5 if dtype == "float32" else 2e-3, atol=1e-6 if dtype == "float32" else 2e-3)
+
+
+def test_pool_gradients_on_a_two_dimensional_grid(dev, monkeypatch, rng, torch):
+    """Few workgroups per grid row: the backward kernels index threads through gid.y too."""
+    monkeypatch.setattr(dev, "max_workgroups", 6)
+    x = np.round(rng.standard_normal((4, 8, 15, 13)) * 2) / 2
+    for fn, torch_fn in [(lambda t: F.max_pool2d(t, 3, 2, 1), lambda t: torch.nn.functional.max_pool2d(t, 3, 2, 1)),
+                         (lambda t: F.avg_pool2d(t, 3, 2, 1, count_include_pad=False),
+                          lambda t: torch.nn.functional.avg_pool2d(t, 3, 2, 1, count_include_pad=False)),
+                         (lambda t: F.adaptive_avg_pool2d(t, (5, 4)),
+                          lambda t: torch.nn.functional.adaptive_avg_pool2d(t, (5, 4)))]:
+        got, want = _grad_pair(x, fn, torch_fn, torch, wgpar.float32, False, rng)
+        assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("limit", [4, 12], ids=["taps", "one-element"])
+def test_pool_gradients_past_the_loop_limit(limit, monkeypatch, rng, torch):
+    """A lower loop limit makes the backward kernels take one element a thread, and max pooling's
+    loop over the taps (limit 4), as long windows do."""
+    from wgpar.ops import pool
+
+    x = np.round(rng.standard_normal((2, 3, 13, 7)) * 2) / 2
+    cases = [(lambda t: F.max_pool2d(t, 3, 1, 1), lambda t: torch.nn.functional.max_pool2d(t, 3, 1, 1)),
+             (lambda t: F.max_pool2d(t, 3, 2, 1, dilation=2), lambda t: torch.nn.functional.max_pool2d(t, 3, 2, 1, 2)),
+             (lambda t: F.avg_pool2d(t, 3, 1, 1, count_include_pad=False),
+              lambda t: torch.nn.functional.avg_pool2d(t, 3, 1, 1, count_include_pad=False))]
+    monkeypatch.setattr(pool, "MAX_LOOP", limit)
+    for fn, torch_fn in cases:
+        got, want = _grad_pair(x, fn, torch_fn, torch, wgpar.float32, False, rng)
+        assert_close(got, want, rtol=1e-6, atol=1e-6)
+    g = rng.standard_normal((2, 3, 5, 3)).astype(np.float32)  # adaptive: the kernel itself (F would use matmuls)
+    theirs = torch.tensor(x.astype(np.float32), requires_grad=True)
+    torch.nn.functional.adaptive_avg_pool2d(theirs, (5, 3)).backward(torch.tensor(g))
+    got = pool.adaptive_avg_pool2d(wgpar.tensor(g), (5, 3), backward=True, in_hw=(13, 7)).numpy()
+    assert_close(got, theirs.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_max_pool2d_gradient_with_a_long_dilated_span(rng, torch):
+    """Spans of 301 rows and columns: too many outputs to visit, so the kernel loops over the 4 taps."""
+    x = rng.standard_normal((1, 2, 303, 305))
+    got, want = _grad_pair(x, lambda t: F.max_pool2d(t, 2, 1, dilation=300),
+                           lambda t: torch.nn.functional.max_pool2d(t, 2, 1, dilation=300), torch, wgpar.float32,
+                           False, rng)
+    assert_close(got, want, rtol=1e-6, atol=1e-6)

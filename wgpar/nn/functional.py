@@ -433,9 +433,9 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     """Average pooling of ``input`` [N, C, H, W] (or [C, H, W]) to ``output_size`` (an int, or a pair whose
     None entries keep the input's size), as ``torch.nn.functional.adaptive_avg_pool2d``: output row i
     averages input rows ``floor(i * H / H_out)`` to ``ceil((i + 1) * H / H_out)``, and so for columns.
-    One thread per output (an output of 1x1 from large planes: a mean of each plane), the gradient one thread per input
-    element (``ops.pool.adaptive_avg_pool2d``); windows past the loop limit run as two matmuls with
-    the (host-built) averaging matrices."""
+    One thread per output (an output of 1x1 from large planes: a mean of each plane), the gradient one thread
+    per 4 input elements of a row (``ops.pool.adaptive_avg_pool2d``); windows past the loop limit run as two
+    matmuls with the (host-built) averaging matrices."""
     x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
     sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
     if len(sizes) != 2:

@@ -1,7 +1,8 @@
 """2-d max and average pooling and their input gradients (shaders/max_pool2d*.wgsl, avg_pool2d.wgsl).
 
-Every kernel runs one thread per output element (forward) or per input element (backward, which
-gathers over the windows holding it: no atomics, a fixed order of summation). Max pooling records
+Every kernel runs one thread per output element (forward) or per 4 consecutive input elements of a row
+(backward, which gathers over the outputs whose windows hold them: no atomics, a fixed order of
+summation; 1 element where 4 would loop past MAX_LOOP). Max pooling records
 each output's index in its plane (int32), as ``torch.nn.functional.max_pool2d`` with
 ``return_indices``, and backward routes the gradient through it.
 """
@@ -26,6 +27,21 @@ _AVG = Kernel("avg_pool2d", "out: w, x: r",
 
 def _groups(total: int, dev) -> tuple[int, int]:
     return grid(-(-total // WORKGROUP), dev.max_workgroups)
+
+
+def _vec(loops) -> int:
+    """Input elements per thread of a backward kernel: 4, or 1 where ``loops(4)`` (the most outputs one
+    thread visits) passes MAX_LOOP."""
+    return 4 if loops(4) <= MAX_LOOP else 1
+
+
+def _threads(n: int, c: int, h: int, w: int, vec: int) -> int:
+    return n * c * h * -(-w // vec)
+
+
+def _outputs_over(k: int, s: int, vec: int) -> int:
+    """The most outputs of stride ``s`` whose windows of extent ``k`` reach ``vec`` consecutive inputs."""
+    return (k + vec - 2) // s + 1
 
 
 def max_pool2d(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
@@ -58,8 +74,16 @@ def max_pool2d_backward(g: Tensor, idx: Tensor, win: Window) -> Tensor:
     g = contiguous(g)
     idx = contiguous(idx)
     gx = Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
-    total = gx.numel()
-    k = _MAX_BWD.spec((g.dtype.storage, g.dtype.storage, "i32"), T=g.dtype.storage)
+    eh, ew = (win.kh - 1) * win.dh + 1, (win.kw - 1) * win.dw + 1  # the windows' spans
+
+    def loops(vec):
+        return _outputs_over(eh, win.sh, 1) * _outputs_over(ew, win.sw, vec)
+
+    vec = _vec(loops)
+    taps = loops(vec) > MAX_LOOP  # long dilated spans: loop over the kh * kw taps instead
+    total = _threads(win.n, win.c, win.h, win.w, vec)
+    k = _MAX_BWD.spec((g.dtype.storage, g.dtype.storage, "i32"), T=g.dtype.storage, VEC=vec,
+                      TAPS="true" if taps else "false")
     g.device.dispatch(k, [gx._storage.buffer, g._storage.buffer, idx._storage.buffer],
                       _MAX_BWD.pack(total=total, off_g=g._offset, off_idx=idx._offset, **win.params()),
                       _groups(total, g.device))
@@ -81,8 +105,10 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
     x = contiguous(x)
     shape = (win.n, win.c, win.h, win.w) if backward else (win.n, win.c, win.oh, win.ow)
     out = Tensor.empty(shape, x.dtype, x.device)
-    total = out.numel()
-    k = _AVG.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage, BACKWARD="true" if backward else "false")
+    vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
+    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else out.numel()
+    k = _AVG.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage, BACKWARD="true" if backward else "false",
+                  VEC=vec)
     x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
                       _AVG.pack(total=total, off_x=x._offset, include_pad=int(count_include_pad),
                                 divisor=divisor_override or 0, **win.params()),
@@ -125,10 +151,12 @@ def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = Fal
     if not backward and (oh, ow) == (1, 1) and h * w > 1024:
         return reshape(reduce("mean", reshape(x, (n * c, h * w)), 1), (n, c, 1, 1))
     out = Tensor.empty((n, c, h, w) if backward else (n, c, oh, ow), x.dtype, x.device)
-    total = out.numel()
+    # backward: at most ceil(oh / h) + 1 output rows hold an input row, and vec columns
+    vec = _vec(lambda v: (-(-oh // h) + 1) * v * (-(-ow // w) + 1)) if backward and out.numel() else 1
+    total = _threads(n, c, h, w, vec) if backward else out.numel()
     if total:
         k = _ADAPTIVE.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage,
-                           BACKWARD="true" if backward else "false")
+                           BACKWARD="true" if backward else "false", VEC=vec)
         x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
                           _ADAPTIVE.pack(total=total, off_x=x._offset, h=h, w=w, oh=oh, ow=ow),
                           _groups(total, x.device))
