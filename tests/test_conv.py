@@ -301,3 +301,29 @@ def test_conv_runs_in_float16_inside_autocast(rng, dev):
     assert_close(y.numpy(), want, rtol=1e-2, atol=1e-2)
     y.float().sum().backward()
     assert conv.weight.grad.dtype is wgpar.float32 and conv.bias.grad.dtype is wgpar.float32
+
+
+@pytest.mark.parametrize("cin,cout,k,stride,pad,dil,hw", [(96, 16, 1, 1, 0, 1, 28), (3, 32, 7, 2, 3, 1, 64),
+                                                          (32, 32, 3, 1, 2, 2, 30)],
+                         ids=["pointwise", "stem 7x7/2", "3x3 dilation 2"])
+def test_conv_backward_peak_memory_holds_no_extra_activation(cin, cout, k, stride, pad, dil, hw, dev):
+    """forward + backward of a conv layer (input, weight and bias gradients) allocates its output and the
+    input gradient, plus at most the weight gradient's partial sums: no copy of the output gradient (the
+    bias gradient sums positions, then images) and no input-sized buffer ahead of the pointwise product."""
+    rng = np.random.default_rng(0)
+    layer = nn.Conv2d(cin, cout, k, stride, pad, dil).to(dev)
+    x = wgpar.tensor(rng.standard_normal((3, cin, hw, hw)).astype(np.float32), requires_grad=True)
+    y = layer(x)
+    g = wgpar.tensor(rng.standard_normal(y.shape).astype(np.float32))
+    y.backward(g)
+    x.grad = layer.weight.grad = layer.bias.grad = None
+    del y
+    wgpar.synchronize(dev)
+    base = wgpar.memory_stats(dev)["allocated_bytes"]
+    wgpar.reset_peak_memory_stats(dev)
+    layer(x).backward(g)
+    peak = wgpar.memory_stats(dev)["peak_allocated_bytes"] - base
+    parts = 1 + g.numel() // cout // conv_ops._PART_MIN  # the weight gradient's split-K partial sums
+    bound = g.numel() * 4 + x.numel() * 4 + (parts + 2) * layer.weight.numel() * 4 + cout * 16
+    assert peak <= bound, f"{peak} bytes at peak, bound {bound}"
+    np.testing.assert_allclose(layer.bias.grad.numpy(), g.numpy().sum((0, 2, 3)), rtol=1e-4, atol=1e-4)

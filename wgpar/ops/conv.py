@@ -270,20 +270,20 @@ def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
         win, groups: as for ``conv2d``.
     """
     o = weight.shape[0]
-    gx = Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
     if win.n == 0:
-        return gx
+        return Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
     g, weight = contiguous(g), contiguous(weight)
+    if _pointwise(win, weight, groups):  # the matmul makes the gradient (no input-sized buffer before it)
+        PATHS["matmul"] += 1
+        wt = transpose(reshape(weight, (o, win.c)), 0, 1)
+        return reshape(matmul(wt, reshape(g, (win.n, o, win.positions))), (win.n, win.c, win.h, win.w))
+    gx = Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
     if _depthwise(win, weight, groups):
         PATHS["depthwise"] += 1
         total = win.n * win.c * win.h * -(-win.w // 4)
         _dw_launch(_DW_DGRAD, gx, [weight, g], total, dict(total=total, o=o, mult=o // groups, off_gx=gx._offset,
                                                            off_w=weight._offset, off_gy=g._offset, **win.params()))
         return gx
-    if _pointwise(win, weight, groups):
-        PATHS["matmul"] += 1
-        wt = transpose(reshape(weight, (o, win.c)), 0, 1)
-        return reshape(matmul(wt, reshape(g, (win.n, o, win.positions))), gx.shape)
     if _gemm(win, weight, groups):
         PATHS["gemm"] += 1
         _gemm_input_grad(gx, g, weight, win, groups)
@@ -395,7 +395,8 @@ def conv2d_backward(x: Tensor, weight: Tensor, g: Tensor, win: Window, groups: i
     gw = weight_grad(x, g, weight, win, groups) if need_w else None
     gb = None
     if need_b:
-        gb = (reduce("sum", reshape(g, (win.n, o, win.positions)), (0, 2)) if win.n else
+        # over positions (contiguous rows), then images: reducing (0, 2) at once copies g to bring them last
+        gb = (reduce("sum", reduce("sum", reshape(g, (win.n, o, win.positions)), 2), 0) if win.n else
               fill((o,), 0.0, g.dtype, g.device))
     return gx, gw, gb
 
