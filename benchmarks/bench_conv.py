@@ -181,7 +181,7 @@ def profile_layer(dev, make, x: np.ndarray, amp: bool, steps: int) -> tuple[list
     wall = (time.perf_counter() - t0) / steps
     fam: dict[str, list[float]] = {}
     for k in prof.kernels():
-        row = fam.setdefault(k.family, [0, 0.0, 0, 0.0])  # forward dispatches, ns; backward dispatches, ns
+        row = fam.setdefault(_kernel_role(k), [0, 0.0, 0, 0.0])  # forward dispatches, ns; backward dispatches, ns
         i = 2 if k.phase == "backward" else 0
         row[i] += 1
         row[i + 1] += k.gpu_dur or 0
@@ -190,6 +190,16 @@ def profile_layer(dev, make, x: np.ndarray, amp: bool, steps: int) -> tuple[list
              f"{100 * (fn + bn) / steps / gpu:.0f}%" if gpu else "-"]
             for name, (f, fn, b, bn) in sorted(fam.items(), key=lambda kv: -(kv[1][1] + kv[1][3]))]
     return rows, wall * 1e3, gpu / 1e6
+
+
+def _kernel_role(k) -> str:
+    """A profiled kernel's family; the implicit GEMMs of a convolution by their role (matmul_fast runs all)."""
+    if k.family == "matmul_fast":
+        for binding, role in ((",gx:", "conv input grad (implicit GEMM)"), (",gw:", "conv weight grad (implicit GEMM)"),
+                              (",y:", "conv forward (implicit GEMM)")):
+            if binding in k.name:
+                return role
+    return k.family
 
 
 def profiles(args, dev) -> tuple[list[str], list[list[str]]]:
