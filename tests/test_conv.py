@@ -327,3 +327,25 @@ def test_conv_backward_peak_memory_holds_no_extra_activation(cin, cout, k, strid
     bound = g.numel() * 4 + x.numel() * 4 + (parts + 2) * layer.weight.numel() * 4 + cout * 16
     assert peak <= bound, f"{peak} bytes at peak, bound {bound}"
     np.testing.assert_allclose(layer.bias.grad.numpy(), g.numpy().sum((0, 2, 3)), rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_weight_gradient_split_stays_within_the_output_gradient(rng, torch, monkeypatch, dev):
+    """On a GPU the weight gradient splits its positions into parts for more workgroups; their partial sums
+    are kept within the output gradient's size (here 2 parts, not the 3 the position count allows), and the
+    gradient still matches torch."""
+    monkeypatch.setattr(dev, "adapter_type", "DiscreteGPU")
+    layer = nn.Conv2d(128, 128, 3, 1, 2, 2, bias=False).to(dev)
+    x = wgpar.tensor(rng.standard_normal((4, 128, 28, 28)).astype(np.float32), requires_grad=True)
+    g = wgpar.tensor(rng.standard_normal((4, 128, 28, 28)).astype(np.float32))
+    wgpar.synchronize(dev)
+    base = wgpar.memory_stats(dev)["allocated_bytes"]
+    wgpar.reset_peak_memory_stats(dev)
+    layer(x).backward(g)
+    peak = wgpar.memory_stats(dev)["peak_allocated_bytes"] - base
+    bound = 3 * g.numel() * 4 + layer.weight.numel() * 4  # output, input gradient, partial sums, their sum
+    assert peak <= bound, f"{peak} bytes at peak, bound {bound}"
+    tx = torch.tensor(x.numpy(), requires_grad=True)
+    tw = torch.tensor(layer.weight.numpy(), requires_grad=True)
+    torch.nn.functional.conv2d(tx, tw, None, 1, 2, 2).backward(torch.tensor(g.numpy()))
+    assert_close(layer.weight.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+    assert_close(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
