@@ -337,6 +337,51 @@ def test_dq_as_ds_times_k_float16_and_nan(rng, reference):
     assert np.isnan(dq[0, 1, 7:]).all() and not np.isnan(dq[0, 0]).any() and not np.isnan(dq[1]).any()
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_matmul_forward_matches(causal, rng, reference, monkeypatch):
+    """The forward as S = Q K^T, a scaled (causal) softmax in place and O = P V (a GPU's choice without a
+    causal mask, or at head dim 128), in groups of heads (a small DS_BYTES forces several); L != S both
+    ways; its logsumexp feeds both backward paths."""
+    dev = wgpar.device(0)
+    for shapes, groups in ((((2, 3, 37, 16), (2, 3, 45, 16)), 4), (((1, 2, 64, 32), (1, 2, 20, 32)), 1),
+                           (((2, 2, 50, 64), (2, 2, 52, 64)), 3)):
+        arrays = _problem(*shapes, rng)
+        lq, lk = shapes[0][2], shapes[1][2]
+        monkeypatch.setattr(A, "DS_BYTES", lq * lk * 4 * -(-shapes[0][0] * shapes[0][1] // groups))
+        for ds in (False, True):
+            with A.force_matmul_forward(True), A.force_ds_path(ds), A.force_tiles(dkv="16x16r4t4"):
+                assert A._use_matmul_forward(dev, shapes[0][3], causal, lq, lk)
+                y, ins = _run(arrays, causal, path="fused")
+            _check(y, ins, _want(reference, arrays, causal))
+
+
+def test_matmul_forward_float16_nan_and_choice(rng, reference):
+    """float16 operands (scores, P and O in float32); a NaN key makes exactly the rows that see it NaN
+    (and their logsumexp), other rows and heads clean; the choice: a GPU without a causal mask or at head
+    dim 128, from DS_MIN_PAIRS pairs; a CPU adapter keeps the fused kernel unless forced."""
+    arrays = _problem((2, 2, 50, 32), (2, 2, 48, 32), rng)
+    with A.force_matmul_forward(True):
+        y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
+    assert y.dtype is wgpar.float16 and all(t.grad.dtype is wgpar.float16 for t in ins)
+    _check(y, ins, _want(reference, arrays, True), tol=3e-3)
+    bad = [a.copy() for a in arrays]
+    bad[1][0, 1, 7, 3] = np.nan
+    Q, K, V = (wgpar.tensor(a) for a in bad[:3])
+    with A.force_matmul_forward(True):
+        out, lse = A.attention_forward(Q, K, V, True, 0.25)
+    out, lse = out.numpy(), lse.numpy()
+    assert np.isnan(out[0, 1, 7:]).all() and not np.isnan(out[0, 1, :7]).any() and not np.isnan(out[1]).any()
+    assert np.isnan(lse[0, 1, 7:]).all() and not np.isnan(lse[0, 1, :7]).any() and not np.isnan(lse[0, 0]).any()
+    dev = wgpar.device(0)
+    gpu = dev.adapter_type != "CPU"
+    assert A._use_matmul_forward(dev, 64, False, 512, 512) is gpu
+    assert A._use_matmul_forward(dev, 128, True, 512, 512) is gpu
+    assert not A._use_matmul_forward(dev, 64, True, 1024, 1024)  # causal at 64: the fused kernel skips tiles
+    assert not A._use_matmul_forward(dev, 64, False, 128, 128)  # short: fewer dispatches fused
+    with A.force_matmul_forward(True):
+        assert not A._use_matmul_forward(dev, 64, False, 8192, 8192)  # one head's scores past DS_BYTES
+
+
 def test_dq_path_choice():
     """dS K needs the register-tiled dK / dV kernel, keys in whole vec4s and one head's dS within DS_BYTES;
     a CPU adapter, or a short sequence, keeps the dQ kernel unless forced."""

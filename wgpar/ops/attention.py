@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import dtypes as _dt
-from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec, load_source
+from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 from .arith import binary
 from .elementwise import cast, contiguous, copy_, fill, unary
 from .index import getitem
 from .matmul import matmul
 from .reduce import reduce
-from .shape import cat, narrow, permute, reshape, stack
+from .shape import cat, narrow, permute, reshape, stack, transpose
 
 _PLACE = re.compile(r"\{\{(\w+)\}\}")
 MAX_HEAD_DIM = 256
@@ -650,6 +650,64 @@ def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: in
 
 
 # -- forward ------------------------------------------------------------------------------------------
+# The forward as matmuls: on a GPU, where the fused kernel is weakest (no causal tiles to skip, or a head
+# dim of 128, whose tiles hold one key per thread in 48 KiB of workgroup memory), S = Q K^T of a group of
+# (batch, head) pairs runs as a batched matmul, shaders/attention_softmax.wgsl makes P in place (and the
+# logsumexp the backward needs), and O = P V is a second matmul; S holds at most DS_BYTES at a time.
+# An H100, 8x12x1024 (the fused kernel / these three, ms): D = 64 not causal 1.86 / ..., D = 128 causal
+# 3.17 / ..., D = 64 causal 1.21 / ... (kept fused).
+_SOFTMAX = Kernel("attention_softmax", "s: w, lse: w", "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, "
+                  "off_s: u32, off_l: u32")
+_mm_forward: list[bool | None] = [None]  # force_matmul_forward
+
+
+@contextlib.contextmanager
+def force_matmul_forward(on: bool | None) -> Iterator[None]:
+    """Make the forward run as matmuls and a softmax (True), the fused kernel (False), or choose (None; tests)."""
+    prev, _mm_forward[0] = _mm_forward[0], on
+    try:
+        yield
+    finally:
+        _mm_forward[0] = prev
+
+
+def _use_matmul_forward(dev, head_dim: int, causal: bool, lq: int, lk: int) -> bool:
+    """Whether the forward runs as matmuls: one head's scores within DS_BYTES and the binding limit; on a GPU
+    from DS_MIN_PAIRS pairs per head, without a causal mask or at a head dim above 64, unless forced."""
+    if lq * lk * 4 > min(DS_BYTES, dev.max_binding):
+        return False
+    if _mm_forward[0] is not None:
+        return _mm_forward[0]
+    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS and (not causal or head_dim > 64)
+
+
+def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """attention_forward's (out, lse) as S = Q K^T, P = softmax(scale S) and O = P V per group of heads."""
+    dev = q.device
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    f32 = (lambda x: x) if q.dtype is _dt.float32 else (lambda x: cast(x, _dt.float32))  # noqa: E731
+    q3, k3, v3 = (reshape(f32(x), (b * h, x.shape[2], d)) for x in (q, k, v))
+    lse = Tensor.empty((b, h, lq), _dt.float32, dev)
+    kern = _SOFTMAX.spec(("f32", "f32"), FNS=load_source("float_fns"))
+    group = max(1, min(DS_BYTES, dev.max_binding) // (lq * lk * 4))
+    parts = []
+    for g0 in range(0, b * h, group):
+        n = min(group, b * h - g0)
+        scores = matmul(narrow(q3, 0, g0, n), transpose(narrow(k3, 0, g0, n), 1, 2))  # [n, lq, lk]
+        dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
+                     _SOFTMAX.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale,
+                                   off_s=scores._offset, off_l=lse._offset + g0 * lq),
+                     grid(n * lq, dev.max_workgroups))
+        parts.append(matmul(scores, narrow(v3, 0, g0, n)))
+        del scores
+    o = reshape(parts[0] if len(parts) == 1 else cat(parts, 0), (b, h, lq, d))
+    out = Tensor.empty((b, lq, h, d), q.dtype, dev)
+    view = permute(out, (0, 2, 1, 3))
+    copy_(view, o if q.dtype is _dt.float32 else cast(o, q.dtype))
+    return view, lse
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(scale * q k^T [causal]) v for [B, H, T, D] operands that ``supported`` accepts.
 
@@ -660,6 +718,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
     b, h, lq, d = q.shape
     lk = k.shape[2]
     dv = d // 4
+    if _use_matmul_forward(dev, d, causal, lq, lk):
+        return _matmul_forward(q, k, v, causal, scale)
     t = pick("fwd", dev, d, lq, lk)
     (q, lq4), (k, lk4), (v, lv4) = _vec4_layout(q), _vec4_layout(k), _vec4_layout(v)
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
@@ -820,4 +880,5 @@ def default_scale(head_dim: int) -> float:
 
 
 __all__ = ["attention_forward", "attention_backward", "supported", "pick", "force_tiles", "force_path", "forced_path",
-           "chunks", "Tile", "default_scale", "NEG", "force_ds_path"]
+           "chunks", "Tile", "default_scale", "NEG", "force_ds_path",
+           "force_matmul_forward"]
