@@ -339,8 +339,8 @@ def test_dq_as_ds_times_k_float16_and_nan(rng, reference):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_matmul_forward_matches(causal, rng, reference, monkeypatch):
-    """The forward as S = Q K^T, a scaled (causal) softmax in place and O = P V (a GPU's choice without a
-    causal mask, or at head dim 128), in groups of heads (a small DS_BYTES forces several); L != S both
+    """The forward as S = Q K^T, a scaled (causal) softmax in place and O = P V (a GPU's choice at head
+    dims above 64), in groups of heads (a small DS_BYTES forces several); L != S both
     ways; its logsumexp feeds both backward paths."""
     dev = wgpar.device(0)
     for shapes, groups in ((((2, 3, 37, 16), (2, 3, 45, 16)), 4), (((1, 2, 64, 32), (1, 2, 20, 32)), 1),
@@ -357,8 +357,8 @@ def test_matmul_forward_matches(causal, rng, reference, monkeypatch):
 
 def test_matmul_forward_float16_nan_and_choice(rng, reference):
     """float16 operands (scores, P and O in float32); a NaN key makes exactly the rows that see it NaN
-    (and their logsumexp), other rows and heads clean; the choice: a GPU without a causal mask or at head
-    dim 128, from DS_MIN_PAIRS pairs; a CPU adapter keeps the fused kernel unless forced."""
+    (and their logsumexp), other rows and heads clean; the choice: a GPU at head dims above 64, from
+    DS_MIN_PAIRS pairs; a CPU adapter keeps the fused kernel unless forced."""
     arrays = _problem((2, 2, 50, 32), (2, 2, 48, 32), rng)
     with A.force_matmul_forward(True):
         y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
@@ -374,10 +374,10 @@ def test_matmul_forward_float16_nan_and_choice(rng, reference):
     assert np.isnan(lse[0, 1, 7:]).all() and not np.isnan(lse[0, 1, :7]).any() and not np.isnan(lse[0, 0]).any()
     dev = wgpar.device(0)
     gpu = dev.adapter_type != "CPU"
-    assert A._use_matmul_forward(dev, 64, False, 512, 512) is gpu
     assert A._use_matmul_forward(dev, 128, True, 512, 512) is gpu
-    assert not A._use_matmul_forward(dev, 64, True, 1024, 1024)  # causal at 64: the fused kernel skips tiles
-    assert not A._use_matmul_forward(dev, 64, False, 128, 128)  # short: fewer dispatches fused
+    assert A._use_matmul_forward(dev, 128, False, 512, 512) is gpu
+    assert not A._use_matmul_forward(dev, 64, False, 1024, 1024)  # head dim 64: the fused kernel
+    assert not A._use_matmul_forward(dev, 128, False, 128, 128)  # short: fewer dispatches fused
     with A.force_matmul_forward(True):
         assert not A._use_matmul_forward(dev, 64, False, 8192, 8192)  # one head's scores past DS_BYTES
 

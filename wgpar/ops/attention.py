@@ -650,12 +650,13 @@ def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: in
 
 
 # -- forward ------------------------------------------------------------------------------------------
-# The forward as matmuls: on a GPU, where the fused kernel is weakest (no causal tiles to skip, or a head
-# dim of 128, whose tiles hold one key per thread in 48 KiB of workgroup memory), S = Q K^T of a group of
-# (batch, head) pairs runs as a batched matmul, shaders/attention_softmax.wgsl makes P in place (and the
-# logsumexp the backward needs), and O = P V is a second matmul; S holds at most DS_BYTES at a time.
-# An H100, 8x12x1024 (the fused kernel / these three, ms): D = 64 not causal 1.86 / ..., D = 128 causal
-# 3.17 / ..., D = 64 causal 1.21 / ... (kept fused).
+# The forward as matmuls: on a GPU, at head dims above 64, where the fused kernel is weakest (its tiles
+# hold one key per thread in 48 KiB of workgroup memory), S = Q K^T of a group of (batch, head) pairs runs
+# as a batched matmul, shaders/attention_softmax.wgsl makes P in place (and the logsumexp the backward
+# needs), and O = P V is a second matmul; S holds at most DS_BYTES at a time. An H100 (fused / matmuls,
+# ms): 8x12x1024x128 causal 3.19 / 2.27, not causal 5.58 / 2.58; 4x8x2048x128 causal 4.00 / 2.92, not
+# 7.38 / 2.81. At head dim 64 the fused kernel stays (causal 1.08 / 1.89 at T = 1024; not causal
+# 0.75 / 0.98 at T = 512, 2.05 / 1.62 at 1024, 3.43 / 3.82 at 2048: no clear gain).
 _SOFTMAX = Kernel("attention_softmax", "s: w, lse: w", "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, "
                   "off_s: u32, off_l: u32")
 _mm_forward: list[bool | None] = [None]  # force_matmul_forward
@@ -673,12 +674,12 @@ def force_matmul_forward(on: bool | None) -> Iterator[None]:
 
 def _use_matmul_forward(dev, head_dim: int, causal: bool, lq: int, lk: int) -> bool:
     """Whether the forward runs as matmuls: one head's scores within DS_BYTES and the binding limit; on a GPU
-    from DS_MIN_PAIRS pairs per head, without a causal mask or at a head dim above 64, unless forced."""
+    from DS_MIN_PAIRS pairs per head at a head dim above 64, unless forced."""
     if lq * lk * 4 > min(DS_BYTES, dev.max_binding):
         return False
     if _mm_forward[0] is not None:
         return _mm_forward[0]
-    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS and (not causal or head_dim > 64)
+    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS and head_dim > 64
 
 
 def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
