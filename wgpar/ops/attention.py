@@ -431,8 +431,7 @@ def _loop(var: str, n: int, body: str, unroll: bool) -> str:
 def _own_rows(names: tuple[str, str] | tuple[str]) -> str:
     """The d loop's head: the row group's 4 rows of each own workgroup array at d (q0 .. q3 from Qs, ...)."""
     pairs = {"Qs": "q", "Gs": "g", "Ks": "k", "Vs": "v"}
-    return "\n".join(f"let {pairs[w]}{r} = {w}[(4u * g{f' + {r}u' if r else ''}) * DP + d];"
-                     for w in names for r in range(4))
+    return "\n".join(f"let {pairs[w]}{r} = {w}[(4u * g{f' + {r}u' if r else ''}) * DP + d];" for w in names for r in range(4))
 
 
 def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
