@@ -65,11 +65,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 keys' scores for query kg + TK * jj
     var dp = array<vec4<f32>, {{BCT}}>();  // and dP^T
-{{D_LOOP}}
+    for (var d = 0u; d < DV; d = d + 1u) {
+      let k0 = Ks[(4u * g) * DP + d];
+      let k1 = Ks[(4u * g + 1u) * DP + d];
+      let k2 = Ks[(4u * g + 2u) * DP + d];
+      let k3 = Ks[(4u * g + 3u) * DP + d];
+      let v0 = Vs[(4u * g) * DP + d];
+      let v1 = Vs[(4u * g + 1u) * DP + d];
+      let v2 = Vs[(4u * g + 2u) * DP + d];
+      let v3 = Vs[(4u * g + 3u) * DP + d];
+{{SCORES}}
+    }
     // Query i is seen by key j when it exists, the key exists and (causal) j <= i.
 {{DS}}
     workgroupBarrier();  // P^T and dS^T complete
-{{J_LOOP}}
+    for (var j = 0u; j < BQ; j = j + 1u) {
+      let pj = Ps[j * PR + g];
+      let ds = Ss[j * PR + g];
+{{ACC}}
+    }
   }
 {{STORE}}
 }

@@ -53,10 +53,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 rows' scores for key kg + TK * jj
     var dp = array<vec4<f32>, {{BCT}}>();  // and dP
-{{D_LOOP}}
+    for (var d = 0u; d < DV; d = d + 1u) {
+      let q0 = Qs[(4u * g) * DP + d];
+      let q1 = Qs[(4u * g + 1u) * DP + d];
+      let q2 = Qs[(4u * g + 2u) * DP + d];
+      let q3 = Qs[(4u * g + 3u) * DP + d];
+      let g0 = Gs[(4u * g) * DP + d];
+      let g1 = Gs[(4u * g + 1u) * DP + d];
+      let g2 = Gs[(4u * g + 2u) * DP + d];
+      let g3 = Gs[(4u * g + 3u) * DP + d];
+{{SCORES}}
+    }
 {{DS}}
     workgroupBarrier();  // dS complete
-{{J_LOOP}}
+    for (var j = 0u; j < BC; j = j + 1u) {
+      let ds = Ss[j * PR + g];
+{{DQ}}
+    }
   }
 {{STORE}}
 }

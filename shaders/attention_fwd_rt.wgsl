@@ -53,7 +53,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     jn = j0 + BC;
 {{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();  // [jj]: the 4 rows' scores for key kg + TK * jj
-{{D_LOOP}}
+    for (var d = 0u; d < DV; d = d + 1u) {
+      let q0 = Qs[(4u * g) * DP + d];
+      let q1 = Qs[(4u * g + 1u) * DP + d];
+      let q2 = Qs[(4u * g + 2u) * DP + d];
+      let q3 = Qs[(4u * g + 3u) * DP + d];
+{{SCORES}}
+    }
     // Masked and NaN / +inf entries become NEG (probability 0 below); a NaN / +inf marks the row bad.
     var mx = m;
 {{MAX}}
@@ -64,7 +70,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {{RESCALE}}
 {{P}}
     workgroupBarrier();  // P complete
-{{J_LOOP}}
+    for (var j = 0u; j < BC; j = j + 1u) {
+      let pj = Ps[j * PR + g];
+{{PV}}
+    }
   }
 {{REDUCE_END}}
 {{STORE}}

@@ -382,20 +382,6 @@ def test_matmul_forward_float16_nan_and_choice(rng, reference):
         assert not A._use_matmul_forward(dev, 64, False, 8192, 8192)  # one head's scores past DS_BYTES
 
 
-@pytest.mark.parametrize("ds", [False, True])
-def test_register_tiled_unrolled_loops_match(ds, rng, reference):
-    """A GPU's form of the register-tiled kernels, their d and tile-row loops unrolled into straight-line
-    code (force_tiles(unroll=True) here on lavapipe, which keeps loops by default), with either dQ path."""
-    arrays = _problem((2, 2, 45, 16), (2, 2, 36, 16), rng)
-    with A.force_tiles(unroll=True, fwd="16x16r4t4", dq="16x16r4t4", dkv="16x16r4t4"), A.force_ds_path(ds):
-        k = A._kernel("fwd", A.pick("fwd", wgpar.device(0), 16), 4, "f32", "f32",
-                      unroll=A._rt_unroll(wgpar.device(0)))
-        assert "for (var d" not in dict(k.fills)["D_LOOP"]
-        for causal in (True, False):
-            y, ins = _run(arrays, causal, path="fused")
-            _check(y, ins, _want(reference, arrays, causal))
-
-
 def test_dq_path_choice():
     """dS K needs the register-tiled dK / dV kernel, keys in whole vec4s and one head's dS within DS_BYTES;
     a CPU adapter, or a short sequence, keeps the dQ kernel unless forced."""

@@ -413,27 +413,6 @@ def _blocks(kind: str, t: Tile, dv: int) -> dict[str, str]:
                        f"let ds = pj * (dp[#J] - dl_s[#J]);\n{dkv}\n}}", "J", u)}
 
 
-# On a GPU the register-tiled kernels' loops over d (the head dim's vec4s) and over a tile's walked rows
-# are unrolled into straight-line code: naga gives every WGSL loop a bound counter, and the NVIDIA compiler
-# then keeps them as loops with dynamic shared-memory indices (the matmul kernel gained 9-12 points from the
-# same change). CPU adapters keep the loops (lavapipe compiles the unrolled kernels 20x slower).
-def _rt_unroll(dev) -> bool:
-    return _force_unroll[0] if _force_unroll[0] is not None else dev.adapter_type != "CPU"
-
-
-def _loop(var: str, n: int, body: str, unroll: bool) -> str:
-    """``body`` for ``var`` = 0 .. n - 1: unrolled blocks with a constant ``var``, or one loop."""
-    if unroll:
-        return "\n".join(f"{{ let {var} = {i}u;\n{body}\n}}" for i in range(n))
-    return f"for (var {var} = 0u; {var} < {n}u; {var} = {var} + 1u) {{\n{body}\n}}"
-
-
-def _own_rows(names: tuple[str, str] | tuple[str]) -> str:
-    """The d loop's head: the row group's 4 rows of each own workgroup array at d (q0 .. q3 from Qs, ...)."""
-    pairs = {"Qs": "q", "Gs": "g", "Ks": "k", "Vs": "v"}
-    return "\n".join(f"let {pairs[w]}{r} = {w}[(4u * g{f' + {r}u' if r else ''}) * DP + d];" for w in names for r in range(4))
-
-
 def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
     """The sizes shared by the three register-tiled kernels and the COMMON fill that declares them
     (shaders/attention_rt_common.wgsl: constants, float helpers)."""
@@ -486,7 +465,7 @@ _KEY_LIMITS = """  var k_end = p.k_hi;
   if (p.causal != 0u) { lim = min(lim, vec4<u32>(ib + 1u, ib + 2u, ib + 3u, ib + 4u)); }"""
 
 
-def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str, unroll: bool) -> dict[str, str | int]:
+def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | int]:
     """Sizes and straight-line blocks of attention_fwd_rt.wgsl: a row group's 4 rows are the lanes of
     each vec4 (s[jj], m, l, P), its accumulators acc[row * CN + x]."""
     tk, bct, cn = t.cs, t.cols // t.cs, dv // t.cs
@@ -530,13 +509,10 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str, unroll: bool) -> dic
         "REDUCE_MAX": "\n".join(f"mx = max(mx, subgroupShuffleXor(mx, {o}u));" for o in lanes),
         "RESCALE": "\n".join(f"acc[{r * cn + x}] = acc[{r * cn + x}] * alpha.{rows[r]};"
                               for r in range(4) for x in range(cn)),
-        "P": p, "PV": pv, "REDUCE_END": end, "STORE": store,
-        "D_LOOP": _loop("d", dv, _own_rows(("Qs",)) + "\n" + scores, unroll),
-        "J_LOOP": _loop("j", t.cols, "let pj = Ps[j * PR + g];\n" + pv, unroll)}
+        "P": p, "PV": pv, "REDUCE_END": end, "STORE": store}
 
 
-def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, unroll: bool,
-                  ds_out: bool = False) -> dict[str, str | int]:
+def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = False) -> dict[str, str | int]:
     """Sizes and straight-line blocks of attention_bwd_dq_rt.wgsl / attention_bwd_dkv_rt.wgsl: a row
     group's 4 rows (queries for dq, keys for dkv) are the lanes of each vec4 (s[jj], dp[jj], P, dS), its
     accumulators acc[row * CN + x]. ``ds_out`` (dkv): each dS^T vec4 (4 keys of one query) is also stored,
@@ -590,8 +566,6 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, unroll: bool,
                                                      ("vr", "v", "vb", "v_st", "Vs", True)))
         own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True), ("dout", "gb", "g_st", "Gs", False)))
         return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "FETCH": fetch, "PUT": put,
-                        "D_LOOP": _loop("d", dv, _own_rows(("Qs", "Gs")) + "\n" + scores, unroll),
-                        "J_LOOP": _loop("j", t.cols, "let ds = Ss[j * PR + g];\n" + dq, unroll),
                         "LOAD_OWN": own, "KEY_LIMITS": _KEY_LIMITS,
                         "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr"))}
 
@@ -629,9 +603,6 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, unroll: bool,
     if ds_out:  # the group's first (batch, head) is s_bh0; rows of s_st vec4s
         own += "\n  let ds_row = p.s_off + (bh - p.s_bh0) * p.Tq * p.s_st;"
     return fills | {"DS": ds, "ACC": acc, "STORE": store, "FETCH": fetch, "PUT": put, "LOAD_OWN": own,
-                    "D_LOOP": _loop("d", dv, _own_rows(("Ks", "Vs")) + "\n" + scores, unroll),
-                    "J_LOOP": _loop("j", t.cols, "let pj = Ps[j * PR + g];\nlet ds = Ss[j * PR + g];\n" + acc,
-                                    unroll),
                     "STAGE_INIT": _rt_init(nl, fetch, "start", ("qr", "gr"))}
 
 
@@ -647,19 +618,17 @@ def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str,
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str, ds_out: bool = False,
-            unroll: bool = False) -> KernelSpec:
-    """A kernel; ``unroll``: the register-tiled kernels' inner loops as straight-line code (_rt_unroll)."""
+def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str, ds_out: bool = False) -> KernelSpec:
     out_t, in_t = f"vec4<{out_dtype}>", f"vec4<{dtype}>"
     if kind == "fwd" and t.rm > 1:
-        return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, in_t, in_t), **_rt_fills(t, dv, dtype, out_dtype, unroll))
+        return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, in_t, in_t), **_rt_fills(t, dv, dtype, out_dtype))
     if t.rm > 1:
         if kind == "dq":
             return _KERNELS["dq_rt"].spec((out_t, "f32", in_t, in_t, in_t, in_t, in_t, "f32"),
-                                          **_rt_bwd_fills(kind, t, dv, out_dtype, unroll))
+                                          **_rt_bwd_fills(kind, t, dv, out_dtype))
         types = (out_t, out_t, in_t, in_t, in_t, in_t, "f32", "f32") + (("vec4<f32>",) if ds_out else ())
         return _KERNELS["dkv_rt"].spec(types, without=() if ds_out else ("dsg",),
-                                       **_rt_bwd_fills(kind, t, dv, out_dtype, unroll, ds_out))
+                                       **_rt_bwd_fills(kind, t, dv, out_dtype, ds_out))
     fills = _fills(kind, t, dv, dtype, out_dtype)
     if kind == "fwd":
         types = (out_t, "f32", in_t, in_t, in_t)
@@ -788,7 +757,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
 def _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t: Tile, causal: bool, scale: float,
                    lo: int, hi: int, n_x: int) -> None:
     b, h, lq, d = q.shape
-    kern = _kernel("fwd", t, d // 4, q.dtype.storage, out.dtype.storage, unroll=_rt_unroll(q.device))
+    kern = _kernel("fwd", t, d // 4, q.dtype.storage, out.dtype.storage)
     head = [h, lq, k.shape[2], int(causal), lo, hi, 0, scale]
     o4 = [out._offset // 4] + o_layout[1:]
     rest = lq4 + lk4 + lv4 + o4 + [lse._offset]
@@ -855,7 +824,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
         delta = Tensor.empty((b, h, lq), _dt.float32, dev)
         gq = _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq, causal, scale, bufs_common)
 
-    kern = _kernel("dkv", t_kv, dv, q.dtype.storage, gk.dtype.storage, ds_path, _rt_unroll(dev))
+    kern = _kernel("dkv", t_kv, dv, q.dtype.storage, gk.dtype.storage, ds_path)
     gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
     gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
     bufs = [gk._storage.buffer, gv._storage.buffer, *bufs_common, lse._storage.buffer, delta._storage.buffer]
@@ -896,7 +865,7 @@ def _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq: Ti
     q_ranges = chunks("dq", t_dq, dv, lk)
     # Chunks add into the gradient: in float32 then, cast once at the end.
     gq = Tensor.empty((b, h, lq, d), _dt.float32 if len(q_ranges) > 1 else q.dtype, dev)
-    kern = _kernel("dq", t_dq, dv, q.dtype.storage, gq.dtype.storage, unroll=_rt_unroll(dev))
+    kern = _kernel("dq", t_dq, dv, q.dtype.storage, gq.dtype.storage)
     gq4 = [gq._offset // 4, h * lq * dv, lq * dv, dv]
     for n, (lo, hi) in enumerate(q_ranges):
         head = [h, lq, lk, int(causal), lo, hi, 0, scale]
