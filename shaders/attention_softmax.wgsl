@@ -9,9 +9,7 @@
 
 const NEG: f32 = -3.4028235e38;  // the logsumexp of a row that saw nothing (the fused kernels' value)
 
-var<workgroup> rm: array<f32, WG>;
-var<workgroup> rs: array<f32, WG>;
-var<workgroup> rbad: array<u32, WG>;
+{{MERGE}}
 
 {{FNS}}
 
@@ -35,21 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (m > neg_inf) { t = t + exp(v - m); }
     }
   }
-  rm[lid] = m;
-  rs[lid] = t;
-  rbad[lid] = select(0u, 1u, bad);
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-    if (lid < k) {
-      let m1 = rm[lid];
-      let m2 = rm[lid + k];
-      let mm = max(m1, m2);
-      if (mm > neg_inf) { rs[lid] = rs[lid] * exp(m1 - mm) + rs[lid + k] * exp(m2 - mm); }
-      rm[lid] = mm;
-      rbad[lid] = rbad[lid] | rbad[lid + k];
-    }
-    workgroupBarrier();
-  }
+  merge_stats(lid, m, t, bad);
   if (!live) { return; }
   let row_max = rm[0];
   let total = rs[0];

@@ -8,9 +8,7 @@
 // that is decided by a flag, not left to exp(NaN), which some drivers return as a number.
 // Bindings (y, x: arrays of X) and Params (offsets in elements) are declared in wgpar/ops/reduce.py.
 
-var<workgroup> rm: array<f32, WG>;
-var<workgroup> rs: array<f32, WG>;
-var<workgroup> rbad: array<u32, WG>;
+{{MERGE}}
 
 {{FNS}}
 // A NaN or +inf entry makes the whole row NaN.
@@ -38,21 +36,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (m > neg_inf) { s = s + {{HSUM}}; }
     }
   }
-  rm[lid] = m;
-  rs[lid] = s;
-  rbad[lid] = select(0u, 1u, bad);
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-    if (lid < k) {
-      let m1 = rm[lid];
-      let m2 = rm[lid + k];
-      let mm = max(m1, m2);
-      if (mm > neg_inf) { rs[lid] = rs[lid] * exp(m1 - mm) + rs[lid + k] * exp(m2 - mm); }
-      rm[lid] = mm;
-      rbad[lid] = rbad[lid] | rbad[lid + k];
-    }
-    workgroupBarrier();
-  }
+  merge_stats(lid, m, s, bad);
   let row_max = rm[0];
   let total = rs[0];
   let nan_row = rbad[0] != 0u || !(row_max > neg_inf);  // NaN / +inf seen, or only -inf

@@ -76,7 +76,8 @@ def test_override_constants_reach_the_pipeline(dev, rng, wg):
     t = wgpar.tensor(x)
     out = wgpar.empty(5, 300)
     k = red._SOFTMAX.spec(("f32", "f32"), constants={"WG": wg}, LOG="false", X="f32", F="f32", HMAX="v",
-                          HSUM="exp(v - m)", BAD="bad1(v)", FNS=red.load_source("float_fns"))
+                          HSUM="exp(v - m)", BAD="bad1(v)", FNS=red.load_source("float_fns"),
+                          MERGE=red.load_source("softmax_merge"))
     assert dict(k.constants) == {"WG": wg, "W": 1}
     dev.dispatch(k, [out._storage.buffer, t._storage.buffer], red._SOFTMAX.pack(rows=5, cols=300, off_x=0, off_y=0),
                  (5, 1))

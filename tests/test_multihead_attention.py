@@ -110,7 +110,9 @@ def _compare(reference, wm, tm, inputs, g, **kw):
     else:
         np.testing.assert_allclose(wts.numpy(), nwts, rtol=1e-4, atol=1e-6, err_msg="weights")
     for wt, want in zip(seen.values(), ngx):
-        np.testing.assert_allclose(wt.grad.numpy(), want, rtol=1e-4, atol=1e-5, err_msg="input grad")
+        # float32 sums that cancel: the absolute error follows the largest entry (as for the parameters)
+        atol = 1e-5 + 2e-6 * float(np.abs(want).max())
+        np.testing.assert_allclose(wt.grad.numpy(), want, rtol=1e-4, atol=atol, err_msg="input grad")
     params = dict(wm.named_parameters())
     assert sorted(params) == sorted(ngp)
     for name, p in params.items():

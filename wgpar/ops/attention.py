@@ -276,16 +276,21 @@ def variant(name: str, lanes: int | None = None) -> contextlib.AbstractContextMa
 
 
 @contextlib.contextmanager
-def force_path(path: str | None) -> Iterator[None]:
+def _forcing(cell: list, value) -> Iterator[None]:
+    """``cell[0] = value`` for the calls inside, then back (the force_* switches below)."""
+    prev, cell[0] = cell[0], value
+    try:
+        yield
+    finally:
+        cell[0] = prev
+
+
+def force_path(path: str | None) -> contextlib.AbstractContextManager:
     """Make ``scaled_dot_product_attention`` take ``"fused"`` (raising where it cannot) or ``"reference"``
     (the composed ops) for the calls inside (tests, benchmarks); None restores the automatic choice."""
     if path not in (None, "fused", "reference"):
         raise ValueError(f"attention path must be 'fused', 'reference' or None, got {path!r}")
-    prev, _path[0] = _path[0], path
-    try:
-        yield
-    finally:
-        _path[0] = prev
+    return _forcing(_path, path)
 
 
 def forced_path() -> str | None:
@@ -662,14 +667,9 @@ _SOFTMAX = Kernel("attention_softmax", "s: w, lse: w", "rows: u32, cols: u32, tq
 _mm_forward: list[bool | None] = [None]  # force_matmul_forward
 
 
-@contextlib.contextmanager
-def force_matmul_forward(on: bool | None) -> Iterator[None]:
+def force_matmul_forward(on: bool | None) -> contextlib.AbstractContextManager:
     """Make the forward run as matmuls and a softmax (True), the fused kernel (False), or choose (None; tests)."""
-    prev, _mm_forward[0] = _mm_forward[0], on
-    try:
-        yield
-    finally:
-        _mm_forward[0] = prev
+    return _forcing(_mm_forward, on)
 
 
 def _use_matmul_forward(dev, head_dim: int, causal: bool, lq: int, lk: int) -> bool:
@@ -690,7 +690,7 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
     f32 = (lambda x: x) if q.dtype is _dt.float32 else (lambda x: cast(x, _dt.float32))  # noqa: E731
     q3, k3, v3 = (reshape(f32(x), (b * h, x.shape[2], d)) for x in (q, k, v))
     lse = Tensor.empty((b, h, lq), _dt.float32, dev)
-    kern = _SOFTMAX.spec(("f32", "f32"), FNS=load_source("float_fns"))
+    kern = _SOFTMAX.spec(("f32", "f32"), FNS=load_source("float_fns"), MERGE=load_source("softmax_merge"))
     group = max(1, min(DS_BYTES, dev.max_binding) // (lq * lk * 4))
     parts = []
     for g0 in range(0, b * h, group):
@@ -777,14 +777,9 @@ DS_MIN_PAIRS = 512 * 512
 _ds_path: list[bool | None] = [None]  # force_ds_path
 
 
-@contextlib.contextmanager
-def force_ds_path(on: bool | None) -> Iterator[None]:
+def force_ds_path(on: bool | None) -> contextlib.AbstractContextManager:
     """Make the backward compute dQ as dS K (True), with the dQ kernel (False), or choose (None; tests)."""
-    prev, _ds_path[0] = _ds_path[0], on
-    try:
-        yield
-    finally:
-        _ds_path[0] = prev
+    return _forcing(_ds_path, on)
 
 
 def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:

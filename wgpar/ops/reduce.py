@@ -282,7 +282,8 @@ def softmax(x: Tensor, axis=-1, log: bool = False) -> Tensor:
         k = _SOFTMAX.spec((xt, xt), constants={"W": 4 if vec else 1}, LOG="true" if log else "false", X=xt,
                           F="vec4<f32>" if vec else "f32", HMAX="max(max(v.x, v.y), max(v.z, v.w))" if vec else "v",
                           HSUM="dot(exp(v - m), vec4<f32>(1.0))" if vec else "exp(v - m)",
-                          BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"))
+                          BAD="bad4(v)" if vec else "bad1(v)", FNS=load_source("float_fns"),
+                          MERGE=load_source("softmax_merge"))
         x.device.dispatch(k, [out._storage.buffer, src._storage.buffer],
                           _SOFTMAX.pack(rows=rows, cols=cols, off_x=src._offset, off_y=0),
                           grid(rows, x.device.max_workgroups))
