@@ -20,6 +20,7 @@ largest difference of output and gradients, relative to the largest value) and i
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,16 @@ def _rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(1.0, np.abs(b).max()))
 
 
+def _fwd_bwd(lib: _Lib, layer, xt, params, g, amp: bool) -> None:
+    """One forward + backward of ``layer`` with fresh gradients (``g``: the output gradient)."""
+    xt.grad = None
+    for p in params:
+        p.grad = None
+    with lib.autocast(amp):
+        y = layer(xt)
+    y.backward(g)
+
+
 def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict | None, steps: int, warmup: int,
               timed: bool, amp: bool = False):
     """(outputs and gradients of the first call, fwd s, fwd+bwd s, peak bytes of a fwd+bwd, state dict);
@@ -131,14 +142,7 @@ def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict
         with lib.no_grad(), lib.autocast(amp):
             layer(xt)
 
-    def fwd_bwd():
-        xt.grad = None
-        for p in params:
-            p.grad = None
-        with lib.autocast(amp):
-            y = layer(xt)
-        y.backward(g)
-
+    fwd_bwd = functools.partial(_fwd_bwd, lib, layer, xt, params, g, amp)
     tf = _report.timed(fwd, lib.sync, steps, warmup=warmup)
     tfb = _report.timed(fwd_bwd, lib.sync, steps, warmup=warmup)
     xt.grad = None
@@ -160,15 +164,9 @@ def profile_layer(dev, make, x: np.ndarray, amp: bool, steps: int) -> tuple[list
     xt = lib.tensor(x, requires_grad=True)
     params = list(layer.parameters())
     with lib.autocast(amp):
-        g = lib.tensor(np.ones(layer(xt).shape, np.float32))
-
-    def fwd_bwd():
-        xt.grad = None
-        for p in params:
-            p.grad = None
-        with lib.autocast(amp):
-            y = layer(xt)
-        y.backward(g.to(y.dtype))
+        y = layer(xt)
+    g = lib.tensor(np.ones(y.shape, np.float32)).to(y.dtype)
+    fwd_bwd = functools.partial(_fwd_bwd, lib, layer, xt, params, g, amp)
 
     for _ in range(2):
         fwd_bwd()
