@@ -654,6 +654,34 @@ def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: in
         dev.dispatch(k, buffers, k.params.pack_flat(words + rest), (n_x, min(lim, first + bh - bh0), 1))
 
 
+# -- [Lq, Lk] scores in memory, a group of heads at a time: the matmul forward and dQ = dS K -----------------
+# The group's scores (S, or dS) hold at most DS_BYTES; below DS_MIN_PAIRS (query, key) pairs per head the
+# fused kernels stay (the extra dispatches cost more than they save).
+DS_BYTES = 128 << 20
+DS_MIN_PAIRS = 512 * 512
+
+
+def _scores_fit(dev, lq: int, lk: int) -> bool:
+    """Whether one head's [lq, lk] float32 scores fit DS_BYTES and the device's binding limit."""
+    return lq * lk * 4 <= min(DS_BYTES, dev.max_binding)
+
+
+def _head_groups(dev, bh: int, lq: int, lk: int) -> Iterator[tuple[int, int]]:
+    """(first, count) of each group of the bh (batch, head) pairs whose scores fit DS_BYTES together."""
+    group = max(1, min(DS_BYTES, dev.max_binding) // (lq * lk * 4))
+    for g0 in range(0, bh, group):
+        yield g0, min(group, bh - g0)
+
+
+def _f32(x: Tensor) -> Tensor:
+    return x if x.dtype is _dt.float32 else cast(x, _dt.float32)
+
+
+def _joined(parts: list[Tensor], shape: tuple[int, ...]) -> Tensor:
+    """The groups' [n, L, D] results as one tensor of ``shape``."""
+    return reshape(parts[0] if len(parts) == 1 else cat(parts, 0), shape)
+
+
 # -- forward ------------------------------------------------------------------------------------------
 # The forward as matmuls: on a GPU, at head dims above 64, where the fused kernel is weakest (its tiles
 # hold one key per thread in 48 KiB of workgroup memory), S = Q K^T of a group of (batch, head) pairs runs
@@ -675,7 +703,7 @@ def force_matmul_forward(on: bool | None) -> contextlib.AbstractContextManager:
 def _use_matmul_forward(dev, head_dim: int, causal: bool, lq: int, lk: int) -> bool:
     """Whether the forward runs as matmuls: one head's scores within DS_BYTES and the binding limit; on a GPU
     from DS_MIN_PAIRS pairs per head at a head dim above 64, unless forced."""
-    if lq * lk * 4 > min(DS_BYTES, dev.max_binding):
+    if not _scores_fit(dev, lq, lk):
         return False
     if _mm_forward[0] is not None:
         return _mm_forward[0]
@@ -687,14 +715,11 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
     dev = q.device
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    f32 = (lambda x: x) if q.dtype is _dt.float32 else (lambda x: cast(x, _dt.float32))  # noqa: E731
-    q3, k3, v3 = (reshape(f32(x), (b * h, x.shape[2], d)) for x in (q, k, v))
+    q3, k3, v3 = (reshape(_f32(x), (b * h, x.shape[2], d)) for x in (q, k, v))
     lse = Tensor.empty((b, h, lq), _dt.float32, dev)
     kern = _SOFTMAX.spec(("f32", "f32"), FNS=load_source("float_fns"), MERGE=load_source("softmax_merge"))
-    group = max(1, min(DS_BYTES, dev.max_binding) // (lq * lk * 4))
     parts = []
-    for g0 in range(0, b * h, group):
-        n = min(group, b * h - g0)
+    for g0, n in _head_groups(dev, b * h, lq, lk):
         scores = matmul(narrow(q3, 0, g0, n), transpose(narrow(k3, 0, g0, n), 1, 2))  # [n, lq, lk]
         dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
                      _SOFTMAX.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale,
@@ -702,7 +727,7 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
                      grid(n * lq, dev.max_workgroups))
         parts.append(matmul(scores, narrow(v3, 0, g0, n)))
         del scores
-    o = reshape(parts[0] if len(parts) == 1 else cat(parts, 0), (b, h, lq, d))
+    o = _joined(parts, (b, h, lq, d))
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
     view = permute(out, (0, 2, 1, 3))
     copy_(view, o if q.dtype is _dt.float32 else cast(o, q.dtype))
@@ -769,11 +794,8 @@ def _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t: Tile, causal: 
 # dQ as a matmul: on a GPU the dK / dV kernel also writes dS (times the scale) for a group of (batch, head)
 # pairs, and dQ = dS K runs as a batched matmul, instead of the dQ kernel recomputing S and dP (an H100,
 # 8x12x1024x64 causal: dQ kernel 1.73 ms; matmul 0.48 + zero fill 0.13 + the extra stores; D = 128 and
-# T = 2048: 6.6 and 8.0 ms against about 1 and 2.2). The dS buffer of a group holds at most DS_BYTES.
-DS_BYTES = 128 << 20
-# Below this many (query, key) pairs per head the dQ kernel stays: the extra dispatches (fill, delta, matmul)
-# cost more than they save (an H100 at T = 512: equal causal, 17% faster not; T = 128 is launch-bound).
-DS_MIN_PAIRS = 512 * 512
+# T = 2048: 6.6 and 8.0 ms against about 1 and 2.2). Below DS_MIN_PAIRS the dQ kernel stays (an H100 at
+# T = 512: equal causal, 17% faster not; T = 128 is launch-bound).
 _ds_path: list[bool | None] = [None]  # force_ds_path
 
 
@@ -785,7 +807,7 @@ def force_ds_path(on: bool | None) -> contextlib.AbstractContextManager:
 def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:
     """Whether dQ runs as dS K: the register-tiled dK / dV kernel, keys in whole vec4s, one head's dS within
     DS_BYTES and the device's binding limit; on a GPU from DS_MIN_PAIRS pairs per head, unless forced."""
-    if t_kv.rm == 1 or lk % 4 or lq * lk * 4 > min(DS_BYTES, dev.max_binding):
+    if t_kv.rm == 1 or lk % 4 or not _scores_fit(dev, lq, lk):
         return False
     if _ds_path[0] is not None:
         return _ds_path[0]
@@ -812,8 +834,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     gv = Tensor.empty((b, h, lk, d), gk.dtype, dev)
     bufs_common = [q._storage.buffer, k._storage.buffer, v._storage.buffer, dout._storage.buffer]
     if ds_path:  # delta = rowsum(dO * O), which the dQ kernel would have computed
-        f32 = (lambda x: x) if q.dtype is _dt.float32 else (lambda x: cast(x, _dt.float32))  # noqa: E731
-        delta = contiguous(reduce("sum", binary("mul", f32(dout), f32(out)), -1))
+        delta = contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))
         gq = None
     else:
         delta = Tensor.empty((b, h, lq), _dt.float32, dev)
@@ -823,12 +844,10 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
     gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
     bufs = [gk._storage.buffer, gv._storage.buffer, *bufs_common, lse._storage.buffer, delta._storage.buffer]
-    group = max(1, min(DS_BYTES, dev.max_binding) // (lq * lk * 4)) if ds_path else b * h
     parts = []
     if ds_path:
-        keys = reshape(k_in if k_in.dtype is _dt.float32 else cast(k_in, _dt.float32), (b * h, lk, d))
-    for g0 in range(0, b * h, group):
-        n = min(group, b * h - g0)
+        keys = reshape(_f32(k_in), (b * h, lk, d))
+    for g0, n in _head_groups(dev, b * h, lq, lk) if ds_path else [(0, b * h)]:
         extra, gbufs = [], bufs
         if ds_path:
             ds = fill((n, lq, lk), 0.0, _dt.float32, dev)  # causal: tiles above the diagonal stay 0
@@ -843,7 +862,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
             parts.append(matmul(ds, narrow(keys, 0, g0, n)))
             del ds
     if ds_path:
-        gq = reshape(parts[0] if len(parts) == 1 else cat(parts, 0), (b, h, lq, d))
+        gq = _joined(parts, (b, h, lq, d))
     if gq.dtype is not q.dtype:
         gq = cast(gq, q.dtype)
     if gk.dtype is not q.dtype:
