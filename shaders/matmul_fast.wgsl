@@ -20,26 +20,29 @@
 // SA / SB (vec4s per k-row of As / Bs: BM / 4 + 1, BN / 4 + 1), AS_LEN / BS_LEN (the slabs'
 // lengths) and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled). HELPERS: the
 // functions of an implicit-GEMM convolution (shaders/conv_gemm_*.wgsl), whose loads and stores
-// replace the array accesses (ops/conv.py); empty for a plain matmul.
+// replace the array accesses (ops/conv.py); empty for a plain matmul. TILE: the workgroup's batch entry z
+// and its tile's first row and column. SKIP and KEND: a causal product's shortcuts (ops/matmul.py,
+// matmul_lower): a tile whose columns all lie past its rows is not computed, or the K loop stops past the
+// tile's last row (A is zero there), with the longest tiles first; empty and p.K otherwise.
 {{HELPERS}}
 var<workgroup> As: array<vec4<f32>, AS_LEN>;
 var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
 
 @compute @workgroup_size(WN, WM)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>) {
   let tx = lid.x;
   let ty = lid.y;
   let t = ty * WN + tx;
-  let z = wid.z + p.z0;
-  let row0 = p.m0 + wid.y * BM;
-  let col0 = p.n0 + wid.x * BN;
+{{TILE}}
+{{SKIP}}
 {{DECL}}
   {
     let k0 = 0u;
 {{LOAD}}
   }
 {{PROLOGUE}}
-  for (var k0 = 0u; k0 < p.K; k0 = k0 + BK) {
+  for (var k0 = 0u; k0 < {{KEND}}; k0 = k0 + BK) {
     // Single buffer: store the slice, barrier, prefetch, multiply, barrier.
     // Double buffer: prefetch, multiply slab `cur`, store into the other slab, one barrier.
     let cur = {{CUR}};

@@ -304,7 +304,7 @@ def test_dq_as_ds_times_k_matches(dkv, causal, rng, reference, monkeypatch):
     query chunks of the dK / dV kernel (a small loop budget) write their rows of dS."""
     dev = wgpar.device(0)
     for shapes, groups in ((((2, 3, 45, 16), (2, 3, 36, 16)), 4), (((1, 2, 21, 32), (1, 2, 52, 32)), 1),
-                           (((3, 2, 64, 16), (3, 2, 64, 16)), 3)):
+                           (((3, 2, 64, 16), (3, 2, 64, 16)), 3), (((1, 2, 140, 16), (1, 2, 200, 16)), 1)):
         arrays = _problem(*shapes, rng)
         lq, lk = shapes[0][2], shapes[1][2]
         monkeypatch.setattr(A, "DS_BYTES", lq * lk * 4 * (shapes[0][0] * shapes[0][1] // groups))
@@ -341,10 +341,11 @@ def test_dq_as_ds_times_k_float16_and_nan(rng, reference):
 def test_matmul_forward_matches(causal, rng, reference, monkeypatch):
     """The forward as S = Q K^T, a scaled (causal) softmax in place and O = P V (a GPU's choice at head
     dims above 64), in groups of heads (a small DS_BYTES forces several); L != S both
-    ways; its logsumexp feeds both backward paths."""
+    ways; its logsumexp feeds both backward paths. Sequences past one 64-row tile: causal products skip
+    the tiles past the diagonal (ops/matmul.py matmul_lower)."""
     dev = wgpar.device(0)
     for shapes, groups in ((((2, 3, 37, 16), (2, 3, 45, 16)), 4), (((1, 2, 64, 32), (1, 2, 20, 32)), 1),
-                           (((2, 2, 50, 64), (2, 2, 52, 64)), 3)):
+                           (((2, 2, 50, 64), (2, 2, 52, 64)), 3), (((1, 2, 150, 16), (1, 2, 136, 16)), 2)):
         arrays = _problem(*shapes, rng)
         lq, lk = shapes[0][2], shapes[1][2]
         monkeypatch.setattr(A, "DS_BYTES", lq * lk * 4 * -(-shapes[0][0] * shapes[0][1] // groups))

@@ -30,7 +30,7 @@ from ..tensor import Tensor
 from .arith import binary
 from .elementwise import cast, contiguous, copy_, fill, unary
 from .index import getitem
-from .matmul import matmul
+from .matmul import matmul, matmul_lower
 from .reduce import reduce
 from .shape import cat, narrow, permute, reshape, stack, transpose
 
@@ -720,12 +720,14 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
     kern = _SOFTMAX.spec(("f32", "f32"), FNS=load_source("float_fns"), MERGE=load_source("softmax_merge"))
     parts = []
     for g0, n in _head_groups(dev, b * h, lq, lk):
-        scores = matmul(narrow(q3, 0, g0, n), transpose(narrow(k3, 0, g0, n), 1, 2))  # [n, lq, lk]
+        qg, kt = narrow(q3, 0, g0, n), transpose(narrow(k3, 0, g0, n), 1, 2)
+        scores = matmul_lower(qg, kt, "c") if causal else matmul(qg, kt)  # [n, lq, lk]
         dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
                      _SOFTMAX.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale,
                                    off_s=scores._offset, off_l=lse._offset + g0 * lq),
                      grid(n * lq, dev.max_workgroups))
-        parts.append(matmul(scores, narrow(v3, 0, g0, n)))
+        vg = narrow(v3, 0, g0, n)
+        parts.append(matmul_lower(scores, vg, "a") if causal else matmul(scores, vg))
         del scores
     o = _joined(parts, (b, h, lq, d))
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
@@ -859,7 +861,8 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
             rest = lq4 + lk4 + lv4 + lg4 + gk4 + gv4 + [lse._offset, delta._offset, 1 if c else 0] + extra
             _dispatch(kern, dev, gbufs, head, rest, -(-lk // t_kv.rows), n, g0)
         if ds_path:
-            parts.append(matmul(ds, narrow(keys, 0, g0, n)))
+            kg = narrow(keys, 0, g0, n)
+            parts.append(matmul_lower(ds, kg, "a") if causal else matmul(ds, kg))
             del ds
     if ds_path:
         gq = _joined(parts, (b, h, lq, d))
