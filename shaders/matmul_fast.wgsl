@@ -22,8 +22,9 @@
 // functions of an implicit-GEMM convolution (shaders/conv_gemm_*.wgsl), whose loads and stores
 // replace the array accesses (ops/conv.py); empty for a plain matmul. TILE: the workgroup's batch entry z
 // and its tile's first row and column. SKIP and KEND: a causal product's shortcuts (ops/matmul.py,
-// matmul_lower): a tile whose columns all lie past its rows is not computed, or the K loop stops past the
-// tile's last row (A is zero there), with the longest tiles first; empty and p.K otherwise.
+// matmul_causal): a tile whose columns all lie past its rows is not computed, or the K loop stops past
+// the tile's last row or starts at its first (A is zero beyond), the longest tile rows first; KSTART is
+// 0u, SKIP empty and KEND p.K otherwise.
 {{HELPERS}}
 var<workgroup> As: array<vec4<f32>, AS_LEN>;
 var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
@@ -38,11 +39,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {{SKIP}}
 {{DECL}}
   {
-    let k0 = 0u;
+    let k0 = {{KSTART}};
 {{LOAD}}
   }
 {{PROLOGUE}}
-  for (var k0 = 0u; k0 < {{KEND}}; k0 = k0 + BK) {
+  for (var k0 = {{KSTART}}; k0 < {{KEND}}; k0 = k0 + BK) {
     // Single buffer: store the slice, barrier, prefetch, multiply, barrier.
     // Double buffer: prefetch, multiply slab `cur`, store into the other slab, one barrier.
     let cur = {{CUR}};

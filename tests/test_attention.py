@@ -194,7 +194,7 @@ def test_fused_memory_has_no_score_matrix(dev):
     """Causal attention over T = 1024 with the dQ kernel: forward + backward allocate O(T * D), never a
     [T, T] matrix."""
     T, D = 1024, 16
-    with A.force_ds_path(False):
+    with A.force_ds_path(False), A.force_matmul_backward(False):
         peak = _attention_peak(dev, 1, T, D)
     assert peak <= 12 * T * D * 4, f"{peak} bytes at peak"  # out, lse, delta, 3 grads, ...
     assert peak < T * T * 4 // 8  # a score matrix alone would be 4 MiB
@@ -205,9 +205,19 @@ def test_ds_path_memory_is_one_group(dev, monkeypatch):
     O(T * D), not every head's."""
     T, D, heads = 512, 16, 4
     monkeypatch.setattr(A, "DS_BYTES", T * T * 4)
-    with A.force_tiles(dkv="16x16r4t4"), A.force_ds_path(True):
+    with A.force_tiles(dkv="16x16r4t4"), A.force_ds_path(True), A.force_matmul_backward(False):
         peak = _attention_peak(dev, heads, T, D)
     assert T * T * 4 <= peak <= T * T * 4 + 16 * heads * T * D * 4, f"{peak} bytes at peak"
+
+
+def test_matmul_backward_memory_is_one_group(dev, monkeypatch):
+    """The backward as matmuls holds one group's S and dP at a time: DS_BYTES in all (here one head's two
+    [T, T] buffers) over O(T * D), not every head's."""
+    T, D, heads = 512, 16, 4
+    monkeypatch.setattr(A, "DS_BYTES", 2 * T * T * 4)
+    with A.force_matmul_backward(True):
+        peak = _attention_peak(dev, heads, T, D)
+    assert 2 * T * T * 4 <= peak <= 2 * T * T * 4 + 16 * heads * T * D * 4, f"{peak} bytes at peak"
 
 
 def test_errors(rng):
@@ -342,7 +352,7 @@ def test_matmul_forward_matches(causal, rng, reference, monkeypatch):
     """The forward as S = Q K^T, a scaled (causal) softmax in place and O = P V (a GPU's choice at head
     dims above 64), in groups of heads (a small DS_BYTES forces several); L != S both
     ways; its logsumexp feeds both backward paths. Sequences past one 64-row tile: causal products skip
-    the tiles past the diagonal (ops/matmul.py matmul_lower)."""
+    the tiles past the diagonal (ops/matmul.py matmul_causal)."""
     dev = wgpar.device(0)
     for shapes, groups in ((((2, 3, 37, 16), (2, 3, 45, 16)), 4), (((1, 2, 64, 32), (1, 2, 20, 32)), 1),
                            (((2, 2, 50, 64), (2, 2, 52, 64)), 3), (((1, 2, 150, 16), (1, 2, 136, 16)), 2)):
@@ -381,6 +391,48 @@ def test_matmul_forward_float16_nan_and_choice(rng, reference):
     assert not A._use_matmul_forward(dev, 128, False, 128, 128)  # short: fewer dispatches fused
     with A.force_matmul_forward(True):
         assert not A._use_matmul_forward(dev, 64, False, 8192, 8192)  # one head's scores past DS_BYTES
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_matmul_backward_matches(causal, rng, reference, monkeypatch):
+    """The backward as matmuls (a GPU's default from DS_MIN_PAIRS pairs): S and dP per group of heads (a
+    small DS_BYTES forces several, ragged ones), P and dS in place, then dV = P^T dO, dK = dS^T Q,
+    dQ = dS K; L != S both ways, sequences past one 64-row tile (the causal products skip their
+    triangle), keys and queries not in whole vec4s (the plain products); after either forward."""
+    for shapes, groups in ((((2, 3, 45, 16), (2, 3, 36, 16)), 4), (((1, 2, 21, 32), (1, 2, 52, 32)), 1),
+                           (((1, 2, 140, 16), (1, 2, 200, 16)), 1), (((2, 2, 150, 64), (2, 2, 136, 64)), 3),
+                           (((1, 3, 70, 8), (1, 3, 130, 8)), 2)):
+        arrays = _problem(*shapes, rng)
+        lq, lk = shapes[0][2], shapes[1][2]
+        monkeypatch.setattr(A, "DS_BYTES", 2 * lq * lk * 4 * -(-shapes[0][0] * shapes[0][1] // groups))
+        for fwd in (False, True):
+            with A.force_matmul_backward(True), A.force_matmul_forward(fwd):
+                assert A._use_matmul_backward(wgpar.device(0), lq, lk)
+                y, ins = _run(arrays, causal, path="fused")
+            _check(y, ins, _want(reference, arrays, causal))
+
+
+def test_matmul_backward_float16_nan_and_choice(rng, reference):
+    """float16 operands (S, dP and the products in float32, the gradients rounded once); a NaN key makes
+    the gradient rows that see it NaN and leaves other heads clean; the choice: a GPU from DS_MIN_PAIRS
+    pairs, both buffers of one head within DS_BYTES; a CPU adapter keeps the kernels unless forced."""
+    arrays = _problem((2, 2, 50, 32), (2, 2, 48, 32), rng)
+    with A.force_matmul_backward(True):
+        y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
+    assert all(t.grad.dtype is wgpar.float16 for t in ins)
+    _check(y, ins, _want(reference, arrays, True), tol=3e-3)
+    bad = [a.copy() for a in arrays]
+    bad[1][0, 1, 7, 3] = np.nan
+    with A.force_matmul_backward(True):
+        _, got = _run(bad, True, path="fused")
+    dq, dk = got[0].grad.numpy(), got[1].grad.numpy()
+    assert np.isnan(dq[0, 1, 7:]).all() and not np.isnan(dq[0, 0]).any() and not np.isnan(dq[1]).any()
+    assert not np.isnan(dk[0, 0]).any() and not np.isnan(dk[1]).any()
+    dev = wgpar.device(0)
+    assert A._use_matmul_backward(dev, 512, 512) is (dev.adapter_type != "CPU")
+    assert not A._use_matmul_backward(dev, 128, 128)  # short: the kernels
+    with A.force_matmul_backward(True):
+        assert not A._use_matmul_backward(dev, 4096, 8192)  # 128 MiB of S and as much of dP for one head
 
 
 def test_dq_path_choice():

@@ -327,44 +327,50 @@ def _lower_operands(rng, n, M, K, N, layout):
 @pytest.mark.parametrize("variant", FAST)
 @pytest.mark.parametrize("layout", ("nn", "nt"))
 @pytest.mark.parametrize("shape", [(3, 200, 20, 300), (2, 130, 16, 72), (1, 256, 32, 256), (2, 72, 8, 516)])
-def test_matmul_lower_c_gives_the_lower_triangle(rng, variant, layout, shape):
-    """matmul_lower(a, b, "c") (causal attention's scores): every entry j <= i equals a @ b; the tiles past
+def test_matmul_causal_c_gives_the_lower_triangle(rng, variant, layout, shape):
+    """matmul_causal(a, b, "c") (causal attention's scores): every entry j <= i equals a @ b; the tiles past
     the diagonal are skipped. Rows and columns not multiples of the tile, M < N and M > N, a batch."""
     n, M, K, N = shape
     a, b, wa, wb = _lower_operands(rng, n, M, K, N, layout)
     with mm.force_variant(variant):
         assert plan_of(wa, wb).variant == variant
-        got = mm.matmul_lower(wa, wb, "c").numpy()
+        got = mm.matmul_causal(wa, wb, "c").numpy()
     keep = np.tril(np.ones((M, N), dtype=bool))
     assert rel_err(got[:, keep], (a @ b)[:, keep]) < 1e-5
 
 
-@pytest.mark.parametrize("variant", FAST)
+@pytest.mark.parametrize("which", ["a", "u"])
+@pytest.mark.parametrize("variant", ALL_FAST)
 @pytest.mark.parametrize("shape", [(3, 200, 204, 20), (2, 130, 72, 200), (1, 256, 256, 64), (2, 70, 300, 8)])
-def test_matmul_lower_a_stops_at_the_diagonal(rng, variant, shape):
-    """matmul_lower(a, b, "a") (P V, dS K): A lower triangular, each tile row's K loop ends past its last
-    row. A holds NaN beyond the tile band (zeros inside it): any read past the limit would show."""
+def test_matmul_causal_triangular_a(rng, extra_tilings, which, variant, shape):
+    """matmul_causal(a, b, "a") (P V, dS K: A lower triangular, each tile row's K loop ends past its last
+    row) and "u" (P^T dO, dS^T Q: A upper triangular, the loop starts at the tile's first row), on every
+    tiling, double-buffered ones too. A holds NaN beyond the tile band (zeros inside it): any read past
+    the limit would show."""
     n, M, K, N = shape
     a, b, wa, wb = _lower_operands(rng, n, M, K, N, "nn")
     bm = mm.TILINGS[variant].bm
     i, j = np.indices((M, K))
-    a = np.where(j <= i, a, np.where(j < (i // bm + 1) * bm, 0.0, np.nan))
+    if which == "a":
+        a = np.where(j <= i, a, np.where(j < (i // bm + 1) * bm, 0.0, np.nan))
+    else:
+        a = np.where(j >= i, a, np.where(j >= (i // bm) * bm, 0.0, np.nan))
     wa = wgpar.tensor(a.astype(np.float32))
     with mm.force_variant(variant):
         assert plan_of(wa, wb).variant == variant
-        got = mm.matmul_lower(wa, wb, "a").numpy()
+        got = mm.matmul_causal(wa, wb, which).numpy()
     want = np.nan_to_num(a, nan=0.0) @ b
     assert np.isfinite(got).all() and rel_err(got, want) < 1e-5
 
 
-def test_matmul_lower_falls_back_and_checks(rng):
+def test_matmul_causal_falls_back_and_checks(rng):
     """Where the tiled kernel does not run (K not whole vec4s) the plain product gives the wanted values;
     bad arguments are errors that name the shapes."""
     a, b, wa, wb = _lower_operands(rng, 2, 40, 13, 40, "nn")
     assert plan_of(wa, wb).variant == "general"
     keep = np.tril(np.ones((40, 40), dtype=bool))
-    assert rel_err(mm.matmul_lower(wa, wb, "c").numpy()[:, keep], (a @ b)[:, keep]) < 1e-5
+    assert rel_err(mm.matmul_causal(wa, wb, "c").numpy()[:, keep], (a @ b)[:, keep]) < 1e-5
     with pytest.raises(ValueError, match="which"):
-        mm.matmul_lower(wa, wb, "b")
+        mm.matmul_causal(wa, wb, "b")
     with pytest.raises(ValueError, match=r"\(2, 40, 13\)"):
-        mm.matmul_lower(wa, wa, "a")
+        mm.matmul_causal(wa, wa, "a")

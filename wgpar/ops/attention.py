@@ -30,7 +30,7 @@ from ..tensor import Tensor
 from .arith import binary
 from .elementwise import cast, contiguous, copy_, fill, unary
 from .index import getitem
-from .matmul import matmul, matmul_lower
+from .matmul import matmul, matmul_causal
 from .reduce import reduce
 from .shape import cat, narrow, permute, reshape, stack, transpose
 
@@ -677,6 +677,11 @@ def _f32(x: Tensor) -> Tensor:
     return x if x.dtype is _dt.float32 else cast(x, _dt.float32)
 
 
+def _product(x: Tensor, y: Tensor, causal: bool, which: str) -> Tensor:
+    """x @ y of a group's [n, ., .] operands; causal: the triangle ``which`` (matmul_causal) skipped."""
+    return matmul_causal(x, y, which) if causal else matmul(x, y)
+
+
 def _joined(parts: list[Tensor], shape: tuple[int, ...]) -> Tensor:
     """The groups' [n, L, D] results as one tensor of ``shape``."""
     return reshape(parts[0] if len(parts) == 1 else cat(parts, 0), shape)
@@ -721,13 +726,13 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
     parts = []
     for g0, n in _head_groups(dev, b * h, lq, lk):
         qg, kt = narrow(q3, 0, g0, n), transpose(narrow(k3, 0, g0, n), 1, 2)
-        scores = matmul_lower(qg, kt, "c") if causal else matmul(qg, kt)  # [n, lq, lk]
+        scores = _product(qg, kt, causal, "c")  # [n, lq, lk]
         dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
                      _SOFTMAX.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale,
                                    off_s=scores._offset, off_l=lse._offset + g0 * lq),
                      grid(n * lq, dev.max_workgroups))
         vg = narrow(v3, 0, g0, n)
-        parts.append(matmul_lower(scores, vg, "a") if causal else matmul(scores, vg))
+        parts.append(_product(scores, vg, causal, "a"))
         del scores
     o = _joined(parts, (b, h, lq, d))
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
@@ -816,6 +821,58 @@ def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:
     return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS
 
 
+# The backward as matmuls: on a GPU the dK / dV kernel reaches a fraction of what the matmul does (an H100,
+# 8x12x1024x128 causal: 7.8 ms, three quarters of forward + backward), so for a group of (batch, head)
+# pairs S = Q K^T and dP = dO V^T run as batched matmuls, shaders/attention_grad_scores.wgsl turns them in
+# place into P and scale dS, and dV = P^T dO, dK = dS^T Q, dQ = dS K are three more; causal products skip
+# their triangle (matmul_causal). The two [n, Lq, Lk] buffers hold at most DS_BYTES together.
+_GRAD_SCORES = Kernel("attention_grad_scores", "s: w, dp: w, lse: r, delta: r",
+                      "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, off_s: u32, off_dp: u32, off_l: u32, "
+                      "off_d: u32")
+_mm_backward: list[bool | None] = [None]  # force_matmul_backward
+
+
+def force_matmul_backward(on: bool | None) -> contextlib.AbstractContextManager:
+    """Make the backward run as matmuls (True), with the kernels (False), or choose (None; tests)."""
+    return _forcing(_mm_backward, on)
+
+
+def _use_matmul_backward(dev, lq: int, lk: int) -> bool:
+    """Whether the backward runs as matmuls: one head's scores and their gradient within DS_BYTES and the
+    binding limit; on a GPU from DS_MIN_PAIRS pairs per head, unless forced."""
+    if not _scores_fit(dev, lq, 2 * lk):
+        return False
+    if _mm_backward[0] is not None:
+        return _mm_backward[0]
+    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS
+
+
+def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, causal: bool,
+                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """attention_backward's (dq, dk, dv) as five batched matmuls per group of heads and one pass between."""
+    dev = q.device
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    q3, k3, v3, g3 = (reshape(_f32(x), (b * h, x.shape[2], d)) for x in (q, k, v, dout))
+    delta = contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))  # rowsum(dO * O) [b, h, lq]
+    kern = _GRAD_SCORES.spec(("f32", "f32", "f32", "f32"))
+    gq, gk, gv = [], [], []
+    for g0, n in _head_groups(dev, b * h, lq, 2 * lk):  # S and dP of the group within DS_BYTES together
+        qg, kg, vg, dg = (narrow(x, 0, g0, n) for x in (q3, k3, v3, g3))
+        s = _product(qg, transpose(kg, 1, 2), causal, "c")  # [n, lq, lk]
+        dp = _product(dg, transpose(vg, 1, 2), causal, "c")
+        dev.dispatch(kern, [s._storage.buffer, dp._storage.buffer, lse._storage.buffer, delta._storage.buffer],
+                     _GRAD_SCORES.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale, off_s=s._offset,
+                                       off_dp=dp._offset, off_l=lse._offset + g0 * lq, off_d=delta._offset + g0 * lq),
+                     grid(n * lq, dev.max_workgroups))
+        gv.append(_product(transpose(s, 1, 2), dg, causal, "u"))  # P^T dO
+        gk.append(_product(transpose(dp, 1, 2), qg, causal, "u"))  # (scale dS)^T Q
+        gq.append(_product(dp, kg, causal, "a"))  # (scale dS) K
+        del s, dp
+    grads = (_joined(gq, (b, h, lq, d)), _joined(gk, (b, h, lk, d)), _joined(gv, (b, h, lk, d)))
+    return tuple(x if q.dtype is _dt.float32 else cast(x, q.dtype) for x in grads)
+
+
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, causal: bool,
                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv), contiguous [B, H, T, D] in the operands' dtype, for ``attention_forward``'s
@@ -826,6 +883,8 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     dv = d // 4
     if dout.dtype is not q.dtype:
         dout = cast(dout, q.dtype)
+    if _use_matmul_backward(dev, lq, lk):
+        return _matmul_backward(q, k, v, out, lse, dout, causal, scale)
     k_in = k
     (q, lq4), (k, lk4), (v, lv4) = _vec4_layout(q), _vec4_layout(k), _vec4_layout(v)
     (dout, lg4), (out, lo4) = _vec4_layout(dout), _vec4_layout(out)
@@ -862,7 +921,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
             _dispatch(kern, dev, gbufs, head, rest, -(-lk // t_kv.rows), n, g0)
         if ds_path:
             kg = narrow(keys, 0, g0, n)
-            parts.append(matmul_lower(ds, kg, "a") if causal else matmul(ds, kg))
+            parts.append(_product(ds, kg, causal, "a"))
             del ds
     if ds_path:
         gq = _joined(parts, (b, h, lq, d))

@@ -170,7 +170,7 @@ class Plan:
     ldb: int = 0
     edge: bool = False  # the shape is not a multiple of the tile: bounds-checked loads and stores
     split: int = 1  # K in this many parts, each a batch entry of a partial product, summed after
-    lower: str = ""  # matmul_lower: "c" (only C's lower triangle wanted) or "a" (A lower triangular)
+    tri: str = ""  # matmul_causal: "c" (C's lower triangle wanted), "a" / "u" (A lower / upper triangular)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -227,7 +227,7 @@ def matmul_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
     return inplace("add", matmul(a, b), bias)
 
 
-def matmul_lower(a: Tensor, b: Tensor, which: str) -> Tensor:
+def matmul_causal(a: Tensor, b: Tensor, which: str) -> Tensor:
     """The batched product a [n, M, K] @ b [n, K, N] of causal attention (ops/attention.py), with the work
     its triangle makes needless skipped where the tiled kernel runs it in one dispatch per K (else a plain
     matmul, which gives the same wanted values).
@@ -235,12 +235,13 @@ def matmul_lower(a: Tensor, b: Tensor, which: str) -> Tensor:
     ``which="c"``: only C's lower triangle (columns j <= row i) is wanted, as for the scores S = Q K^T:
     tiles whose columns all lie past their rows are not computed, so C's upper triangle past the tile band
     is left unwritten (whatever the buffer held). ``which="a"``: A is lower triangular (A[i, j] = 0 for
-    j > i), as P or dS: each tile row's K loop ends past its last row.
+    j > i), as P or dS: each tile row's K loop ends past its last row. ``which="u"``: A is upper
+    triangular (A[i, j] = 0 for j < i), as P^T or dS^T: each tile row's K loop starts at its first row.
     """
-    if which not in ("a", "c"):
-        raise ValueError(f"matmul_lower: which must be 'a' or 'c', got {which!r}")
+    if which not in ("a", "c", "u"):
+        raise ValueError(f"matmul_causal: which must be 'a', 'c' or 'u', got {which!r}")
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
-        raise ValueError(f"matmul_lower: expected [n, M, K] @ [n, K, N], got {a.shape} and {b.shape}")
+        raise ValueError(f"matmul_causal: expected [n, M, K] @ [n, K, N], got {a.shape} and {b.shape}")
     out_dt = _result_dtype(a, b)
     n, M, K = a.shape
     N = b.shape[2]
@@ -249,7 +250,7 @@ def matmul_lower(a: Tensor, b: Tensor, which: str) -> Tensor:
     p = plan(a, b, out_dt)
     if p.variant == "general" or p.nb != n:  # (a weight shared over the batch folds it into M: not here)
         return matmul(a, b)
-    p = replace(p, split=1, lower=which)
+    p = replace(p, split=1, tri=which)
     out = Tensor.empty((n, M, N), out_dt, a.device)
     _run_fast(p, out, TILINGS[p.variant])
     return out
@@ -374,13 +375,15 @@ def _cost(p: Plan, out: Tensor, m0: int, n0: int, groups: tuple[int, int, int], 
     """The FLOPs and the least bytes moved of one tile dispatch, for the profiler."""
     rows, cols, nb = min(groups[1] * tm, p.M - m0), min(groups[0] * tn, p.N - n0), groups[2]
     flops = 2 * nb * rows * cols * p.K
-    if p.lower:  # the tiles computed (c), the K each tile row runs (a)
+    if p.tri:  # the tiles computed (c), the K each tile row runs (a, u)
         ys = range(m0 // tm, m0 // tm + groups[1])
         xs = range(n0 // tn, n0 // tn + groups[0])
-        if p.lower == "c":
+        if p.tri == "c":
             flops = 2 * nb * tm * tn * p.K * sum(1 for y in ys for x in xs if x * tn < (y + 1) * tm)
-        else:
+        elif p.tri == "a":
             flops = 2 * nb * tm * cols * sum(min(p.K, (y + 1) * tm) for y in ys)
+        else:
+            flops = 2 * nb * tm * cols * sum(max(0, p.K - y * tm) for y in ys)
     return {"flops": flops,
             "nbytes": nb * (p.K * (rows * p.a.t.dtype.itemsize + cols * p.b.t.dtype.itemsize)
                             + rows * cols * out.dtype.itemsize)}
@@ -401,7 +404,7 @@ def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None) -> No
     """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4)."""
     a, b = p.a.t, p.b.t
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge,
-                     None if bias is None else bias.dtype.storage, p.lower)
+                     None if bias is None else bias.dtype.storage, p.tri)
     kernel = _FAST if bias is None else _FAST_BIAS
     buffers = [out._storage.buffer, a._storage.buffer, b._storage.buffer]
     extra = {}
@@ -416,9 +419,9 @@ def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None) -> No
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
-# A workgroup's batch entry and tile: in grid order, or (a lower-triangular A, whose tile rows run K up
-# to their last row) the last tile row of every batch entry and column first, then the one above...: a
-# product of one or two waves of workgroups otherwise ends with the longest tiles alone on the GPU (an
+# A workgroup's batch entry and tile: in grid order, or (a triangular A, whose tile rows run K up to their
+# last row or from their first) the longest tile row of every batch entry and column first, then the next:
+# a product of one or two waves of workgroups otherwise ends with the longest tiles alone on the GPU (an
 # H100, P V at 96 x 1024 x 1024 x 128: the K limit alone saved 23% of the time, against 47% of the work).
 _IN_ORDER = """  let z = wid.z + p.z0;
   let row0 = p.m0 + wid.y * BM;
@@ -426,21 +429,22 @@ _IN_ORDER = """  let z = wid.z + p.z0;
 _LONGEST_FIRST = """  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
   let z = p.z0 + lin % nwg.z;
   let col0 = p.n0 + (lin / nwg.z) % nwg.x * BN;
-  let row0 = p.m0 + (nwg.y - 1u - lin / (nwg.z * nwg.x)) * BM;"""
+  let row0 = p.m0 + (ROW) * BM;"""
+_ROW_ORDER = {"a": "nwg.y - 1u - lin / (nwg.z * nwg.x)", "u": "lin / (nwg.z * nwg.x)"}
 
 
 def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool,
-                 tbias: str | None = None, lower: str = "") -> KernelSpec:
-    key = (t, la, lb, ta, tb, tc, edge, tbias, lower)
+                 tbias: str | None = None, tri: str = "") -> KernelSpec:
+    key = (t, la, lb, ta, tb, tc, edge, tbias, tri)
     hit = _FAST_CACHE.get(key)
     if hit is None:
-        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias, lower=lower)
+        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias, tri=tri)
     return hit
 
 
 def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False,
               gather: tuple[Kernel, str, tuple[str, ...]] | None = None, bias: str | None = None,
-              lower: str = "") -> KernelSpec:
+              tri: str = "") -> KernelSpec:
     """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file).
 
     ``edge``: M, N, K need not be multiples of the tile. Loads clamp their row and vec4 column into
@@ -546,8 +550,9 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     def stores(kbase: str) -> str:
         return "\n".join(line.replace("KB", kbase) for line in store)
 
+    kstart = "min(row0, p.K)" if tri == "u" else "0u"
     if t.double:
-        prologue, cur = stores("0u") + "\n  workgroupBarrier();", f"((k0 / {t.bk}u) & 1u) * {t.bk}u"
+        prologue, cur = stores("0u") + "\n  workgroupBarrier();", f"(((k0 - {kstart}) / {t.bk}u) & 1u) * {t.bk}u"
         head, tail = "", stores(f"({t.bk}u - cur)")
     else:
         prologue, cur, head, tail = "", "0u", stores("0u") + "\n    workgroupBarrier();", ""
@@ -560,7 +565,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     return kernel.spec(types, constants=consts, HELPERS=helpers, DECL="\n".join(decl),
                        LOAD="\n".join(load), NEXT="k0 + BK" if edge or gather else "min(k0 + BK, p.K - BK)",
                        PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
-                       TILE=_LONGEST_FIRST if lower == "a" else _IN_ORDER,
-                       SKIP="  if (col0 >= row0 + BM) { return; }" if lower == "c" else "",
-                       KEND="min(p.K, row0 + BM)" if lower == "a" else "p.K",
+                       TILE=_LONGEST_FIRST.replace("ROW", _ROW_ORDER[tri]) if tri in _ROW_ORDER else _IN_ORDER,
+                       SKIP="  if (col0 >= row0 + BM) { return; }" if tri == "c" else "",
+                       KSTART=kstart,
+                       KEND="min(p.K, row0 + BM)" if tri == "a" else "p.K",
                        COMPUTE="\n".join(comp), WRITE="\n".join(write))
