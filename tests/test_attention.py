@@ -395,7 +395,7 @@ def test_matmul_forward_float16_nan_and_choice(rng, reference):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_matmul_backward_matches(causal, rng, reference, monkeypatch):
-    """The backward as matmuls (a GPU's default from DS_MIN_PAIRS pairs): S and dP per group of heads (a
+    """The backward as matmuls (a GPU's default at head dims above 64): S and dP per group of heads (a
     small DS_BYTES forces several, ragged ones), P and dS in place, then dV = P^T dO, dK = dS^T Q,
     dQ = dS K; L != S both ways, sequences past one 64-row tile (the causal products skip their
     triangle), keys and queries not in whole vec4s (the plain products); after either forward."""
@@ -407,15 +407,16 @@ def test_matmul_backward_matches(causal, rng, reference, monkeypatch):
         monkeypatch.setattr(A, "DS_BYTES", 2 * lq * lk * 4 * -(-shapes[0][0] * shapes[0][1] // groups))
         for fwd in (False, True):
             with A.force_matmul_backward(True), A.force_matmul_forward(fwd):
-                assert A._use_matmul_backward(wgpar.device(0), lq, lk)
+                assert A._use_matmul_backward(wgpar.device(0), shapes[0][3], lq, lk)
                 y, ins = _run(arrays, causal, path="fused")
             _check(y, ins, _want(reference, arrays, causal))
 
 
 def test_matmul_backward_float16_nan_and_choice(rng, reference):
     """float16 operands (S, dP and the products in float32, the gradients rounded once); a NaN key makes
-    the gradient rows that see it NaN and leaves other heads clean; the choice: a GPU from DS_MIN_PAIRS
-    pairs, both buffers of one head within DS_BYTES; a CPU adapter keeps the kernels unless forced."""
+    the gradient rows that see it NaN and leaves other heads clean; the choice: a GPU at head dims above
+    64 from DS_MIN_PAIRS pairs, both buffers of one head within DS_BYTES; a CPU adapter keeps the kernels
+    unless forced."""
     arrays = _problem((2, 2, 50, 32), (2, 2, 48, 32), rng)
     with A.force_matmul_backward(True):
         y, ins = _run(arrays, True, dtype=wgpar.float16, path="fused")
@@ -429,10 +430,11 @@ def test_matmul_backward_float16_nan_and_choice(rng, reference):
     assert np.isnan(dq[0, 1, 7:]).all() and not np.isnan(dq[0, 0]).any() and not np.isnan(dq[1]).any()
     assert not np.isnan(dk[0, 0]).any() and not np.isnan(dk[1]).any()
     dev = wgpar.device(0)
-    assert A._use_matmul_backward(dev, 512, 512) is (dev.adapter_type != "CPU")
-    assert not A._use_matmul_backward(dev, 128, 128)  # short: the kernels
+    assert A._use_matmul_backward(dev, 128, 512, 512) is (dev.adapter_type != "CPU")
+    assert not A._use_matmul_backward(dev, 64, 1024, 1024)  # head dim 64: the kernels
+    assert not A._use_matmul_backward(dev, 128, 128, 128)  # short: the kernels
     with A.force_matmul_backward(True):
-        assert not A._use_matmul_backward(dev, 4096, 8192)  # 128 MiB of S and as much of dP for one head
+        assert not A._use_matmul_backward(dev, 128, 4096, 8192)  # 128 MiB of S and as much of dP for one head
 
 
 def test_dq_path_choice():

@@ -821,11 +821,14 @@ def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:
     return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS
 
 
-# The backward as matmuls: on a GPU the dK / dV kernel reaches a fraction of what the matmul does (an H100,
-# 8x12x1024x128 causal: 7.8 ms, three quarters of forward + backward), so for a group of (batch, head)
-# pairs S = Q K^T and dP = dO V^T run as batched matmuls, shaders/attention_grad_scores.wgsl turns them in
-# place into P and scale dS, and dV = P^T dO, dK = dS^T Q, dQ = dS K are three more; causal products skip
-# their triangle (matmul_causal). The two [n, Lq, Lk] buffers hold at most DS_BYTES together.
+# The backward as matmuls: on a GPU at head dims above 64 the dK / dV kernel reaches a fraction of what the
+# matmul does, so for a group of (batch, head) pairs S = Q K^T and dP = dO V^T run as batched matmuls,
+# shaders/attention_grad_scores.wgsl turns them in place into P and scale dS, and dV = P^T dO,
+# dK = dS^T Q, dQ = dS K are three more; causal products skip their triangle (matmul_causal). The two
+# [n, Lq, Lk] buffers hold at most DS_BYTES together. An H100, forward + backward GPU ms (kernels /
+# matmuls): 8x12x1024x128 causal 10.4 / 6.2, not 18.6 / 8.2; 4x8x2048x128 causal 13.3 / 9.8, not 24.2 /
+# 11.8. At head dim 64 the products' [L, L] stores and loads outweigh their speed (4x12x2048x64 causal
+# 8.1 / 12.3, not 12.6 / 15.0; 8x12x512x64 causal 1.1 / 1.3): the kernels stay.
 _GRAD_SCORES = Kernel("attention_grad_scores", "s: w, dp: w, lse: r, delta: r",
                       "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, off_s: u32, off_dp: u32, off_l: u32, "
                       "off_d: u32")
@@ -837,14 +840,14 @@ def force_matmul_backward(on: bool | None) -> contextlib.AbstractContextManager:
     return _forcing(_mm_backward, on)
 
 
-def _use_matmul_backward(dev, lq: int, lk: int) -> bool:
+def _use_matmul_backward(dev, head_dim: int, lq: int, lk: int) -> bool:
     """Whether the backward runs as matmuls: one head's scores and their gradient within DS_BYTES and the
-    binding limit; on a GPU from DS_MIN_PAIRS pairs per head, unless forced."""
+    binding limit; on a GPU from DS_MIN_PAIRS pairs per head at a head dim above 64, unless forced."""
     if not _scores_fit(dev, lq, 2 * lk):
         return False
     if _mm_backward[0] is not None:
         return _mm_backward[0]
-    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS
+    return dev.adapter_type != "CPU" and lq * lk >= DS_MIN_PAIRS and head_dim > 64
 
 
 def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, causal: bool,
@@ -883,7 +886,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     dv = d // 4
     if dout.dtype is not q.dtype:
         dout = cast(dout, q.dtype)
-    if _use_matmul_backward(dev, lq, lk):
+    if _use_matmul_backward(dev, d, lq, lk):
         return _matmul_backward(q, k, v, out, lse, dout, causal, scale)
     k_in = k
     (q, lq4), (k, lk4), (v, lv4) = _vec4_layout(q), _vec4_layout(k), _vec4_layout(v)
