@@ -291,7 +291,8 @@ def check_hosts_pipelined(group, seed):
     the tests' 64 KiB chunks (16384 elements): one element, fewer than the ranks, a chunk and one more, many
     chunks with a short last one (the slots wrap around more than once), slices that do not divide by a
     host's ranks; sum, mean, max, float32, float16 (accumulated in float32), int32; tensors, host arrays and
-    reduce_scatter_into (ranges crossing chunks). Bit for bit the host-then-leaders fold (``hosts_fold``),
+    reduce_scatter_into (ranges crossing chunks); all_gather_into and broadcast (the leaders' exchange
+    pipelined the same way) of several chunks. Bit for bit the host-then-leaders fold (``hosts_fold``),
     which for max and int32 is the rank-order one of thread ranks. Fresh data for every chunk, so a chunk
     read from the wrong slot shows."""
     world, r = group.world_size, group.rank
@@ -317,6 +318,14 @@ def check_hosts_pipelined(group, seed):
         group.reduce_scatter_into(out, wgpar.tensor(data[r], device=group.device), "sum")
         np.testing.assert_array_equal(out.numpy(), hosts_fold(data, "sum", group.hosts)[r * m:(r + 1) * m],
                                       err_msg=f"reduce_scatter {m}")
+    for n in (1, 5, E + 1, 3 * E - 7):  # the gathers: pipelined the same way (bytes through the result slots)
+        data = [conformance._data(seed + n, k, (n,), "f") for k in range(world)]
+        out = wgpar.empty(world * n, device=group.device)
+        group.all_gather_into(out, wgpar.tensor(data[r], device=group.device))
+        np.testing.assert_array_equal(out.numpy(), np.concatenate(data), err_msg=f"all_gather {n}")
+        b = wgpar.tensor(data[r], device=group.device)
+        group.broadcast(b, world - 1)  # from the last host
+        np.testing.assert_array_equal(b.numpy(), data[world - 1], err_msg=f"broadcast {n}")
     if group.num_hosts > 1 and group.local_rank == 0:
         assert group.inter_host_flight_seconds > 0, "the leaders' step never ran"
 

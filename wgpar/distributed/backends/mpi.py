@@ -177,14 +177,15 @@ class _HostTarget:
 
 
 class _LeadersStep:
-    """A leader's all-reduce of one chunk's host result with the other hosts' leaders, in flight: started
-    by ``MPIGroup._leaders_start``, tested while the host's tasks run, waited for before the barrier that
-    lets the host's ranks copy it out."""
+    """A leader's MPI step of one chunk with the other hosts' leaders (``kind``: "all-reduce" of the host's
+    result, or "exchange" of the bytes a gather's ranks wrote), in flight: started by
+    ``MPIGroup._leaders_start`` / ``_leaders_share``, tested while the host's tasks run, waited for before
+    the barrier that lets the host's ranks copy it out."""
 
-    __slots__ = ("req", "chunk", "nbytes", "t0", "done")
+    __slots__ = ("reqs", "chunk", "nbytes", "t0", "kind", "done")
 
-    def __init__(self, req, chunk: int, nbytes: int, t0: float) -> None:
-        self.req, self.chunk, self.nbytes, self.t0, self.done = req, chunk, nbytes, t0, False
+    def __init__(self, reqs: list, chunk: int, nbytes: int, t0: float, kind: str) -> None:
+        self.reqs, self.chunk, self.nbytes, self.t0, self.kind, self.done = reqs, chunk, nbytes, t0, kind, False
 
 
 class MPIGroup(StagedGroup):
@@ -771,11 +772,11 @@ class MPIGroup(StagedGroup):
         req = self.leaders.Iallreduce(MPI.IN_PLACE, [arr, _mpi_type(MPI, arr.dtype)],
                                       _mpi_op(MPI, op, arr.dtype, is_bool))
         self.inter_host_seconds += time.perf_counter() - t0
-        return _LeadersStep(req, chunk, arr.nbytes, t0)
+        return _LeadersStep([req], chunk, arr.nbytes, t0, "all-reduce")
 
     def _leaders_test(self, net: _LeadersStep) -> bool:
         """Whether the leaders' step completed (a test: it advances the collective)."""
-        if not net.done and net.req.Test():
+        if not net.done and self.MPI.Request.Testall(net.reqs):
             net.done = True
             self.inter_host_flight_seconds += time.perf_counter() - net.t0
         return net.done
@@ -787,8 +788,8 @@ class MPIGroup(StagedGroup):
             return
         t0 = time.perf_counter()
         with profiling.span("leaders' step", "collective", rank=self.ranks[self.rank], bytes=net.nbytes):
-            self._wait([net.req], what, lambda: self._late_hosts(what, f"the leaders' all-reduce of chunk {net.chunk} "
-                                                                        f"({net.nbytes} bytes)"),
+            self._wait(net.reqs, what, lambda: self._late_hosts(what, f"the leaders' {net.kind} of chunk {net.chunk} "
+                                                                       f"({net.nbytes} bytes)"),
                        spin=self._timeout)
         t1 = time.perf_counter()
         net.done = True
@@ -807,34 +808,86 @@ class MPIGroup(StagedGroup):
     def _gather(self, what: str, pieces: list[tuple[int, int, int]], total: int, rb: ChunkedReadback | None,
                 up: ChunkedUpload | None) -> None:
         """Every rank r contributes its bytes at ``[off, off + nbytes)`` of a ``total``-byte concatenation
-        (``pieces``: (rank, off, nbytes)); the whole concatenation goes to ``up`` (None: not wanted)."""
+        (``pieces``: (rank, off, nbytes)); the whole concatenation goes to ``up`` (None: not wanted).
+
+        Chunk by chunk in steps, as ``_reduce_hosts``: step i copies this rank's bytes of chunk i into result
+        slot i % 2 (one host) or i % 3 (across hosts) and copies chunk i - 1's (one host) or i - 2's (across
+        hosts) out of its slot into the upload, as one batch of tasks on the host pool, then the host's
+        ranks meet at a barrier. Across hosts the leader starts the leaders' exchange of chunk i - 1 at the
+        beginning of step i (it sends the bytes its host's ranks wrote to every other leader and receives
+        theirs, into the slot), tests it while the tasks run and waits for it before the barrier, so the
+        network step runs while the host copies chunks i and i - 2. A slot is next written one step after
+        the step that copies it out, behind the barrier that ends that step."""
         if total == 0:
             return
         S = slot_size(min(total, self.chunk), self._max_slot)
-        self._arena.ensure(S)
+        arena = self._arena
+        arena.ensure(S)
+        hosts = self.num_hosts > 1
+        lag = 2 if hosts else 1  # steps from a chunk's copy in to its copy out (across hosts, the leaders' step)
+        rank = self.ranks[self.rank]
+        W = host_threads()
+        chunks = [(c0, min(c0 + S, total)) for c0 in range(0, total, S)]
+        N = len(chunks)
         mine = [(off, nb) for r, off, nb in pieces if r == self.rank]
-        for i, c0 in enumerate(range(0, total, S)):
-            c1 = min(c0 + S, total)
-            buf = self._arena.result(i % 2, np.uint8, c1 - c0)
+
+        def slot(i: int) -> np.ndarray:
+            c0, c1 = chunks[i]
+            return arena.result(i % (lag + 1), np.uint8, c1 - c0)
+
+        def copy_in(i: int) -> list:
+            """Tasks: this rank's bytes of chunk i into its slot."""
+            if i >= N:
+                return []
+            (c0, c1), buf, tasks = chunks[i], slot(i), []
             for off, nb in mine:
                 s, e = max(off, c0), min(off + nb, c1)
                 if s < e:
                     for rel, src in self._mapping(lambda s=s, e=e, off=off: rb.span(s - off, e - s, self._timeout,
                                                                                    what), what):
                         dst = s - c0 + rel
-                        copy_into(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8), block=4 * _BLOCK)
-            self._host_barrier(what)
-            if self.num_hosts > 1:
-                if self.local_rank == 0:
-                    self._leaders_share(buf, c0, c1, pieces, what)
-                self._host_barrier(what)
-            if up is not None:
-                for rel, dst in up.span(c0, c1 - c0):
-                    copy_into(dst, buf[rel:rel + len(dst)], block=4 * _BLOCK)
-                up.advance(c1)
+                        tasks += copy_tasks(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8),
+                                            block=4 * _BLOCK, workers=W)
+            return tasks
 
-    def _leaders_share(self, buf: np.ndarray, c0: int, c1: int, pieces, what: str) -> None:
-        """Between hosts: each leader sends the bytes its host's ranks wrote to every other leader."""
+        def copy_out(i: int) -> list:
+            """Tasks: chunk i out of its slot into the upload."""
+            if up is None or not 0 <= i < N:
+                return []
+            c0, c1 = chunks[i]
+            buf = slot(i)
+            return [t for rel, dst in up.span(c0, c1 - c0)
+                    for t in copy_tasks(dst, buf[rel:rel + len(dst)], block=4 * _BLOCK, workers=W)]
+
+        tasks = copy_in(0)
+        complete = 0  # upload bytes the steps so far finished: committed while the next step runs
+        for i in range(N + lag):
+            net = None  # across hosts, the leaders' exchange of chunk i - 1, in flight during this step
+            with profiling.span("host step", "collective", rank=rank):
+                if hosts and self.local_rank == 0 and 1 <= i <= N:
+                    net = self._leaders_share(slot(i - 1), *chunks[i - 1], pieces, i - 1)
+                futures = submit_tasks(bundle(tasks, W))
+                try:
+                    if up is not None:
+                        up.advance(complete)
+                    if net is not None:
+                        self._leaders_test(net)
+                    tasks = copy_in(i + 1) + copy_out(i + 1 - lag)
+                finally:
+                    self._finish_testing(futures, net)
+            del futures
+            if i >= lag:
+                complete = chunks[i - lag][1]
+            if net is not None:
+                self._leaders_wait(net, what)
+            if i < N + lag - 1:
+                self._host_barrier(what)
+        if up is not None:
+            up.advance(complete)
+
+    def _leaders_share(self, buf: np.ndarray, c0: int, c1: int, pieces, chunk: int) -> _LeadersStep:
+        """Between hosts, start the exchange of chunk ``chunk`` (bytes ``[c0, c1)``, in ``buf``): each leader
+        sends the bytes its host's ranks wrote to every other leader and receives theirs."""
         me = self.hosts[self.rank]
         reqs = []
         t0 = time.perf_counter()
@@ -847,9 +900,8 @@ class MPIGroup(StagedGroup):
                 reqs += [self.leaders.Isend(buf[s:e], other, 0) for other in range(self.num_hosts) if other != me]
             else:
                 reqs.append(self.leaders.Irecv(buf[s:e], h, 0))
-        self._wait(reqs, what, lambda: f"{what}: another host did not send its part within {self._timeout:g} s",
-                   spin=self._timeout)
         self.inter_host_seconds += time.perf_counter() - t0
+        return _LeadersStep(reqs, chunk, c1 - c0, t0, "exchange")
 
     # -- collectives ----------------------------------------------------------------------
     def _collective(self, kind: str, meta: dict, rb: ChunkedReadback | None, body: Callable[[Any], Any],
