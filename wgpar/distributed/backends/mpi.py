@@ -25,7 +25,10 @@ thread, in call order:
    result slot (the threaded backend's reduction, in the same rank order, so
    the results are bit for bit the same). Between hosts, one leader per host
    runs the MPI collective on the host's partial result (hierarchical:
-   reduce inside the host, MPI among the leaders, share inside the host).
+   reduce inside the host, MPI among the leaders, share inside the host),
+   pipelined too: the leaders' step of chunk i is in flight (started, and
+   tested so that MPI advances it) while the host reduces chunk i + 1 and
+   copies chunk i - 1 out (``_reduce_hosts``; the gathers, ``_gather``, alike).
 3. Every rank writes its result into leased mapped upload buffers, which
    the GPU copies into the output chunk by chunk.
 
