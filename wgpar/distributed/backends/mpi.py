@@ -953,7 +953,8 @@ class MPIGroup(StagedGroup):
 
         def body(_):
             # Four buffers: step i writes chunk i, finishes chunk i - 1 and commits chunk i - 2 (finished by
-            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before.
+            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before (across hosts
+            # one chunk later each: the same four). The gathers' steps are the same.
             up = self._upload(target, kind, depth=4)
             self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
@@ -973,7 +974,7 @@ class MPIGroup(StagedGroup):
             return self._collective(kind, meta, rb, body)
 
         def receive(_):
-            up = self._upload(target, kind, np.dtype(np.uint8))
+            up = self._upload(target, kind, np.dtype(np.uint8), depth=4)
             self._run_upload(up, lambda: self._gather(kind, pieces, tensor.nbytes, None, up))
             return self._landed(target, tensor)
 
@@ -996,7 +997,8 @@ class MPIGroup(StagedGroup):
                         out.append((s - start, o._storage.buffer, s - off, round4(e - s)))
                 return out
 
-            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind)
+            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind,
+                               depth=4)
             self._run_upload(up, lambda: self._gather(kind, pieces, offs[-1], rb, up))
             for o in outs:
                 o._storage.bump_version()
@@ -1012,7 +1014,7 @@ class MPIGroup(StagedGroup):
         pieces = [(r, r * nb, nb) for r in range(self.world_size)]
 
         def body(_):
-            up = self._upload(target, kind, np.dtype(np.uint8))
+            up = self._upload(target, kind, np.dtype(np.uint8), depth=4)
             self._run_upload(up, lambda: self._gather(kind, pieces, output.nbytes, rb, up))
             return self._landed(target, output)
 
