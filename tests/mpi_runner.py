@@ -1,13 +1,16 @@
 """Programs that tests/test_mpi.py runs under mpiexec, one process per rank:
 
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py conformance SEED OUT.npz
+    WGPAR_MPI_RANKS_PER_HOST=2 mpiexec -n 4 python -m mpi4py tests/mpi_runner.py hosts SEED JITTER
     mpiexec -n 3 python -m mpi4py tests/mpi_runner.py fault MODE TIMEOUT TOKEN
     mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p MODE TIMEOUT TOKEN
     mpiexec -n 2 python -m mpi4py tests/mpi_runner.py p2p_progress BUSY FLOATS
 
 ``conformance`` runs every check of tests/conformance.py (and a few the MPI backend adds), then
 trains a small model with DistributedDataParallel; rank 0 writes what every rank returned to OUT.
-``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip, stall, stall_late) while the
+``hosts`` runs the pipelined all-reduce across simulated hosts (``check_hosts_pipelined``) with each
+rank's steps delayed at random by up to JITTER s; rank 0 prints each rank's host, hosts and ranks per host.
+``fault`` makes rank 1 misbehave (MODE: raise, return, sysexit, skip, stall, stall_late, stall_host) while the
 others are in an all-reduce (or, MODE nosend, wait for a message from it); each other rank prints
 ``RAISED`` and its error, and the job must end non-zero. ``p2p`` (p2p_program) is a recv never matched
 or a send never received, which must also end the job non-zero, naming the message. ``p2p_progress``
@@ -261,6 +264,72 @@ def check_mailbox_and_mpi_in_order(group, seed):
         assert [int(group._mail._state[group._mail._index(other, me, k)]) for k in range(4)] == [0] * 4
 
 
+def hosts_fold(parts: list[np.ndarray], op: str, hosts) -> np.ndarray:
+    """What the MPI backend computes across hosts: each host's ranks in rank order, then the hosts in order
+    (float16 accumulated in float32; mean divides once, at the end). With one host, or with one rank on
+    every host but the first, this is the rank-order reduction of thread ranks."""
+    fn = {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+    acc_dt = np.float32 if parts[0].dtype == np.float16 else parts[0].dtype
+    partial = []
+    for h in sorted(set(hosts)):
+        mine = [p for p, hh in zip(parts, hosts) if hh == h]
+        acc = mine[0].astype(acc_dt)
+        for p in mine[1:]:
+            fn(acc, p, out=acc, casting="unsafe")
+        partial.append(acc)
+    acc = partial[0]
+    for p in partial[1:]:
+        fn(acc, p, out=acc)
+    if op == "mean":
+        np.divide(acc, len(parts), out=acc)
+    return acc.astype(parts[0].dtype)
+
+
+def check_hosts_pipelined(group, seed):
+    """The all-reduce across (simulated) hosts, pipelined (the leaders' step of chunk i in flight while the
+    host reduces chunk i + 1 and copies chunk i - 1 out, three result slots in turn), at awkward sizes under
+    the tests' 64 KiB chunks (16384 elements): one element, fewer than the ranks, a chunk and one more, many
+    chunks with a short last one (the slots wrap around more than once), slices that do not divide by a
+    host's ranks; sum, mean, max, float32, float16 (accumulated in float32), int32; tensors, host arrays and
+    reduce_scatter_into (ranges crossing chunks); all_gather_into and broadcast (the leaders' exchange
+    pipelined the same way) of several chunks. Bit for bit the host-then-leaders fold (``hosts_fold``),
+    which for max and int32 is the rank-order one of thread ranks. Fresh data for every chunk, so a chunk
+    read from the wrong slot shows."""
+    world, r = group.world_size, group.rank
+    E = 16384
+    for n in (1, world - 1 or 1, E + 1, 7 * E - 5):
+        for dtype, op in ((np.float32, "sum"), (np.float32, "mean"), (np.float32, "max"), (np.float16, "sum"),
+                          (np.float16, "mean"), (np.int32, "sum")):
+            kind = "i" if dtype == np.int32 else "f"
+            data = [conformance._data(seed + n, k, (n,), kind).astype(dtype) for k in range(world)]
+            want = hosts_fold(data, op, group.hosts)
+            if op == "max" or dtype == np.int32:  # exact in any order: the rank-order fold too
+                np.testing.assert_array_equal(want, conformance._fold(data, op))
+            what = f"{n} {np.dtype(dtype)} {op} on {group.num_hosts} hosts"
+            np.testing.assert_array_equal(group.host_all_reduce(data[r].copy(), op), want, err_msg=f"host {what}")
+            if dtype == np.float16 and not group.device.has_f16:
+                continue
+            t = wgpar.tensor(data[r], device=group.device, dtype=np.dtype(dtype).name)
+            group.all_reduce(t, op)
+            np.testing.assert_array_equal(t.numpy(), want, err_msg=f"all_reduce {what}")
+        m = n + 3  # each rank's range: chunk boundaries fall inside the ranges
+        data = [conformance._data(seed + m, k, (world * m,), "f") for k in range(world)]
+        out = wgpar.empty(m, device=group.device)
+        group.reduce_scatter_into(out, wgpar.tensor(data[r], device=group.device), "sum")
+        np.testing.assert_array_equal(out.numpy(), hosts_fold(data, "sum", group.hosts)[r * m:(r + 1) * m],
+                                      err_msg=f"reduce_scatter {m}")
+    for n in (1, 5, E + 1, 3 * E - 7):  # the gathers: pipelined the same way (bytes through the result slots)
+        data = [conformance._data(seed + n, k, (n,), "f") for k in range(world)]
+        out = wgpar.empty(world * n, device=group.device)
+        group.all_gather_into(out, wgpar.tensor(data[r], device=group.device))
+        np.testing.assert_array_equal(out.numpy(), np.concatenate(data), err_msg=f"all_gather {n}")
+        b = wgpar.tensor(data[r], device=group.device)
+        group.broadcast(b, world - 1)  # from the last host
+        np.testing.assert_array_equal(b.numpy(), data[world - 1], err_msg=f"broadcast {n}")
+    if group.num_hosts > 1 and group.local_rank == 0:
+        assert group.inter_host_flight_seconds > 0, "the leaders' step never ran"
+
+
 MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps,
               check_mailbox_and_mpi_in_order]
 
@@ -282,6 +351,24 @@ def conformance_program(group, seed: int) -> dict:
     out["checks"] = np.array(done)
     out["host"] = np.array([group.hosts[group.rank], group.num_hosts])
     return out
+
+
+def hosts_program(group, seed: int, jitter: float) -> dict:
+    """``check_hosts_pipelined`` with every rank's host tasks delayed at random by up to ``jitter`` s per
+    step (its own generator): ranks drift apart as far as the barriers let them, so a slot reused too
+    early shows as wrong bits."""
+    if jitter > 0:
+        from wgpar.distributed.backends import mpi as _mpi
+
+        real, rng = _mpi.submit_tasks, np.random.default_rng([seed, group.rank])
+
+        def late(tasks):
+            time.sleep(rng.uniform(0, jitter))
+            return real(tasks)
+
+        _mpi.submit_tasks = late
+    check_hosts_pipelined(group, seed)
+    return {"host": np.array([group.hosts[group.rank], group.num_hosts, group.local_size])}
 
 
 def _say(line: str) -> None:
@@ -315,6 +402,18 @@ def fault_program(group, mode: str, token: str) -> None:
                 time.sleep(600)
 
             _mpi.submit_tasks = stalled
+        if mode == "stall_host":  # (one rank per host) stop at the fourth step of the next all-reduce (13 chunks)
+            from wgpar.distributed.backends import mpi as _mpi
+
+            real, calls = _mpi.submit_tasks, []
+
+            def late(tasks):
+                calls.append(len(tasks))
+                if len(calls) == 4:
+                    time.sleep(600)
+                return real(tasks)
+
+            _mpi.submit_tasks = late
         if mode == "stall_late":  # stop at the second step of the next all-reduce (13 chunks), past two barriers
             from wgpar.distributed.backends import mpi as _mpi
 
@@ -331,7 +430,7 @@ def fault_program(group, mode: str, token: str) -> None:
         if mode == "nosend":  # rank 0 waits for a message rank 1 never sends
             group.recv(None, 1, tag=7)
         else:
-            group.all_reduce(wgpar.ones(200_000, device=group.device) if mode == "stall_late" else t)
+            group.all_reduce(wgpar.ones(200_000, device=group.device) if mode in ("stall_late", "stall_host") else t)
     except CollectiveError as exc:
         _say(f"RAISED rank {group.rank}: {type(exc).__name__}: {exc}")
         raise
@@ -388,6 +487,11 @@ def main() -> None:
         if results and wgpar.distributed.init_process_group().rank == 0:
             flat = {f"{r}.{k}": v for r, res in enumerate(results) for k, v in res.items()}
             np.savez(path, **flat)
+    elif scenario == "hosts":
+        seed, jitter = int(sys.argv[2]), float(sys.argv[3])
+        results = run_spmd(hosts_program, args=(seed, jitter), backend="mpi", timeout=60)
+        if wgpar.distributed.init_process_group().rank == 0:
+            _say("HOSTS " + " ".join(",".join(map(str, res["host"].tolist())) for res in results))
     elif scenario == "fault":
         mode, timeout, token = sys.argv[2], float(sys.argv[3]), sys.argv[4]
         run_spmd(fault_program, args=(mode, token), backend="mpi", timeout=timeout)

@@ -1,5 +1,6 @@
 """The MPI backend, one process per rank under mpiexec (tests/mpi_runner.py runs inside the processes):
-the conformance suite on 2 and 3 processes (one host, and two simulated hosts), DistributedDataParallel
+the conformance suite on 2 and 3 processes (one host, and two simulated hosts), the pipelined all-reduce
+across simulated hosts of 1, 2 and 3 ranks, DistributedDataParallel
 equal to thread ranks bit for bit and to one device within 1e-5, failures that end the job, and the
 benchmarks' --backend mpi mode (processes next to thread ranks, same losses)."""
 
@@ -193,6 +194,25 @@ def test_conformance_and_data_parallel_under_mpiexec(conformance_jobs, name):
             np.testing.assert_array_equal(got[f"{r}.{k}"], strategies[r][k], err_msg=f"rank {r} {k}: MPI vs threads")
 
 
+HOSTS = {"2x2": (4, 2), "2x1": (2, 1), "3+2": (5, 3)}  # simulated hosts: processes, ranks per host
+
+
+def test_the_pipelined_all_reduce_across_hosts_at_awkward_sizes_with_ranks_drifting_apart():
+    """``check_hosts_pipelined`` (the leaders' step of chunk i in flight while the host works on chunks
+    i + 1 and i - 1) on 2 hosts of 2 ranks, of 1 rank and of 3 and 2 ranks, every rank's steps delayed at
+    random by up to 2 ms so that ranks run ahead as far as the barriers allow: bit for bit the host-then-
+    leaders fold. (The 3proc-2hosts conformance job covers the rest of the API across hosts.) The jobs
+    run at once."""
+    seed = int.from_bytes(os.urandom(4), "little") >> 2
+    jobs = {name: _start(n, "hosts", str(seed), "0.002", env={"WGPAR_MPI_RANKS_PER_HOST": str(per)})
+            for name, (n, per) in HOSTS.items()}
+    for name, (rc, out, err, _) in _finish_all(jobs, 240).items():
+        n, per = HOSTS[name]
+        assert rc == 0, f"{name}, seed {seed}\n" + out[-2000:] + err[-6000:]
+        hosts = re.search(r"HOSTS (.*)", out).group(1).split()
+        assert [int(h.split(",")[0]) for h in hosts] == [r // per for r in range(n)], (name, hosts)
+
+
 FAULTS = {  # rank 1's misbehaviour -> processes (fewer where a third adds nothing), what the others raise
     "raise": (3, re.escape("rank 1 failed: ValueError: injected failure on rank 1")),
     "sysexit": (2, re.escape("rank 1 failed: SystemExit: 0")),
@@ -204,18 +224,25 @@ FAULTS = {  # rank 1's misbehaviour -> processes (fewer where a third adds nothi
     "stall": (3, re.escape("rank(s) [1] of this host stopped inside the collective for 3 s")),
     # the same at the second step of a 13-chunk all-reduce: rank 0 times out with copies started ahead
     "stall_late": (2, re.escape("rank(s) [1] of this host stopped inside the collective for 3 s")),
+    # one rank per host: rank 1 stops at the fourth step of a 13-chunk all-reduce; rank 0 waits in the
+    # leaders' step and names the other host
+    "stall_host": (2, r"the leaders' all-reduce of chunk \d+ \(\d+ bytes\) did not complete within 3 s: a rank of "
+                      r"another host stopped inside the collective \(host 1: ranks \[1\] \(leader rank 1\)\)"),
 }
+FAULT_ENV = {"stall_host": {"WGPAR_MPI_RANKS_PER_HOST": "1"}}
 TIMEOUT = 3  # the jobs' collective timeout
 
 
 def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
     """Rank 1 raises / calls sys.exit / leaves its program early / never calls the collective / stops inside
-    it, while ranks 0 and 2 wait in an all-reduce (or never sends what rank 0 waits for): every other rank
+    it (on rank 0's host, or on a host of its own), while ranks 0 and 2 wait in an all-reduce (or never
+    sends what rank 0 waits for): every other rank
     raises an error naming rank 1, mpiexec returns non-zero within the timeout of the ranks being up
     (nobody waits for the acknowledgement of a rank that never arrived; a slack for a loaded machine),
     and no process of the job is left. The jobs run at once."""
     token = f"tok{uuid.uuid4().hex[:12]}"
-    jobs = {mode: _start(n, "fault", mode, str(TIMEOUT), f"{token}{mode}") for mode, (n, _) in FAULTS.items()}
+    jobs = {mode: _start(n, "fault", mode, str(TIMEOUT), f"{token}{mode}", env=FAULT_ENV.get(mode))
+            for mode, (n, _) in FAULTS.items()}
     ended = _finish_all(jobs, 120)
     for mode, (rc, out, err, end) in ended.items():
         n, pattern = FAULTS[mode]
@@ -224,7 +251,8 @@ def test_a_failing_rank_ends_the_job_and_every_other_rank_raises_naming_it():
             lines = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
             assert lines, f"{mode}: rank {r} did not raise\n{out}\n{err[-4000:]}"
             assert re.search(pattern, lines[0]), f"{mode}, rank {r}: {lines[0]}"
-        sleeps = mode in ("skip", "nosend", "stall", "stall_late")  # rank 1 sleeps until the abort ends it
+        # rank 1 sleeps until the abort ends it
+        sleeps = mode in ("skip", "nosend", "stall", "stall_late", "stall_host")
         if not sleeps:  # rank 1 reports its own failure too
             assert f"wgpar: rank 1 of {n} failed" in err, (mode, err[-4000:])
         up = max(float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("UP "))

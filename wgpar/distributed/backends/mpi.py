@@ -25,7 +25,10 @@ thread, in call order:
    result slot (the threaded backend's reduction, in the same rank order, so
    the results are bit for bit the same). Between hosts, one leader per host
    runs the MPI collective on the host's partial result (hierarchical:
-   reduce inside the host, MPI among the leaders, share inside the host).
+   reduce inside the host, MPI among the leaders, share inside the host),
+   pipelined too: the leaders' step of chunk i is in flight (started, and
+   tested so that MPI advances it) while the host reduces chunk i + 1 and
+   copies chunk i - 1 out (``_reduce_hosts``; the gathers, ``_gather``, alike).
 3. Every rank writes its result into leased mapped upload buffers, which
    the GPU copies into the output chunk by chunk.
 
@@ -176,6 +179,18 @@ class _HostTarget:
         pass
 
 
+class _LeadersStep:
+    """A leader's MPI step of one chunk with the other hosts' leaders (``kind``: "all-reduce" of the host's
+    result, or "exchange" of the bytes a gather's ranks wrote), in flight: started by
+    ``MPIGroup._leaders_start`` / ``_leaders_share``, tested while the host's tasks run, waited for before
+    the barrier that lets the host's ranks copy it out."""
+
+    __slots__ = ("reqs", "chunk", "nbytes", "t0", "kind", "done")
+
+    def __init__(self, reqs: list, chunk: int, nbytes: int, t0: float, kind: str) -> None:
+        self.reqs, self.chunk, self.nbytes, self.t0, self.kind, self.done = reqs, chunk, nbytes, t0, kind, False
+
+
 class MPIGroup(StagedGroup):
     """One process's view of a group of MPI processes (a communicator), each owning one device.
 
@@ -226,8 +241,11 @@ class MPIGroup(StagedGroup):
         self.hosts = tuple(comm.allgather(host))  # the host (leader's rank) of every member
         self.num_hosts = max(self.hosts) + 1
         self.chunk = 1 << max(16, (CONFIG.mpi_chunk_kb * 1024 - 1).bit_length())
-        self._max_slot = comm.allreduce(shm_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
-        self._arena = SharedArena(MPI, self.node, self.local_size)
+        # Across hosts a third result slot: the leaders' step of chunk i is in flight while the host reduces
+        # chunk i + 1 and copies chunk i - 1 out (``_reduce_hosts``).
+        results = 3 if self.num_hosts > 1 else 2
+        self._max_slot = comm.allreduce(shm_slot_cap(self.local_size, self.chunk, results), op=MPI.MIN)
+        self._arena = SharedArena(MPI, self.node, self.local_size, results)
         self._flags = HostFlags(MPI, self.node)  # the host barrier
         self._host_members = tuple(self.node.allgather(self.rank))  # the group rank of each host rank
         mail = self.node.allreduce(mail_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
@@ -244,7 +262,11 @@ class MPIGroup(StagedGroup):
         self._seq = 0
         self._broken: str | None = None
         self._children: list[MPIGroup] = []
-        self.inter_host_seconds = 0.0  # time this process spent in the leaders' MPI steps (benchmarks)
+        # The leaders' MPI steps (benchmarks): the time this process spent in them that no host work hid
+        # (the calls that start and test them, and the waits for them once its host work was done), and the
+        # time they were in flight (from the start to the test that saw them complete).
+        self.inter_host_seconds = 0.0
+        self.inter_host_flight_seconds = 0.0
         w.register(self)
 
     # -- state ----------------------------------------------------------------------------
@@ -613,10 +635,27 @@ class MPIGroup(StagedGroup):
 
     def _reduce_hosts(self, what: str, rb: ChunkedReadback, n: int, dtype: _dt.DType, op: str, lo: int, hi: int,
                       up: ChunkedUpload, shared: bool) -> None:
-        """``_reduce`` across hosts, chunk by chunk: the host's ranks reduce their slices of the chunk into
-        the result slot (sum for mean), the leader all-reduces it with the other hosts' leaders (MPI), and
-        every rank copies its range of the result out (dividing for mean). ``shared`` changes nothing
-        here: every rank wants a range of the same result."""
+        """``_reduce`` across hosts (hierarchical), chunk by chunk in steps: the host's ranks reduce their
+        slices of chunk i into result slot i % 3 (sum for mean), the leader all-reduces the slot with the
+        other hosts' leaders (MPI, in place), and every rank copies its range of the result out (dividing
+        for mean). ``shared`` changes nothing here: every rank wants a range of the same result.
+
+        Step i, after the host barrier that ends step i - 1: the leader starts the leaders' step of chunk
+        i - 1 (``Iallreduce``; every rank's slice of chunk i - 1 was in its slot before that barrier), then
+        the host's ranks reduce their slices of chunk i and copy chunk i - 2's result out, as one batch of
+        tasks on the host pool, while the leader tests its request (a non-blocking collective advances only
+        while its process calls MPI) and, once the tasks are done, waits for it; then the ranks meet at the
+        next barrier. So the network step of chunk i - 1 runs during the host's work on chunks i and i - 2
+        (and, through the upload ring and the chunked readback, during the GPU copies of chunk i - 2's
+        result up and of later chunks down), and each chunk costs one barrier instead of three. As in
+        ``_pipeline``, chunk i + 2's copy into this rank's input slot starts when it arrives at the barrier
+        that ends step i. Slot reuse, one barrier per step: result slot i % 3 is written in step i (the
+        reduction), read and written by MPI in step i + 1 and read in step i + 2 (the copies out), so its
+        next writer, step i + 3, comes after a barrier that ends all of them; input set i % 3 is read in step
+        i and next written by chunk i + 3's copy in, started at the barrier that ends step i + 1.
+        The reduction is the unpipelined one's, block for block (the same bits: the host's ranks in rank
+        order, then MPI among the leaders; float16 accumulates in float32; mean divides once, at the copy
+        out)."""
         hdt = host_dtype(dtype)
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
@@ -627,83 +666,231 @@ class MPIGroup(StagedGroup):
         divide = self.world_size if op == "mean" else None
         rank = self.ranks[self.rank]
         W = host_threads()
-        for i, a in enumerate(range(0, n, E)):
-            b, half = min(a + E, n), i % 2
-            m = b - a
-            bounds = np.cumsum([0, *split_sizes(m, L)])
-            s0, s1 = a + int(bounds[me]), a + int(bounds[me + 1])
-            mine = self._mapping(lambda a=a, m=m: rb.array(a * isz, m, hdt, self._timeout, what), what)
-            ins = [arena.inputs(half, k, hdt, m) for k in range(L)]
-            if L > 1:  # the others' shares of this rank's data
-                with profiling.span("copy into shared memory", "collective", rank=rank, bytes=(m - s1 + s0) * isz):
-                    run_tasks(copy_tasks(ins[me][:s0 - a], mine[:s0 - a], workers=W) +
-                              copy_tasks(ins[me][s1 - a:], mine[s1 - a:], workers=W))
-            parts = [mine if k == me else ins[k] for k in range(L)]
-            self._host_barrier(what)
-            out = arena.result(half, acc, m)
-            with profiling.span("host reduce", "collective", rank=rank, bytes=(s1 - s0) * isz):
-                run_tasks(reduce_tasks([x[s0 - a:s1 - a] for x in parts], [out[s0 - a:s1 - a]], part_op, is_bool,
-                                       _BLOCK, workers=W))
-            del mine, parts
-            self._host_barrier(what)
-            if me == 0:
-                self._leaders_reduce(out, part_op, is_bool, what)
-            self._host_barrier(what)
+        chunks = [(a, min(a + E, n)) for a in range(0, n, E)]
+        N = len(chunks)
+        maps: dict[int, np.ndarray] = {}  # this rank's mapped readback of the chunks in use
+
+        def share(i: int) -> tuple[int, int]:
+            """The elements of chunk i this rank reduces."""
+            a, b = chunks[i]
+            bounds = np.cumsum([0, *split_sizes(b - a, L)])
+            return a + int(bounds[me]), a + int(bounds[me + 1])
+
+        def mapped(i: int) -> np.ndarray:
+            if i not in maps:
+                a, b = chunks[i]
+                maps[i] = self._mapping(lambda: rb.array(a * isz, b - a, hdt, self._timeout, what), what)
+            return maps[i]
+
+        def result(i: int) -> np.ndarray:
+            a, b = chunks[i]
+            return arena.result(i % 3, acc, b - a)
+
+        def copy_in(i: int) -> list:
+            """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk)."""
+            if L == 1 or i >= N:
+                return []
+            a, b = chunks[i]
+            s0, s1 = share(i)
+            mine, slot = mapped(i), arena.inputs(i % 3, me, hdt, b - a)
+            return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=W) + \
+                copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=W)
+
+        def reduce(i: int) -> list:
+            """Tasks: this rank's slice of chunk i into the result slot."""
+            if i >= N:
+                return []
+            a, b = chunks[i]
+            s0, s1 = share(i)
+            parts = [mapped(i) if k == me else arena.inputs(i % 3, k, hdt, b - a) for k in range(L)]
+            return reduce_tasks([x[s0 - a:s1 - a] for x in parts], [result(i)[s0 - a:s1 - a]], part_op, is_bool,
+                                _BLOCK, workers=W)
+
+        def copy_out(i: int) -> list:
+            """Tasks: this rank's range of chunk i's result (all hosts') into its upload."""
+            if not 0 <= i < N:
+                return []
+            a, b = chunks[i]
             s, e = max(a, lo), min(b, hi)
+            tasks = []
             if s < e:
-                with profiling.span("copy out of shared memory", "collective", rank=rank, bytes=(e - s) * isz):
-                    tasks = []
-                    for first, dst in up.targets((s - lo) * isz, e - s):
-                        x0 = s - a + first
-                        tasks += copy_tasks(dst, out[x0:x0 + len(dst)], divide, workers=W)
-                    run_tasks(tasks)
-                up.advance((e - lo) * isz)
+                out = result(i)
+                for first, dst in up.targets((s - lo) * isz, e - s):
+                    x0 = s - a + first
+                    tasks += copy_tasks(dst, out[x0:x0 + len(dst)], divide, workers=W)
+            return tasks
 
-    def _leaders_reduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
-        t0 = time.perf_counter()
-        with profiling.span("leaders' step", "collective", rank=self.ranks[self.rank], bytes=arr.nbytes):
-            self._leaders_iallreduce(arr, op, is_bool, what)
-        self.inter_host_seconds += time.perf_counter() - t0
+        def done(i: int) -> int:
+            """Bytes of the upload complete once chunk i was copied out."""
+            return max(0, min(chunks[i][1], hi) - lo) * isz
 
-    def _leaders_iallreduce(self, arr: np.ndarray, op: str, is_bool: bool, what: str) -> None:
+        ahead: list[Future] = []  # chunk i + 2's copy in, started at the barrier that ends step i
+        if L > 1:
+            s0, s1 = share(0)
+            with profiling.span("copy into shared memory", "collective", rank=rank,
+                                bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
+                run_tasks(bundle(copy_in(0), W))
+            ahead = self._host_barrier(what, lambda: copy_in(1), W)
+        tasks = reduce(0)
+        complete = 0  # upload bytes the steps so far finished: committed while the next step runs
+        for i in range(N + 2):
+            net = None  # the leaders' step of chunk i - 1, in flight during this step
+            with profiling.span("host step", "collective", rank=rank):
+                if me == 0 and 1 <= i <= N:
+                    net = self._leaders_start(result(i - 1), part_op, is_bool, i - 1)
+                futures = ahead + submit_tasks(bundle(tasks, W))
+                ahead = []
+                try:
+                    up.advance(complete)  # the GPU copies of what the last step finished start now
+                    if net is not None:
+                        self._leaders_test(net)
+                    tasks = reduce(i + 1) + copy_out(i - 1)
+                finally:
+                    self._finish_testing(futures, net)
+            del futures
+            maps.pop(i, None)
+            if i >= 2:
+                complete = done(i - 2)
+            if net is not None:
+                self._leaders_wait(net, what)
+            if i <= N:  # a later step copies out what the leaders' step of chunk i - 1 brought
+                ahead = self._host_barrier(what, lambda i=i: copy_in(i + 2), W)
+        up.advance(complete)
+
+    def _finish_testing(self, futures: list[Future], net: _LeadersStep | None) -> None:
+        """``finish_tasks(futures)``, testing the leaders' step ``net`` (if any) while they run: MPI advances
+        a non-blocking collective only while its process calls into MPI."""
+        if net is not None and futures:
+            pause = 2e-5
+            while not self._leaders_test(net):
+                if not wait(futures, timeout=pause)[1]:
+                    break
+                pause = min(pause * 1.5, _MAX_FLAG_PAUSE)
+        finish_tasks(futures)
+
+    def _leaders_start(self, arr: np.ndarray, op: str, is_bool: bool, chunk: int) -> _LeadersStep:
+        """Start the leaders' all-reduce of ``arr`` (in place, this host's result slot of chunk ``chunk``)."""
         MPI = self.MPI
+        t0 = time.perf_counter()
         req = self.leaders.Iallreduce(MPI.IN_PLACE, [arr, _mpi_type(MPI, arr.dtype)],
                                       _mpi_op(MPI, op, arr.dtype, is_bool))
-        # Spin: a collective's later rounds start only when this process calls into MPI.
-        self._wait([req], what, lambda: f"{what}: another host did not finish its part within {self._timeout:g} s",
-                   spin=self._timeout)
+        self.inter_host_seconds += time.perf_counter() - t0
+        return _LeadersStep([req], chunk, arr.nbytes, t0, "all-reduce")
+
+    def _leaders_test(self, net: _LeadersStep) -> bool:
+        """Whether the leaders' step completed (a test: it advances the collective)."""
+        if not net.done and self.MPI.Request.Testall(net.reqs):
+            net.done = True
+            self.inter_host_flight_seconds += time.perf_counter() - net.t0
+        return net.done
+
+    def _leaders_wait(self, net: _LeadersStep, what: str) -> None:
+        """Wait for the leaders' step, polling without sleeping (a collective's later rounds start only
+        when this process calls into MPI); a timeout names the other hosts."""
+        if net.done:
+            return
+        t0 = time.perf_counter()
+        with profiling.span("leaders' step", "collective", rank=self.ranks[self.rank], bytes=net.nbytes):
+            self._wait(net.reqs, what, lambda: self._late_hosts(what, f"the leaders' {net.kind} of chunk {net.chunk} "
+                                                                       f"({net.nbytes} bytes)"),
+                       spin=self._timeout)
+        t1 = time.perf_counter()
+        net.done = True
+        self.inter_host_seconds += t1 - t0
+        self.inter_host_flight_seconds += t1 - net.t0
+
+    def _late_hosts(self, what: str, step: str) -> str:
+        """A timeout message naming the other hosts (their leaders and ranks): one of them is late."""
+        mine = self.hosts[self.rank]
+        others = [h for h in range(self.num_hosts) if h != mine]
+        members = {h: [r for r in range(self.world_size) if self.hosts[r] == h] for h in others}
+        named = "; ".join(f"host {h}: ranks {rs} (leader rank {rs[0]})" for h, rs in members.items())
+        return (f"{what}: {step} did not complete within {self._timeout:g} s: a rank of another host stopped "
+                f"inside the collective ({named})")
 
     def _gather(self, what: str, pieces: list[tuple[int, int, int]], total: int, rb: ChunkedReadback | None,
                 up: ChunkedUpload | None) -> None:
         """Every rank r contributes its bytes at ``[off, off + nbytes)`` of a ``total``-byte concatenation
-        (``pieces``: (rank, off, nbytes)); the whole concatenation goes to ``up`` (None: not wanted)."""
+        (``pieces``: (rank, off, nbytes)); the whole concatenation goes to ``up`` (None: not wanted).
+
+        Chunk by chunk in steps, as ``_reduce_hosts``: step i copies this rank's bytes of chunk i into result
+        slot i % 2 (one host) or i % 3 (across hosts) and copies chunk i - 1's (one host) or i - 2's (across
+        hosts) out of its slot into the upload, as one batch of tasks on the host pool, then the host's
+        ranks meet at a barrier. Across hosts the leader starts the leaders' exchange of chunk i - 1 at the
+        beginning of step i (it sends the bytes its host's ranks wrote to every other leader and receives
+        theirs, into the slot), tests it while the tasks run and waits for it before the barrier, so the
+        network step runs while the host copies chunks i and i - 2. A slot is next written one step after
+        the step that copies it out, behind the barrier that ends that step."""
         if total == 0:
             return
         S = slot_size(min(total, self.chunk), self._max_slot)
-        self._arena.ensure(S)
+        arena = self._arena
+        arena.ensure(S)
+        hosts = self.num_hosts > 1
+        lag = 2 if hosts else 1  # steps from a chunk's copy in to its copy out (across hosts, the leaders' step)
+        rank = self.ranks[self.rank]
+        W = host_threads()
+        chunks = [(c0, min(c0 + S, total)) for c0 in range(0, total, S)]
+        N = len(chunks)
         mine = [(off, nb) for r, off, nb in pieces if r == self.rank]
-        for i, c0 in enumerate(range(0, total, S)):
-            c1 = min(c0 + S, total)
-            buf = self._arena.result(i % 2, np.uint8, c1 - c0)
+
+        def slot(i: int) -> np.ndarray:
+            c0, c1 = chunks[i]
+            return arena.result(i % (lag + 1), np.uint8, c1 - c0)
+
+        def copy_in(i: int) -> list:
+            """Tasks: this rank's bytes of chunk i into its slot."""
+            if i >= N:
+                return []
+            (c0, c1), buf, tasks = chunks[i], slot(i), []
             for off, nb in mine:
                 s, e = max(off, c0), min(off + nb, c1)
                 if s < e:
                     for rel, src in self._mapping(lambda s=s, e=e, off=off: rb.span(s - off, e - s, self._timeout,
                                                                                    what), what):
                         dst = s - c0 + rel
-                        copy_into(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8), block=4 * _BLOCK)
-            self._host_barrier(what)
-            if self.num_hosts > 1:
-                if self.local_rank == 0:
-                    self._leaders_share(buf, c0, c1, pieces, what)
-                self._host_barrier(what)
-            if up is not None:
-                for rel, dst in up.span(c0, c1 - c0):
-                    copy_into(dst, buf[rel:rel + len(dst)], block=4 * _BLOCK)
-                up.advance(c1)
+                        tasks += copy_tasks(buf[dst:dst + len(src)], np.frombuffer(src, dtype=np.uint8),
+                                            block=4 * _BLOCK, workers=W)
+            return tasks
 
-    def _leaders_share(self, buf: np.ndarray, c0: int, c1: int, pieces, what: str) -> None:
-        """Between hosts: each leader sends the bytes its host's ranks wrote to every other leader."""
+        def copy_out(i: int) -> list:
+            """Tasks: chunk i out of its slot into the upload."""
+            if up is None or not 0 <= i < N:
+                return []
+            c0, c1 = chunks[i]
+            buf = slot(i)
+            return [t for rel, dst in up.span(c0, c1 - c0)
+                    for t in copy_tasks(dst, buf[rel:rel + len(dst)], block=4 * _BLOCK, workers=W)]
+
+        tasks = copy_in(0)
+        complete = 0  # upload bytes the steps so far finished: committed while the next step runs
+        for i in range(N + lag):
+            net = None  # across hosts, the leaders' exchange of chunk i - 1, in flight during this step
+            with profiling.span("host step", "collective", rank=rank):
+                if hosts and self.local_rank == 0 and 1 <= i <= N:
+                    net = self._leaders_share(slot(i - 1), *chunks[i - 1], pieces, i - 1)
+                futures = submit_tasks(bundle(tasks, W))
+                try:
+                    if up is not None:
+                        up.advance(complete)
+                    if net is not None:
+                        self._leaders_test(net)
+                    tasks = copy_in(i + 1) + copy_out(i + 1 - lag)
+                finally:
+                    self._finish_testing(futures, net)
+            del futures
+            if i >= lag:
+                complete = chunks[i - lag][1]
+            if net is not None:
+                self._leaders_wait(net, what)
+            if i < N + lag - 1:
+                self._host_barrier(what)
+        if up is not None:
+            up.advance(complete)
+
+    def _leaders_share(self, buf: np.ndarray, c0: int, c1: int, pieces, chunk: int) -> _LeadersStep:
+        """Between hosts, start the exchange of chunk ``chunk`` (bytes ``[c0, c1)``, in ``buf``): each leader
+        sends the bytes its host's ranks wrote to every other leader and receives theirs."""
         me = self.hosts[self.rank]
         reqs = []
         t0 = time.perf_counter()
@@ -716,9 +903,8 @@ class MPIGroup(StagedGroup):
                 reqs += [self.leaders.Isend(buf[s:e], other, 0) for other in range(self.num_hosts) if other != me]
             else:
                 reqs.append(self.leaders.Irecv(buf[s:e], h, 0))
-        self._wait(reqs, what, lambda: f"{what}: another host did not send its part within {self._timeout:g} s",
-                   spin=self._timeout)
         self.inter_host_seconds += time.perf_counter() - t0
+        return _LeadersStep(reqs, chunk, c1 - c0, t0, "exchange")
 
     # -- collectives ----------------------------------------------------------------------
     def _collective(self, kind: str, meta: dict, rb: ChunkedReadback | None, body: Callable[[Any], Any],
@@ -767,7 +953,8 @@ class MPIGroup(StagedGroup):
 
         def body(_):
             # Four buffers: step i writes chunk i, finishes chunk i - 1 and commits chunk i - 2 (finished by
-            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before.
+            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before (across hosts
+            # one chunk later each: the same four). The gathers' steps are the same.
             up = self._upload(target, kind, depth=4)
             self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
@@ -787,7 +974,7 @@ class MPIGroup(StagedGroup):
             return self._collective(kind, meta, rb, body)
 
         def receive(_):
-            up = self._upload(target, kind, np.dtype(np.uint8))
+            up = self._upload(target, kind, np.dtype(np.uint8), depth=4)
             self._run_upload(up, lambda: self._gather(kind, pieces, tensor.nbytes, None, up))
             return self._landed(target, tensor)
 
@@ -810,7 +997,8 @@ class MPIGroup(StagedGroup):
                         out.append((s - start, o._storage.buffer, s - off, round4(e - s)))
                 return out
 
-            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind)
+            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind,
+                               depth=4)
             self._run_upload(up, lambda: self._gather(kind, pieces, offs[-1], rb, up))
             for o in outs:
                 o._storage.bump_version()
@@ -826,7 +1014,7 @@ class MPIGroup(StagedGroup):
         pieces = [(r, r * nb, nb) for r in range(self.world_size)]
 
         def body(_):
-            up = self._upload(target, kind, np.dtype(np.uint8))
+            up = self._upload(target, kind, np.dtype(np.uint8), depth=4)
             self._run_upload(up, lambda: self._gather(kind, pieces, output.nbytes, rb, up))
             return self._landed(target, output)
 

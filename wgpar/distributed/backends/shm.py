@@ -5,8 +5,11 @@ not MPI messages (MPI's own host Allreduce ran at 1.6 GB/s where the threaded
 backend's mapped-buffer reduction reached 12.5 GB/s). The arena holds three
 sets of input slots, one slot per rank of the host each (chunk i of a pipelined
 collective uses set i % 3: a rank may copy chunk i + 2 in while the others
-still reduce chunk i), and two result slots (chunk i uses slot i % 2), all
-``slot_bytes`` long. It is allocated on the first collective that needs it and
+still reduce chunk i), and two result slots on one host (chunk i uses slot
+i % 2), three where the group spans hosts (the leaders' MPI step keeps chunk i's
+result in flight while the host reduces chunk i + 1 and copies chunk i - 1 out),
+all ``slot_bytes`` long: 3 L + 2 (or 3 L + 3) slots of at most the chunk size
+for a host of L ranks. It is allocated on the first collective that needs it and
 grows (collectively: every rank of the host decides the same from the agreed
 metadata) up to ``max_slot`` bytes per slot.
 """
@@ -21,12 +24,12 @@ _MIN_SLOT = 1 << 16
 INPUT_SETS = 3
 
 
-def arena_slots(local_size: int) -> int:
-    """Slots of the arena of a host of ``local_size`` ranks: the input sets and two result slots."""
-    return INPUT_SETS * local_size + 2
+def arena_slots(local_size: int, results: int = 2) -> int:
+    """Slots of the arena of a host of ``local_size`` ranks: the input sets and ``results`` result slots."""
+    return INPUT_SETS * local_size + results
 
 
-def shm_slot_cap(local_size: int, chunk: int) -> int:
+def shm_slot_cap(local_size: int, chunk: int, results: int = 2) -> int:
     """The largest slot (a power of two, at most ``chunk``) whose arena fits in half of /dev/shm's free
     space (MPICH backs shared windows there; a container's small /dev/shm would crash with SIGBUS)."""
     cap = chunk
@@ -35,7 +38,7 @@ def shm_slot_cap(local_size: int, chunk: int) -> int:
         free = st.f_bavail * st.f_frsize
     except OSError:
         return cap
-    while cap > _MIN_SLOT and arena_slots(local_size) * cap > free // 2:
+    while cap > _MIN_SLOT and arena_slots(local_size, results) * cap > free // 2:
         cap //= 2
     return cap
 
@@ -71,13 +74,14 @@ def cache_lines(base: np.ndarray) -> np.ndarray:
 
 
 class SharedArena:
-    """The input slots of the host's ``ranks`` ranks and the result slots, shared over the host
+    """The input slots of the host's ``ranks`` ranks and ``results`` result slots, shared over the host
     communicator ``node``."""
 
-    def __init__(self, MPI, node, ranks: int) -> None:
+    def __init__(self, MPI, node, ranks: int, results: int = 2) -> None:
         self.MPI = MPI
         self.node = node
         self.ranks = ranks
+        self.results = results
         self.slot_bytes = 0
         self._win = None
         self._base: np.ndarray | None = None
@@ -87,7 +91,7 @@ class SharedArena:
         if slot_bytes <= self.slot_bytes:
             return
         self.free()
-        self._win, self._base = shared_window(self.MPI, self.node, arena_slots(self.ranks) * slot_bytes)
+        self._win, self._base = shared_window(self.MPI, self.node, arena_slots(self.ranks, self.results) * slot_bytes)
         self.slot_bytes = slot_bytes
 
     def _slot(self, k: int, dtype, count: int) -> np.ndarray:
@@ -99,7 +103,9 @@ class SharedArena:
         return self._slot(s * self.ranks + j, dtype, count)
 
     def result(self, h: int, dtype, count: int) -> np.ndarray:
-        """Result slot ``h`` (0 or 1) as ``count`` items of ``dtype``."""
+        """Result slot ``h`` (0 .. results - 1) as ``count`` items of ``dtype``."""
+        if not 0 <= h < self.results:
+            raise IndexError(f"result slot {h} of an arena of {self.results}")
         return self._slot(INPUT_SETS * self.ranks + h, dtype, count)
 
     def sync(self) -> None:
