@@ -207,10 +207,22 @@ def _rt_fits(t: Tile, dv: int, dev) -> bool:
     return t.rm == 4 and t.rows % 4 == 0 and dv % t.cs == 0 and t.cols % t.cs == 0 and t.cs <= subgroup_lanes(dev)
 
 
+_PICKS: dict[tuple, Tile | None] = {}
+
+
 def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int | None = None) -> Tile | None:
     """The tile of ``kind`` for ``dev``: the first candidate whose workgroup memory and threads fit the
     device's limits, no larger than the rows (queries, or keys for dkv) and columns (what its loop walks)
-    there are; None when none fits."""
+    there are; None when none fits. Remembered per device, arguments and forced choices (each attention
+    call asks four to six times: tens of microseconds of host time each)."""
+    key = (kind, dev, head_dim, n_rows, n_cols, tuple(sorted(_force.items())), _force_cv[0],
+           _force_unroll[0], os.environ.get(ENV_VARIANT))
+    if key not in _PICKS:
+        _PICKS[key] = _pick(kind, dev, head_dim, n_rows, n_cols)
+    return _PICKS[key]
+
+
+def _pick(kind: str, dev, head_dim: int, n_rows: int | None, n_cols: int | None) -> Tile | None:
     dv = head_dim // 4
     if head_dim % 4 or not 4 <= head_dim <= MAX_HEAD_DIM:
         return None
