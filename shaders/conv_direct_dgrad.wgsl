@@ -81,13 +81,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         if (ox < 0 || ox >= i32(p.ow)) { continue; }
         let col = gb + u32(ox);
         // gy rows oyb + e dsh (e < 8): what rows e read at the first row tap
-        var va = vec4<f32>(gy_at(col, oyb), gy_at(col, oyb + dsh), gy_at(col, oyb + 2 * dsh), gy_at(col, oyb + 3 * dsh));
+        var va = vec4<f32>(gy_at(col, oyb), gy_at(col, oyb + dsh), gy_at(col, oyb + 2 * dsh),
+                           gy_at(col, oyb + 3 * dsh));
         var vb = vec4<f32>(gy_at(col, oyb + 4 * dsh), gy_at(col, oyb + 5 * dsh), gy_at(col, oyb + 6 * dsh),
                            gy_at(col, oyb + 7 * dsh));
         var wi = wb + jw * p.stepw;
         for (var jh = 0u; jh < nki; jh = jh + 1u) {
-          a0 = fma(vec4<f32>(f32(wt[wi])), va, a0);
-          b0 = fma(vec4<f32>(f32(wt[wi])), vb, b0);
+          let w0 = vec4<f32>(f32(wt[wi]));
+          a0 = fma(w0, va, a0);
+          b0 = fma(w0, vb, b0);
           if (CG > 1u) {
             let w1 = vec4<f32>(f32(wt[wi + kk]));
             a1 = fma(w1, va, a1);

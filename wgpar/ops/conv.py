@@ -1,10 +1,12 @@
-"""2-d convolution and its gradients: a depthwise kernel, implicit GEMM, a plain matmul for 1x1, im2col.
+"""2-d convolution and its gradients: depthwise and direct kernels, implicit GEMM, a plain matmul for 1x1, im2col.
 
 Which path runs (docs/design.md, "Convolution"):
 
 - depthwise (one input channel per group, any channel multiplier): shaders/conv_dw_*.wgsl, four
   outputs per thread; the input gradient is a gather, the weight gradient a per-workgroup tree
   reduction into partial sums over parts of the positions, summed after.
+- the input gradient of at most 4 input channels per group (a 3-channel stem): shaders/conv_direct_dgrad.wgsl,
+  a gather per 8 rows of a stride phase's column over the taps that reach that phase.
 - 1x1, stride 1, no padding, channels and positions in whole vec4s: the tuned matmul, per image
   [O, C] @ [C, H W], no gather.
 - otherwise implicit GEMM: the tuned tiled matmul (shaders/matmul_fast.wgsl) with its tile loads
@@ -73,8 +75,8 @@ _DW_MAX_TAPS = 64
 # gradient's size).
 _WGRAD_WORKGROUPS = 1024
 _PART_MIN = 1024
-# Tiles for products of few rows (grouped convs, the input gradient of a 3-channel stem): the 64-row
-# tile would compute mostly padding there.
+# Tiles for products of few rows (grouped convs, the input gradient of 5-32 channels per group): the
+# 64-row tile would compute mostly padding there.
 _SHORT_TILES = (Tiling(8, 128, 16, 4, 4, unroll=True), Tiling(16, 128, 16, 4, 8, unroll=True),
                 Tiling(32, 128, 16, 4, 8, unroll=True))
 # Positions per thread of the depthwise weight gradient on a GPU (a CPU takes as many as the loop allows).
