@@ -220,6 +220,28 @@ def test_direct_input_gradient_is_the_default_for_few_channels(rng, torch):
         assert conv_ops.PATHS == want, (c, conv_ops.PATHS)
 
 
+def test_direct_input_gradient_on_a_split_grid_and_past_the_loop_limit(rng, torch, monkeypatch, dev):
+    """A grid past the workgroups per dimension (5 x 2 here) still covers every row block once; a group
+    whose loops would pass MAX_LOOP takes the GEMM."""
+    w = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    gy = rng.standard_normal((4, 4, 61, 70)).astype(np.float32)
+    win = window((4, 3, 61, 70), 5, 1, 2, 1, "t")  # 4 x 8 x 70 threads: 9 workgroups
+    with monkeypatch.context() as m:
+        m.setattr(dev, "max_workgroups", 7)
+        conv_ops.PATHS.clear()
+        got = conv_ops.input_grad(wgpar.tensor(gy), wgpar.tensor(w), win, 1).numpy()
+    assert conv_ops.PATHS == {"direct": 1}, conv_ops.PATHS
+    want = torch.nn.grad.conv2d_input((4, 3, 61, 70), torch.tensor(w, dtype=torch.float64),
+                                      torch.tensor(gy, dtype=torch.float64), 1, 2).numpy()
+    assert_close(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    monkeypatch.setattr(conv_ops, "MAX_LOOP", 4 * (4 * 5 + 1) + 2 + 2)  # 4 filters x (4 column taps x (4 row
+    # taps + 1) + 1) + the two first-tap searches
+    for o, path in ((4, "direct"), (5, "gemm")):
+        conv_ops.PATHS.clear()
+        _against_torch(torch, rng, ((2, 3, 15, 14), (o, 3, 7, 7), (o,)), 2, 3, 1, 1)
+        assert conv_ops.PATHS[path] == (1 if path == "direct" else 3), (o, conv_ops.PATHS)
+
+
 def test_direct_input_gradient_in_float16_under_autocast(rng, torch, dev):
     """Under autocast the stem runs in float16 (gradient accumulated in float32, stored as float16): the
     input gradient within 2e-2 of torch's float64 one relative to its largest element."""

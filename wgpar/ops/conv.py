@@ -183,8 +183,9 @@ def _direct(win: Window, weight: Tensor, groups: int) -> bool:
     if cg > _DIRECT_MAX_CG or not _gemm_dtype(weight) or _force not in (None, "direct"):
         return False
     steph, stepw, _, _ = _direct_steps(win)
-    # per thread: og x column taps x (row taps + 1) iterations (a phase's taps at most ceil(k / step))
-    return og * -(-win.kw // stepw) * (-(-win.kh // steph) + 1) + og + steph + stepw <= MAX_LOOP
+    # iterations per thread: og (column taps (row taps + 1) + 1), a phase's taps at most ceil(k / step),
+    # and the searches for the first taps
+    return og * (-(-win.kw // stepw) * (-(-win.kh // steph) + 1) + 1) + steph + stepw <= MAX_LOOP
 
 
 def _gemm(win: Window, weight: Tensor, groups: int) -> bool:
