@@ -21,8 +21,8 @@ fn first_tap(r: u32, pad: u32, k: u32, d: u32, s: u32, step: u32) -> i32 {
 
 // gy at output row oy of column ``col`` (the column's offset in its plane), 0 outside the output.
 fn gy_at(col: u32, oy: i32) -> f32 {
-  let ok = oy >= 0 && oy < i32(p.oh);
-  return select(0.0, f32(gy[col + u32(clamp(oy, 0, i32(p.oh) - 1)) * p.ow]), ok);
+  let r = u32(oy);  // a negative row wraps past oh: one comparison and one clamp
+  return select(0.0, f32(gy[col + min(r, p.oh - 1u) * p.ow]), r < p.oh);
 }
 
 // Rows ib + (r0 + e) dsh (e < 4) of the phase that exist, from ``v``; ``base`` is the channel's column
