@@ -82,8 +82,9 @@ _SHORT_TILES = (Tiling(8, 128, 16, 4, 4, unroll=True), Tiling(16, 128, 16, 4, 8,
 # Positions per thread of the depthwise weight gradient on a GPU (a CPU takes as many as the loop allows).
 _DW_PER = 8
 # Most input channels per group of the direct input gradient: a thread holds 8 rows of each in registers
-# (8 CG accumulators, 8 gy values and a weight: 42 floats at 4), past which the GEMM's tiles are mostly
-# filled anyway. Its rows per thread (conv_direct_dgrad.wgsl's ROWS).
+# (8 CG accumulators, 8 gy values and a weight: about 41 floats at 4; 8 channels would take twice the
+# accumulators), and from 5 channels the GEMM's 8-row tiles are mostly filled. Its rows per thread
+# (conv_direct_dgrad.wgsl's ROWS).
 _DIRECT_MAX_CG = 4
 _DIRECT_ROWS = 8
 
