@@ -161,14 +161,16 @@ def _against_torch(torch, rng, shapes, stride, padding, dilation, groups, dtype=
         assert_close(a.numpy().astype(np.float64), want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()), what=name)
 
 
-# (N, C, H, W, O, kernel, stride, padding, dilation, groups), the path conv2d must take
+# (N, C, H, W, O, kernel, stride, padding, dilation, groups), the paths conv2d must take (forward, input
+# gradient, weight gradient)
 PATH_CASES = [
     ((2, 7, 13, 11, 7, 3, 2, 1, 2, 7), "depthwise"),         # awkward sizes, stride 2, dilation 2
     ((3, 5, 9, 10, 10, (3, 2), (1, 2), (2, 0), 1, 5), "depthwise"),  # channel multiplier 2
-    ((2, 3, 13, 11, 67, (3, 2), (2, 1), (1, 1), (1, 2), 1), "gemm"),  # K = 18, O and N past whole tiles
-    ((2, 6, 9, 7, 9, 3, 3, (2, 0), 2, 3), "gemm"),            # groups; stride 3: phases no tap reaches
+    ((2, 5, 13, 11, 67, (3, 2), (2, 1), (1, 1), (1, 2), 1), "gemm"),  # K = 30, O and N past whole tiles
+    ((2, 10, 9, 7, 10, 3, 3, (2, 0), 2, 2), "gemm"),          # groups; stride 3: phases no tap reaches
     ((3, 8, 6, 6, 5, 1, 1, 0, 1, 1), "matmul"),               # 1x1, no gather (the weight's gradient is a GEMM)
 ]
+_PATHS_TAKEN = {"depthwise": {"depthwise": 3}, "gemm": {"gemm": 3}, "matmul": {"matmul": 2, "gemm": 1}}
 
 
 @pytest.mark.parametrize("case, path", PATH_CASES, ids=lambda c: c if isinstance(c, str) else "x".join(map(str, c[:5])))
@@ -177,7 +179,89 @@ def test_each_path_matches_torch(case, path, rng, torch):
     kh, kw = _norm(k)
     conv_ops.PATHS.clear()
     _against_torch(torch, rng, ((n, c, h, w), (o, c // g, kh, kw), (o,)), s, p, d, g)
-    assert conv_ops.PATHS[path] >= 2 and set(conv_ops.PATHS) <= {path, "gemm"}, conv_ops.PATHS
+    assert conv_ops.PATHS == _PATHS_TAKEN[path], conv_ops.PATHS
+
+
+# The direct input gradient (few input channels per group): (N, C, H, W, O, kernel, stride, padding, dilation,
+# groups). Rows per thread are 8 (and 8 interleaved by the row step of the taps where that is 2), so heights
+# past 8 and 16 rows of a phase take several row blocks.
+DIRECT_CASES = [
+    (2, 3, 37, 30, 8, 7, 2, 3, 1, 1),                     # the ResNet stem, smaller
+    (2, 3, 23, 41, 5, (3, 4), 1, 0, 1, 1),                # stride 1, rectangular kernel and input
+    (1, 2, 40, 17, 6, 3, 3, 1, 2, 1),                     # stride 3, dilation 2: two taps a phase, step 3
+    (2, 2, 35, 12, 4, 3, 1, 2, 2, 1),                     # stride 1, dilation 2: taps 2 output rows apart
+    (2, 8, 19, 9, 6, (5, 3), (2, 1), (3, 1), (1, 2), 2),  # groups, 4 channels a group (the bound)
+    (3, 6, 18, 18, 9, 3, 2, 1, 2, 3),                     # 2 channels a group, stride 2 dilation 2
+    (2, 3, 27, 26, 5, (3, 5), (3, 2), (0, 3), (2, 3), 1),  # strides, dilations and padding differ by axis
+    (2, 4, 7, 7, 4, 7, 2, 0, 1, 1),                       # a 1x1 output; phases with one tap
+    (1, 3, 3, 5, 2, 3, 4, (0, 1), 1, 1),                  # stride past the input: phases no tap reaches
+    (2, 1, 9, 11, 3, 3, 2, 1, 1, 1),                      # one channel (unforced, the depthwise kernel's)
+    (2, 3, 13, 10, 4, (4, 3), 1, "same", (1, 2), 1),      # an even kernel: one padding row more after than before
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_direct_input_gradient_matches_torch(case, rng, torch):
+    n, c, h, w, o, k, s, p, d, g = case
+    kh, kw = _norm(k)
+    conv_ops.PATHS.clear()
+    with conv_ops.force_path("direct"), warnings.catch_warnings():  # forced: the one-channel case too
+        warnings.simplefilter("ignore")  # torch's note that 'same' with an even kernel copies its input
+        _against_torch(torch, rng, ((n, c, h, w), (o, c // g, kh, kw), (o,)), s, p, d, g)
+    taken = conv_ops.PATHS.copy()
+    assert taken["direct"] == 1 and sum(taken.values()) == 3, taken  # forward and weight gradient by their paths
+
+
+def test_direct_input_gradient_is_the_default_for_few_channels(rng, torch):
+    """Without forcing: a 3-channel stem's input gradient is direct; 5 channels a group take the GEMM."""
+    for c, want in ((3, {"gemm": 2, "direct": 1}), (5, {"gemm": 3})):
+        conv_ops.PATHS.clear()
+        _against_torch(torch, rng, ((2, c, 21, 19), (6, c, 7, 7), (6,)), 2, 3, 1, 1)
+        assert conv_ops.PATHS == want, (c, conv_ops.PATHS)
+
+
+def test_direct_input_gradient_on_a_split_grid_and_past_the_loop_limit(rng, torch, monkeypatch, dev):
+    """A grid past the workgroups per dimension (5 x 2 here) still covers every row block once; a group
+    whose loops would pass MAX_LOOP takes the GEMM."""
+    w = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    gy = rng.standard_normal((4, 4, 61, 70)).astype(np.float32)
+    win = window((4, 3, 61, 70), 5, 1, 2, 1, "t")  # 4 x 8 x 70 threads: 9 workgroups
+    with monkeypatch.context() as m:
+        m.setattr(dev, "max_workgroups", 7)
+        conv_ops.PATHS.clear()
+        got = conv_ops.input_grad(wgpar.tensor(gy), wgpar.tensor(w), win, 1).numpy()
+    assert conv_ops.PATHS == {"direct": 1}, conv_ops.PATHS
+    want = torch.nn.grad.conv2d_input((4, 3, 61, 70), torch.tensor(w, dtype=torch.float64),
+                                      torch.tensor(gy, dtype=torch.float64), 1, 2).numpy()
+    assert_close(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    monkeypatch.setattr(conv_ops, "MAX_LOOP", 4 * (4 * 5 + 1) + 2 + 2)  # 4 filters x (4 column taps x (4 row
+    # taps + 1) + 1) + the two first-tap searches
+    for o, path in ((4, "direct"), (5, "gemm")):
+        conv_ops.PATHS.clear()
+        _against_torch(torch, rng, ((2, 3, 15, 14), (o, 3, 7, 7), (o,)), 2, 3, 1, 1)
+        assert conv_ops.PATHS[path] == (1 if path == "direct" else 3), (o, conv_ops.PATHS)
+
+
+def test_direct_input_gradient_in_float16_under_autocast(rng, torch, dev):
+    """Under autocast the stem runs in float16 (gradient accumulated in float32, stored as float16): the
+    input gradient within 2e-2 of torch's float64 one relative to its largest element."""
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    x = rng.standard_normal((2, 3, 29, 24)).astype(np.float32)
+    w = (rng.standard_normal((8, 3, 7, 7)) / 8).astype(np.float32)
+    xw = wgpar.tensor(x, requires_grad=True)
+    conv_ops.PATHS.clear()
+    with conv_ops.force_path("direct"), wgpar.autocast():
+        y = F.conv2d(xw, wgpar.tensor(w), None, 2, 3)
+        assert y.dtype is wgpar.float16
+        gy = rng.standard_normal(y.shape).astype(np.float16)
+        y.backward(wgpar.tensor(gy, dtype=wgpar.float16))
+    assert conv_ops.PATHS["direct"] == 1, conv_ops.PATHS
+    xt = torch.tensor(x.astype(np.float64), requires_grad=True)
+    wt = torch.tensor(w.astype(np.float16).astype(np.float64))
+    torch.nn.functional.conv2d(xt, wt, None, 2, 3).backward(torch.tensor(gy.astype(np.float64)))
+    want = xt.grad.numpy()
+    assert_close(xw.grad.numpy(), want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), what="input gradient")
 
 
 def test_split_weight_gradient_and_split_grids_match_torch(rng, torch, monkeypatch, dev):

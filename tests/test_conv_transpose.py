@@ -184,3 +184,16 @@ def test_functional_conv_transpose2d_matches_torch(kw, rng, torch):
     assert_close(wgpar.nn.functional.conv_transpose1d(wgpar.tensor(x1), wgpar.tensor(w1), stride=2, groups=2).numpy(),
                  torch.nn.functional.conv_transpose1d(torch.tensor(x1), torch.tensor(w1), stride=2, groups=2).numpy(),
                  1e-4, 1e-4, "conv_transpose1d")
+
+
+def test_few_output_channels_take_the_direct_kernel(rng, torch):
+    """A transposed conv to 3 channels (an image decoder's last layer) is a 3-channel conv's input gradient:
+    the direct kernel, forced here as on a GPU."""
+    tm, wm = torch.nn.ConvTranspose2d(16, 3, 4, stride=2, padding=1), nn.ConvTranspose2d(16, 3, 4, stride=2, padding=1)
+    wm.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    x = rng.standard_normal((2, 16, 7, 5)).astype(np.float32)
+    conv_ops.PATHS.clear()
+    with conv_ops.force_path("direct"):
+        y = wm(wgpar.tensor(x))
+    assert conv_ops.PATHS == {"direct": 1}, conv_ops.PATHS
+    assert_close(y.numpy(), tm(torch.tensor(x)).detach().numpy(), 1e-4, 1e-4, "output")

@@ -1,10 +1,12 @@
-"""2-d convolution and its gradients: a depthwise kernel, implicit GEMM, a plain matmul for 1x1, im2col.
+"""2-d convolution and its gradients: depthwise and direct kernels, implicit GEMM, a plain matmul for 1x1, im2col.
 
 Which path runs (docs/design.md, "Convolution"):
 
 - depthwise (one input channel per group, any channel multiplier): shaders/conv_dw_*.wgsl, four
   outputs per thread; the input gradient is a gather, the weight gradient a per-workgroup tree
   reduction into partial sums over parts of the positions, summed after.
+- the input gradient of at most 4 input channels per group (a 3-channel stem): shaders/conv_direct_dgrad.wgsl,
+  a gather per 8 rows of a stride phase's column over the taps that reach that phase.
 - 1x1, stride 1, no padding, channels and positions in whole vec4s: the tuned matmul, per image
   [O, C] @ [C, H W], no gather.
 - otherwise implicit GEMM: the tuned tiled matmul (shaders/matmul_fast.wgsl) with its tile loads
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections import Counter
 from collections.abc import Iterator
 
@@ -56,6 +59,10 @@ _DW_DGRAD = Kernel("conv_dw_dgrad", "gx: w, wt: r, gy: r",
                    f"total: u32, o: u32, mult: u32, off_gx: u32, off_w: u32, off_gy: u32, {_WINDOW}")
 _DW_WGRAD = Kernel("conv_dw_wgrad", "gw: w, gy: r, x: r",
                    f"parts: u32, per: u32, nq: u32, o: u32, mult: u32, off_gy: u32, off_x: u32, {_WINDOW}")
+_DIRECT_DGRAD = Kernel("conv_direct_dgrad", "gx: w, wt: r, gy: r",
+                       f"total: u32, o: u32, og: u32, groups: u32, nwm: u32, nblk: u32, phc: u32, pwc: u32, "
+                       f"steph: u32, stepw: u32, dsh: u32, dsw: u32, off_gx: u32, off_w: u32, off_gy: u32, {_WINDOW}",
+                       constants=(("WG", WORKGROUP), ("CG", 4)))
 # Most bytes of patches held at once by the im2col path: a larger batch runs in chunks of images.
 WORKSPACE_BYTES = 64 << 20
 # Longest K of one implicit GEMM (each BK-deep step costs about BK + 2 loop iterations; see
@@ -68,12 +75,18 @@ _DW_MAX_TAPS = 64
 # gradient's size).
 _WGRAD_WORKGROUPS = 1024
 _PART_MIN = 1024
-# Tiles for products of few rows (grouped convs, the input gradient of a 3-channel stem): the 64-row
-# tile would compute mostly padding there.
+# Tiles for products of few rows (grouped convs, the input gradient of 5-32 channels per group): the
+# 64-row tile would compute mostly padding there.
 _SHORT_TILES = (Tiling(8, 128, 16, 4, 4, unroll=True), Tiling(16, 128, 16, 4, 8, unroll=True),
                 Tiling(32, 128, 16, 4, 8, unroll=True))
 # Positions per thread of the depthwise weight gradient on a GPU (a CPU takes as many as the loop allows).
 _DW_PER = 8
+# Most input channels per group of the direct input gradient: a thread holds 8 rows of each in registers
+# (8 CG accumulators, 8 gy values and a weight: about 41 floats at 4; 8 channels would take twice the
+# accumulators), and from 5 channels the GEMM's 8-row tiles are mostly filled. Its rows per thread
+# (conv_direct_dgrad.wgsl's ROWS).
+_DIRECT_MAX_CG = 4
+_DIRECT_ROWS = 8
 
 PATHS: Counter[str] = Counter()
 _force: str | None = None
@@ -81,10 +94,12 @@ _force: str | None = None
 
 @contextlib.contextmanager
 def force_path(name: str | None) -> Iterator[None]:
-    """Run convolutions by ``name`` ("im2col" or "gemm"; tests, benchmarks) where it can run them."""
+    """Run convolutions by ``name`` ("im2col" or "gemm"; tests, benchmarks) where it can run them; "direct"
+    runs the input gradient of few channels per group by the direct kernel (one channel too, the depthwise
+    kernel's unforced), and the rest by the GEMM."""
     global _force
-    if name not in (None, "im2col", "gemm"):
-        raise ValueError(f"unknown convolution path {name!r}; choose 'im2col' or 'gemm'")
+    if name not in (None, "im2col", "gemm", "direct"):
+        raise ValueError(f"unknown convolution path {name!r}; choose 'im2col', 'gemm' or 'direct'")
     prev, _force = _force, name
     try:
         yield
@@ -156,6 +171,24 @@ def _pointwise(win: Window, weight: Tensor, groups: int) -> bool:
             and win.c % 4 == 0 and win.positions % 4 == 0 and win.oh == win.h and win.ow == win.w and _force is None)
 
 
+def _direct_steps(win: Window) -> tuple[int, int, int, int]:
+    """(steph, stepw, dsh, dsw): taps between two that reach one stride phase, and output rows (columns)
+    between what they read."""
+    gh, gw = math.gcd(win.sh, win.dh), math.gcd(win.sw, win.dw)
+    return win.sh // gh, win.sw // gw, win.dh // gh, win.dw // gw
+
+
+def _direct(win: Window, weight: Tensor, groups: int) -> bool:
+    """The direct input gradient: few input channels per group, loops within the limit."""
+    og, cg = weight.shape[0] // groups, weight.shape[1]
+    if cg > _DIRECT_MAX_CG or not _gemm_dtype(weight) or _force not in (None, "direct"):
+        return False
+    steph, stepw, _, _ = _direct_steps(win)
+    # iterations per thread: og (column taps (row taps + 1) + 1), a phase's taps at most ceil(k / step),
+    # and the searches for the first taps
+    return og * (-(-win.kw // stepw) * (-(-win.kh // steph) + 1) + 1) + steph + stepw <= MAX_LOOP
+
+
 def _gemm(win: Window, weight: Tensor, groups: int) -> bool:
     og, cg = weight.shape[0] // groups, weight.shape[1]
     return _force != "im2col" and _gemm_dtype(weight) and max(cg, og) * win.kh * win.kw <= _MAX_K
@@ -186,9 +219,10 @@ def _run_gemm(kernel: Kernel, helpers: str, la: str, out: Tensor, bufs: list[Ten
                              groups, flops=2 * groups[2] * min(M, groups[1] * t.bm) * min(N, groups[0] * t.bn) * K)
 
 
-def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, params: dict, **fills) -> None:
+def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, params: dict,
+               constants: dict | None = None, **fills) -> None:
     dev = out.device
-    k = kernel.spec(tuple(b.dtype.storage for b in [out, *bufs]), T=out.dtype.storage, **fills)
+    k = kernel.spec(tuple(b.dtype.storage for b in [out, *bufs]), constants=constants, T=out.dtype.storage, **fills)
     dev.dispatch(k, [b._storage.buffer for b in [out, *bufs]], kernel.pack(**params),
                  grid(-(-total // WORKGROUP), dev.max_workgroups))
 
@@ -285,6 +319,10 @@ def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
         _dw_launch(_DW_DGRAD, gx, [weight, g], total, dict(total=total, o=o, mult=o // groups, off_gx=gx._offset,
                                                            off_w=weight._offset, off_gy=g._offset, **win.params()))
         return gx
+    if _direct(win, weight, groups):
+        PATHS["direct"] += 1
+        _direct_input_grad(gx, g, weight, win, groups)
+        return gx
     if _gemm(win, weight, groups):
         PATHS["gemm"] += 1
         _gemm_input_grad(gx, g, weight, win, groups)
@@ -319,6 +357,20 @@ def _gemm_input_grad(gx: Tensor, g: Tensor, weight: Tensor, win: Window, groups:
                            nw=nw, ki0h=ki0h, ki0w=ki0w, steph=steph, stepw=stepw, nki=max(nki, 1), nkj=max(nkj, 1),
                            offh=(rh + win.ph - ki0h * win.dh) // win.sh, offw=(rw + win.pw - ki0w * win.dw) // win.sw,
                            dsh=steph * win.dh // win.sh, dsw=stepw * win.dw // win.sw, **win.params()))
+
+
+def _direct_input_grad(gx: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) -> None:
+    """One dispatch for every stride phase: a thread per 8 rows of a phase's column (rows ``dsh`` apart)."""
+    o, cg = weight.shape[0], weight.shape[1]
+    steph, stepw, dsh, dsw = _direct_steps(win)
+    phc, pwc = min(win.sh, win.h), min(win.sw, win.w)
+    nhm, nwm = -(-win.h // win.sh), -(-win.w // win.sw)  # rows and columns of the largest phase
+    nblk = dsh * -(-nhm // (_DIRECT_ROWS * dsh))
+    total = win.n * groups * phc * pwc * nblk * nwm
+    _dw_launch(_DIRECT_DGRAD, gx, [weight, g], total,
+               dict(total=total, o=o, og=o // groups, groups=groups, nwm=nwm, nblk=nblk, phc=phc, pwc=pwc, steph=steph,
+                    stepw=stepw, dsh=dsh, dsw=dsw, off_gx=gx._offset, off_w=weight._offset, off_gy=g._offset,
+                    **win.params()), constants={"CG": cg})
 
 
 def weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
