@@ -11,17 +11,24 @@
 const ROWS = 8u;
 
 // The first tap ki < k that reaches input rows r (mod s), or -1. The taps that reach r are the ki with
-// ki d = r + pad (mod s): every step-th (step = s / gcd(s, d)), so the first is below step.
+// ki d = r + pad (mod s): every step-th (step = s / gcd(s, d)), so the first is below step. Unsigned
+// throughout (r + pad + (s - 1) ki d = r + pad - ki d mod s): an NVIDIA GPU through Vulkan gave
+// (-1) % 3 == 0 for i32 operands, as if the remainder were taken of the bits as u32 (lavapipe: -1).
 fn first_tap(r: u32, pad: u32, k: u32, d: u32, s: u32, step: u32) -> i32 {
   for (var ki = 0u; ki < min(k, step); ki = ki + 1u) {
-    if ((i32(r + pad) - i32(ki * d)) % i32(s) == 0) { return i32(ki); }
+    if ((r + pad + (s - 1u) * ki * d) % s == 0u) { return i32(ki); }
   }
   return -1;
 }
 
+// (a - b) / s for a - b divisible by s, possibly negative, without a signed division (see first_tap).
+fn exact_div(a: u32, b: u32, s: u32) -> i32 {
+  return select(-i32((b - a) / s), i32((a - b) / s), a >= b);
+}
+
 // gy at output row oy of column ``col`` (the column's offset in its plane), 0 outside the output.
 fn gy_at(col: u32, oy: i32) -> f32 {
-  let r = u32(oy);  // a negative row wraps past oh: one comparison and one clamp
+  let r = bitcast<u32>(oy);  // a negative row wraps past oh: one comparison and one clamp
   return select(0.0, f32(gy[col + min(r, p.oh - 1u) * p.ow]), r < p.oh);
 }
 
@@ -68,8 +75,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let nki = (p.kh - 1u - u32(k0h)) / p.steph + 1u;
     let nkj = (p.kw - 1u - u32(k0w)) / p.stepw + 1u;
     // output row and column that the first taps read for row ib and column q (the division is exact)
-    let oyb = i32(ib) + (i32(rh + p.ph) - k0h * i32(p.dh)) / i32(p.sh);
-    let oxb = i32(q) + (i32(rw + p.pw) - k0w * i32(p.dw)) / i32(p.sw);
+    let oyb = i32(ib) + exact_div(rh + p.ph, u32(k0h) * p.dh, p.sh);
+    let oxb = i32(q) + exact_div(rw + p.pw, u32(k0w) * p.dw, p.sw);
     let dsh = i32(p.dsh);
     let kk = p.kh * p.kw;
     for (var m = 0u; m < p.og; m = m + 1u) {

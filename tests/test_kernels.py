@@ -59,10 +59,10 @@ def test_header_declares_bindings_params_overrides_and_f16_only_when_used():
     assert k.spec(("f16", "f32"), G="f16").source().startswith("enable f16;\n")
     # a comment that mentions f16 does not enable it (the matmul_fast file's header does)
     fast = Kernel("matmul_fast", "c: w, a: r, b: r", "M: u32", constants=())
-    assert "f16" in fast.spec(("vec4<f32>",) * 3, DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="",
-                              COMPUTE="", WRITE="", NEXT="k0", HELPERS="").source()
-    assert not fast.spec(("vec4<f32>",) * 3, DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="",
-                         COMPUTE="", WRITE="", NEXT="k0", HELPERS="").source().startswith("enable")
+    fills = dict(DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="", COMPUTE="", WRITE="", NEXT="k0",
+                 HELPERS="", TILE="", SKIP="", KSTART="0u", KEND="p.K")
+    assert "f16" in fast.spec(("vec4<f32>",) * 3, **fills).source()
+    assert not fast.spec(("vec4<f32>",) * 3, **fills).source().startswith("enable")
     with pytest.raises(ValueError, match="element types"):
         k.spec(("f32",))
     assert k.spec(("f32",), without=("coef",)).buffers == (("grad", "w", "f32"),)
