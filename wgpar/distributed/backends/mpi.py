@@ -191,6 +191,52 @@ class _LeadersStep:
         self.reqs, self.chunk, self.nbytes, self.t0, self.kind, self.done = reqs, chunk, nbytes, t0, kind, False
 
 
+class _Chunks:
+    """One rank's view of an elementwise collective's chunks (``_pipeline`` and ``_reduce_hosts``): the
+    elements of each it reduces, its mapped readback of them, and the copy of the other ranks' shares into
+    its input slot of the arena."""
+
+    def __init__(self, group: MPIGroup, what: str, rb: ChunkedReadback, n: int, hdt: np.dtype, shared: bool,
+                 lo: int, hi: int) -> None:
+        E = group._chunk_elems(n)
+        self.chunks = [(a, min(a + E, n)) for a in range(0, n, E)]
+        self.group, self.what, self.rb, self.hdt, self.shared, self.lo, self.hi = group, what, rb, hdt, shared, lo, hi
+        self.W = host_threads()
+        self.maps: dict[int, np.ndarray] = {}  # the mapped readback of the chunks in use
+
+    def share(self, i: int) -> tuple[int, int]:
+        """The elements of chunk i this rank reduces: its slice of the chunk (shared), else its own range."""
+        a, b = self.chunks[i]
+        if self.shared:
+            L, me = self.group.local_size, self.group.local_rank
+            bounds = np.cumsum([0, *split_sizes(b - a, L)])
+            return a + int(bounds[me]), a + int(bounds[me + 1])
+        s0 = min(max(a, self.lo), b)
+        return s0, max(min(b, self.hi), s0)
+
+    def mapped(self, i: int) -> np.ndarray:
+        if i not in self.maps:
+            a, b = self.chunks[i]
+            g = self.group
+            self.maps[i] = g._mapping(lambda: self.rb.array(a * self.hdt.itemsize, b - a, self.hdt, g._timeout,
+                                                            self.what), self.what)
+        return self.maps[i]
+
+    def copy_in(self, i: int) -> list:
+        """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk)."""
+        if self.group.local_size == 1 or i >= len(self.chunks):
+            return []
+        a, b = self.chunks[i]
+        s0, s1 = self.share(i)
+        mine, slot = self.mapped(i), self.group._arena.inputs(i % 3, self.group.local_rank, self.hdt, b - a)
+        return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=self.W) + \
+            copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=self.W)
+
+    def done(self, i: int) -> None:
+        """Chunk i's readback is no longer needed."""
+        self.maps.pop(i, None)
+
+
 class MPIGroup(StagedGroup):
     """One process's view of a group of MPI processes (a communicator), each owning one device.
 
@@ -529,39 +575,12 @@ class MPIGroup(StagedGroup):
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
         is_bool = dtype is _dt.bool_
-        E = self._chunk_elems(n)
         L, me, arena = self.local_size, self.local_rank, self._arena
         rank = self.ranks[self.rank]
-        W = host_threads()
-        chunks = [(a, min(a + E, n)) for a in range(0, n, E)]
+        cs = _Chunks(self, what, rb, n, hdt, shared, lo, hi)
+        chunks, share, mapped, copy_in, W = cs.chunks, cs.share, cs.mapped, cs.copy_in, cs.W
         N = len(chunks)
         gather = shared and L > 1  # the others' slices come back through the result slot
-        maps: dict[int, np.ndarray] = {}  # this rank's mapped readback of the chunks in use
-
-        def share(i: int) -> tuple[int, int]:
-            """The elements of chunk i this rank reduces."""
-            a, b = chunks[i]
-            if shared:
-                bounds = np.cumsum([0, *split_sizes(b - a, L)])
-                return a + int(bounds[me]), a + int(bounds[me + 1])
-            s0 = min(max(a, lo), b)
-            return s0, max(min(b, hi), s0)
-
-        def mapped(i: int) -> np.ndarray:
-            if i not in maps:
-                a, b = chunks[i]
-                maps[i] = self._mapping(lambda: rb.array(a * isz, b - a, hdt, self._timeout, what), what)
-            return maps[i]
-
-        def copy_in(i: int) -> list:
-            """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk)."""
-            if L == 1 or i >= N:
-                return []
-            a, b = chunks[i]
-            s0, s1 = share(i)
-            mine, slot = mapped(i), arena.inputs(i % 3, me, hdt, b - a)
-            return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=W) + \
-                copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=W)
 
         def reduce(i: int) -> list:
             """Tasks: this rank's slice of chunk i into its upload (and the result slot, for the others)."""
@@ -623,7 +642,7 @@ class MPIGroup(StagedGroup):
                 finally:
                     finish_tasks(futures)
             del futures
-            maps.pop(i, None)
+            cs.done(i)
             complete = done(i)
             if L > 1 and (gather or i + 1 < N):
                 ahead = self._host_barrier(what, lambda i=i: copy_in(i + 2), W)
@@ -660,41 +679,17 @@ class MPIGroup(StagedGroup):
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
         is_bool = dtype is _dt.bool_
-        E = self._chunk_elems(n)
         L, me, arena = self.local_size, self.local_rank, self._arena
         part_op = "sum" if op == "mean" else op  # across hosts: sum, then divide once
         divide = self.world_size if op == "mean" else None
         rank = self.ranks[self.rank]
-        W = host_threads()
-        chunks = [(a, min(a + E, n)) for a in range(0, n, E)]
+        cs = _Chunks(self, what, rb, n, hdt, True, lo, hi)  # every rank reduces its slice of each chunk
+        chunks, share, mapped, copy_in, W = cs.chunks, cs.share, cs.mapped, cs.copy_in, cs.W
         N = len(chunks)
-        maps: dict[int, np.ndarray] = {}  # this rank's mapped readback of the chunks in use
-
-        def share(i: int) -> tuple[int, int]:
-            """The elements of chunk i this rank reduces."""
-            a, b = chunks[i]
-            bounds = np.cumsum([0, *split_sizes(b - a, L)])
-            return a + int(bounds[me]), a + int(bounds[me + 1])
-
-        def mapped(i: int) -> np.ndarray:
-            if i not in maps:
-                a, b = chunks[i]
-                maps[i] = self._mapping(lambda: rb.array(a * isz, b - a, hdt, self._timeout, what), what)
-            return maps[i]
 
         def result(i: int) -> np.ndarray:
             a, b = chunks[i]
             return arena.result(i % 3, acc, b - a)
-
-        def copy_in(i: int) -> list:
-            """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk)."""
-            if L == 1 or i >= N:
-                return []
-            a, b = chunks[i]
-            s0, s1 = share(i)
-            mine, slot = mapped(i), arena.inputs(i % 3, me, hdt, b - a)
-            return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=W) + \
-                copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=W)
 
         def reduce(i: int) -> list:
             """Tasks: this rank's slice of chunk i into the result slot."""
@@ -748,7 +743,7 @@ class MPIGroup(StagedGroup):
                 finally:
                     self._finish_testing(futures, net)
             del futures
-            maps.pop(i, None)
+            cs.done(i)
             if i >= 2:
                 complete = done(i - 2)
             if net is not None:
