@@ -232,6 +232,18 @@ class _Chunks:
         return copy_tasks(slot[:s0 - a], mine[:s0 - a], workers=self.W) + \
             copy_tasks(slot[s1 - a:], mine[s1 - a:], workers=self.W)
 
+    def open(self) -> list[Future]:
+        """The pipeline's start: chunk 0's copy in, the first host barrier, chunk 1's copy in started as it
+        waits (its futures returned)."""
+        g = self.group
+        if g.local_size == 1:
+            return []
+        (a, b), (s0, s1) = self.chunks[0], self.share(0)
+        with profiling.span("copy into shared memory", "collective", rank=g.ranks[g.rank],
+                            bytes=(b - a - s1 + s0) * self.hdt.itemsize):
+            run_tasks(bundle(self.copy_in(0), self.W))
+        return g._host_barrier(self.what, lambda: self.copy_in(1), self.W)
+
     def done(self, i: int) -> None:
         """Chunk i's readback is no longer needed."""
         self.maps.pop(i, None)
@@ -623,13 +635,7 @@ class MPIGroup(StagedGroup):
                 return (chunks[i - 1][1] - lo) * isz if i > 0 else 0
             return (share(i)[1] - lo) * isz
 
-        ahead: list[Future] = []  # chunk i + 2's copy in, started at the barrier that ends step i
-        if L > 1:
-            s0, s1 = share(0)
-            with profiling.span("copy into shared memory", "collective", rank=rank,
-                                bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
-                run_tasks(bundle(copy_in(0), W))
-            ahead = self._host_barrier(what, lambda: copy_in(1), W)
+        ahead = cs.open()  # chunk i + 2's copy in, started at the barrier that ends step i
         tasks = reduce(0)
         complete = 0  # upload bytes the steps so far finished: committed while the next step runs
         for i in range(N):
@@ -719,13 +725,7 @@ class MPIGroup(StagedGroup):
             """Bytes of the upload complete once chunk i was copied out."""
             return max(0, min(chunks[i][1], hi) - lo) * isz
 
-        ahead: list[Future] = []  # chunk i + 2's copy in, started at the barrier that ends step i
-        if L > 1:
-            s0, s1 = share(0)
-            with profiling.span("copy into shared memory", "collective", rank=rank,
-                                bytes=(chunks[0][1] - chunks[0][0] - s1 + s0) * isz):
-                run_tasks(bundle(copy_in(0), W))
-            ahead = self._host_barrier(what, lambda: copy_in(1), W)
+        ahead = cs.open()  # chunk i + 2's copy in, started at the barrier that ends step i
         tasks = reduce(0)
         complete = 0  # upload bytes the steps so far finished: committed while the next step runs
         for i in range(N + 2):
