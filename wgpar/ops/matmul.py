@@ -248,8 +248,8 @@ def matmul_causal(a: Tensor, b: Tensor, which: str) -> Tensor:
     if n * M * N == 0 or K == 0 or K > _MAX_K:
         return matmul(a, b)
     p = plan(a, b, out_dt)
-    if p.variant == "general" or p.nb != n:  # (a weight shared over the batch folds it into M: not here)
-        return matmul(a, b)
+    if p.variant == "general" or p.nb != n or TILINGS[p.variant].bm % TILINGS[p.variant].bk:
+        return matmul(a, b)  # (a weight shared over the batch folds it into M; K bounds must fall on slices)
     p = replace(p, split=1, tri=which)
     out = Tensor.empty((n, M, N), out_dt, a.device)
     _run_fast(p, out, TILINGS[p.variant])
