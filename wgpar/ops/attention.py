@@ -218,6 +218,8 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
     key = (kind, dev, head_dim, n_rows, n_cols, tuple(sorted(_force.items())), _force_cv[0],
            _force_unroll[0], os.environ.get(ENV_VARIANT))
     if key not in _PICKS:
+        if len(_PICKS) >= 4096:  # sequence lengths without end (a server): start again rather than grow
+            _PICKS.clear()
         _PICKS[key] = _pick(kind, dev, head_dim, n_rows, n_cols)
     return _PICKS[key]
 
