@@ -12,6 +12,8 @@ const VEC: u32 = {{VEC}};
 fn lo(i: u32, n: u32, m: u32) -> u32 { return (i * n) / m; }
 fn hi(i: u32, n: u32, m: u32) -> u32 { return ((i + 1u) * n + m - 1u) / m; }
 
+{{STORE}}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = gid.x + gid.y * nwg.x * WG;
@@ -55,10 +57,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
   }
   let at = row * p.w + w0;
-  out[at] = {{T}}(sums.x);
-  if (VEC > 1u) {
-    if (w0 + 1u < p.w) { out[at + 1u] = {{T}}(sums.y); }
-    if (w0 + 2u < p.w) { out[at + 2u] = {{T}}(sums.z); }
-    if (w0 + 3u < p.w) { out[at + 3u] = {{T}}(sums.w); }
-  }
+  store_row(at, w0, sums);
 }

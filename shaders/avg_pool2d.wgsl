@@ -23,6 +23,8 @@ fn divisor(oh: u32, ow: u32) -> f32 {
   return f32(extent(oh, p.sh, p.ph, p.kh, p.h) * extent(ow, p.sw, p.pw, p.kw, p.w));
 }
 
+{{STORE}}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = gid.x + gid.y * nwg.x * WG;
@@ -69,10 +71,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
   }
   let at = row * p.w + w0;
-  out[at] = {{T}}(sums.x);
-  if (VEC > 1u) {
-    if (w0 + 1u < p.w) { out[at + 1u] = {{T}}(sums.y); }
-    if (w0 + 2u < p.w) { out[at + 2u] = {{T}}(sums.z); }
-    if (w0 + 3u < p.w) { out[at + 3u] = {{T}}(sums.w); }
-  }
+  store_row(at, w0, sums);
 }

@@ -3,10 +3,12 @@
 // one of them, in output order (no atomics: a fixed order, torch's). It visits only the outputs whose
 // window span (kh - 1) * dh + 1 holds the elements; with dilation some of those skip them, which
 // the index test handles. TAPS (spans too long for the loop limit): one element per thread, a loop
-// over the kernel taps. Bindings (gx, g: arrays of T, idx: i32) and Params are in wgpar/ops/pool.py.
+// over the kernel taps. Bindings (out, g: arrays of T, idx: i32) and Params are in wgpar/ops/pool.py.
 
 const VEC: u32 = {{VEC}};
 const TAPS: bool = {{TAPS}};
+
+{{STORE}}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -33,7 +35,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         if (idx[p.off_idx + o] == me) { sum = sum + f32(g[p.off_g + o]); }
       }
     }
-    gx[at] = {{T}}(sum);
+    out[at] = {{T}}(sum);
     return;
   }
   // Output oh spans input rows oh * sh - ph .. + eh - 1: those holding h are
@@ -57,10 +59,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
       }
     }
   }
-  gx[at] = {{T}}(acc.x);
-  if (VEC > 1u) {
-    if (w0 + 1u < p.w) { gx[at + 1u] = {{T}}(acc.y); }
-    if (w0 + 2u < p.w) { gx[at + 2u] = {{T}}(acc.z); }
-    if (w0 + 3u < p.w) { gx[at + 3u] = {{T}}(acc.w); }
-  }
+  store_row(at, w0, acc);
 }

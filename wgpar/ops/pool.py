@@ -20,7 +20,12 @@ from .window import Window
 _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, " \
           "oh: u32, ow: u32"
 _MAX = Kernel("max_pool2d", "out: w, idx: w, x: r", f"total: u32, off_x: u32, {_WINDOW}")
-_MAX_BWD = Kernel("max_pool2d_bwd", "gx: w, g: r, idx: r", f"total: u32, off_g: u32, off_idx: u32, {_WINDOW}")
+def _store(t: str) -> str:
+    """The pooling input gradients' shared row store (shaders/pool_row_store.wgsl) for element type ``t``."""
+    return load_source("pool_row_store").replace("{{T}}", t)
+
+
+_MAX_BWD = Kernel("max_pool2d_bwd", "out: w, g: r, idx: r", f"total: u32, off_g: u32, off_idx: u32, {_WINDOW}")
 _AVG = Kernel("avg_pool2d", "out: w, x: r",
               f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}")
 
@@ -83,7 +88,7 @@ def max_pool2d_backward(g: Tensor, idx: Tensor, win: Window) -> Tensor:
     taps = loops(vec) > MAX_LOOP  # long dilated spans: loop over the kh * kw taps instead
     total = _threads(win.n, win.c, win.h, win.w, vec)
     k = _MAX_BWD.spec((g.dtype.storage, g.dtype.storage, "i32"), T=g.dtype.storage, VEC=vec,
-                      TAPS="true" if taps else "false")
+                      TAPS="true" if taps else "false", STORE=_store(g.dtype.storage))
     g.device.dispatch(k, [gx._storage.buffer, g._storage.buffer, idx._storage.buffer],
                       _MAX_BWD.pack(total=total, off_g=g._offset, off_idx=idx._offset, **win.params()),
                       _groups(total, g.device))
@@ -108,7 +113,7 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
     vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
     total = _threads(win.n, win.c, win.h, win.w, vec) if backward else out.numel()
     k = _AVG.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage, BACKWARD="true" if backward else "false",
-                  VEC=vec)
+                  VEC=vec, STORE=_store(x.dtype.storage))
     x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
                       _AVG.pack(total=total, off_x=x._offset, include_pad=int(count_include_pad),
                                 divisor=divisor_override or 0, **win.params()),
@@ -156,7 +161,7 @@ def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = Fal
     total = _threads(n, c, h, w, vec) if backward else out.numel()
     if total:
         k = _ADAPTIVE.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage,
-                           BACKWARD="true" if backward else "false", VEC=vec)
+                           BACKWARD="true" if backward else "false", VEC=vec, STORE=_store(x.dtype.storage))
         x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
                           _ADAPTIVE.pack(total=total, off_x=x._offset, h=h, w=w, oh=oh, ow=ow),
                           _groups(total, x.device))
