@@ -696,6 +696,11 @@ def _product(x: Tensor, y: Tensor, causal: bool, which: str) -> Tensor:
     return matmul_causal(x, y, which) if causal else matmul(x, y)
 
 
+def _delta(dout: Tensor, out: Tensor) -> Tensor:
+    """rowsum(dO * O) [B, H, Lq] float32: the backward's delta where no kernel computes it on the way."""
+    return contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))
+
+
 def _joined(parts: list[Tensor], shape: tuple[int, ...]) -> Tensor:
     """The groups' [n, L, D] results as one tensor of ``shape``."""
     return reshape(parts[0] if len(parts) == 1 else cat(parts, 0), shape)
@@ -871,7 +876,7 @@ def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
     b, h, lq, d = q.shape
     lk = k.shape[2]
     q3, k3, v3, g3 = (reshape(_f32(x), (b * h, x.shape[2], d)) for x in (q, k, v, dout))
-    delta = contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))  # rowsum(dO * O) [b, h, lq]
+    delta = _delta(dout, out)
     kern = _GRAD_SCORES.spec(("f32", "f32", "f32", "f32"))
     gq, gk, gv = [], [], []
     for g0, n in _head_groups(dev, b * h, lq, 2 * lk):  # S and dP of the group within DS_BYTES together
@@ -912,7 +917,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     gv = Tensor.empty((b, h, lk, d), gk.dtype, dev)
     bufs_common = [q._storage.buffer, k._storage.buffer, v._storage.buffer, dout._storage.buffer]
     if ds_path:  # delta = rowsum(dO * O), which the dQ kernel would have computed
-        delta = contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))
+        delta = _delta(dout, out)
         gq = None
     else:
         delta = Tensor.empty((b, h, lq), _dt.float32, dev)
