@@ -101,8 +101,10 @@ def test_mixed_precision_float16_gathers_and_computes_in_half(rng):
         assert all(fp.unsharded.dtype is wgpar.float16 for g in m.fsdp_groups() for fp in g.params)
         losses = [fsdp.train_step(X, Y, F.cross_entropy, opts).item() for _ in range(10)]
         assert all(p.dtype is wgpar.float32 for p in m.parameters())  # the shards, between steps
-        # float16 keeps ~3 decimal digits: 10 AdamW steps of lr 0.01 stay within a few 1e-3.
-        np.testing.assert_allclose(losses, want_losses, rtol=5e-3)
+        # float16 keeps ~3 decimal digits: 10 AdamW steps of lr 0.01 stay within a few 1e-3, relative to each
+        # loss and to the largest (late losses near 0 keep the early steps' absolute error: over 40 seeds at
+        # most 4.6e-4 of the largest loss, and one CI seed 6.7e-3 of a loss of 0.014).
+        np.testing.assert_allclose(losses, want_losses, rtol=5e-3, atol=1e-3 * max(want_losses))
         got = fsdp.full_state_dict()
         for k in want:
             assert np.abs(got[k] - want[k]).max() < 5e-3 + 2e-2 * np.abs(want[k]).max(), k
