@@ -3,6 +3,7 @@ and PyTorch, on awkward sizes (odd channels, non-square, stride, padding, dilati
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -16,6 +17,8 @@ from wgpar.ops.window import window
 
 from . import gradcheck
 from .helpers import assert_close
+
+mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is also the function)
 
 
 def conv2d_ref(x, w, b=None, stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1):
@@ -433,3 +436,35 @@ def test_gpu_weight_gradient_split_stays_within_the_output_gradient(rng, torch, 
     torch.nn.functional.conv2d(tx, tw, None, 1, 2, 2).backward(torch.tensor(g.numpy()))
     assert_close(layer.weight.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
     assert_close(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("tile", [*mm.CONV_TILINGS, *mm.TILINGS])
+def test_every_implicit_gemm_tile_matches_torch(tile, rng, torch, monkeypatch):
+    """Each tile the implicit GEMMs may take (the 128-row ones are a GPU's choice from 128 channels), forced
+    on the forward and both gradients: channels past a whole tile (131 out, 130 in), stride 2 (four input
+    gradient phases) and groups."""
+    t = {**mm.CONV_TILINGS, **mm.TILINGS}[tile]
+    monkeypatch.setattr(conv_ops, "gemm_tiling", lambda dev, M, N, nb, weight_grad=False: t)
+    monkeypatch.setattr(conv_ops, "_SHORT_TILES", ())
+    for shapes, s, p, d, g in ((((2, 130, 9, 7), (131, 130, 3, 3), (131,)), 2, 1, 1, 1),
+                               (((3, 12, 11, 6), (132, 6, 2, 3), (132,)), 1, (1, 0), (2, 1), 2)):
+        conv_ops.PATHS.clear()
+        _against_torch(torch, rng, shapes, s, p, d, g, tol=2e-4)
+        assert conv_ops.PATHS == {"gemm": 3}, conv_ops.PATHS
+
+
+def test_gpu_implicit_gemms_take_128_row_tiles_from_128_channels(dev, monkeypatch):
+    """The rule measured on an H100: from M = 128, 128 x 128 tiles where they give 256 workgroups, else
+    128 x 64 where those give 128, else the matmul's; the weight gradient 128 x 64 (it splits K for
+    workgroups); a CPU adapter (lavapipe) keeps the matmul's tiles."""
+    wide, narrow = mm.CONV_TILINGS.values()
+    base = mm.gemm_tiling(dev, 64, 32768, 1)
+    monkeypatch.setattr(dev, "adapter_type", "DiscreteGPU")
+    assert mm.gemm_tiling(dev, 128, 128 * 256, 1) is wide  # ResNet-18's 3x3 128 at 16 x 16, batch 128
+    assert mm.gemm_tiling(dev, 256, 128 * 64, 1) is narrow  # 256 channels at 8 x 8: 128 x 128 gives 128
+    assert mm.gemm_tiling(dev, 512, 128 * 16, 1) is narrow  # 512 channels at 4 x 4: 128 workgroups
+    assert mm.gemm_tiling(dev, 512, 512, 1) is not narrow and mm.gemm_tiling(dev, 512, 512, 1).bm == 64
+    assert mm.gemm_tiling(dev, 128, 1152, 1, weight_grad=True) is narrow
+    assert mm.gemm_tiling(dev, 64, 32768, 1) is base  # fewer channels: as before
+    monkeypatch.setattr(dev, "adapter_type", "CPU")
+    assert mm.gemm_tiling(dev, 128, 128 * 256, 1).bm == 64

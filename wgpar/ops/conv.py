@@ -33,7 +33,7 @@ from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, loa
 from ..tensor import Tensor
 from .arith import inplace
 from .elementwise import cast, contiguous, copy_, fill, run_map
-from .matmul import Tiling, _generate, gemm_tiling, matmul
+from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, matmul
 from .reduce import reduce
 from .shape import narrow, permute, reshape, transpose
 from .window import Window
@@ -200,11 +200,11 @@ def _gemm_spec(kernel: Kernel, helpers: str, t: Tiling, la: str, types: tuple[st
 
 
 def _run_gemm(kernel: Kernel, helpers: str, la: str, out: Tensor, bufs: list[Tensor], M: int, N: int, K: int, Z: int,
-              params: dict) -> None:
-    """Dispatch the implicit GEMM ``kernel`` (helpers ``shaders/<helpers>.wgsl``) over Z products M x N x K,
-    splitting a grid past the device's workgroups per dimension."""
+              params: dict, tiling: Tiling | None = None) -> None:
+    """Dispatch the implicit GEMM ``kernel`` (helpers ``shaders/<helpers>.wgsl``) over Z products M x N x K
+    (``tiling``: its tile, chosen by the caller), splitting a grid past the device's workgroups per dimension."""
     dev = out.device
-    t = next((t for t in _SHORT_TILES if M <= t.bm), None) or gemm_tiling(dev, M, N, Z)
+    t = tiling or next((t for t in _SHORT_TILES if M <= t.bm), None) or gemm_tiling(dev, M, N, Z)
     if t is None:
         raise RuntimeError(f"conv2d: {dev} fits no matmul tile (workgroup limits {dev.limits})")
     k = _gemm_spec(kernel, helpers, t, la, tuple(b.dtype.storage for b in [out, *bufs]), out.dtype.storage)
@@ -402,7 +402,7 @@ def weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) 
     elif _gemm(win, weight, groups):
         PATHS["gemm"] += 1
         parts = -(-nq // _MAX_K)
-        t = gemm_tiling(dev, og, kg, groups)
+        t = gemm_tiling(dev, og, kg, groups, weight_grad=True)
         if gpu and t is not None:  # split-K: enough workgroups for a small weight
             tiles = groups * -(-og // t.bm) * -(-kg // t.bn)
             # ... their partial sums no larger than the output gradient they are made from (a workspace
@@ -415,7 +415,7 @@ def weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) 
         partial = Tensor.empty((parts, groups, og, kg), _dt.float32, dev)
         _run_gemm(_WGRAD, "conv_gemm_wgrad", "n", partial, [g, x], og, kg, kp, parts * groups,
                   dict(groups=groups, nq=nq, cg=win.c // groups, o=o, off_gy=g._offset, off_x=x._offset,
-                       **win.params()))
+                       **win.params()), t if t is not None and t.name in CONV_TILINGS else None)
     else:
         PATHS["im2col"] += 1
         return _im2col_weight_grad(x, g, weight, win, groups)

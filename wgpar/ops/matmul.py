@@ -332,12 +332,36 @@ def _general_plan(dev, nb: int, M: int, N: int, K: int, a: Operand, b: Operand, 
     return Plan("general", nb, M, N, K, a, b, split=split)
 
 
-def gemm_tiling(dev, M: int, N: int, nb: int) -> Tiling | None:
-    """The tile of an implicit GEMM of nb products M x N (ops/conv.py), bounds-checked at the edges:
-    as :func:`plan`, the largest that still gives enough workgroups; None where none fits the device."""
-    fits = [t for t in TILINGS.values()
-            if t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
-            and t.shared_bytes <= dev.limits.get("max-compute-workgroup-storage-size", 16384)]
+# Implicit GEMMs (ops/conv.py) gather one operand through the convolution's window, which costs more per
+# element than a matmul's loads: on a GPU, where M (output channels, or input channels for the input
+# gradient) reaches 128, a tile of 128 rows shares each gathered slice among twice the outputs. On an
+# H100 (BENCHMARKS.md, "Convolution tiles") 128 x 128 tiles with at least _MIN_WORKGROUPS workgroups, else
+# 128 x 64 with at least half as many, took 3-25% off the ResNet-18 layers' forward and input gradient,
+# and 128 x 64 the weight gradients'.
+CONV_TILINGS: dict[str, Tiling] = {t.name: t for t in (
+    Tiling(128, 128, 16, 8, 8, unroll=True),
+    Tiling(128, 64, 16, 8, 8, unroll=True),
+)}
+
+
+def _fits(dev, t: Tiling) -> bool:
+    return (t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
+            and t.shared_bytes <= dev.limits.get("max-compute-workgroup-storage-size", 16384))
+
+
+def gemm_tiling(dev, M: int, N: int, nb: int, weight_grad: bool = False) -> Tiling | None:
+    """The tile of an implicit GEMM of nb products M x N (ops/conv.py), bounds-checked at the edges: on
+    a GPU from M = 128 a 128-row tile (CONV_TILINGS; 128 x 64 for a ``weight_grad``, whose caller splits
+    K until the workgroups suffice), else as :func:`plan`, the largest that still gives enough
+    workgroups; None where none fits the device."""
+    if M >= 128 and dev.adapter_type.lower() != "cpu":
+        wide, narrow = CONV_TILINGS.values()
+        if weight_grad and _fits(dev, narrow):
+            return narrow
+        for t, least in ((wide, _MIN_WORKGROUPS), (narrow, _MIN_WORKGROUPS // 2)):
+            if not weight_grad and _fits(dev, t) and nb * -(-M // t.bm) * -(-N // t.bn) >= least:
+                return t
+    fits = [t for t in TILINGS.values() if _fits(dev, t)]
     for t in fits:
         if nb * -(-M // t.bm) * -(-N // t.bn) >= _MIN_WORKGROUPS:
             return t
