@@ -468,3 +468,18 @@ def test_gpu_implicit_gemms_take_128_row_tiles_from_128_channels(dev, monkeypatc
     assert mm.gemm_tiling(dev, 64, 32768, 1) is base  # fewer channels: as before
     monkeypatch.setattr(dev, "adapter_type", "CPU")
     assert mm.gemm_tiling(dev, 128, 128 * 256, 1).bm == 64
+
+
+def test_pointwise_convolution_adds_its_bias_in_the_product(rng, torch, dev):
+    """A 1x1 convolution with a bias is one dispatch (the bias added as the product stores its tiles) and
+    equals torch's, at an odd number of filters."""
+    x = rng.standard_normal((3, 12, 5, 8)).astype(np.float32)
+    w, b = rng.standard_normal((13, 12, 1, 1)).astype(np.float32), rng.standard_normal(13).astype(np.float32)
+    xs, ws, bs = (wgpar.tensor(a) for a in (x, w, b))
+    conv_ops.PATHS.clear()
+    n0 = dev.num_dispatches
+    with wgpar.no_grad():
+        y = F.conv2d(xs, ws, bs)
+    assert dev.num_dispatches - n0 == 1 and conv_ops.PATHS == {"matmul": 1}
+    want = torch.nn.functional.conv2d(*(torch.tensor(a, dtype=torch.float64) for a in (x, w, b))).numpy()
+    assert_close(y.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

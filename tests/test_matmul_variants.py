@@ -176,6 +176,44 @@ def test_matmul_bias_other_paths(rng, dev, case):
     assert rel_err(got.numpy(), want) < (2e-3 if dt == np.float16 else 1e-5)
 
 
+@pytest.mark.parametrize("variant", FAST)
+@pytest.mark.parametrize("shape", [None, (100, 44, 36), (67, 20, 12)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_matmul_row_bias_epilogue(rng, dev, variant, shape, dtype):
+    """A [M, K] shared by the batch of B [3, K, N] plus a bias per row (a 1x1 convolution), the bias added
+    as the fast kernel stores its tiles at an odd element offset: one dispatch, equal to product + bias."""
+    if dtype == np.float16 and not dev.has_f16:
+        pytest.skip("no shader-f16 on this adapter")
+    M, K, N = shape or tile_shape(variant)
+    a = rng.standard_normal((M, K)).astype(dtype)
+    b = rng.standard_normal((3, K, N)).astype(dtype)
+    bias = rng.standard_normal(M + 3).astype(dtype)
+    wdt = wgpar.float16 if dtype == np.float16 else wgpar.float32
+    wa, wb, wbias = (wgpar.tensor(x, dtype=wdt) for x in (a, b, bias))
+    with mm.force_variant(variant):
+        n0 = dev.num_dispatches
+        got = mm.matmul_row_bias(wa, wb, wbias[3:])
+        assert dev.num_dispatches - n0 == 1
+    want = a.astype(np.float64) @ b.astype(np.float64) + bias[3:, None].astype(np.float64)
+    assert got.dtype is wdt and got.shape == (3, M, N)
+    assert rel_err(got.numpy(), want) < (2e-3 if dtype == np.float16 else 1e-5)
+
+
+@pytest.mark.parametrize("case", ["general", "long K", "mixed dtypes"])
+def test_matmul_row_bias_other_paths(rng, case, monkeypatch):
+    """Where one dispatch cannot do it (N not in vec4s: the general kernel; K past the loop limit: products
+    summed over parts; a float16 bias on float32 operands) it is a product and an add, with the same values."""
+    M, K, N = (9, 10, 7) if case == "general" else (16, 40, 8)
+    if case == "long K":
+        monkeypatch.setattr(mm, "_MAX_K", 16)
+    a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((2, K, N)).astype(np.float32)
+    bias = rng.standard_normal(M).astype(np.float16 if case == "mixed dtypes" else np.float32)
+    got = mm.matmul_row_bias(wgpar.tensor(a), wgpar.tensor(b), wgpar.tensor(bias, dtype=wgpar.float16 if
+                                                                           case == "mixed dtypes" else wgpar.float32))
+    assert got.dtype is wgpar.float32
+    assert rel_err(got.numpy(), a.astype(np.float64) @ b + bias[:, None].astype(np.float64)) < 1e-5
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape,split", [((129, 512, 10), 8), ((10, 96, 515), 4), ((3, 34, 5), 2)])
 def test_general_split_k(rng, layout, shape, split):

@@ -33,7 +33,7 @@ from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, loa
 from ..tensor import Tensor
 from .arith import inplace
 from .elementwise import cast, contiguous, copy_, fill, run_map
-from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, matmul
+from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, matmul, matmul_row_bias
 from .reduce import reduce
 from .shape import narrow, permute, reshape, transpose
 from .window import Window
@@ -258,9 +258,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
         return y
     if _pointwise(win, weight, groups):
         PATHS["matmul"] += 1
-        y = matmul(reshape(weight, (o, win.c)), reshape(x, (win.n, win.c, win.positions)))  # [N, O, H W]
-        if bias is not None:
-            y = inplace("add", y, reshape(bias, (1, o, 1)))
+        w2, x3 = reshape(weight, (o, win.c)), reshape(x, (win.n, win.c, win.positions))
+        y = matmul(w2, x3) if bias is None else matmul_row_bias(w2, x3, bias)  # [N, O, H W]
         return reshape(y, (win.n, o, win.oh, win.ow))
     if _gemm(win, weight, groups):
         PATHS["gemm"] += 1

@@ -227,6 +227,24 @@ def matmul_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
     return inplace("add", matmul(a, b), bias)
 
 
+def matmul_row_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
+    """``a @ b + bias[:, None]`` for a [M, K] shared by the batch of b [n, K, N] and bias [M] of the
+    result's dtype (a 1x1 convolution: filters, the batch's channels by positions, a bias per filter):
+    one fast-kernel dispatch adding each row's bias as it stores where that kernel runs the product in
+    one pass, else a product and an in-place add."""
+    out_dt = _result_dtype(a, b)
+    M, K = a.shape
+    n, _, N = b.shape
+    if (bias.dtype is out_dt and bias.is_contiguous() and 0 < K <= _MAX_K and n * M * N > 0
+            and a.device is b.device is bias.device):
+        p = plan(expand(reshape(a, (1, M, K)), (n, M, K)), b, out_dt)
+        if p.variant != "general" and p.split == 1 and p.nb == n:
+            out = Tensor.empty((n, M, N), out_dt, a.device)
+            _run_fast(p, out, TILINGS[p.variant], bias, rows=True)
+            return out
+    return inplace("add", matmul(a, b), reshape(bias, (M, 1)))
+
+
 def matmul_causal(a: Tensor, b: Tensor, which: str) -> Tensor:
     """The batched product a [n, M, K] @ b [n, K, N] of causal attention (ops/attention.py), with the work
     its triangle makes needless skipped where the tiled kernel runs it in one dispatch per K (else a plain
@@ -287,9 +305,7 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     if N % 4 or K % 4 or (la[0] == "t" and M % 4):
         return general
     candidates = [TILINGS[_force]] if _force else list(TILINGS.values())
-    fits = [t for t in candidates
-            if t.threads <= dev.limits.get("max-compute-invocations-per-workgroup", 256)
-            and t.shared_bytes <= dev.limits.get("max-compute-workgroup-storage-size", 16384)]
+    fits = [t for t in candidates if _fits(dev, t)]
     exact = [t for t in fits if M % t.bm == 0 and N % t.bn == 0 and K % t.bk == 0]
     fits = exact or fits  # a tile the shape is a multiple of runs without bounds checks
     if not fits:
@@ -424,17 +440,18 @@ def _run_general(p: Plan, out: Tensor) -> None:
                             **_cost(p, out, m0, n0, groups, _TILE, _TILE))
 
 
-def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None) -> None:
-    """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4)."""
+def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None, rows: bool = False) -> None:
+    """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4); with
+    ``rows``, a contiguous [M] tensor whose element i is added to row i of every batch entry."""
     a, b = p.a.t, p.b.t
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge,
-                     None if bias is None else bias.dtype.storage, p.tri)
+                     None if bias is None else bias.dtype.storage, p.tri, rows)
     kernel = _FAST if bias is None else _FAST_BIAS
     buffers = [out._storage.buffer, a._storage.buffer, b._storage.buffer]
     extra = {}
     if bias is not None:
         buffers.append(bias._storage.buffer)
-        extra["off_bias"] = bias._offset // 4
+        extra["off_bias"] = bias._offset if rows else bias._offset // 4
     for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
         params = kernel.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
                              off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
@@ -458,17 +475,17 @@ _ROW_ORDER = {"a": "nwg.y - 1u - lin / (nwg.z * nwg.x)", "u": "lin / (nwg.z * nw
 
 
 def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool,
-                 tbias: str | None = None, tri: str = "") -> KernelSpec:
-    key = (t, la, lb, ta, tb, tc, edge, tbias, tri)
+                 tbias: str | None = None, tri: str = "", bias_rows: bool = False) -> KernelSpec:
+    key = (t, la, lb, ta, tb, tc, edge, tbias, tri, bias_rows)
     hit = _FAST_CACHE.get(key)
     if hit is None:
-        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias, tri=tri)
+        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias, tri=tri, bias_rows=bias_rows)
     return hit
 
 
 def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False,
               gather: tuple[Kernel, str, tuple[str, ...]] | None = None, bias: str | None = None,
-              tri: str = "") -> KernelSpec:
+              tri: str = "", bias_rows: bool = False) -> KernelSpec:
     """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file).
 
     ``edge``: M, N, K need not be multiples of the tile. Loads clamp their row and vec4 column into
@@ -482,7 +499,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     four outputs of row m from column n. Bounds are the helpers' business.
 
     ``bias``: the element type of a bias row (binding ``bias``, offset ``p.off_bias`` in vec4s) added
-    to every output row as it is stored; not with ``gather``.
+    to every output row as it is stored; with ``bias_rows`` a bias column instead (offset in elements):
+    its element m added to row m. Not with ``gather``.
     """
     wm, wn = t.bm // t.tm, t.bn // t.tn
     nthreads = wm * wn
@@ -562,7 +580,9 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
             row = f"(row0 + {g * 4 * wm + i}u + ty * 4u)"
             for h in range(gb):
                 value = acc[g * 4 + i][h]
-                if bias is not None:
+                if bias is not None and bias_rows:
+                    value = f"{value} + vec4<f32>(f32(bias[p.off_bias + {row}]))"
+                elif bias is not None:
                     value = f"{value} + vec4<f32>(bias[p.off_bias + col0 / 4u + {h * wn}u + tx])"
                 line = f"c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = vec4<{tc}>({value});"
                 if gather:
@@ -585,7 +605,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                   BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
     kernel, helpers, types = gather or (_FAST, "", (f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"))
     if bias is not None:
-        kernel, types = _FAST_BIAS, types + (f"vec4<{bias}>",)
+        kernel, types = _FAST_BIAS, types + (bias if bias_rows else f"vec4<{bias}>",)
     return kernel.spec(types, constants=consts, HELPERS=helpers, DECL="\n".join(decl),
                        LOAD="\n".join(load), NEXT="k0 + BK" if edge or gather else "min(k0 + BK, p.K - BK)",
                        PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
