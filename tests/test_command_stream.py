@@ -188,3 +188,28 @@ def test_a_pass_error_recorded_natively_is_reported_at_submit(rng, monkeypatch):
         lost.numpy()
     assert "discarded" in str(info.value)
     assert_close((t * 3).numpy(), t.numpy() * 3)
+
+
+def test_synchronize_gives_up_after_its_deadline_and_the_device_stays_usable(dev, monkeypatch, rng):
+    """synchronize's wait has a deadline (wgpu-py's map_sync had none): a fence that never completes raises a
+    TransferTimeout naming the device; the next synchronize, and the work after it, run as usual."""
+    from wgpar.runtime import transfer
+
+    device_mod = sys.modules["wgpar.runtime.device"]  # the module (wgpar.runtime.device is also a function)
+
+    class Never:  # a map that never completes
+        _thread_event = __import__("threading").Event()
+
+        @staticmethod
+        def _wgpar_poll(block):
+            pass
+
+    x = rng.standard_normal(1000).astype(np.float32)
+    y = wgpar.tensor(x, device=dev) * 2.0
+    with monkeypatch.context() as m:
+        m.setattr(transfer, "map_async", lambda *a, **k: Never())
+        m.setattr(device_mod, "_UPLOAD_TIMEOUT", 0.05)
+        with pytest.raises(transfer.TransferTimeout, match=r"synchronize on .*not finished after"):
+            wgpar.synchronize(dev)
+    wgpar.synchronize(dev)
+    assert_close((y + 1.0).numpy(), 2.0 * x + 1.0)

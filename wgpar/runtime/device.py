@@ -354,8 +354,13 @@ class Device:
         enc.copy_buffer_to_buffer(self._arena, 0, self._fence, 0, 16)
         self.queue.submit([enc.finish()])
         self.num_submits += 1
-        # A map of a tiny buffer completes after all prior work: our fence (on_submitted_work_done is broken in 0.32).
-        self._fence.map_sync(wgpu.MapMode.READ)
+        # A map of a tiny buffer completes after all prior work: our fence (on_submitted_work_done is broken in
+        # 0.32). Completed by our own polls, with a deadline, as a download's map: wgpu-py's map_sync waits
+        # without one, through its poller thread (an idle synchronize took 220-460 us on an H100).
+        from .transfer import map_async, wait_promise
+
+        wait_promise(map_async(self._fence, wgpu.MapMode.READ, 0, self._fence.size), _UPLOAD_TIMEOUT,
+                     f"synchronize on {self}")
         self._fence.unmap()
 
     def synchronize(self) -> None:
