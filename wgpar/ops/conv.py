@@ -412,6 +412,8 @@ def weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) 
         kp = -(-kp // 16) * 16  # positions per part, whole BK steps
         parts = -(-nq // kp)
         partial = Tensor.empty((parts, groups, og, kg), _dt.float32, dev)
+        # A 128-row tile runs as counted above; other products choose again for parts x groups (short tiles
+        # for few filters), as before the 128-row tiles.
         _run_gemm(_WGRAD, "conv_gemm_wgrad", "n", partial, [g, x], og, kg, kp, parts * groups,
                   dict(groups=groups, nq=nq, cg=win.c // groups, o=o, off_gy=g._offset, off_x=x._offset,
                        **win.params()), t if t is not None and t.name in CONV_TILINGS else None)

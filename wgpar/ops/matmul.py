@@ -372,11 +372,13 @@ def gemm_tiling(dev, M: int, N: int, nb: int, weight_grad: bool = False) -> Tili
     workgroups; None where none fits the device."""
     if M >= 128 and dev.adapter_type.lower() != "cpu":
         wide, narrow = CONV_TILINGS.values()
-        if weight_grad and _fits(dev, narrow):
-            return narrow
-        for t, least in ((wide, _MIN_WORKGROUPS), (narrow, _MIN_WORKGROUPS // 2)):
-            if not weight_grad and _fits(dev, t) and nb * -(-M // t.bm) * -(-N // t.bn) >= least:
-                return t
+        if weight_grad:
+            if _fits(dev, narrow):
+                return narrow
+        else:
+            for t, least in ((wide, _MIN_WORKGROUPS), (narrow, _MIN_WORKGROUPS // 2)):
+                if _fits(dev, t) and nb * -(-M // t.bm) * -(-N // t.bn) >= least:
+                    return t
     fits = [t for t in TILINGS.values() if _fits(dev, t)]
     for t in fits:
         if nb * -(-M // t.bm) * -(-N // t.bn) >= _MIN_WORKGROUPS:

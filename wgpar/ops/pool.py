@@ -9,6 +9,8 @@ each output's index in its plane (int32), as ``torch.nn.functional.max_pool2d`` 
 
 from __future__ import annotations
 
+import functools
+
 from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, grid, load_source
 from ..tensor import Tensor
@@ -20,14 +22,15 @@ from .window import Window
 _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, " \
           "oh: u32, ow: u32"
 _MAX = Kernel("max_pool2d", "out: w, idx: w, x: r", f"total: u32, off_x: u32, {_WINDOW}")
-def _store(t: str) -> str:
-    """The pooling input gradients' shared row store (shaders/pool_row_store.wgsl) for element type ``t``."""
-    return load_source("pool_row_store").replace("{{T}}", t)
-
-
 _MAX_BWD = Kernel("max_pool2d_bwd", "out: w, g: r, idx: r", f"total: u32, off_g: u32, off_idx: u32, {_WINDOW}")
 _AVG = Kernel("avg_pool2d", "out: w, x: r",
               f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}")
+
+
+@functools.cache
+def _store(t: str) -> str:
+    """The pooling input gradients' shared row store (shaders/pool_row_store.wgsl) for element type ``t``."""
+    return load_source("pool_row_store").replace("{{T}}", t)
 
 
 def _groups(total: int, dev) -> tuple[int, int]:

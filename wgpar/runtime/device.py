@@ -19,6 +19,7 @@ import wgpu
 from ..errors import BindingLimitError, OutOfMemoryError, WgparError
 from . import native as _native
 from . import profiling as _prof
+from . import transfer as _transfer
 from .allocator import STORAGE_USAGE, Block, CachingAllocator, create_with_retry
 from .config import CONFIG
 from .kernels import PARAM_SLOT, KernelSpec, dump_wgsl
@@ -357,10 +358,8 @@ class Device:
         # A map of a tiny buffer completes after all prior work: our fence (on_submitted_work_done is broken in
         # 0.32). Completed by our own polls, with a deadline, as a download's map: wgpu-py's map_sync waits
         # without one, through its poller thread (an idle synchronize took 220-460 us on an H100).
-        from .transfer import map_async, wait_promise
-
-        wait_promise(map_async(self._fence, wgpu.MapMode.READ, 0, self._fence.size), _UPLOAD_TIMEOUT,
-                     f"synchronize on {self}")
+        _transfer.wait_promise(_transfer.map_async(self._fence, wgpu.MapMode.READ, 0, self._fence.size),
+                               _UPLOAD_TIMEOUT, f"synchronize on {self}")
         self._fence.unmap()
 
     def synchronize(self) -> None:
@@ -392,15 +391,13 @@ class Device:
             self.queue.write_buffer(buffer, offset, data)
 
     def _upload_through_ring(self, buffer, offset: int, data, nbytes: int) -> None:
-        from .transfer import UploadBuffer, host_copy
-
         ring = self._upload_ring
         if ring is None or ring.capacity < nbytes:
             capacity = max(nbytes, 2 * ring.capacity if ring else 0)
             self._upload_ring = ring = None  # drop the old ring: a retry after out-of-memory may need its memory
-            ring = self._upload_ring = UploadBuffer(self, capacity, "upload")
+            ring = self._upload_ring = _transfer.UploadBuffer(self, capacity, "upload")
         target = ring.view(_UPLOAD_TIMEOUT, "upload")
-        host_copy(target, data)
+        _transfer.host_copy(target, data)
         del target
         ring.commit(buffer, offset, nbytes)  # a GPU copy recorded in stream order, then submitted
 
@@ -422,11 +419,9 @@ class Device:
             staging = self._staging_buffer(nbytes)
             self._end_pass().copy_buffer_to_buffer(buffer, offset, staging, 0, nbytes)
             self._flush_locked()
-            from .transfer import map_async, wait_promise
-
             with _prof.span("map wait", "transfer", bytes=nbytes, device=self.index):
-                wait_promise(map_async(staging, wgpu.MapMode.READ, 0, staging.size), _UPLOAD_TIMEOUT,
-                             f"readback of {nbytes} bytes on {self}")
+                _transfer.wait_promise(_transfer.map_async(staging, wgpu.MapMode.READ, 0, staging.size),
+                                       _UPLOAD_TIMEOUT, f"readback of {nbytes} bytes on {self}")
             self._idle()
             try:
                 return bytes(staging.read_mapped(0, nbytes, copy=True))
