@@ -12,7 +12,8 @@
 // Bs hold one BK-deep slice (two with double buffering), k-major, padded by one vec4 per k-row so the
 // transposing scalar stores of a row-major A (or transposed B) spread over
 // banks. The next slice is loaded from global memory into registers while
-// the current one is multiplied. Accumulates in f32; A/B/C may be f16.
+// the current one is multiplied. Accumulates in f32; A/B/C may be f16, bound as vec2<u32> and
+// (un)packed by generated helpers (ops/matmul.py says why).
 //
 // Bindings (c, a, b: arrays of vec4) and Params (offsets, batch strides and leading dimensions
 // in vec4 units; m0, n0 in elements: the first tile of a split grid) are declared in

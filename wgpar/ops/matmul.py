@@ -462,6 +462,13 @@ def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None, rows:
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
+# float16 operands are bound as pairs of u32 and unpacked (C packed): on an H100 through Vulkan, vec4<f16>
+# loads made the GPT-2 step's GEMMs about 10% slower than float32 ones; unpacked they run as fast.
+_UNPACK = """
+fn NAME_h(i: u32) -> vec4<f32> {
+  let v = NAME[i];
+  return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
+}"""
 # A workgroup's batch entry and tile: in grid order, or (a triangular A, whose tile rows run K up to their
 # last row or from their first) the longest tile row of every batch entry and column first, then the next:
 # a product of one or two waves of workgroups otherwise ends with the longest tiles alone on the GPU (an
@@ -506,6 +513,11 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     """
     wm, wn = t.bm // t.tm, t.bn // t.tn
     nthreads = wm * wn
+    packed = {n: gather is None and ty == "f16" for n, ty in (("a", ta), ("b", tb), ("c", tc))}
+
+    def read(name: str, idx: str) -> str:
+        return f"{name}_h({idx})" if packed[name] else f"{name}[{idx}]"
+
     sa, sb = t.bm // 4 + 1, t.bn // 4 + 1
     decl, load, store = [], [], []
     if gather is None:
@@ -527,14 +539,14 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 # Contiguous along k: a vec4 holds 4 k's of one m (or n); store it transposed.
                 per = t.bk // 4
                 o, kq = f"({e} / {per}u)", f"({e} % {per}u)"
-                src = f"{name}[{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}]"
+                src = read(name, f"{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}")
                 if gather:
                     decl.append(f"  let {name}q{i} = {name}_prep({outer0} + {o}, z);")
                     src = f"{name}_load({name}q{i}, k0 + {kq} * 4u)"
                 elif edge:
                     kv = f"k0 / 4u + {kq}"
-                    src = (f"select(vec4<f32>(0.0), vec4<f32>({name}[{base} + min({outer0} + {o}, {lim} - 1u) * {ld}"
-                           f" + min({kv}, p.K / 4u - 1u)]), {kv} < p.K / 4u)")
+                    src = read(name, f"{base} + min({outer0} + {o}, {lim} - 1u) * {ld} + min({kv}, p.K / 4u - 1u)")
+                    src = f"select(vec4<f32>(0.0), vec4<f32>({src}), {kv} < p.K / 4u)"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{")
                 for j, comp in enumerate("xyzw"):
@@ -545,7 +557,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 # Contiguous along m (or n): a vec4 holds 4 m's at one k; store it as is.
                 per = outer // 4
                 kr, oq = f"({e} / {per}u)", f"({e} % {per}u)"
-                src = f"{name}[{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}]"
+                src = read(name, f"{base} + (k0 + {kr}) * {ld} + {outer0} / 4u + {oq}")
                 if gather:
                     shared = nthreads % per == 0  # every load of this thread has the same columns
                     q = f"{name}q{0 if shared else i}"
@@ -553,8 +565,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                         decl.append(f"  let {q} = {name}_prep({outer0} + {oq} * 4u, z);")
                     src = f"{name}_load({q}, k0 + {kr})"
                 elif edge:
-                    src = (f"select(vec4<f32>(0.0), vec4<f32>({name}[{base} + min(k0 + {kr}, p.K - 1u) * {ld}"
-                           f" + min({outer0} / 4u + {oq}, {lim} / 4u - 1u)]), k0 + {kr} < p.K)")
+                    src = read(name, f"{base} + min(k0 + {kr}, p.K - 1u) * {ld} + min({outer0} / 4u + {oq}, {lim} / 4u - 1u)")
+                    src = f"select(vec4<f32>(0.0), vec4<f32>({src}), k0 + {kr} < p.K)"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{ {slab}[(KB + {kr}) * {stride}u + {oq}] = {reg}; }}")
 
@@ -587,6 +599,9 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 elif bias is not None:
                     value = f"{value} + vec4<f32>(bias[p.off_bias + col0 / 4u + {h * wn}u + tx])"
                 line = f"c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = vec4<{tc}>({value});"
+                if packed["c"]:
+                    line = (f"{{ let v = {value}; c[base_c + {row} * p.ldc + col0 / 4u + {h * wn}u + tx] = "
+                            "vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw)); }")
                 if gather:
                     line = f"c_store({row}, col0 + ({h * wn}u + tx) * 4u, z, {acc[g * 4 + i][h]});"
                 elif edge:
@@ -605,7 +620,9 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     slabs = 2 if t.double else 1
     consts = dict(SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn, BM=t.bm,
                   BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
-    kernel, helpers, types = gather or (_FAST, "", (f"vec4<{tc}>", f"vec4<{ta}>", f"vec4<{tb}>"))
+    kernel, helpers, types = gather or (_FAST, "", tuple("vec2<u32>" if packed[n] else f"vec4<{ty}>"
+                                                         for n, ty in (("c", tc), ("a", ta), ("b", tb))))
+    helpers += "".join(_UNPACK.replace("NAME", n) for n in "ab" if packed[n])
     if bias is not None:
         kernel, types = _FAST_BIAS, types + (bias if bias_rows else f"vec4<{bias}>",)
     return kernel.spec(types, constants=consts, HELPERS=helpers, DECL="\n".join(decl),
