@@ -264,6 +264,20 @@ def test_register_tiled_forward_float16(rng, reference):
     _check(y, ins, _want(reference, arrays, True), tol=3e-3)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_register_tiled_float16_forward_and_backward(causal, rng, reference):
+    """Every register-tiled kernel with float16 inputs (bound as u32 pairs and unpacked, as a GPU runs
+    them): forward, dQ and dK / dV fused, L != S and ragged tiles; float32 accumulation leaves only
+    float16 rounding of inputs and outputs."""
+    arrays = _problem((2, 2, 45, 32), (2, 2, 38, 32), rng)
+    with A.force_tiles(fwd="32x16r4t4", dq="16x16r4t4", dkv="16x16r4t4"), A.force_ds_path(False), \
+            A.force_matmul_backward(False):
+        assert all(A.pick(kind, wgpar.device(0), 32).rm == 4 for kind in ("fwd", "dq", "dkv"))
+        y, ins = _run(arrays, causal, dtype=wgpar.float16, path="fused")
+    assert y.dtype is wgpar.float16 and all(t.grad.dtype is wgpar.float16 for t in ins)
+    _check(y, ins, _want(reference, arrays, causal), tol=3e-3)
+
+
 def test_register_tiled_forward_nan_and_chunks(rng, monkeypatch):
     """A NaN key makes exactly the rows that see it NaN; a small loop budget chunks the keys and the
     chunks merge to the unchunked result."""
