@@ -4,7 +4,7 @@
 // gx[C/G, B nh nw] = w^T[C/G, (o, a, b)] @ gy gathered[(o, a, b), B nh nw]: no tap falls outside
 // the stride lattice, and a phase no tap reaches has K = 0 (zeros are stored). Row m is an input
 // channel of the group, column n an (image, i, j) of the phase. Parameters and bindings are declared
-// in wgpar/ops/conv.py, with rd4_wt / rd4_gy (four elements as f32); T is the output's element type.
+// in wgpar/ops/conv.py; T is the output's element type.
 
 // The weight offsets of input channels m..m+3 of group z, at output channel 0 and tap (0, 0).
 fn a_prep(m: u32, z: u32) -> vec4<u32> {
@@ -19,7 +19,7 @@ fn a_load(base: vec4<u32>, k: u32) -> vec4<f32> {
   let r = kk % per;
   let i = base + (kk / per) * p.M * p.kh * p.kw + (p.ki0h + (r / p.nkj) * p.steph) * p.kw + p.ki0w
           + (r % p.nkj) * p.stepw;
-  return select(vec4<f32>(0.0), rd4_wt(i),
+  return select(vec4<f32>(0.0), vec4<f32>(f32(wt[i.x]), f32(wt[i.y]), f32(wt[i.z]), f32(wt[i.w])),
                 vec4<bool>(k < p.K));
 }
 
@@ -45,7 +45,7 @@ fn b_load(q: Cols, k: u32) -> vec4<f32> {
            & (ox < vec4<i32>(i32(p.ow))) & vec4<bool>(k < p.K);
   let i = q.off + (kk / per) * p.oh * p.ow + vec4<u32>(clamp(oy, vec4<i32>(0), vec4<i32>(i32(p.oh) - 1))) * p.ow
           + vec4<u32>(clamp(ox, vec4<i32>(0), vec4<i32>(i32(p.ow) - 1)));
-  return select(vec4<f32>(0.0), rd4_gy(i), ok);
+  return select(vec4<f32>(0.0), vec4<f32>(f32(gy[i.x]), f32(gy[i.y]), f32(gy[i.z]), f32(gy[i.w])), ok);
 }
 
 fn gx_store(n: u32, ch: u32, v: f32) {

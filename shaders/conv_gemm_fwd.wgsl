@@ -2,7 +2,7 @@
 // z, y[O/G, B oh ow] = w[O/G, K] @ patches[K, B oh ow] with K = (channel, ki, kj) of the group;
 // the patches are read from x where the tile is loaded, never stored. Row m is an output channel
 // of the group, column n an (image, oy, ox). Parameters and bindings are declared in
-// wgpar/ops/conv.py, with rd4_wt / rd4_x (four elements as f32); T is the output's element type.
+// wgpar/ops/conv.py; T is the output's element type.
 
 fn a_prep(m: u32, z: u32) -> u32 {
   return p.off_w + (z * p.M + min(m, p.M - 1u)) * p.K;
@@ -12,7 +12,7 @@ fn a_prep(m: u32, z: u32) -> u32 {
 fn a_load(base: u32, k: u32) -> vec4<f32> {
   let kk = vec4<u32>(k, k + 1u, k + 2u, k + 3u);
   let i = base + min(kk, vec4<u32>(p.K - 1u));
-  return select(vec4<f32>(0.0), rd4_wt(i),
+  return select(vec4<f32>(0.0), vec4<f32>(f32(wt[i.x]), f32(wt[i.y]), f32(wt[i.z]), f32(wt[i.w])),
                 kk < vec4<u32>(p.K));
 }
 
@@ -38,7 +38,7 @@ fn b_load(q: Cols, k: u32) -> vec4<f32> {
            & vec4<bool>(k < p.K);
   let i = q.off + (k / taps) * p.h * p.w + vec4<u32>(clamp(ih, vec4<i32>(0), vec4<i32>(i32(p.h) - 1))) * p.w
           + vec4<u32>(clamp(iw, vec4<i32>(0), vec4<i32>(i32(p.w) - 1)));
-  return select(vec4<f32>(0.0), rd4_x(i), ok);
+  return select(vec4<f32>(0.0), vec4<f32>(f32(x[i.x]), f32(x[i.y]), f32(x[i.z]), f32(x[i.w])), ok);
 }
 
 fn y_store(n: u32, ch: u32, v: f32) {

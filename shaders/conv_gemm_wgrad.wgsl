@@ -3,8 +3,7 @@
 // The long sum over positions is split into parts of p.K positions: z = part * groups + group,
 // and part z's product goes to gw[z] (the caller sums the parts). Row m is an output channel of
 // the group, column n a tap (channel, ki, kj), k a position (image, oy, ox) of the part.
-// Parameters and bindings are declared in wgpar/ops/conv.py, with rd4_gy / rd4_x (four elements
-// as f32); partial sums are f32.
+// Parameters and bindings are declared in wgpar/ops/conv.py; partial sums are f32.
 
 // (the channel's offset in image 0 of gy, the part's first position)
 fn a_prep(m: u32, z: u32) -> vec2<u32> {
@@ -19,7 +18,7 @@ fn a_load(r: vec2<u32>, k: u32) -> vec4<f32> {
   let l = p.oh * p.ow;
   let ok = (kk < vec4<u32>(p.K)) & (q < vec4<u32>(p.nq));
   let i = r.x + min(q / l, vec4<u32>(p.nq / l - 1u)) * p.o * l + q % l;
-  return select(vec4<f32>(0.0), rd4_gy(i), ok);
+  return select(vec4<f32>(0.0), vec4<f32>(f32(gy[i.x]), f32(gy[i.y]), f32(gy[i.z]), f32(gy[i.w])), ok);
 }
 
 // Taps n..n+3: their channel's plane in image 0 of x, their row / column offset from a window's corner.
@@ -45,7 +44,7 @@ fn b_load(t: Taps, k: u32) -> vec4<f32> {
            & vec4<bool>(k < p.K && q < p.nq);
   let i = t.off + img * p.c * p.h * p.w + vec4<u32>(clamp(ih, vec4<i32>(0), vec4<i32>(i32(p.h) - 1))) * p.w
           + vec4<u32>(clamp(iw, vec4<i32>(0), vec4<i32>(i32(p.w) - 1)));
-  return select(vec4<f32>(0.0), rd4_x(i), ok);
+  return select(vec4<f32>(0.0), vec4<f32>(f32(x[i.x]), f32(x[i.y]), f32(x[i.z]), f32(x[i.w])), ok);
 }
 
 fn c_store(m: u32, n: u32, z: u32, v: vec4<f32>) {

@@ -73,7 +73,6 @@ _DW_MAX_TAPS = 64
 # Split-K of the weight gradient on a GPU: parts until about this many workgroups, each part at
 # least _PART_MIN positions (the partial sums cost parts x the weight's size, kept within the output
 # gradient's size).
-_GATHERED = ("wt", "x", "gy")  # the implicit GEMMs' operands, read through rd4_<name>
 _WGRAD_WORKGROUPS = 1024
 _PART_MIN = 1024
 # Tiles for products of few rows (grouped convs, the input gradient of 5-32 channels per group): the
@@ -195,21 +194,9 @@ def _gemm(win: Window, weight: Tensor, groups: int) -> bool:
     return _force != "im2col" and _gemm_dtype(weight) and max(cg, og) * win.kh * win.kw <= _MAX_K
 
 
-# rd4_<name>(i): four elements of an input as f32. float16 inputs are bound as u32 and unpacked (as the
-# matmul's operands: 16-bit loads ran slower than 32-bit ones on an H100 through Vulkan).
-_RD4, _RD4_PACKED = ("\nfn rd4_{n}(i: vec4<u32>) -> vec4<f32> {{\n  return vec4<f32>("
-                     + ", ".join(read.format(c=c) for c in "xyzw") + ");\n}}"
-                     for read in ("f32({{n}}[i.{c}])", "unpack2x16float({{n}}[i.{c} >> 1u])[i.{c} & 1u]"))
-
-
 @functools.lru_cache(maxsize=256)
 def _gemm_spec(kernel: Kernel, helpers: str, t: Tiling, la: str, types: tuple[str, ...], out: str) -> KernelSpec:
-    names = kernel.buffer_names
-    packed = [n in _GATHERED and ty == "f16" for n, ty in zip(names, types)]
-    source = load_source(helpers).replace("{{T}}", out) + "".join(
-        (_RD4_PACKED if p else _RD4).format(n=n) for n, p in zip(names, packed) if n in _GATHERED)
-    return _generate(t, la, "n", "", "", "", True,
-                     (kernel, source, tuple("u32" if p else ty for ty, p in zip(types, packed))))
+    return _generate(t, la, "n", "", "", "", True, (kernel, load_source(helpers).replace("{{T}}", out), types))
 
 
 def _run_gemm(kernel: Kernel, helpers: str, la: str, out: Tensor, bufs: list[Tensor], M: int, N: int, K: int, Z: int,

@@ -277,11 +277,6 @@ class Kernel:
     def _buffers(self) -> tuple[tuple[str, str], ...]:
         return tuple((n, a) for n, a in _split_decl(self.buffers))
 
-    @property
-    def buffer_names(self) -> tuple[str, ...]:
-        """The bindings' names, in binding order."""
-        return tuple(n for n, _ in self._buffers)
-
     @functools.cached_property
     def param_block(self) -> Params:
         return Params(self.params)
