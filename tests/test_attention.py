@@ -266,9 +266,8 @@ def test_register_tiled_forward_float16(rng, reference):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_register_tiled_float16_forward_and_backward(causal, rng, reference):
-    """Every register-tiled kernel with float16 inputs (bound as u32 pairs and unpacked, as a GPU runs
-    them): forward, dQ and dK / dV fused, L != S and ragged tiles; float32 accumulation leaves only
-    float16 rounding of inputs and outputs."""
+    """Every register-tiled kernel (what a GPU runs) with float16 inputs: forward, dQ and dK / dV fused,
+    L != S and ragged tiles; float32 accumulation leaves only float16 rounding of inputs and outputs."""
     arrays = _problem((2, 2, 45, 32), (2, 2, 38, 32), rng)
     with A.force_tiles(fwd="32x16r4t4", dq="16x16r4t4", dkv="16x16r4t4"), A.force_ds_path(False), \
             A.force_matmul_backward(False):

@@ -294,6 +294,30 @@ def test_float16_gradients_match_torch(groups, rng, torch, dev):
     _against_torch(torch, rng, ((2, 5, 9, 8), (10, 5 // groups, 3, 3), (10,)), 2, 1, 1, groups, np.float16, 2e-2)
 
 
+def test_float16_implicit_gemm_odd_sizes_and_offsets(rng, torch, dev):
+    """The implicit GEMMs with float16 operands of odd element counts, starting at an odd element (a slice
+    of a larger tensor): forward and both gradients against torch."""
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    x = rng.standard_normal((3, 5, 7, 9)).astype(np.float16)    # 315 elements an image: odd
+    w = rng.standard_normal((2, 7, 5, 3, 3)).astype(np.float16)  # 135 elements a filter bank
+    b = rng.standard_normal(7).astype(np.float16)
+    gy = rng.standard_normal((2, 7, 4, 5)).astype(np.float16)
+    xs, ws = wgpar.tensor(x, requires_grad=True), wgpar.tensor(w, requires_grad=True)
+    xv, wv = xs[1:], ws[1]  # start at elements 315 and 135
+    conv_ops.PATHS.clear()
+    y = F.conv2d(xv, wv, wgpar.tensor(b), stride=2, padding=1)
+    y.backward(wgpar.tensor(gy))
+    assert conv_ops.PATHS == {"gemm": 3}, conv_ops.PATHS
+    tx, tw = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x[1:], w[1]))
+    yt = torch.nn.functional.conv2d(tx, tw, torch.tensor(b.astype(np.float64)), stride=2, padding=1)
+    yt.backward(torch.tensor(gy.astype(np.float64)))
+    for got, want, name in ((y, yt, "output"), (xs.grad[1:], tx.grad, "input"), (ws.grad[1], tw.grad, "weight")):
+        want = want.detach().numpy()
+        assert_close(got.numpy().astype(np.float64), want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), what=name)
+    assert not xs.grad[0].numpy().any() and not ws.grad[0].numpy().any()
+
+
 # What torch prints for these layers.
 CONV_REPRS = {
     "Conv2d(3, 8, kernel_size=(3, 5), stride=(2, 2), padding=(1, 1))":

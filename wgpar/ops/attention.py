@@ -446,7 +446,7 @@ def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
 def _rt_own(first: str, end: str, scale: str, ops: tuple) -> str:
     """LOAD_OWN of a register-tiled kernel: the workgroup's ROWS own rows from ``first`` (below ``end``)
     of each operand (buffer, base, row stride, workgroup array, scaled) into its padded workgroup array."""
-    load = " ".join(f"{w}[rr * DP + cc] = ld_{buf}({base} + ({first} + rr) * p.{st} + cc)"
+    load = " ".join(f"{w}[rr * DP + cc] = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
                     f"{f' * {scale}' if sc else ''};" for buf, base, st, w, sc in ops)
     return (f"  for (var e = tid; e < ROWS * DV; e = e + NT) {{\n    let rr = e / DV;\n    let cc = e % DV;\n"
             f"    let ok = {first} + rr < {end};\n    if (ok) {{ {load} }} else {{ " +
@@ -463,7 +463,7 @@ def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
     fetch = "\n".join(
         f"{{ {ld.format(n=n)} " + " ".join(f"{r}[{n}] = vec4<f32>(0.0);" for r, *_ in ops) +
         f" if (jn + rr < {end}{guard}) {{ " +
-        " ".join(f"{r}[{n}] = ld_{buf}({base} + (jn + rr) * p.{st} + cc);" for r, buf, base, st, _, _ in ops) +
+        " ".join(f"{r}[{n}] = vec4<f32>({buf}[{base} + (jn + rr) * p.{st} + cc]);" for r, buf, base, st, _, _ in ops) +
         " } }" for n in range(nl))
     put = "\n".join(
         f"{{ {ld.format(n=n)} if (e < {t.cols * dv}u) {{ " +
@@ -556,7 +556,7 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
         own = "\n".join(
             f"  if (ib + {r}u < p.Tq) {{ let ob = p.o_off + b * p.o_sb + h * p.o_sh + (ib + {r}u) * p.o_st;\n" +
             "\n".join(f"    dl.{rows[r]} = dl.{rows[r]} + dot(Gs[(4u * g + {r}u) * DP + {col.format(j=x)}], "
-                       f"ld_o(ob + {col.format(j=x)}));" for x in range(cn)) + "\n  }" for r in range(4))
+                       f"vec4<f32>(o[ob + {col.format(j=x)}]));" for x in range(cn)) + "\n  }" for r in range(4))
         stats += ("\nif ((p.flags & 2u) != 0u) {\n" + own + "\n" +
                   "\n".join(f"  dl = dl + subgroupShuffleXor(dl, {o}u);" for o in lanes) +
                   "\n  if (kg == 0u) {\n" +
@@ -637,31 +637,17 @@ def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str,
 
 
 @functools.lru_cache(maxsize=64)
-def _loaders(names: str, dtype: str) -> str:
-    """``ld_<name>(i)``: vec4 i of each input as f32. float16 inputs are bound as u32 pairs and unpacked (as
-    the matmul's: vec4<f16> loads ran slower on an H100 through Vulkan)."""
-    body = ("let v = {n}[i]; return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));" if dtype == "f16"
-            else "return vec4<f32>({n}[i]);")
-    return "".join(f"\nfn ld_{n}(i: u32) -> vec4<f32> {{ {body.format(n=n)} }}" for n in names.split())
-
-
-@functools.lru_cache(maxsize=256)  # the fills are long strings: built once per variant, not per call
 def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str, ds_out: bool = False) -> KernelSpec:
     out_t, in_t = f"vec4<{out_dtype}>", f"vec4<{dtype}>"
+    if kind == "fwd" and t.rm > 1:
+        return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, in_t, in_t), **_rt_fills(t, dv, dtype, out_dtype))
     if t.rm > 1:
-        # the register-tiled kernels read their inputs through _loaders
-        packed = "vec2<u32>" if dtype == "f16" else in_t
-        if kind == "fwd":
-            fills = _rt_fills(t, dv, dtype, out_dtype)
-            fills["COMMON"] += _loaders("q k v", dtype)
-            return _KERNELS["fwd_rt"].spec((out_t, "f32", packed, packed, packed), **fills)
-        fills = _rt_bwd_fills(kind, t, dv, out_dtype, ds_out)
         if kind == "dq":
-            fills["COMMON"] += _loaders("q k v dout o", dtype)
-            return _KERNELS["dq_rt"].spec((out_t, "f32") + (packed,) * 5 + ("f32",), **fills)
-        fills["COMMON"] += _loaders("q k v dout", dtype)
-        types = (out_t, out_t) + (packed,) * 4 + ("f32", "f32") + (("vec4<f32>",) if ds_out else ())
-        return _KERNELS["dkv_rt"].spec(types, without=() if ds_out else ("dsg",), **fills)
+            return _KERNELS["dq_rt"].spec((out_t, "f32", in_t, in_t, in_t, in_t, in_t, "f32"),
+                                          **_rt_bwd_fills(kind, t, dv, out_dtype))
+        types = (out_t, out_t, in_t, in_t, in_t, in_t, "f32", "f32") + (("vec4<f32>",) if ds_out else ())
+        return _KERNELS["dkv_rt"].spec(types, without=() if ds_out else ("dsg",),
+                                       **_rt_bwd_fills(kind, t, dv, out_dtype, ds_out))
     fills = _fills(kind, t, dv, dtype, out_dtype)
     if kind == "fwd":
         types = (out_t, "f32", in_t, in_t, in_t)
