@@ -565,7 +565,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                         decl.append(f"  let {q} = {name}_prep({outer0} + {oq} * 4u, z);")
                     src = f"{name}_load({q}, k0 + {kr})"
                 elif edge:
-                    src = read(name, f"{base} + min(k0 + {kr}, p.K - 1u) * {ld} + min({outer0} / 4u + {oq}, {lim} / 4u - 1u)")
+                    src = read(name, f"{base} + min(k0 + {kr}, p.K - 1u) * {ld} "
+                                     f"+ min({outer0} / 4u + {oq}, {lim} / 4u - 1u)")
                     src = f"select(vec4<f32>(0.0), vec4<f32>({src}), k0 + {kr} < p.K)"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{ {slab}[(KB + {kr}) * {stride}u + {oq}] = {reg}; }}")
