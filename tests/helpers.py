@@ -18,10 +18,20 @@ def load_tool(name: str):
 
 
 def assert_close(got, want, rtol=1e-5, atol=1e-6, what=""):
+    """|got - want| <= atol + rtol |want| elementwise; ``atol`` may be an array broadcast against them (a
+    tolerance per row, say)."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{what} shape {got.shape} != {want.shape}"
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+    if np.ndim(atol) == 0:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+        return
+    bound = np.broadcast_to(atol + rtol * np.abs(want), want.shape)
+    bad = np.argwhere(~((np.abs(got - want) <= bound) | (np.isnan(got) & np.isnan(want))))  # as assert_allclose
+    if len(bad):
+        i = tuple(int(j) for j in bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {got.size} elements off, first at {i}: {got[i]} vs "
+                             f"{want[i]} (bound {bound[i]:.3g})")
 
 
 def same_random_grads(rng, params, torch_params) -> None:

@@ -462,13 +462,6 @@ def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None, rows:
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
-# float16 operands are bound as pairs of u32 and unpacked (C packed): on an H100 through Vulkan, vec4<f16>
-# loads made the GPT-2 step's GEMMs about 10% slower than float32 ones; unpacked they run as fast.
-_UNPACK = """
-fn NAME_h(i: u32) -> vec4<f32> {
-  let v = NAME[i];
-  return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
-}"""
 # A workgroup's batch entry and tile: in grid order, or (a triangular A, whose tile rows run K up to their
 # last row or from their first) the longest tile row of every batch entry and column first, then the next:
 # a product of one or two waves of workgroups otherwise ends with the longest tiles alone on the GPU (an
@@ -481,6 +474,15 @@ _LONGEST_FIRST = """  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
   let col0 = p.n0 + (lin / nwg.z) % nwg.x * BN;
   let row0 = p.m0 + (ROW) * BM;"""
 _ROW_ORDER = {"a": "nwg.y - 1u - lin / (nwg.z * nwg.x)", "u": "lin / (nwg.z * nwg.x)"}
+
+
+# float16 operands are bound as pairs of u32 and unpacked (C packed): on an H100 through Vulkan, vec4<f16>
+# loads made the GPT-2 step's GEMMs about 10% slower than float32 ones; unpacked they run as fast.
+_UNPACK = """
+fn NAME_h(i: u32) -> vec4<f32> {
+  let v = NAME[i];
+  return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
+}"""
 
 
 def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool,
