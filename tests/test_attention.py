@@ -277,6 +277,34 @@ def test_register_tiled_float16_forward_and_backward(causal, rng, reference):
     _check(y, ins, _want(reference, arrays, causal), tol=3e-3)
 
 
+@pytest.mark.parametrize("ds", [False, True])
+@pytest.mark.parametrize("walk_f32", [False, True])
+def test_register_tiled_float16_walks_float32_copies(walk_f32, ds, rng, reference, monkeypatch):
+    """float16 operands whose K, V (forward) and Q, dO (dK / dV) are cast to float32 before the
+    register-tiled kernels walk them (many workgroups a head), or walked as float16: both match the
+    reference, from strided views of one packed [B, T, 3, H, D] tensor as a GPT's q, k, v are."""
+    b, t, h, d = 2, 41, 2, 32
+    qkv = rng.standard_normal((b, t, 3, h, d)).astype(np.float32)
+    g = rng.standard_normal((b, h, t, d)).astype(np.float32)
+    arrays = [np.ascontiguousarray(qkv[:, :, i].transpose(0, 2, 1, 3)) for i in range(3)] + [g]
+    casts = []
+    f32 = A._f32
+    monkeypatch.setattr(A, "_f32", lambda x: casts.append(x.dtype) or f32(x))
+    monkeypatch.setattr(A, "WALK_F32_BLOCKS", 1 if walk_f32 else 10 ** 9)
+    packed = wgpar.tensor(qkv, dtype=wgpar.float16, requires_grad=True)
+    with A.force_tiles(fwd="16x16r4t4", dq="16x16r4t4", dkv="16x16r4t4"), A.force_ds_path(ds), \
+            A.force_matmul_backward(False), A.force_matmul_forward(False), A.force_path("fused"):
+        q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y.backward(wgpar.tensor(g, dtype=wgpar.float16))
+    assert (wgpar.float16 in casts) == walk_f32  # the float16 operands were (or were not) cast
+    want_y, want_grads = _want(reference, arrays, True)
+    assert rel_err(y.numpy(), want_y) < 3e-3
+    grad = packed.grad.numpy().astype(np.float64)
+    for i, (name, w) in enumerate(zip("qkv", want_grads)):
+        assert rel_err(grad[:, :, i].transpose(0, 2, 1, 3), w) < 3e-3, f"grad {name}"
+
+
 def test_register_tiled_forward_nan_and_chunks(rng, monkeypatch):
     """A NaN key makes exactly the rows that see it NaN; a small loop budget chunks the keys and the
     chunks merge to the unchunked result."""

@@ -637,15 +637,20 @@ def _fills(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str,
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str, ds_out: bool = False) -> KernelSpec:
+def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str, ds_out: bool = False,
+            walked: str | None = None) -> KernelSpec:
+    """The kernel for operands of ``dtype``; a register-tiled forward or dK / dV kernel may walk
+    operands of another type (``walked``: K, V for the forward, Q, dO for dK / dV)."""
     out_t, in_t = f"vec4<{out_dtype}>", f"vec4<{dtype}>"
+    walked = walked or dtype
+    w_t = f"vec4<{walked}>"
     if kind == "fwd" and t.rm > 1:
-        return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, in_t, in_t), **_rt_fills(t, dv, dtype, out_dtype))
+        return _KERNELS["fwd_rt"].spec((out_t, "f32", in_t, w_t, w_t), **_rt_fills(t, dv, walked, out_dtype))
     if t.rm > 1:
         if kind == "dq":
             return _KERNELS["dq_rt"].spec((out_t, "f32", in_t, in_t, in_t, in_t, in_t, "f32"),
                                           **_rt_bwd_fills(kind, t, dv, out_dtype))
-        types = (out_t, out_t, in_t, in_t, in_t, in_t, "f32", "f32") + (("vec4<f32>",) if ds_out else ())
+        types = (out_t, out_t, w_t, in_t, in_t, w_t, "f32", "f32") + (("vec4<f32>",) if ds_out else ())
         return _KERNELS["dkv_rt"].spec(types, without=() if ds_out else ("dsg",),
                                        **_rt_bwd_fills(kind, t, dv, out_dtype, ds_out))
     fills = _fills(kind, t, dv, dtype, out_dtype)
@@ -689,6 +694,17 @@ def _head_groups(dev, bh: int, lq: int, lk: int) -> Iterator[tuple[int, int]]:
 
 def _f32(x: Tensor) -> Tensor:
     return x if x.dtype is _dt.float32 else cast(x, _dt.float32)
+
+
+# A register-tiled kernel's walked operands (K, V for the forward, Q, dO for dK / dV: every workgroup of a
+# head reads all of them) are cast to float32 first from this many workgroups per head: float16 is widened
+# again in each workgroup, and those conversions cost more than one cast (an H100, 8x12x1024x64 causal
+# forward, 16 workgroups a head: 1.32 ms walking float16, 1.13 cast first, 1.10 in float32).
+WALK_F32_BLOCKS = 8
+
+
+def _walked(x: Tensor, blocks: int) -> Tensor:
+    return _f32(x) if blocks >= WALK_F32_BLOCKS else x
 
 
 def _product(x: Tensor, y: Tensor, causal: bool, which: str) -> Tensor:
@@ -773,6 +789,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
     if _use_matmul_forward(dev, d, causal, lq, lk):
         return _matmul_forward(q, k, v, causal, scale)
     t = pick("fwd", dev, d, lq, lk)
+    if t.rm > 1:
+        k, v = _walked(k, -(-lq // t.rows)), _walked(v, -(-lq // t.rows))
     (q, lq4), (k, lk4), (v, lv4) = _vec4_layout(q), _vec4_layout(k), _vec4_layout(v)
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
     lse = Tensor.empty((b, h, lq), _dt.float32, dev)
@@ -808,7 +826,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
 def _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t: Tile, causal: bool, scale: float,
                    lo: int, hi: int, n_x: int) -> None:
     b, h, lq, d = q.shape
-    kern = _kernel("fwd", t, d // 4, q.dtype.storage, out.dtype.storage)
+    kern = _kernel("fwd", t, d // 4, q.dtype.storage, out.dtype.storage, walked=k.dtype.storage)
     head = [h, lq, k.shape[2], int(causal), lo, hi, 0, scale]
     o4 = [out._offset // 4] + o_layout[1:]
     rest = lq4 + lk4 + lv4 + o4 + [lse._offset]
@@ -923,10 +941,14 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
         delta = Tensor.empty((b, h, lq), _dt.float32, dev)
         gq = _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq, causal, scale, bufs_common)
 
-    kern = _kernel("dkv", t_kv, dv, q.dtype.storage, gk.dtype.storage, ds_path)
+    qw, lqw4, gw, lgw4 = q, lq4, dout, lg4
+    if t_kv.rm > 1:
+        (qw, lqw4), (gw, lgw4) = (_vec4_layout(_walked(x, -(-lk // t_kv.rows))) for x in (q, dout))
+    kern = _kernel("dkv", t_kv, dv, q.dtype.storage, gk.dtype.storage, ds_path, walked=qw.dtype.storage)
     gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
     gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
-    bufs = [gk._storage.buffer, gv._storage.buffer, *bufs_common, lse._storage.buffer, delta._storage.buffer]
+    bufs = [gk._storage.buffer, gv._storage.buffer, qw._storage.buffer, k._storage.buffer, v._storage.buffer,
+            gw._storage.buffer, lse._storage.buffer, delta._storage.buffer]
     parts = []
     if ds_path:
         keys = reshape(_f32(k_in), (b * h, lk, d))
@@ -939,7 +961,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
             extra = [0, 0, 0]
         for c, (lo, hi) in enumerate(k_ranges):
             head = [h, lq, lk, int(causal), lo, hi, 0, scale]
-            rest = lq4 + lk4 + lv4 + lg4 + gk4 + gv4 + [lse._offset, delta._offset, 1 if c else 0] + extra
+            rest = lqw4 + lk4 + lv4 + lgw4 + gk4 + gv4 + [lse._offset, delta._offset, 1 if c else 0] + extra
             _dispatch(kern, dev, gbufs, head, rest, -(-lk // t_kv.rows), n, g0)
         if ds_path:
             kg = narrow(keys, 0, g0, n)
