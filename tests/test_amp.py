@@ -261,11 +261,12 @@ def _unscale_clip_step(grads, monkeypatch):
 
 
 def test_unscale_then_clip_reads_back_once_per_step(rng, monkeypatch):
-    """unscale_ before clip_grad_norm_ (torch's recipe) clips the true gradients; the inf check costs one
-    4-byte readback per step, not one per parameter; misuse of the stages raises as torch's does."""
+    """unscale_ before clip_grad_norm_ (torch's recipe) clips the true gradients; the inf check reads
+    nothing back in the step (a built-in optimizer's step is guarded on the device); misuse of the stages
+    raises as torch's does."""
     grads = [(rng.standard_normal(9) * 256).astype(np.float32) for _ in range(6)]
     ws, wopt, wsc, calls = _unscale_clip_step(grads, monkeypatch)
-    assert calls == [4]
+    assert calls == []
     true = [g.astype(np.float64) / 256 for g in grads]
     norm = np.sqrt(sum((g ** 2).sum() for g in true))
     coef = min(1.0, 1.0 / (norm + 1e-6))
@@ -325,3 +326,91 @@ def test_the_old_module_path_warns():
     with pytest.warns(DeprecationWarning, match="wgpar.autograd.autocast_mode"):
         old = importlib.import_module("wgpar.autocast_mode")
     assert old.autocast is wgpar.autocast and old.is_autocast_enabled is wgpar.amp.is_autocast_enabled
+
+
+class _MySGD(optim.SGD):
+    """An optimizer whose step the scaler cannot guard on the device (it overrides step)."""
+
+    def step(self, closure=None):
+        return super().step(closure)
+
+
+def test_an_optimizer_with_its_own_step_reads_the_flag(rng, monkeypatch):
+    """A subclass overriding step() may do anything in it: the scaler reads the 4-byte flag and skips on
+    the host, as before."""
+    ws = [nn.Parameter(wgpar.zeros(4)) for _ in range(2)]
+    opt, sc = _MySGD(ws, lr=0.5), GradScaler(init_scale=4.0)
+    for w in ws:
+        w.grad = wgpar.tensor(np.array([4.0, np.inf, 0, 0], np.float32))
+    dev = ws[0].device
+    calls = []
+    real = type(dev).download
+    monkeypatch.setattr(type(dev), "download", lambda self, *a: calls.append(a[-1]) or real(self, *a))
+    sc.step(opt)
+    sc.update()
+    monkeypatch.undo()
+    assert calls == [4] and not opt._guardable()
+    assert sc.get_scale() == 2.0 and all((w.numpy() == 0).all() for w in ws)
+
+
+# Stateful optimizers: a skipped first step must leave no state behind (fresh buffers, step counts).
+GUARDED = {
+    "adam": (lambda ps: optim.Adam(ps, lr=0.1), lambda t, ps: t.optim.Adam(ps, lr=0.1)),
+    "adamw_amsgrad": (lambda ps: optim.AdamW(ps, lr=0.1, weight_decay=0.1, amsgrad=True),
+                      lambda t, ps: t.optim.AdamW(ps, lr=0.1, weight_decay=0.1, amsgrad=True)),
+    "sgd_momentum": (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.3),
+                     lambda t, ps: t.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.3)),
+    "rmsprop": (lambda ps: optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True),
+                lambda t, ps: t.optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True)),
+    "adagrad": (lambda ps: optim.Adagrad(ps, lr=0.1, lr_decay=0.01),
+                lambda t, ps: t.optim.Adagrad(ps, lr=0.1, lr_decay=0.01)),
+}
+
+
+@pytest.mark.parametrize("name", GUARDED)
+def test_guarded_steps_match_torch_without_reading_back(name, rng, torch, monkeypatch):
+    """GradScaler + a stateful optimizer, steps 0, 3 and 4 with inf / NaN gradients, growth every 2 clean
+    steps: scaler.step and update read nothing back (the step is skipped on the device, the scale updated
+    there), yet parameters, optimizer state (step counts too) and the scale equal torch's after every step."""
+    make, make_torch = GUARDED[name]
+    shapes = [(5, 3), (7,)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    ws = [nn.Parameter(wgpar.tensor(a)) for a in init]
+    ts = [torch.nn.Parameter(torch.tensor(a)) for a in init]
+    opt, topt = make(ws), make_torch(torch, ts)
+    kw = {"init_scale": 2.0 ** 8, "growth_interval": 2}
+    sc, tsc = GradScaler(**kw), torch.amp.GradScaler("cpu", **kw)
+    tsc.scale(torch.ones(()))
+    bad = {0: np.inf, 3: np.nan, 4: -np.inf}
+    dev = ws[0].device
+    calls = []
+    real = type(dev).download
+    monkeypatch.setattr(type(dev), "download", lambda self, *a: calls.append(a[-1]) or real(self, *a))
+    for step in range(8):
+        gs = [(rng.standard_normal(s) * tsc.get_scale()).astype(np.float32) for s in shapes]
+        if step in bad:
+            gs[1][2] = bad[step]
+        for w, t, g in zip(ws, ts, gs):
+            w.grad, t.grad = wgpar.tensor(g), torch.tensor(g)
+        calls.clear()
+        sc.step(opt)
+        sc.update()
+        assert calls == [], f"step {step}: read back {calls}"
+        tsc.step(topt)
+        tsc.update()
+        for w, t in zip(ws, ts):
+            np.testing.assert_allclose(w.numpy(), t.detach().numpy(), rtol=2e-5, atol=1e-6,
+                                       err_msg=f"step {step}")
+        got, want = opt.state_dict()["state"], topt.state_dict()["state"]
+        assert set(got) <= set(want), f"step {step}"
+        for i in want:
+            if i not in got:  # never stepped (torch's Adagrad makes its state before the first step)
+                assert int(want[i]["step"]) == 0, f"step {step}"
+                continue
+            assert sorted(got[i]) == sorted(k for k, v in want[i].items() if v is not None), f"step {step}"
+            for k, v in want[i].items():
+                if k == "step":
+                    assert got[i][k] == int(v), f"step {step}: {k}"
+                elif v is not None:
+                    np.testing.assert_allclose(got[i][k].numpy(), v.numpy(), rtol=2e-5, atol=1e-6)
+    assert sc.get_scale() == tsc.get_scale() and sc.state_dict() == tsc.state_dict()

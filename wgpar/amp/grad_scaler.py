@@ -3,12 +3,19 @@
 ``scaler.scale(loss).backward()`` multiplies the loss (and so every gradient) by the scale, so small
 float16 gradients do not flush to zero; ``scaler.step(opt)`` divides the gradients by it on the
 device (shaders/amp_unscale.wgsl, one kernel per gradient), flagging any inf / NaN in a 4-byte
-device buffer, reads that flag once, and skips ``opt.step()`` if it is set; ``scaler.update()``
-halves the scale after a skipped step and doubles it after ``growth_interval`` clean ones.
+device buffer, and skips ``opt.step()`` if it is set; ``scaler.update()`` halves the scale after a
+skipped step and doubles it after ``growth_interval`` clean ones.
 
-The scale is a host float rounded to float32 exactly as torch's float32 scale tensor rounds: the one
-readback per step (which torch's ``step`` also makes) already tells the host whether to skip, so
-keeping the scale on the device would only add a copy per step.
+Without a host wait: where one optimizer on one device is stepped (and its optimizer is a built-in
+one), the step is recorded *guarded* (every step kernel reads the flag and writes nothing if it is
+set; Optimizer._step_guarded) and the update runs on the device (shaders/amp_update.wgsl) on a
+[scale, growth tracker] tensor there. Waiting for the flag instead left the GPU idle while the host
+recorded the optimizer step and the next forward (GPT-2 under autocast on an H100: 192.9 ms a step
+against 179.0 without the scaler). The host reads each flag later, when the GPU has long passed it,
+and replays the update on its own copy of the scale (for ``get_scale``, ``state_dict``) and undoes
+a skipped step's host state (step counts) at the optimizer's next step. Anything else (several
+optimizers or devices, a group of ranks, ``update(new_scale)``) reads the flags at ``step`` and keeps
+the scale on the host, a float rounded to float32 as torch's float32 scale tensor rounds.
 
 Ranks that each hold a different part of one model (FSDP shards, pipeline stages, tensor-parallel
 slices) must skip together, or their parameters drift apart: their found-inf flags are all-reduced
@@ -52,10 +59,20 @@ def _f32(x: float) -> float:
 
 
 _UNSCALE = Kernel("amp_unscale", "g: w, found: w", "numel: u32, off: u32, inv_scale: f32")
+_UNSCALE_DEV = Kernel("amp_unscale", "g: w, found: w, sc: r", "numel: u32, off: u32, inv_scale: f32")
+_UPDATE = Kernel("amp_update", "st: w, found: r", "backoff: f32, growth: f32, interval: f32")
+_INV_FN = """fn inv_scale() -> f32 {
+  let s = sc[0];
+  let r = 1.0 / s;
+  return fma(fma(-s, r, 1.0), r, r);
+}"""
 
 
-def _kernel(gt: str) -> KernelSpec:
-    return _UNSCALE.spec((gt, "atomic<u32>"), G=gt, FNS=load_source("float_fns"))
+def _kernel(gt: str, on_device: bool = False) -> KernelSpec:
+    if on_device:
+        return _UNSCALE_DEV.spec((gt, "atomic<u32>", "f32"), G=gt, FNS=load_source("float_fns"), INV="inv_scale()",
+                                 INV_FN=_INV_FN)
+    return _UNSCALE.spec((gt, "atomic<u32>"), G=gt, FNS=load_source("float_fns"), INV="p.inv_scale", INV_FN="")
 
 
 # The attribute through which the distributed layer (which this layer may not import) tells the scaler
@@ -117,6 +134,37 @@ class GradScaler:
         self._growth_tracker = 0
         self._lock = threading.Lock()  # DataParallel steps one optimizer per rank thread
         self._per_optimizer: dict[int, dict[str, Any]] = {}
+        self._device_state: Tensor | None = None  # [scale, growth tracker] float32 while updates run on a device
+        self._unread: list = []  # the flags (Readback) of device updates not yet replayed on the host
+
+    # -- the scale on the device ------------------------------------------------------------
+    def _replay(self) -> None:
+        """Bring the host's scale up to the device's: read the flags of the device's updates (steps the
+        GPU has long finished) and apply the same float32 rule."""
+        unread, self._unread = self._unread, []
+        for readback in unread:
+            self._apply(int.from_bytes(readback.result()[:4], "little") != 0)
+
+    def _leave_device(self) -> None:
+        """Keep the scale on the host from now on (until a single-device update puts it back)."""
+        self._replay()
+        self._device_state = None
+
+    def _apply(self, found_inf: bool) -> None:
+        """torch's _amp_update_scale_ in float32: what shaders/amp_update.wgsl does on the device."""
+        if found_inf:
+            self._scale = _f32(np.float32(self._scale) * np.float32(self._backoff_factor))
+            self._growth_tracker = 0
+            return
+        successful = self._growth_tracker + 1
+        if successful == self._growth_interval:
+            with np.errstate(over="ignore"):
+                grown = float(np.float32(self._scale) * np.float32(self._growth_factor))
+            if math.isfinite(grown):
+                self._scale = grown
+            self._growth_tracker = 0
+        else:
+            self._growth_tracker = successful
 
     # -- scaling --------------------------------------------------------------------------
     def scale(self, outputs):
@@ -124,6 +172,14 @@ class GradScaler:
         if not self._enabled:
             return outputs
         if isinstance(outputs, Tensor):
+            st = self._device_state
+            if st is not None and outputs.device is st.device:
+                scale = ops.clone(ops.getitem(st, 0))  # its own copy: the update rewrites st later
+                if outputs.dtype is not _dt.float32:
+                    scale = ops.cast(scale, outputs.dtype)
+                return D.binary("mul", outputs, scale)
+            if st is not None:
+                self._leave_device()
             return D.binary("mul", outputs, self._scale)
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(o) for o in outputs)
@@ -145,10 +201,15 @@ class GradScaler:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        inv_scale = _f32(1.0 / self._scale)
         found: dict = {}
         params = [p for group in optimizer.param_groups for p in group["params"]]
         model_group = self._model_group(params)
+        devices = {p.grad.device for p in params if p.grad is not None and p.grad.numel()}
+        st = self._device_state
+        if st is not None and (model_group is not None or devices - {st.device}):
+            self._leave_device()
+            st = None
+        inv_scale = _f32(1.0 / self._scale)
         if model_group is not None:  # every rank all-reduces, also one whose gradients are all None
             found[model_group.device] = ops.fill((1,), 0, _dt.int32, model_group.device)
         with no_grad():
@@ -165,10 +226,12 @@ class GradScaler:
                 flag = found.get(g.device)
                 if flag is None:
                     flag = found[g.device] = ops.fill((1,), 0, _dt.int32, g.device)
-                _unscale(g, flag, inv_scale)
+                _unscale(g, flag, inv_scale, st)
             if model_group is not None:
                 model_group.all_reduce(found[model_group.device], "max", label="GradScaler found_inf")
         state["found_inf"] = found
+        state["guard"] = model_group is None and self._process_group is None and len(found) == 1 and \
+            optimizer._guardable()
         state["stage"] = OptState.UNSCALED
 
     def _model_group(self, params: list[Tensor]):
@@ -190,8 +253,9 @@ class GradScaler:
     def step(self, optimizer: Optimizer, *args, **kwargs):
         """``unscale_`` (unless done) then ``optimizer.step()``, skipped if any gradient was inf / NaN.
 
-        Returns what ``optimizer.step`` returned, or None when the step was skipped. Reads one 4-byte
-        flag per device back from the GPU.
+        Returns what ``optimizer.step`` returned, or None when the step was skipped. One optimizer on
+        one device: the step is guarded on the device, nothing is read back now (what it returns is
+        ``optimizer.step``'s either way); otherwise one 4-byte flag per device is read back.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -203,9 +267,14 @@ class GradScaler:
         if state["stage"] is OptState.READY:
             self.unscale_(optimizer)
         result = None
-        state["inf"] = sum(int(flag.item()) for flag in state["found_inf"].values())
-        if not state["inf"]:
-            result = optimizer.step(*args, **kwargs)
+        if state["guard"]:
+            (dev, flag), = state["found_inf"].items()
+            state["readback"] = dev.read_later(flag._storage.buffer, 4 * flag._offset, 4)
+            result = optimizer._step_guarded(flag, state["readback"], *args, **kwargs)
+        else:
+            state["inf"] = sum(int(flag.item()) for flag in state["found_inf"].values())
+            if not state["inf"]:
+                result = optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
         return result
 
@@ -215,33 +284,40 @@ class GradScaler:
         if not self._enabled:
             return
         if new_scale is not None:
+            self._leave_device()
             self._scale = _f32(new_scale.item() if isinstance(new_scale, Tensor) else new_scale)
         else:
             with self._lock:
                 states = [s for s in self._per_optimizer.values() if s["found_inf"]]
             if not states:
                 raise AssertionError("No inf checks were recorded prior to update.")
-            found = sum(s["inf"] if "inf" in s else sum(int(f.item()) for f in s["found_inf"].values())
-                        for s in states)
-            if found:
-                self._scale = _f32(np.float32(self._scale) * np.float32(self._backoff_factor))
-                self._growth_tracker = 0
+            if len(states) == 1 and "readback" in states[0]:
+                self._update_on_device(states[0])
             else:
-                successful = self._growth_tracker + 1
-                if successful == self._growth_interval:
-                    grown = _f32(self._scale * self._growth_factor)
-                    if math.isfinite(grown):
-                        self._scale = grown
-                    self._growth_tracker = 0
-                else:
-                    self._growth_tracker = successful
+                self._leave_device()
+                self._apply(sum(_found(s) for s in states) > 0)
         with self._lock:
             self._per_optimizer = {}
+
+    def _update_on_device(self, state: dict[str, Any]) -> None:
+        (dev, flag), = state["found_inf"].items()
+        st = self._device_state
+        if st is None or st.device is not dev:
+            self._leave_device()
+            st = self._device_state = Tensor.from_numpy(
+                np.array([self._scale, self._growth_tracker], np.float32), device=dev)
+        dev.dispatch(_UPDATE.spec(("f32", "u32")), [st._storage.buffer, flag._storage.buffer],
+                     _UPDATE.pack(backoff=self._backoff_factor, growth=self._growth_factor,
+                                  interval=float(self._growth_interval)), (1, 1, 1))
+        st._storage.bump_version()
+        self._unread.append(state["readback"])
 
     # -- state ----------------------------------------------------------------------------
     def get_scale(self) -> float:
         """The current scale factor as a Python float (1.0 when disabled), as
-        ``torch.amp.GradScaler.get_scale``; no device sync."""
+        ``torch.amp.GradScaler.get_scale``. After updates on the device it reads their flags back (as
+        torch's reads its scale tensor)."""
+        self._replay()
         return self._scale if self._enabled else 1.0
 
     def get_growth_factor(self) -> float:
@@ -254,6 +330,7 @@ class GradScaler:
         Arguments:
             new_factor: the new factor.
         """
+        self._replay()  # updates already made used the old factor
         self._growth_factor = float(new_factor)
 
     def get_backoff_factor(self) -> float:
@@ -266,6 +343,7 @@ class GradScaler:
         Arguments:
             new_factor: the new factor.
         """
+        self._replay()
         self._backoff_factor = float(new_factor)
 
     def get_growth_interval(self) -> int:
@@ -278,6 +356,7 @@ class GradScaler:
         Arguments:
             new_interval: the new interval, in steps.
         """
+        self._replay()
         self._growth_interval = int(new_interval)
 
     def is_enabled(self) -> bool:
@@ -289,6 +368,7 @@ class GradScaler:
         growth_interval, _growth_tracker."""
         if not self._enabled:
             return {}
+        self._replay()
         return {"scale": self._scale, "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
                 "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker}
 
@@ -313,6 +393,7 @@ class GradScaler:
                            f"{sorted(state_dict)}; GradScaler.state_dict() gives all of {list(_STATE_KEYS)})")
         scale = state_dict["scale"]
         scale = scale.item() if isinstance(scale, Tensor) else scale
+        self._leave_device()
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"GradScaler.load_state_dict: 'scale' must be a positive finite number, got {scale!r}")
         self._scale = _f32(scale)
@@ -325,13 +406,27 @@ class GradScaler:
 _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
-def _unscale(g: Tensor, flag: Tensor, inv_scale: float) -> None:
-    """``g *= inv_scale`` in place on the device, ORing "saw inf / NaN" into ``flag``."""
+def _found(state: dict[str, Any]) -> int:
+    """Whether an optimizer's gradients had inf / NaN (its flags read back now if not yet)."""
+    if "inf" in state:
+        return state["inf"]
+    if "readback" in state:
+        return int.from_bytes(state["readback"].result()[:4], "little")
+    return sum(int(f.item()) for f in state["found_inf"].values())
+
+
+def _unscale(g: Tensor, flag: Tensor, inv_scale: float, device_state: Tensor | None = None) -> None:
+    """``g *= 1 / scale`` in place on the device (the host's ``inv_scale``, or the reciprocal of the
+    ``device_state``'s scale), ORing "saw inf / NaN" into ``flag``."""
     target = g if g.is_contiguous() else ops.contiguous(g)
     dev = target.device
     n = target.numel()
-    dev.dispatch(_kernel(target.dtype.storage), [target._storage.buffer, flag._storage.buffer],
-                 _UNSCALE.pack(numel=n, off=target._offset, inv_scale=inv_scale),
+    bufs = [target._storage.buffer, flag._storage.buffer]
+    if device_state is not None:
+        bufs.append(device_state._storage.buffer)
+    dev.dispatch(_kernel(target.dtype.storage, device_state is not None), bufs,
+                 (_UNSCALE_DEV if device_state is not None else _UNSCALE).pack(numel=n, off=target._offset,
+                                                                               inv_scale=inv_scale),
                  grid(-(-n // WORKGROUP), dev.max_workgroups))
     if target is not g:
         ops.copy_(g, target)

@@ -9,7 +9,7 @@ from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, dispatch_step, step_kernel
 
-_ADAGRAD = Kernel("optim_adagrad", "param: w, grad: r, state_sum: w",
+_ADAGRAD = Kernel("optim_adagrad", "param: w, grad: r, state_sum: w, skip: r",
                   "numel: u32, off_p: u32, off_g: u32, fresh: u32, neg_clr: f32, init_acc: f32, eps: f32, "
                   "weight_decay: f32, maximize: u32")
 
@@ -63,4 +63,6 @@ class Adagrad(Optimizer):
                       [p._storage.buffer, grad._storage.buffer, state["sum"]._storage.buffer], params)
 
 
+
+Optimizer._GUARDABLE.add(Adagrad._update)  # only step kernels: a guarded step skips on the device
 __all__ = ["Adagrad"]

@@ -11,7 +11,7 @@ from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, check_number, dispatch_step, step_kernel
 
-_ADAM = Kernel("optim_adam", "param: w, grad: r, exp_avg: w, exp_avg_sq: w, max_exp_avg_sq: w",
+_ADAM = Kernel("optim_adam", "param: w, grad: r, exp_avg: w, exp_avg_sq: w, max_exp_avg_sq: w, skip: r",
                "numel: u32, off_p: u32, off_g: u32, fresh: u32, weight_decay: f32, decay: f32, one_minus_beta1: f32, "
                "beta2: f32, one_minus_beta2: f32, neg_step_size: f32, bc2_sqrt: f32, eps: f32, maximize: u32")
 
@@ -116,3 +116,6 @@ class AdamW(Adam):
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             group["decoupled_weight_decay"] = True
+
+
+Optimizer._GUARDABLE.add(Adam._update)  # only step kernels: a guarded step skips on the device

@@ -4,6 +4,10 @@ Subclasses name their non-negative hyperparameters in ``_CHECKS`` (``_validate(g
 them, raising TypeError / ValueError; a subclass with more rules extends it) and implement
 ``_update(p, grad, group)``: one fused kernel per parameter, built with ``step_kernel`` and launched
 with ``dispatch_step``.
+A guarded step (``_step_guarded``, GradScaler's) binds a device flag that every step kernel reads
+first, returning without a write when it is set: the host need not wait for the flag before the
+step. The host-side state (step counts, newly made buffers) is rolled back once the flag is read,
+at the next step or when the state is looked at.
 ``state_dict()`` has PyTorch's structure: ``{"state": {index: {...}},
 "param_groups": [{..hyperparameters.., "params": [index, ...]}]}``, indices
 counting parameters across groups in order.
@@ -12,6 +16,7 @@ counting parameters across groups in order.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,14 +58,25 @@ def check_number(name: str, value: Any, low: float = 0.0, high: float | None = N
 
 def step_kernel(kernel: Kernel, types: tuple[str, ...], without: tuple[str, ...] = (), **fills: str) -> KernelSpec:
     """``kernel.spec`` for a fused optimizer step: what every step kernel shares
-    (``shaders/optim_step.wgsl``: the entry point, the gradient as maximize and L2 weight decay make
-    it, torch's lerp) goes in as its ``{{STEP}}`` fill; the family's file holds only its update."""
-    return kernel.spec(types, without=without, STEP=load_source("optim_step"), **fills)
+    (``shaders/optim_step.wgsl``: the entry point, the skip flag, the gradient as maximize and L2 weight
+    decay make it, torch's lerp) goes in as its ``{{STEP}}`` fill; the family's file holds only its
+    update. ``kernel`` declares ``skip: r`` last (the flag, u32)."""
+    return kernel.spec(tuple(types) + ("u32",), without=without, STEP=load_source("optim_step"), **fills)
+
+
+_guard = threading.local()  # .flag: the skip flag of the guarded step this thread is recording
+_zero_flags: dict = {}  # device -> a u32 zero: the flag of unguarded steps
 
 
 def dispatch_step(kspec: KernelSpec, p: Tensor, buffers: list, params: bytes) -> None:
-    """Launch a fused step kernel over ``p``'s elements, one invocation each."""
-    p.device.dispatch(kspec, buffers, params, grid(-(-p.numel() // WORKGROUP), p.device.max_workgroups))
+    """Launch a fused step kernel over ``p``'s elements, one invocation each, with the skip flag."""
+    dev = p.device
+    flag = getattr(_guard, "flag", None)
+    if flag is None or flag.device is not dev:
+        flag = _zero_flags.get(dev)
+        if flag is None:
+            flag = _zero_flags[dev] = Tensor.from_numpy(np.zeros(1, np.int32), device=dev)  # an upload, no kernel
+    dev.dispatch(kspec, [*buffers, flag._storage.buffer], params, grid(-(-p.numel() // WORKGROUP), dev.max_workgroups))
 
 
 class Optimizer:
@@ -74,6 +90,7 @@ class Optimizer:
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
+        self._pending: tuple[Any, list] | None = None  # a guarded step's flag readback and rollback records
         self.state: dict[Parameter, dict[str, Any]] = {}
         self.param_groups: list[dict[str, Any]] = []
         if isinstance(params, (Tensor, dict)):
@@ -168,14 +185,63 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        self._settle()
+        records = getattr(_guard, "records", None)
         with no_grad(), profiling.span(f"{type(self).__name__}.step", "phase", phase="optimizer"):
             for group in self.param_groups:
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:
                         self._check_gradless(i, p)
                         continue
+                    if records is not None:  # the host state as it was, to restore if the step is skipped
+                        before = self._state.get(p)
+                        records.append((p, None if before is None else dict(before)))
                     self._step_param(p, group)
         return loss
+
+    # The optimizers whose step is only step kernels (so a guarded step skips all of it on the device).
+    _GUARDABLE: set = set()
+
+    def _guardable(self) -> bool:
+        cls = type(self)
+        return (cls.step is Optimizer.step and cls._step_param is Optimizer._step_param
+                and cls._update in Optimizer._GUARDABLE)
+
+    def _step_guarded(self, flag: Tensor, readback, *args, **kwargs) -> Any:
+        """``step()`` whose kernels do nothing on the device if ``flag`` (int32 [1]) is nonzero there;
+        ``readback`` (a Device.read_later of the flag) tells the host later, which then restores the
+        state of a skipped step (``_settle``)."""
+        _guard.flag, _guard.records = flag, []
+        try:
+            loss = self.step(*args, **kwargs)
+            self._pending = (readback, _guard.records)
+        finally:
+            _guard.flag = _guard.records = None
+        return loss
+
+    def _settle(self) -> None:
+        """Read a guarded step's flag (the GPU has long passed it) and undo its host state if skipped."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        readback, records = pending
+        if int.from_bytes(readback.result()[:4], "little") == 0:
+            return
+        for p, before in records:
+            if before is None:
+                self._state.pop(p, None)
+            else:
+                self._state[p] = before
+
+    @property
+    def state(self) -> dict[Parameter, dict[str, Any]]:
+        """Per-parameter state (PyTorch's ``optimizer.state``); a skipped guarded step is undone first."""
+        self._settle()
+        return self._state
+
+    @state.setter
+    def state(self, value: dict[Parameter, dict[str, Any]]) -> None:
+        self._state = value
 
     def _step_param(self, p: Parameter, group: dict[str, Any]) -> None:
         grad = p.grad

@@ -9,7 +9,7 @@ from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, dispatch_step, step_kernel
 
-_RMSPROP = Kernel("optim_rmsprop", "param: w, grad: r, square_avg: w, grad_avg: w, buf: w",
+_RMSPROP = Kernel("optim_rmsprop", "param: w, grad: r, square_avg: w, grad_avg: w, buf: w, skip: r",
                   "numel: u32, off_p: u32, off_g: u32, fresh: u32, neg_lr: f32, alpha: f32, one_minus_alpha: f32, "
                   "eps: f32, weight_decay: f32, momentum: f32, maximize: u32")
 _CENTER = """  // grad_avg.lerp_(grad, 1 - alpha); avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
@@ -88,4 +88,6 @@ class RMSprop(Optimizer):
         dispatch_step(k, p, buffers, params)
 
 
+
+Optimizer._GUARDABLE.add(RMSprop._update)  # only step kernels: a guarded step skips on the device
 __all__ = ["RMSprop"]

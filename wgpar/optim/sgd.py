@@ -9,7 +9,7 @@ from ..runtime.kernels import Kernel, KernelSpec
 from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, check_number, dispatch_step, step_kernel
 
-_SGD = Kernel("optim_sgd", "param: w, grad: r, buf: w",
+_SGD = Kernel("optim_sgd", "param: w, grad: r, buf: w, skip: r",
               "numel: u32, off_p: u32, off_g: u32, first: u32, neg_lr: f32, momentum: f32, one_minus_dampening: f32, "
               "weight_decay: f32, maximize: u32")
 _MOMENTUM = """  var b = g;
@@ -77,4 +77,6 @@ class SGD(Optimizer):
         dispatch_step(k, p, buffers, params)
 
 
+
+Optimizer._GUARDABLE.add(SGD._update)  # only step kernels: a guarded step skips on the device
 __all__ = ["SGD"]

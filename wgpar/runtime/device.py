@@ -29,6 +29,7 @@ _LARGE_UPLOAD = 1 << 20  # bytes; smaller uploads use queue.write_buffer
 _UPLOAD_TIMEOUT = 300.0
 _BIND_GROUP_CACHE_MAX = 8192
 _RAMP = 16  # dispatches before the first submit after the host waited for the GPU (Device._idle)
+_READBACK_BYTES = 256  # Device.read_later's staging buffers
 
 _LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
                "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
@@ -90,6 +91,7 @@ class Device:
             label=f"wgpar:{index}:params", size=self._slot * _ARENA_SLOTS,
             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
         self._arena_host = bytearray(self._slot * _ARENA_SLOTS)
+        self._readbacks: list[wgpu.GPUBuffer] = []  # read_later's free staging buffers
         self._fence = self._dev.create_buffer(
             label=f"wgpar:{index}:fence", size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._encoder: Any = None
@@ -428,9 +430,46 @@ class Device:
             finally:
                 staging.unmap()
 
+    def read_later(self, buffer: wgpu.GPUBuffer, offset: int, nbytes: int) -> Readback:
+        """Record a copy of ``nbytes`` (at most 256, offset a multiple of 4) into a buffer of its own, to
+        be read by ``Readback.result()`` later: that waits only for the work recorded before this call,
+        not for what the host records in between (``download`` waits for everything)."""
+        if not 0 < nbytes <= _READBACK_BYTES or offset % 4 or nbytes % 4:
+            raise ValueError(f"read_later: {nbytes} bytes at offset {offset}; at most {_READBACK_BYTES}, "
+                             "both multiples of 4")
+        with self._lock:
+            staging = self._readbacks.pop() if self._readbacks else self.create_buffer(
+                "readback", _READBACK_BYTES, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            self._end_pass().copy_buffer_to_buffer(buffer, offset, staging, 0, nbytes)
+            self._pending += 1
+            return Readback(self, staging, nbytes, self.num_submits)
+
     # -- stats ----------------------------------------------------------------------------
     def memory_stats(self) -> dict[str, int]:
         """This device's allocator counts (allocated_bytes, peak_allocated_bytes, reserved_bytes, ...); see
         ``wgpar.memory_stats``."""
         return self.allocator.stats()
 
+
+class Readback:
+    """A small copy that ``Device.read_later`` recorded: ``result()`` maps it (submitting it first if it
+    still waits in the open command stream) and returns its bytes, cached after the first call."""
+
+    def __init__(self, device: Device, staging: wgpu.GPUBuffer, nbytes: int, submits: int) -> None:
+        self._device, self._staging, self._nbytes, self._submits = device, staging, nbytes, submits
+        self._data: bytes | None = None
+
+    def result(self) -> bytes:
+        if self._data is None:
+            dev = self._device
+            with dev._lock:
+                if dev.num_submits == self._submits:  # the copy is still in the open stream
+                    dev._flush_locked()
+                _transfer.wait_promise(_transfer.map_async(self._staging, wgpu.MapMode.READ, 0, _READBACK_BYTES),
+                                       _UPLOAD_TIMEOUT, f"readback of {self._nbytes} bytes on {dev}")
+                try:
+                    self._data = bytes(self._staging.read_mapped(0, self._nbytes, copy=True))
+                finally:
+                    self._staging.unmap()
+                dev._readbacks.append(self._staging)
+        return self._data
