@@ -260,7 +260,7 @@ def _unscale_clip_step(grads, monkeypatch):
     return ws, opt, sc, calls
 
 
-def test_unscale_then_clip_reads_back_once_per_step(rng, monkeypatch):
+def test_unscale_then_clip_reads_nothing_back_in_the_step(rng, monkeypatch):
     """unscale_ before clip_grad_norm_ (torch's recipe) clips the true gradients; the inf check reads
     nothing back in the step (a built-in optimizer's step is guarded on the device); misuse of the stages
     raises as torch's does."""
@@ -414,3 +414,35 @@ def test_guarded_steps_match_torch_without_reading_back(name, rng, torch, monkey
                 elif v is not None:
                     np.testing.assert_allclose(got[i][k].numpy(), v.numpy(), rtol=2e-5, atol=1e-6)
     assert sc.get_scale() == tsc.get_scale() and sc.state_dict() == tsc.state_dict()
+
+
+def test_device_scale_hands_back_to_the_host(rng):
+    """A scale kept on the device (guarded steps) goes back to the host, exactly, when asked for a new
+    scale, when a loss comes from another device, or after a load_state_dict; steps then go on as the
+    contract says."""
+    ref = RefScaler(init_scale=2.0 ** 6, growth_interval=2)
+    sc = GradScaler(init_scale=2.0 ** 6, growth_interval=2)
+    devs = wgpar.devices(2)  # logical devices where the machine has one adapter
+    for step, (dev_i, bad, action) in enumerate([(0, True, None), (0, False, None), (0, False, None),
+                                                  (0, False, "new_scale"), (0, True, None), (1, False, None),
+                                                  (1, False, "load"), (0, False, None)]):
+        w = nn.Parameter(wgpar.zeros(3, device=devs[dev_i]))
+        opt = optim.SGD([w], lr=1.0)
+        loss = sc.scale(wgpar.ones((), device=devs[dev_i]))
+        assert float(loss.numpy()) == float(ref.scale), f"step {step}"
+        g = np.array([1.0, np.inf if bad else 2.0, 3.0], np.float32) * ref.scale
+        w.grad = wgpar.tensor(g, device=devs[dev_i])
+        sc.step(opt)
+        new = ref.step_sgd([np.zeros(3, np.float32)], [g], 1.0)[0]
+        np.testing.assert_array_equal(w.numpy(), new)
+        if action == "new_scale":
+            sc.update(new_scale=24.0)
+            ref.scale, ref.tracker = np.float32(24.0), ref.tracker
+        else:
+            sc.update()
+            ref.update()
+        if action == "load":
+            state = dict(sc.state_dict(), scale=12.0, _growth_tracker=1)
+            sc.load_state_dict(state)
+            ref.scale, ref.tracker = np.float32(12.0), 1
+        assert sc.state_dict() == ref.state_dict(), f"step {step}"
