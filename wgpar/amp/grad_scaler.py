@@ -143,7 +143,7 @@ class GradScaler:
         GPU has long finished) and apply the same float32 rule."""
         unread, self._unread = self._unread, []
         for readback in unread:
-            self._apply(int.from_bytes(readback.result()[:4], "little") != 0)
+            self._apply(readback.word() != 0)
 
     def _leave_device(self) -> None:
         """Keep the scale on the host from now on (until a single-device update puts it back)."""
@@ -411,7 +411,7 @@ def _found(state: dict[str, Any]) -> int:
     if "inf" in state:
         return state["inf"]
     if "readback" in state:
-        return int.from_bytes(state["readback"].result()[:4], "little")
+        return state["readback"].word()
     return sum(int(f.item()) for f in state["found_inf"].values())
 
 

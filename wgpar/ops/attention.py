@@ -789,13 +789,13 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
     if _use_matmul_forward(dev, d, causal, lq, lk):
         return _matmul_forward(q, k, v, causal, scale)
     t = pick("fwd", dev, d, lq, lk)
+    n_x = -(-lq // t.rows)  # query blocks (workgroups) a head
     if t.rm > 1:
-        k, v = _walked(k, -(-lq // t.rows)), _walked(v, -(-lq // t.rows))
+        k, v = _walked(k, n_x), _walked(v, n_x)
     (q, lq4), (k, lk4), (v, lv4) = _vec4_layout(q), _vec4_layout(k), _vec4_layout(v)
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
     lse = Tensor.empty((b, h, lq), _dt.float32, dev)
     ranges = chunks("fwd", t, dv, lk)
-    n_x = -(-lq // t.rows)
     o_layout = [0, lq * h * dv, dv, h * dv]
     if len(ranges) == 1:
         _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t, causal, scale, 0, lk, n_x)

@@ -29,6 +29,7 @@ from ..nn.parameter import Parameter
 from ..nn.utils import zero_grad_
 from ..runtime import memory_history as _hist
 from ..runtime import profiling
+from ..runtime.allocator import STORAGE_USAGE
 from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 
@@ -65,18 +66,22 @@ def step_kernel(kernel: Kernel, types: tuple[str, ...], without: tuple[str, ...]
 
 
 _guard = threading.local()  # .flag: the skip flag of the guarded step this thread is recording
-_zero_flags: dict = {}  # device -> a u32 zero: the flag of unguarded steps
+# device -> the flag of unguarded steps: a 4-byte buffer outside the allocator (WebGPU zero-fills it), so
+# tensor memory counts (optimizer state in memory_stats) do not see it
+_zero_flags: dict = {}
 
 
 def dispatch_step(kspec: KernelSpec, p: Tensor, buffers: list, params: bytes) -> None:
     """Launch a fused step kernel over ``p``'s elements, one invocation each, with the skip flag."""
     dev = p.device
     flag = getattr(_guard, "flag", None)
-    if flag is None or flag.device is not dev:
-        flag = _zero_flags.get(dev)
-        if flag is None:
-            flag = _zero_flags[dev] = Tensor.from_numpy(np.zeros(1, np.int32), device=dev)  # an upload, no kernel
-    dev.dispatch(kspec, [*buffers, flag._storage.buffer], params, grid(-(-p.numel() // WORKGROUP), dev.max_workgroups))
+    if flag is not None and flag.device is dev:
+        skip = flag._storage.buffer
+    else:
+        skip = _zero_flags.get(dev)
+        if skip is None:
+            skip = _zero_flags[dev] = dev.create_buffer("no-skip flag", 4, STORAGE_USAGE)
+    dev.dispatch(kspec, [*buffers, skip], params, grid(-(-p.numel() // WORKGROUP), dev.max_workgroups))
 
 
 class Optimizer:
@@ -225,7 +230,7 @@ class Optimizer:
         if pending is None:
             return
         readback, records = pending
-        if int.from_bytes(readback.result()[:4], "little") == 0:
+        if readback.word() == 0:
             return
         for p, before in records:
             if before is None:

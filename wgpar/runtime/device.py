@@ -425,10 +425,7 @@ class Device:
                 _transfer.wait_promise(_transfer.map_async(staging, wgpu.MapMode.READ, 0, staging.size),
                                        _UPLOAD_TIMEOUT, f"readback of {nbytes} bytes on {self}")
             self._idle()
-            try:
-                return bytes(staging.read_mapped(0, nbytes, copy=True))
-            finally:
-                staging.unmap()
+            return _mapped_bytes(staging, nbytes)
 
     def read_later(self, buffer: wgpu.GPUBuffer, offset: int, nbytes: int) -> Readback:
         """Record a copy of ``nbytes`` (at most 256, offset a multiple of 4) into a buffer of its own, to
@@ -467,9 +464,18 @@ class Readback:
                     dev._flush_locked()
                 _transfer.wait_promise(_transfer.map_async(self._staging, wgpu.MapMode.READ, 0, _READBACK_BYTES),
                                        _UPLOAD_TIMEOUT, f"readback of {self._nbytes} bytes on {dev}")
-                try:
-                    self._data = bytes(self._staging.read_mapped(0, self._nbytes, copy=True))
-                finally:
-                    self._staging.unmap()
+                self._data = _mapped_bytes(self._staging, self._nbytes)
                 dev._readbacks.append(self._staging)
         return self._data
+
+    def word(self) -> int:
+        """The first 4 bytes as a little-endian unsigned int (a flag's value)."""
+        return int.from_bytes(self.result()[:4], "little")
+
+
+def _mapped_bytes(staging: wgpu.GPUBuffer, nbytes: int) -> bytes:
+    """The first ``nbytes`` of a mapped staging buffer, which is unmapped after."""
+    try:
+        return bytes(staging.read_mapped(0, nbytes, copy=True))
+    finally:
+        staging.unmap()
