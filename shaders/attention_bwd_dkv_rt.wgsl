@@ -65,7 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 keys' scores for query kg + TK * jj
     var dp = array<vec4<f32>, {{BCT}}>();  // and dP^T
-    for (var d = 0u; d < DV; d = d + 1u) {
+    for (var d = 0u; d < DV; d = d + 1u) {  // {{UNROLL}}
       let k0 = Ks[(4u * g) * DP + d];
       let k1 = Ks[(4u * g + 1u) * DP + d];
       let k2 = Ks[(4u * g + 2u) * DP + d];
@@ -79,7 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Query i is seen by key j when it exists, the key exists and (causal) j <= i.
 {{DS}}
     workgroupBarrier();  // P^T and dS^T complete
-    for (var j = 0u; j < BQ; j = j + 1u) {
+    for (var j = 0u; j < BQ; j = j + 1u) {  // {{UNROLL}}
       let pj = Ps[j * PR + g];
       let ds = Ss[j * PR + g];
 {{ACC}}

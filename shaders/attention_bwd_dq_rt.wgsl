@@ -53,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 rows' scores for key kg + TK * jj
     var dp = array<vec4<f32>, {{BCT}}>();  // and dP
-    for (var d = 0u; d < DV; d = d + 1u) {
+    for (var d = 0u; d < DV; d = d + 1u) {  // {{UNROLL}}
       let q0 = Qs[(4u * g) * DP + d];
       let q1 = Qs[(4u * g + 1u) * DP + d];
       let q2 = Qs[(4u * g + 2u) * DP + d];
@@ -66,7 +66,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 {{DS}}
     workgroupBarrier();  // dS complete
-    for (var j = 0u; j < BC; j = j + 1u) {
+    for (var j = 0u; j < BC; j = j + 1u) {  // {{UNROLL}}
       let ds = Ss[j * PR + g];
 {{DQ}}
     }

@@ -348,6 +348,25 @@ def test_register_tiled_backward_matches(tiles, causal, rng, reference):
 
 
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("ds", [False, True])
+def test_register_tiled_loops_written_out_match(ds, causal, rng, reference):
+    """A GPU's register-tiled kernels: their d and key loops written out (// @unroll, Tile.unrolled), here on
+    lavapipe, both backward paths, L != S both ways and ragged tiles; the source has no such loop left."""
+    dev = wgpar.device(0)
+    tiles = {"fwd": "32x16r4t4d", "dq": "16x32r4t4d", "dkv": "16x16r4t4"}
+    for shapes in (((2, 2, 45, 16), (2, 2, 36, 16)), ((1, 2, 21, 32), (1, 2, 52, 32))):
+        arrays = _problem(*shapes, rng)
+        with A.force_tiles(unroll=True, **tiles), A.force_ds_path(ds):
+            for kind in A.KINDS:
+                t = A.pick(kind, dev, shapes[0][3])
+                assert t.rm == 4 and t.unrolled, kind
+                src = A._kernel(kind, t, shapes[0][3] // 4, "f32", "f32", ds_out=ds and kind == "dkv").source()
+                assert "for (var d = 0u" not in src and "for (var j = 0u" not in src, kind
+            y, ins = _run(arrays, causal, path="fused")
+        _check(y, ins, _want(reference, arrays, causal))
+
+
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dkv", ["16x16r4t4", "32x32r4t4", "16x32r4t4"])
 def test_dq_as_ds_times_k_matches(dkv, causal, rng, reference, monkeypatch):
     """dQ = dS K (a GPU's default): the dK / dV kernel writes dS for groups of (batch, head) pairs (a small

@@ -107,3 +107,32 @@ def test_dump_wgsl_writes_every_shader_built(monkeypatch, tmp_path):
     assert "struct Params" in block and "@compute @workgroup_size(WG)" in block
     for text in files.values():  # what was dumped is what ran: it compiles as it is
         d._dev.create_shader_module(code=text)
+
+
+def test_unroll_marked_writes_loops_out():
+    """`// @unroll` loops become one block per step (inner ones too, bounds from literals or const chains,
+    the loop variable replaced as a whole word only); unmarked loops stay; bad bounds raise."""
+    from wgpar.runtime.kernels import unroll_marked
+
+    code = """const BQ: u32 = BC;
+const BC: u32 = 3u;
+fn f() {
+  for (var j = 0u; j < BQ; j = j + 1u) {  // @unroll
+    y[j * 4u + j0] = 1u;  // { a brace in a comment
+    for (var d = 0u; d < 2u; d = d + 1u) {  // @unroll
+      z[j][d] = dd + d;
+    }
+  }
+  for (var k = 0u; k < 9u; k = k + 1u) { w[k] = 0u; }
+}"""
+    out = unroll_marked(code)
+    assert "for (var j" not in out and "for (var d" not in out and "for (var k = 0u; k < 9u" in out
+    assert [line.strip() for line in out.splitlines() if "z[" in line] == [
+        f"z[{j}u][{d}u] = dd + {d}u;" for j in range(3) for d in range(2)]
+    assert [line.strip() for line in out.splitlines() if "y[" in line] == [
+        f"y[{j}u * 4u + j0] = 1u;  // {{ a brace in a comment" for j in range(3)]
+    assert unroll_marked("no loops") == "no loops"
+    with pytest.raises(ValueError, match="no integer literal"):
+        unroll_marked("for (var i = 0u; i < N; i = i + 1u) {  // @unroll\n}")
+    with pytest.raises(ValueError, match="closing brace"):
+        unroll_marked("for (var i = 0u; i < 2u; i = i + 1u) {  // @unroll\n x[i] = 0;")
