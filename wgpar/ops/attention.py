@@ -108,6 +108,7 @@ RT_VARIANTS: dict[str, dict[str, str]] = {
     "d64-bc16": {"fwd": "64x16r4t8d", "dq": "64x16r4t4d", "dkv": "32x16r4t8d"},
     "d64-t4br32": {"fwd": "32x32r4t4d", "dq": "32x32r4t4d", "dkv": "32x16r4t4d"},  # one warp per workgroup
     "d64-t16": {"fwd": "32x32r4t16d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},  # 1 output vec4 per thread
+    "d64-k8": {"fwd": "64x8r4t8d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},  # 8 keys a tile: 1 per lane
     # head_dim 128 (TK = 16)
     "d128-base": {"fwd": "32x16r4t16", "dq": "16x16r4t16", "dkv": "16x16r4t16"},
     "d128-diag": {"fwd": "32x16r4t16d", "dq": "16x16r4t16d", "dkv": "16x16r4t16d"},
@@ -119,8 +120,10 @@ RT_VARIANTS: dict[str, dict[str, str]] = {
 # missing here, or whose tile does not fit the device, takes the rule in pick().
 RT_DEFAULTS: dict[tuple[str, int], dict[str, str]] = {
     # H100, 2026-11-24 (benchmarks/sweep_attention.py, BENCHMARKS.md): the diagonal-only mask is the fastest
-    # forward, 16 columns per thread the fastest dQ and dK/dV.
-    ("nvidia", 64): {"fwd": "64x32r4t8d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},
+    # forward, 16 columns per thread the fastest dQ and dK/dV. 2026-11-25, with the loops written out and the
+    # scores as fmas, 8 keys a tile became the fastest forward (8x12x1024x64 causal, ms: 64x32 1.037, 64x16
+    # 0.858, 64x8 0.809, 32x8 0.868; not causal 1.661 / 1.373 / 1.285); the gradient tiles stayed best.
+    ("nvidia", 64): RT_VARIANTS["d64-k8"],
     ("nvidia", 128): RT_VARIANTS["d128-base"],
 }
 ENV_VARIANT = "WGPAR_ATTN_VARIANT"
