@@ -539,3 +539,48 @@ def test_register_tiled_backward_nan_and_chunks(rng, monkeypatch, reference):
     assert np.isnan(dq[0, 1, 7:]).all() and not np.isnan(dq[0, 0]).any()
     for a, b in zip(got, old):  # masked pairs times the NaN key spread it alike (0 * NaN)
         np.testing.assert_array_equal(np.isnan(a.grad.numpy()), np.isnan(b.grad.numpy()))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_forward_plan_replays_per_layout(causal, rng, reference, monkeypatch):
+    """A second call with operands of the same layout (strided views of a packed [B, T, 3, H, D] tensor, as the
+    GPT passes them; fresh values) replays the first call's kernel without choosing again (pick and supported
+    raise in its forward), forward and backward equal to the reference; another layout, a changed tunable or
+    a force_* switch does not replay."""
+    b, t, h, d = 2, 45, 3, 16
+    scale = A.default_scale(d)
+
+    def views(packed):
+        x = wgpar.tensor(packed, requires_grad=True)
+        return x, [wgpar.permute(x[:, :, i], (0, 2, 1, 3)) for i in range(3)]
+
+    first = rng.standard_normal((b, t, 3, h, d)).astype(np.float32)
+    _, (q, k, v) = views(first)
+    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert A.replay_forward(q, k, v, causal, scale) is not None
+    with A.force_path("fused"):
+        assert A.replay_forward(q, k, v, causal, scale) is None  # a switch in effect: choose again
+    monkeypatch.setattr(A, "MAX_LOOP", A.MAX_LOOP + 1)
+    assert A.replay_forward(q, k, v, causal, scale) is None  # a tunable the choice reads changed
+    monkeypatch.undo()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("chose again")
+
+    monkeypatch.setattr(A, "pick", refuse)
+    monkeypatch.setattr(A, "supported", refuse)
+    packed = rng.standard_normal((b, t, 3, h, d)).astype(np.float32)
+    g = rng.standard_normal((b, h, t, d)).astype(np.float32)
+    x, (q, k, v) = views(packed)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    other = wgpar.tensor(rng.standard_normal((b, h, t + 1, d)).astype(np.float32))
+    with pytest.raises(AssertionError, match="chose again"):
+        F.scaled_dot_product_attention(other, other, other, is_causal=causal)
+    monkeypatch.undo()  # the backward chooses its kernels
+    y.backward(wgpar.tensor(g))
+    arrays = [np.ascontiguousarray(packed[:, :, i].transpose(0, 2, 1, 3)) for i in range(3)] + [g]
+    want_y, want_grads = _want(reference, arrays, causal)
+    assert rel_err(y.numpy(), want_y) < 2e-5
+    got = x.grad.numpy()
+    for i, w in enumerate(want_grads):
+        assert rel_err(np.ascontiguousarray(got[:, :, i].transpose(0, 2, 1, 3)), w) < 2e-5, "qkv"[i]

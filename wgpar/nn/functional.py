@@ -1322,6 +1322,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """
     from ..ops import attention as fused
 
+    if attn_mask is None and dropout_p == 0.0 and type(query) is type(key) is type(value) is Tensor \
+            and query.ndim == 4 and not is_autocast_enabled():
+        # The common call again: replay the kernel an earlier call of this layout chose (ops/attention.py).
+        sc = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
+        hit = fused.replay_forward(query, key, value, bool(is_causal), sc)
+        if hit is not None:
+            return _attention_record(query, key, value, *hit, bool(is_causal), sc)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"scaled_dot_product_attention: {name} must be a wgpar.Tensor, got {type(t).__name__}")
@@ -1388,9 +1395,15 @@ def _attention_mask(mask, query: Tensor, key: Tensor) -> Tensor:
 
 
 def _attention_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-    from ..ops.attention import attention_backward, attention_forward
+    from ..ops.attention import attention_forward
 
-    out, lse = attention_forward(q, k, v, causal, scale)
+    return _attention_record(q, k, v, *attention_forward(q, k, v, causal, scale), causal, scale)
+
+
+def _attention_record(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float) -> Tensor:
+    """``out``, the fused forward's result, with its backward recorded when a gradient is wanted."""
+    from ..ops.attention import attention_backward
+
     if not (is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return out
     y = out.detach()  # no out -> node -> closure -> out cycle

@@ -687,14 +687,20 @@ def _kernel(kind: str, t: Tile, dv: int, dtype: str, out_dtype: str, ds_out: boo
     return _KERNELS[kind].spec(types, **fills)
 
 
-def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: int, bh: int, first: int = 0) -> None:
+def _dispatch(k: KernelSpec, dev, buffers: list, head: list, rest: list, n_x: int, bh: int,
+              first: int = 0) -> list[tuple[bytes, tuple[int, int, int]]]:
     """Dispatch over an (n_x, batch * heads) grid (``bh`` of them from ``first``), in slices of the device's
-    grid limit; ``head`` is the first 8 parameter words with the first batch * head index at [6]."""
+    grid limit; ``head`` is the first 8 parameter words with the first batch * head index at [6]. Returns
+    each dispatch's (parameters, workgroups)."""
     lim = dev.max_workgroups
+    launches = []
     for bh0 in range(first, first + bh, lim):
         words = list(head)
         words[6] = bh0
-        dev.dispatch(k, buffers, k.params.pack_flat(words + rest), (n_x, min(lim, first + bh - bh0), 1))
+        launch = (k.params.pack_flat(words + rest), (n_x, min(lim, first + bh - bh0), 1))
+        dev.dispatch(k, buffers, *launch)
+        launches.append(launch)
+    return launches
 
 
 # -- [Lq, Lk] scores in memory, a group of heads at a time: the matmul forward and dQ = dS K -----------------
@@ -800,6 +806,45 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
     return view, lse
 
 
+# -- a forward's plan, remembered ------------------------------------------------------------------------
+# Operands of one layout (shapes, strides, offsets, dtypes, device) with one causal flag and scale run the
+# same kernel with the same parameters; only the outputs are new. attention_forward remembers such a plan
+# where it launched one kernel on the operands themselves (one key chunk, no cast or copy, no matmuls), and
+# scaled_dot_product_attention replays it, skipping the checks and choices in between: at T = 128 the
+# host's cost of a call was the forward's whole time (an H100: 0.09-0.11 ms a call, the kernel's about
+# 0.05). The key holds what the choices read (the tunables tests change, the variant named in the
+# environment); a force_* switch in effect bypasses the plans.
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan_key(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple:
+    return (q._shape, q._strides, q._offset, k._shape, k._strides, k._offset, v._shape, v._strides, v._offset,
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale, MAX_LOOP, WALK_F32_BLOCKS,
+            DS_MIN_PAIRS, DS_BYTES, os.environ.get(ENV_VARIANT))
+
+
+def _forced() -> bool:
+    """Whether a force_* switch (tests, benchmarks) is in effect."""
+    return bool(_force) or _force_cv[0] is not None or _force_unroll[0] is not None or _path[0] is not None \
+        or _mm_forward[0] is not None
+
+
+def replay_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor] | None:
+    """attention_forward's (out, lse) from the plan an earlier call of the same layout left, or None."""
+    plan = None if _forced() else _PLANS.get(_plan_key(q, k, v, causal, scale))
+    if plan is None:
+        return None
+    kern, launches, out_shape, view_strides = plan
+    dev = q.device
+    b, lq, h, d = out_shape
+    out = Tensor.empty(out_shape, q.dtype, dev)
+    lse = Tensor.empty((b, h, lq), _dt.float32, dev)
+    bufs = [out._storage.buffer, lse._storage.buffer, q._storage.buffer, k._storage.buffer, v._storage.buffer]
+    for params, groups in launches:
+        dev.dispatch(kern, bufs, params, groups)
+    return Tensor(out._storage, (b, h, lq, d), view_strides), lse
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(scale * q k^T [causal]) v for [B, H, T, D] operands that ``supported`` accepts.
 
@@ -812,6 +857,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
     dv = d // 4
     if _use_matmul_forward(dev, d, causal, lq, lk):
         return _matmul_forward(q, k, v, causal, scale)
+    operands = (q, k, v)
     t = pick("fwd", dev, d, lq, lk)
     n_x = -(-lq // t.rows)  # query blocks (workgroups) a head
     if t.rm > 1:
@@ -822,8 +868,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
     ranges = chunks("fwd", t, dv, lk)
     o_layout = [0, lq * h * dv, dv, h * dv]
     if len(ranges) == 1:
-        _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t, causal, scale, 0, lk, n_x)
-        return permute(out, (0, 2, 1, 3)), lse
+        kern, launches = _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t, causal, scale, 0, lk, n_x)
+        view = permute(out, (0, 2, 1, 3))
+        if all(a is b for a, b in zip(operands, (q, k, v))) and out._offset == lse._offset == 0 \
+                and not _forced():
+            if len(_PLANS) >= 4096:  # layouts without end: start again rather than grow
+                _PLANS.clear()
+            _PLANS[_plan_key(q, k, v, causal, scale)] = (kern, launches, out.shape, view.strides)
+        return view, lse
     outs, lses = [], []
     for lo, hi in ranges:  # each chunk normalised over its own keys, merged by the logsumexps
         oc = Tensor.empty((b, h, lq, d), _dt.float32, dev)
@@ -848,14 +900,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
 
 
 def _forward_chunk(q, k, v, out, lse, lq4, lk4, lv4, o_layout, t: Tile, causal: bool, scale: float,
-                   lo: int, hi: int, n_x: int) -> None:
+                   lo: int, hi: int, n_x: int) -> tuple[KernelSpec, list]:
     b, h, lq, d = q.shape
     kern = _kernel("fwd", t, d // 4, q.dtype.storage, out.dtype.storage, walked=k.dtype.storage)
     head = [h, lq, k.shape[2], int(causal), lo, hi, 0, scale]
     o4 = [out._offset // 4] + o_layout[1:]
     rest = lq4 + lk4 + lv4 + o4 + [lse._offset]
     bufs = [out._storage.buffer, lse._storage.buffer, q._storage.buffer, k._storage.buffer, v._storage.buffer]
-    _dispatch(kern, q.device, bufs, head, rest, n_x, b * h)
+    return kern, _dispatch(kern, q.device, bufs, head, rest, n_x, b * h)
 
 
 # -- backward ------------------------------------------------------------------------------------------
@@ -1024,6 +1076,6 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-__all__ = ["attention_forward", "attention_backward", "supported", "pick", "force_tiles", "force_path", "forced_path",
-           "chunks", "Tile", "default_scale", "NEG", "force_ds_path",
+__all__ = ["attention_forward", "replay_forward", "attention_backward", "supported", "pick", "force_tiles",
+           "force_path", "forced_path", "chunks", "Tile", "default_scale", "NEG", "force_ds_path",
            "force_matmul_forward"]
