@@ -136,3 +136,5 @@ fn f() {
         unroll_marked("for (var i = 0u; i < N; i = i + 1u) {  // @unroll\n}")
     with pytest.raises(ValueError, match="closing brace"):
         unroll_marked("for (var i = 0u; i < 2u; i = i + 1u) {  // @unroll\n x[i] = 0;")
+    with pytest.raises(ValueError, match="continue or break"):
+        unroll_marked("for (var i = 0u; i < 2u; i = i + 1u) {  // @unroll\n if (x[i] == 0) { continue; }\n}")

@@ -206,7 +206,7 @@ _UNROLL = re.compile(r"for \(var (\w+) = 0u; \1 < (\w+); \1 = \1 \+ 1u\) \{[ \t]
 def unroll_marked(code: str) -> str:
     """``code`` with every ``// @unroll`` loop (see _UNROLL) replaced by one ``{ ... }`` block per step, the
     loop variable a constant in each; inner marked loops first. Raises ValueError on a bound that is no
-    literal or const, or on a loop without its closing brace."""
+    literal or const, a loop without its closing brace, or a continue / break in a marked loop's body."""
     while True:
         found = None
         for m in _UNROLL.finditer(code):
@@ -232,6 +232,8 @@ def unroll_marked(code: str) -> str:
             depth += {"{": 1, "}": -1}.get(code[end], 0)
             end += 1
         body = code[found.end():end - 1]
+        if re.search(r"\b(continue|break)\b", _COMMENT.sub("", body)):  # would leave the enclosing loop instead
+            raise ValueError(f"@unroll loop over {var}: its body has a continue or break")
         word = re.compile(rf"\b{var}\b")
         copies = "".join(f"{{\n{word.sub(f'{i}u', body)}}}\n" for i in range(n))
         code = code[:found.start()] + copies + code[end:]
