@@ -138,12 +138,12 @@ class GradScaler:
         self._unread: list = []  # the flags (Readback) of device updates not yet replayed on the host
 
     # -- the scale on the device ------------------------------------------------------------
-    def _replay(self) -> None:
+    def _replay(self, waiting: bool = True) -> None:
         """Bring the host's scale up to the device's: read the flags of the device's updates (steps the
-        GPU has long finished) and apply the same float32 rule."""
-        unread, self._unread = self._unread, []
-        for readback in unread:
-            self._apply(readback.word() != 0)
+        GPU has long finished) and apply the same float32 rule; ``waiting=False``: only those already read
+        (the optimizer reads each at its next step), so the list stays short without a wait."""
+        while self._unread and (waiting or self._unread[0].done):
+            self._apply(self._unread.pop(0).word() != 0)
 
     def _leave_device(self) -> None:
         """Keep the scale on the host from now on (until a single-device update puts it back)."""
@@ -310,6 +310,7 @@ class GradScaler:
                      _UPDATE.pack(backoff=self._backoff_factor, growth=self._growth_factor,
                                   interval=float(self._growth_interval)), (1, 1, 1))
         st._storage.bump_version()
+        self._replay(waiting=False)
         self._unread.append(state["readback"])
 
     # -- state ----------------------------------------------------------------------------
@@ -425,8 +426,7 @@ def _unscale(g: Tensor, flag: Tensor, inv_scale: float, device_state: Tensor | N
     if device_state is not None:
         bufs.append(device_state._storage.buffer)
     dev.dispatch(_kernel(target.dtype.storage, device_state is not None), bufs,
-                 (_UNSCALE_DEV if device_state is not None else _UNSCALE).pack(numel=n, off=target._offset,
-                                                                               inv_scale=inv_scale),
+                 _UNSCALE.pack(numel=n, off=target._offset, inv_scale=inv_scale),  # both kernels' Params
                  grid(-(-n // WORKGROUP), dev.max_workgroups))
     if target is not g:
         ops.copy_(g, target)

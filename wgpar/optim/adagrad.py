@@ -63,6 +63,5 @@ class Adagrad(Optimizer):
                       [p._storage.buffer, grad._storage.buffer, state["sum"]._storage.buffer], params)
 
 
-
 Optimizer._GUARDABLE.add(Adagrad._update)  # only step kernels: a guarded step skips on the device
 __all__ = ["Adagrad"]

@@ -468,6 +468,11 @@ class Readback:
                 dev._readbacks.append(self._staging)
         return self._data
 
+    @property
+    def done(self) -> bool:
+        """Whether ``result()`` has been read already (it then returns at once)."""
+        return self._data is not None
+
     def word(self) -> int:
         """The first 4 bytes as a little-endian unsigned int (a flag's value)."""
         return int.from_bytes(self.result()[:4], "little")
