@@ -426,6 +426,42 @@ def test_matmul_forward_matches(causal, rng, reference, monkeypatch):
             _check(y, ins, _want(reference, arrays, causal))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_matmul_forward_long_rows(causal, rng, reference):
+    """The softmax pass over rows longer than its threads keep in registers (SOFTMAX_CACHE vec4s each:
+    the rest read again), in vec4s (keys a multiple of 4) and in scalars (not)."""
+    span = A.SOFTMAX_TPR * 4 * A.SOFTMAX_CACHE
+    for lq, lk in ((70, span + 300), (9, span + 301)):
+        arrays = _problem((1, 2, lq, 8), (1, 2, lk, 8), rng)
+        with A.force_matmul_forward(True):
+            y, ins = _run(arrays, causal, path="fused")
+        _check(y, ins, _want(reference, arrays, causal))
+
+
+def test_matmul_band_past_diagonal(rng, monkeypatch):
+    """A causal row's zeros past its limit (P in the forward, P and dS in the backward) are written only as
+    far as the causal products read (matmul_causal's tile rows, causal_band): scores buffers that held NaNs
+    before (the allocator's cache) leave the output and the gradients right. A band too short lets what the
+    buffers held through (the check can fail)."""
+    dev = wgpar.device(0)
+    n, lq, lk, d = 2, 200, 200, 32
+    arrays = _problem((1, n, lq, d), (1, n, lk, d), rng)
+    want_y, want_grads = np_sdpa(*arrays, causal=True)
+
+    def errors():
+        for _ in range(3):  # NaN buffers of the scores' size into the allocator's cache
+            del_me = wgpar.full((n, lq, lk), float("nan"), device=dev)
+            del del_me
+        with A.force_matmul_forward(True), A.force_matmul_backward(True):
+            y, ins = _run(arrays, True, path="fused")
+        return [rel_err(y.numpy(), want_y)] + [rel_err(t.grad.numpy(), w) for t, w in zip(ins, want_grads)]
+
+    assert A.causal_band(wgpar.empty((n, lq, lk)), wgpar.empty((n, lk, d))) == 64
+    assert max(errors()) < 2e-5
+    monkeypatch.setattr(A, "causal_band", lambda a, b: 8)
+    assert min(errors()) > 1e-2
+
+
 def test_matmul_forward_float16_nan_and_choice(rng, reference):
     """float16 operands (scores, P and O in float32); a NaN key makes exactly the rows that see it NaN
     (and their logsumexp), other rows and heads clean; the choice: a GPU at head dims above 64, from

@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from .. import dtypes as _dt
-from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec, grid, load_source
+from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 from .arith import binary
 from .elementwise import cast, contiguous, copy_, fill, unary
 from .index import getitem
-from .matmul import matmul, matmul_causal
+from .matmul import causal_band, matmul, matmul_causal
 from .reduce import reduce
-from .shape import cat, narrow, permute, reshape, stack, transpose
+from .shape import narrow, permute, reshape, stack, transpose
 
 _PLACE = re.compile(r"\{\{(\w+)\}\}")
 MAX_HEAD_DIM = 256
@@ -737,19 +737,17 @@ def _walked(x: Tensor, blocks: int) -> Tensor:
     return _f32(x) if blocks >= WALK_F32_BLOCKS else x
 
 
-def _product(x: Tensor, y: Tensor, causal: bool, which: str) -> Tensor:
-    """x @ y of a group's [n, ., .] operands; causal: the triangle ``which`` (matmul_causal) skipped."""
-    return matmul_causal(x, y, which) if causal else matmul(x, y)
+def _product(x: Tensor, y: Tensor, causal: bool, which: str, out: Tensor | None = None) -> Tensor:
+    """x @ y of a group's [n, ., .] operands; causal: the triangle ``which`` (matmul_causal) skipped;
+    ``out``: the group's slice of the whole result, written."""
+    if causal or out is not None:
+        return matmul_causal(x, y, which if causal else "", out)
+    return matmul(x, y)
 
 
 def _delta(dout: Tensor, out: Tensor) -> Tensor:
     """rowsum(dO * O) [B, H, Lq] float32: the backward's delta where no kernel computes it on the way."""
     return contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))
-
-
-def _joined(parts: list[Tensor], shape: tuple[int, ...]) -> Tensor:
-    """The groups' [n, L, D] results as one tensor of ``shape``."""
-    return reshape(parts[0] if len(parts) == 1 else cat(parts, 0), shape)
 
 
 # -- forward ------------------------------------------------------------------------------------------
@@ -761,7 +759,40 @@ def _joined(parts: list[Tensor], shape: tuple[int, ...]) -> Tensor:
 # 7.38 / 2.81. At head dim 64 the fused kernel stays (causal 1.08 / 1.89 at T = 1024; not causal
 # 0.75 / 0.98 at T = 512, 2.05 / 1.62 at 1024, 3.43 / 3.82 at 2048: no clear gain).
 _SOFTMAX = Kernel("attention_softmax", "s: w, lse: w", "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, "
-                  "off_s: u32, off_l: u32")
+                  "off_s: u32, off_l: u32, band: u32")
+# The softmax pass: 32 threads a row (8 rows a workgroup), each keeping up to 16 vec4s (a row of 2048 keys)
+# in registers between its two passes, vec4 loads and stores, a causal row's zeros only as far as P V reads.
+# It replaced one 256-thread workgroup a row with scalar loads writing whole rows (an H100, same process:
+# 8x12x1024x128 not causal forward 2.548 -> 2.322 ms; BENCHMARKS "Attention at head dim 128").
+SOFTMAX_TPR = 32
+SOFTMAX_CACHE = 16
+_SOFTMAX_ACCESS = {  # ld / st of 4 columns: one vec4 where rows and offset are multiples of 4, else scalars
+    4: "fn ld(base: u32, c: u32) -> vec4<f32> { return s[(base + c) / 4u]; }\n"
+       "fn st(base: u32, c: u32, y: vec4<f32>) { s[(base + c) / 4u] = y; }",
+    1: "fn ld(base: u32, c: u32) -> vec4<f32> {\n"
+       "  return vec4<f32>(s[base + c], s[base + c + 1u], s[base + c + 2u], s[base + c + 3u]);\n}\n"
+       "fn st(base: u32, c: u32, y: vec4<f32>) {\n"
+       "  for (var e = 0u; e < 4u; e = e + 1u) { if (c + e < p.cols) { s[base + c + e] = y[e]; } }\n}",
+}
+
+
+def _softmax_rows(scores: Tensor, lse: Tensor, off_l: int, lq: int, causal: bool, scale: float, band: int) -> None:
+    """P = softmax(scale S) in place over the [n, lq, lk] scores and each row's logsumexp to lse (from
+    element ``off_l``); a causal row's zeros written up to ``band``'s next multiple past its limit (0: all)."""
+    dev = scores.device
+    n, _, lk = scores.shape
+    vec = 4 if lk % 4 == 0 and scores._offset % 4 == 0 else 1
+    cache = max(1, min(SOFTMAX_CACHE, -(-lk // (4 * SOFTMAX_TPR))))
+    kern = _SOFTMAX.spec(("vec4<f32>" if vec == 4 else "f32", "f32"), FNS=load_source("float_fns"),
+                         TPR=SOFTMAX_TPR, CACHE=cache, ACCESS=_SOFTMAX_ACCESS[vec],
+                         UNROLL="@unroll" if dev.adapter_type != "CPU" else "")
+    rows = n * lq
+    dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
+                 _SOFTMAX.pack(rows=rows, cols=lk, tq=lq, causal=int(causal), scale=scale, off_s=scores._offset,
+                               off_l=off_l, band=band if causal else 0),
+                 grid(-(-rows // (WORKGROUP // SOFTMAX_TPR)), dev.max_workgroups))
+
+
 _mm_forward: list[bool | None] = [None]  # force_matmul_forward
 
 
@@ -787,19 +818,15 @@ def _matmul_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float)
     lk = k.shape[2]
     q3, k3, v3 = (reshape(_f32(x), (b * h, x.shape[2], d)) for x in (q, k, v))
     lse = Tensor.empty((b, h, lq), _dt.float32, dev)
-    kern = _SOFTMAX.spec(("f32", "f32"), FNS=load_source("float_fns"), MERGE=load_source("softmax_merge"))
-    parts = []
+    o = Tensor.empty((b * h, lq, d), _dt.float32, dev)  # each group's O written into its slice
     for g0, n in _head_groups(dev, b * h, lq, lk):
         qg, kt = narrow(q3, 0, g0, n), transpose(narrow(k3, 0, g0, n), 1, 2)
         scores = _product(qg, kt, causal, "c")  # [n, lq, lk]
-        dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
-                     _SOFTMAX.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale,
-                                   off_s=scores._offset, off_l=lse._offset + g0 * lq),
-                     grid(n * lq, dev.max_workgroups))
         vg = narrow(v3, 0, g0, n)
-        parts.append(_product(scores, vg, causal, "a"))
+        _softmax_rows(scores, lse, lse._offset + g0 * lq, lq, causal, scale, causal_band(scores, vg) if causal else 0)
+        _product(scores, vg, causal, "a", narrow(o, 0, g0, n))
         del scores
-    o = _joined(parts, (b, h, lq, d))
+    o = reshape(o, (b, h, lq, d))
     out = Tensor.empty((b, lq, h, d), q.dtype, dev)
     view = permute(out, (0, 2, 1, 3))
     copy_(view, o if q.dtype is _dt.float32 else cast(o, q.dtype))
@@ -944,7 +971,7 @@ def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:
 # 8.1 / 12.3, not 12.6 / 15.0; 8x12x512x64 causal 1.1 / 1.3): the kernels stay.
 _GRAD_SCORES = Kernel("attention_grad_scores", "s: w, dp: w, lse: r, delta: r",
                       "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, off_s: u32, off_dp: u32, off_l: u32, "
-                      "off_d: u32")
+                      "off_d: u32, band: u32")
 _mm_backward: list[bool | None] = [None]  # force_matmul_backward
 
 
@@ -971,21 +998,29 @@ def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
     lk = k.shape[2]
     q3, k3, v3, g3 = (reshape(_f32(x), (b * h, x.shape[2], d)) for x in (q, k, v, dout))
     delta = _delta(dout, out)
-    kern = _GRAD_SCORES.spec(("f32", "f32", "f32", "f32"))
-    gq, gk, gv = [], [], []
+    gq, gk, gv = (Tensor.empty((b * h, n, d), _dt.float32, dev) for n in (lq, lk, lk))  # written per group
     for g0, n in _head_groups(dev, b * h, lq, 2 * lk):  # S and dP of the group within DS_BYTES together
         qg, kg, vg, dg = (narrow(x, 0, g0, n) for x in (q3, k3, v3, g3))
         s = _product(qg, transpose(kg, 1, 2), causal, "c")  # [n, lq, lk]
         dp = _product(dg, transpose(vg, 1, 2), causal, "c")
+        st, dpt = transpose(s, 1, 2), transpose(dp, 1, 2)
+        # the causal products read P and dS no further than their tile rows past the diagonal
+        bands = [causal_band(st, dg), causal_band(dpt, qg), causal_band(dp, kg)] if causal else [0]
+        vec = 4 if lk % 4 == 0 and s._offset % 4 == 0 and dp._offset % 4 == 0 else 1
+        kern = _GRAD_SCORES.spec(("vec4<f32>" if vec == 4 else "f32",) * 2 + ("f32", "f32"), TPR=SOFTMAX_TPR,
+                                 ACCESS="\n".join(_SOFTMAX_ACCESS[vec].replace("fn ld(", f"fn ld_{x}(")
+                                                  .replace("fn st(", f"fn st_{x}(").replace("s[", f"{x}[")
+                                                  for x in ("s", "dp")))
         dev.dispatch(kern, [s._storage.buffer, dp._storage.buffer, lse._storage.buffer, delta._storage.buffer],
                      _GRAD_SCORES.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale, off_s=s._offset,
-                                       off_dp=dp._offset, off_l=lse._offset + g0 * lq, off_d=delta._offset + g0 * lq),
-                     grid(n * lq, dev.max_workgroups))
-        gv.append(_product(transpose(s, 1, 2), dg, causal, "u"))  # P^T dO
-        gk.append(_product(transpose(dp, 1, 2), qg, causal, "u"))  # (scale dS)^T Q
-        gq.append(_product(dp, kg, causal, "a"))  # (scale dS) K
-        del s, dp
-    grads = (_joined(gq, (b, h, lq, d)), _joined(gk, (b, h, lk, d)), _joined(gv, (b, h, lk, d)))
+                                       off_dp=dp._offset, off_l=lse._offset + g0 * lq, off_d=delta._offset + g0 * lq,
+                                       band=0 if 0 in bands else max(bands)),
+                     grid(-(-n * lq // (WORKGROUP // SOFTMAX_TPR)), dev.max_workgroups))
+        _product(st, dg, causal, "u", narrow(gv, 0, g0, n))  # P^T dO
+        _product(dpt, qg, causal, "u", narrow(gk, 0, g0, n))  # (scale dS)^T Q
+        _product(dp, kg, causal, "a", narrow(gq, 0, g0, n))  # (scale dS) K
+        del s, dp, st, dpt
+    grads = (reshape(gq, (b, h, lq, d)), reshape(gk, (b, h, lk, d)), reshape(gv, (b, h, lk, d)))
     return tuple(x if q.dtype is _dt.float32 else cast(x, q.dtype) for x in grads)
 
 
@@ -1025,9 +1060,9 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
     bufs = [gk._storage.buffer, gv._storage.buffer, qw._storage.buffer, k._storage.buffer, v._storage.buffer,
             gw._storage.buffer, lse._storage.buffer, delta._storage.buffer]
-    parts = []
     if ds_path:
         keys = reshape(_f32(k_in), (b * h, lk, d))
+        gq = Tensor.empty((b * h, lq, d), _dt.float32, dev)  # each group's dQ written into its slice
     for g0, n in _head_groups(dev, b * h, lq, lk) if ds_path else [(0, b * h)]:
         extra, gbufs = [], bufs
         if ds_path:
@@ -1040,11 +1075,10 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
             rest = lqw4 + lk4 + lv4 + lgw4 + gk4 + gv4 + [lse._offset, delta._offset, 1 if c else 0] + extra
             _dispatch(kern, dev, gbufs, head, rest, -(-lk // t_kv.rows), n, g0)
         if ds_path:
-            kg = narrow(keys, 0, g0, n)
-            parts.append(_product(ds, kg, causal, "a"))
+            _product(ds, narrow(keys, 0, g0, n), causal, "a", narrow(gq, 0, g0, n))
             del ds
     if ds_path:
-        gq = _joined(parts, (b, h, lq, d))
+        gq = reshape(gq, (b, h, lq, d))
     if gq.dtype is not q.dtype:
         gq = cast(gq, q.dtype)
     if gk.dtype is not q.dtype:

@@ -25,7 +25,7 @@ from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
 from .arith import inplace
-from .elementwise import broadcast_shape, fill
+from .elementwise import broadcast_shape, copy_, fill
 from .reduce import column_sums
 from .shape import expand, narrow, reshape, squeeze
 
@@ -245,7 +245,7 @@ def matmul_row_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
     return inplace("add", matmul(a, b), reshape(bias, (M, 1)))
 
 
-def matmul_causal(a: Tensor, b: Tensor, which: str) -> Tensor:
+def matmul_causal(a: Tensor, b: Tensor, which: str, out: Tensor | None = None) -> Tensor:
     """The batched product a [n, M, K] @ b [n, K, N] of causal attention (ops/attention.py), with the work
     its triangle makes needless skipped where the tiled kernel runs it in one dispatch per K (else a plain
     matmul, which gives the same wanted values).
@@ -255,23 +255,45 @@ def matmul_causal(a: Tensor, b: Tensor, which: str) -> Tensor:
     is left unwritten (whatever the buffer held). ``which="a"``: A is lower triangular (A[i, j] = 0 for
     j > i), as P or dS: each tile row's K loop ends past its last row. ``which="u"``: A is upper
     triangular (A[i, j] = 0 for j < i), as P^T or dS^T: each tile row's K loop starts at its first row.
+    ``which=""``: the whole product. ``out``: a contiguous [n, M, N] tensor of the result's dtype to write
+    (a slice of a larger result: no copy where the tiled kernel runs), returned.
     """
-    if which not in ("a", "c", "u"):
-        raise ValueError(f"matmul_causal: which must be 'a', 'c' or 'u', got {which!r}")
+    if which not in ("", "a", "c", "u"):
+        raise ValueError(f"matmul_causal: which must be '', 'a', 'c' or 'u', got {which!r}")
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"matmul_causal: expected [n, M, K] @ [n, K, N], got {a.shape} and {b.shape}")
-    out_dt = _result_dtype(a, b)
+    shape, out_dt = (a.shape[0], a.shape[1], b.shape[2]), _result_dtype(a, b)
+    if out is not None and (out.shape != shape or out.dtype is not out_dt or out.device is not a.device):
+        raise ValueError(f"matmul_causal: out must be {out_dt.name} {shape} on {a.device}, got {out.dtype.name} "
+                         f"{out.shape} on {out.device}")
+    p = _causal_plan(a, b)
+    if p is None or (out is not None and (not out.is_contiguous() or out._offset % 4)):
+        c = matmul(a, b)
+        return c if out is None else copy_(out, c)
+    p = replace(p, split=1, tri=which)
+    out = Tensor.empty(shape, out_dt, a.device) if out is None else out
+    _run_fast(p, out, TILINGS[p.variant])
+    return out
+
+
+def _causal_plan(a: Tensor, b: Tensor) -> Plan | None:
+    """The fast kernel's plan for matmul_causal(a, b), or None where a plain matmul runs instead."""
     n, M, K = a.shape
     N = b.shape[2]
     if n * M * N == 0 or K == 0 or K > _MAX_K:
-        return matmul(a, b)
-    p = plan(a, b, out_dt)
+        return None
+    p = plan(a, b, _result_dtype(a, b))
     if p.variant == "general" or p.nb != n or TILINGS[p.variant].bm % TILINGS[p.variant].bk:
-        return matmul(a, b)  # (a weight shared over the batch folds it into M; K bounds must fall on slices)
-    p = replace(p, split=1, tri=which)
-    out = Tensor.empty((n, M, N), out_dt, a.device)
-    _run_fast(p, out, TILINGS[p.variant])
-    return out
+        return None  # (a weight shared over the batch folds it into M; K bounds must fall on slices)
+    return p
+
+
+def causal_band(a: Tensor, b: Tensor) -> int:
+    """How far past the diagonal ``matmul_causal(a, b, "a")`` (or "u") reads its triangular A: the tile
+    rows BM, row i reading columns j < BM ceil((i + 1) / BM) ("u": the transpose); 0 where it runs a plain
+    matmul, which reads all of A. A caller zeroing A's triangle need zero no further."""
+    p = _causal_plan(a, b)
+    return 0 if p is None else TILINGS[p.variant].bm
 
 
 def _result_dtype(a: Tensor, b: Tensor) -> _dt.DType:
