@@ -3,9 +3,9 @@
 // become in place P = exp(scale S - lse) (the forward's probabilities, from its logsumexp) and
 // scale dS = scale P (dP - delta), delta = rowsum(dO * O): the gradient of the unscaled scores, which
 // dQ = dS K, dK = dS^T Q take; dV = P^T dO takes P. Keys past a row's limit (causal: key j > query
-// i = row % Tq) get P = dS = 0 up to BAND's next multiple past the limit (as far as the causal products
-// read: matmul_causal's tile rows; BAND = 0: the whole row). A NaN logsumexp (a row that saw NaN or +inf)
-// makes the row's P and dS NaN, as in the fused kernels.
+// i = row % Tq) get P = dS = 0 over the whole row, so the causal products may read any of them (zeroing
+// only as far as they read, as the forward's softmax pass does, measured no faster on an H100). A NaN
+// logsumexp (a row that saw NaN or +inf) makes the row's P and dS NaN, as in the fused kernels.
 // TPR threads per row, WG / TPR rows per workgroup, 4 adjacent columns a thread every 4 TPR (a vec4 where
 // the rows are aligned: ld / st, filled by attention.py, which declares the bindings (s, dp: read-write;
 // lse, delta: f32) and Params).
@@ -29,12 +29,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let bd = p.off_dp + row * p.cols;
   var lim = p.cols;
   if (p.causal != 0u) { lim = min(lim, row % p.tq + 1u); }
-  var wend = p.cols;  // the columns written
-  if (p.band != 0u) { wend = min(wend, (lim + p.band - 1u) / p.band * p.band); }
   let l2 = vec4<f32>(lse[p.off_l + row] * LOG2E);
   let dl = vec4<f32>(delta[p.off_d + row]);
   let s2 = p.scale * LOG2E;
-  for (var c = 4u * (lid % TPR); c < wend; c = c + STEP) {
+  for (var c = 4u * (lid % TPR); c < p.cols; c = c + STEP) {
     let ok = vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(lim);
     let pv = select(vec4<f32>(0.0), exp2_nan(ld_s(bs, c) * s2 - l2), ok);
     st_s(bs, c, pv);

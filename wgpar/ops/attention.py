@@ -971,7 +971,7 @@ def _use_ds(dev, t_kv: Tile, lq: int, lk: int) -> bool:
 # 8.1 / 12.3, not 12.6 / 15.0; 8x12x512x64 causal 1.1 / 1.3): the kernels stay.
 _GRAD_SCORES = Kernel("attention_grad_scores", "s: w, dp: w, lse: r, delta: r",
                       "rows: u32, cols: u32, tq: u32, causal: u32, scale: f32, off_s: u32, off_dp: u32, off_l: u32, "
-                      "off_d: u32, band: u32")
+                      "off_d: u32")
 _mm_backward: list[bool | None] = [None]  # force_matmul_backward
 
 
@@ -1004,8 +1004,6 @@ def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
         s = _product(qg, transpose(kg, 1, 2), causal, "c")  # [n, lq, lk]
         dp = _product(dg, transpose(vg, 1, 2), causal, "c")
         st, dpt = transpose(s, 1, 2), transpose(dp, 1, 2)
-        # the causal products read P and dS no further than their tile rows past the diagonal
-        bands = [causal_band(st, dg), causal_band(dpt, qg), causal_band(dp, kg)] if causal else [0]
         vec = 4 if lk % 4 == 0 and s._offset % 4 == 0 and dp._offset % 4 == 0 else 1
         kern = _GRAD_SCORES.spec(("vec4<f32>" if vec == 4 else "f32",) * 2 + ("f32", "f32"), TPR=SOFTMAX_TPR,
                                  ACCESS="\n".join(_SOFTMAX_ACCESS[vec].replace("fn ld(", f"fn ld_{x}(")
@@ -1013,8 +1011,7 @@ def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
                                                   for x in ("s", "dp")))
         dev.dispatch(kern, [s._storage.buffer, dp._storage.buffer, lse._storage.buffer, delta._storage.buffer],
                      _GRAD_SCORES.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale, off_s=s._offset,
-                                       off_dp=dp._offset, off_l=lse._offset + g0 * lq, off_d=delta._offset + g0 * lq,
-                                       band=0 if 0 in bands else max(bands)),
+                                       off_dp=dp._offset, off_l=lse._offset + g0 * lq, off_d=delta._offset + g0 * lq),
                      grid(-(-n * lq // (WORKGROUP // SOFTMAX_TPR)), dev.max_workgroups))
         _product(st, dg, causal, "u", narrow(gv, 0, g0, n))  # P^T dO
         _product(dpt, qg, causal, "u", narrow(gk, 0, g0, n))  # (scale dS)^T Q
