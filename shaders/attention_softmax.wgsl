@@ -5,8 +5,9 @@
 // TPR threads per row, WG / TPR rows per workgroup; a thread takes 4 adjacent columns every 4 TPR (one
 // vec4 where the rows are aligned), keeps its first CACHE of them in registers between the two
 // passes (the row is read once where it fits) and merges a running (max, sum) with its row's other
-// threads through workgroup memory. Past a causal row's limit only columns before BAND's next multiple
-// are zeroed (the product P V reads no further: matmul_causal's tile rows; BAND = 0 writes whole rows).
+// threads through workgroup memory (softmax_merge.wgsl). Past a causal row's limit only the columns
+// before p.band's next multiple are zeroed (P V reads no further: matmul_causal's tile rows; p.band = 0
+// writes whole rows).
 // A NaN or +inf among a row's keys makes its P and lse NaN (the fused kernels' rule: decided by a flag,
 // not left to exp(NaN)); masked keys never count.
 // Bindings (s: f32 or vec4<f32> read-write, lse: f32) and Params are declared in wgpar/ops/attention.py.
@@ -16,9 +17,7 @@ const TPR: u32 = {{TPR}};
 const CACHE: u32 = {{CACHE}};
 const STEP: u32 = 4u * TPR;  // columns between a thread's two chunks
 
-var<workgroup> rm: array<f32, WG>;
-var<workgroup> rs: array<f32, WG>;
-var<workgroup> rb: array<u32, WG>;
+{{MERGE}}
 
 {{FNS}}
 
@@ -75,27 +74,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       acc = add(acc, ld(base, c) * p.scale, live_cols(c, lim));
     }
   }
-  // The row's TPR threads merge their statistics (every thread of the workgroup reaches each barrier).
-  rm[lid] = acc.m;
-  rs[lid] = acc.t;
-  rb[lid] = select(0u, 1u, acc.bad);
-  workgroupBarrier();
-  for (var k = TPR / 2u; k > 0u; k = k >> 1u) {
-    if (lane < k) {
-      let m1 = rm[lid];
-      let m2 = rm[lid + k];
-      let mm = max(m1, m2);
-      if (mm > neg_inf) { rs[lid] = rs[lid] * exp(m1 - mm) + rs[lid + k] * exp(m2 - mm); }
-      rm[lid] = mm;
-      rb[lid] = rb[lid] | rb[lid + k];
-    }
-    workgroupBarrier();
-  }
+  merge_stats(lid, TPR, acc.m, acc.t, acc.bad);  // the row's TPR threads (every thread reaches its barriers)
   if (!live) { return; }
   let head = lid - lane;
   let row_max = rm[head];
   let total = rs[head];
-  let nan_row = rb[head] != 0u;
+  let nan_row = rbad[head] != 0u;
   let empty = !(row_max > neg_inf);  // only -inf scores: P = 0 and lse NEG, as the fused kernels give
   let inv = 1.0 / total;
   let qnan = vec4<f32>(nan_like(row_max));

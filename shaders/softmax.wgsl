@@ -36,7 +36,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (m > neg_inf) { s = s + {{HSUM}}; }
     }
   }
-  merge_stats(lid, m, s, bad);
+  merge_stats(lid, WG, m, s, bad);
   let row_max = rm[0];
   let total = rs[0];
   let nan_row = rbad[0] != 0u || !(row_max > neg_inf);  // NaN / +inf seen, or only -inf

@@ -784,7 +784,7 @@ def _softmax_rows(scores: Tensor, lse: Tensor, off_l: int, lq: int, causal: bool
     vec = 4 if lk % 4 == 0 and scores._offset % 4 == 0 else 1
     cache = max(1, min(SOFTMAX_CACHE, -(-lk // (4 * SOFTMAX_TPR))))
     kern = _SOFTMAX.spec(("vec4<f32>" if vec == 4 else "f32", "f32"), FNS=load_source("float_fns"),
-                         TPR=SOFTMAX_TPR, CACHE=cache, ACCESS=_SOFTMAX_ACCESS[vec],
+                         MERGE=load_source("softmax_merge"), TPR=SOFTMAX_TPR, CACHE=cache, ACCESS=_SOFTMAX_ACCESS[vec],
                          UNROLL="@unroll" if dev.adapter_type != "CPU" else "")
     rows = n * lq
     dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
