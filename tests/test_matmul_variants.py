@@ -412,3 +412,27 @@ def test_matmul_causal_falls_back_and_checks(rng):
         mm.matmul_causal(wa, wb, "b")
     with pytest.raises(ValueError, match=r"\(2, 40, 13\)"):
         mm.matmul_causal(wa, wa, "a")
+
+
+@pytest.mark.parametrize("variant", FAST)
+def test_matmul_causal_into_a_slice_and_band(rng, variant):
+    """matmul_causal(..., out=) writes each group's product into its slice of a larger result (the tiled
+    kernel, and the plain product's fallback copied in: K not whole vec4s), which="" the whole product;
+    causal_band is the tile rows the triangular products read by (0 for the plain product); an out of
+    the wrong shape or dtype is an error naming both."""
+    a, b, wa, wb = _lower_operands(rng, 4, 72, 36, 40, "nn")
+    whole = wgpar.empty((5, 72, 40))
+    with mm.force_variant(variant):
+        for g0, n in ((0, 2), (2, 2)):
+            got = mm.matmul_causal(mm.narrow(wa, 0, g0, n), mm.narrow(wb, 0, g0, n), "",
+                                   mm.narrow(whole, 0, g0 + 1, n))
+            assert got._storage is whole._storage
+        assert mm.causal_band(wa, wb) == mm.TILINGS[variant].bm
+    assert rel_err(whole.numpy()[1:], a @ b) < 1e-5
+    a2, b2, wa2, wb2 = _lower_operands(rng, 2, 40, 13, 40, "nn")
+    assert mm.causal_band(wa2, wb2) == 0
+    out = wgpar.empty((3, 40, 40))
+    mm.matmul_causal(wa2, wb2, "", mm.narrow(out, 0, 1, 2))
+    assert rel_err(out.numpy()[1:], a2 @ b2) < 1e-5
+    with pytest.raises(ValueError, match=r"float32 \(2, 40, 40\).*\(2, 40, 39\)"):
+        mm.matmul_causal(wa2, wb2, "", wgpar.empty((2, 40, 39)))
