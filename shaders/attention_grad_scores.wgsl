@@ -7,7 +7,7 @@
 // only as far as they read, as the forward's softmax pass does, measured no faster on an H100). A NaN
 // logsumexp (a row that saw NaN or +inf) makes the row's P and dS NaN, as in the fused kernels.
 // TPR threads per row, WG / TPR rows per workgroup, 4 adjacent columns a thread every 4 TPR (a vec4 where
-// the rows are aligned: ld / st, filled by attention.py, which declares the bindings (s, dp: read-write;
+// the rows are aligned: ld_ / st_, attention.py's _row_access; which declares the bindings (s, dp: read-write;
 // lse, delta: f32) and Params).
 
 const LOG2E: f32 = 1.4426950408889634;

@@ -21,8 +21,8 @@ const STEP: u32 = 4u * TPR;  // columns between a thread's two chunks
 
 {{FNS}}
 
-// ld: columns c .. c + 3 of the row starting at element base (c + 3 may pass the row: the caller masks
-// them); st: y to those of them within the row.
+// ld_s: columns c .. c + 3 of the row starting at element base (c + 3 may pass the row: the caller masks
+// them); st_s: y to those of them within the row (attention.py's _row_access).
 {{ACCESS}}
 
 fn live_cols(c: u32, lim: u32) -> vec4<bool> {
@@ -66,12 +66,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var k = 0u; k < CACHE; k = k + 1u) {  // {{UNROLL}}
       let c = c0 + k * STEP;
       if (c < lim) {
-        keep[k] = ld(base, c) * p.scale;
+        keep[k] = ld_s(base, c) * p.scale;
         acc = add(acc, keep[k], live_cols(c, lim));
       }
     }
     for (var c = c0 + CACHE * STEP; c < lim; c = c + STEP) {
-      acc = add(acc, ld(base, c) * p.scale, live_cols(c, lim));
+      acc = add(acc, ld_s(base, c) * p.scale, live_cols(c, lim));
     }
   }
   merge_stats(lid, TPR, acc.m, acc.t, acc.bad);  // the row's TPR threads (every thread reaches its barriers)
@@ -88,13 +88,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (c < wend) {
       let ok = live_cols(c, lim);
       let y = select(vec4<f32>(0.0), exp(keep[k] - vec4<f32>(row_max)) * inv, ok & vec4<bool>(!empty));
-      st(base, c, select(y, qnan, ok & vec4<bool>(nan_row)));
+      st_s(base, c, select(y, qnan, ok & vec4<bool>(nan_row)));
     }
   }
   for (var c = c0 + CACHE * STEP; c < wend; c = c + STEP) {
     let ok = live_cols(c, lim);
-    let y = select(vec4<f32>(0.0), exp(ld(base, c) * p.scale - vec4<f32>(row_max)) * inv, ok & vec4<bool>(!empty));
-    st(base, c, select(y, qnan, ok & vec4<bool>(nan_row)));
+    let y = select(vec4<f32>(0.0), exp(ld_s(base, c) * p.scale - vec4<f32>(row_max)) * inv, ok & vec4<bool>(!empty));
+    st_s(base, c, select(y, qnan, ok & vec4<bool>(nan_row)));
   }
   if (lane == 0u) {
     var val = row_max + log(total);

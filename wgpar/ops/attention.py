@@ -766,30 +766,44 @@ _SOFTMAX = Kernel("attention_softmax", "s: w, lse: w", "rows: u32, cols: u32, tq
 # 8x12x1024x128 not causal forward 2.548 -> 2.322 ms; BENCHMARKS "Attention at head dim 128").
 SOFTMAX_TPR = 32
 SOFTMAX_CACHE = 16
-_SOFTMAX_ACCESS = {  # ld / st of 4 columns: one vec4 where rows and offset are multiples of 4, else scalars
-    4: "fn ld(base: u32, c: u32) -> vec4<f32> { return s[(base + c) / 4u]; }\n"
-       "fn st(base: u32, c: u32, y: vec4<f32>) { s[(base + c) / 4u] = y; }",
-    1: "fn ld(base: u32, c: u32) -> vec4<f32> {\n"
-       "  return vec4<f32>(s[base + c], s[base + c + 1u], s[base + c + 2u], s[base + c + 3u]);\n}\n"
-       "fn st(base: u32, c: u32, y: vec4<f32>) {\n"
-       "  for (var e = 0u; e < 4u; e = e + 1u) { if (c + e < p.cols) { s[base + c + e] = y[e]; } }\n}",
-}
+
+
+@functools.cache
+def _row_access(vec: int, *names: str) -> str:
+    """WGSL ``ld_<name>(base, c)`` / ``st_<name>(base, c, y)`` for each f32 row buffer ``name``: columns
+    c .. c + 3 of the row at element ``base`` as one vec4 (``vec`` 4: rows and offsets in whole vec4s) or
+    four scalars, the store kept within p.cols."""
+    if vec == 4:
+        return "\n".join(f"fn ld_{n}(base: u32, c: u32) -> vec4<f32> {{ return {n}[(base + c) / 4u]; }}\n"
+                         f"fn st_{n}(base: u32, c: u32, y: vec4<f32>) {{ {n}[(base + c) / 4u] = y; }}" for n in names)
+    return "\n".join(
+        f"fn ld_{n}(base: u32, c: u32) -> vec4<f32> {{\n"
+        f"  return vec4<f32>({n}[base + c], {n}[base + c + 1u], {n}[base + c + 2u], {n}[base + c + 3u]);\n}}\n"
+        f"fn st_{n}(base: u32, c: u32, y: vec4<f32>) {{\n"
+        f"  for (var e = 0u; e < 4u; e = e + 1u) {{ if (c + e < p.cols) {{ {n}[base + c + e] = y[e]; }} }}\n}}"
+        for n in names)
+
+
+def _row_vec(cols: int, *rows: Tensor) -> int:
+    """4 where every row of these [., cols] buffers starts on a whole vec4, else 1."""
+    return 4 if cols % 4 == 0 and all(t._offset % 4 == 0 for t in rows) else 1
 
 
 def _softmax_rows(scores: Tensor, lse: Tensor, off_l: int, lq: int, causal: bool, scale: float, band: int) -> None:
     """P = softmax(scale S) in place over the [n, lq, lk] scores and each row's logsumexp to lse (from
-    element ``off_l``); a causal row's zeros written up to ``band``'s next multiple past its limit (0: all)."""
+    element ``off_l``); a causal row's zeros written up to ``band``'s next multiple past its limit (0: all;
+    a row without a limit is written whole whatever the band)."""
     dev = scores.device
     n, _, lk = scores.shape
-    vec = 4 if lk % 4 == 0 and scores._offset % 4 == 0 else 1
+    vec = _row_vec(lk, scores)
     cache = max(1, min(SOFTMAX_CACHE, -(-lk // (4 * SOFTMAX_TPR))))
     kern = _SOFTMAX.spec(("vec4<f32>" if vec == 4 else "f32", "f32"), FNS=load_source("float_fns"),
-                         MERGE=load_source("softmax_merge"), TPR=SOFTMAX_TPR, CACHE=cache, ACCESS=_SOFTMAX_ACCESS[vec],
+                         MERGE=load_source("softmax_merge"), TPR=SOFTMAX_TPR, CACHE=cache, ACCESS=_row_access(vec, "s"),
                          UNROLL="@unroll" if dev.adapter_type != "CPU" else "")
     rows = n * lq
     dev.dispatch(kern, [scores._storage.buffer, lse._storage.buffer],
                  _SOFTMAX.pack(rows=rows, cols=lk, tq=lq, causal=int(causal), scale=scale, off_s=scores._offset,
-                               off_l=off_l, band=band if causal else 0),
+                               off_l=off_l, band=band),
                  grid(-(-rows // (WORKGROUP // SOFTMAX_TPR)), dev.max_workgroups))
 
 
@@ -1004,11 +1018,9 @@ def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
         s = _product(qg, transpose(kg, 1, 2), causal, "c")  # [n, lq, lk]
         dp = _product(dg, transpose(vg, 1, 2), causal, "c")
         st, dpt = transpose(s, 1, 2), transpose(dp, 1, 2)
-        vec = 4 if lk % 4 == 0 and s._offset % 4 == 0 and dp._offset % 4 == 0 else 1
+        vec = _row_vec(lk, s, dp)
         kern = _GRAD_SCORES.spec(("vec4<f32>" if vec == 4 else "f32",) * 2 + ("f32", "f32"), TPR=SOFTMAX_TPR,
-                                 ACCESS="\n".join(_SOFTMAX_ACCESS[vec].replace("fn ld(", f"fn ld_{x}(")
-                                                  .replace("fn st(", f"fn st_{x}(").replace("s[", f"{x}[")
-                                                  for x in ("s", "dp")))
+                                 ACCESS=_row_access(vec, "s", "dp"))
         dev.dispatch(kern, [s._storage.buffer, dp._storage.buffer, lse._storage.buffer, delta._storage.buffer],
                      _GRAD_SCORES.pack(rows=n * lq, cols=lk, tq=lq, causal=int(causal), scale=scale, off_s=s._offset,
                                        off_dp=dp._offset, off_l=lse._offset + g0 * lq, off_d=delta._offset + g0 * lq),
