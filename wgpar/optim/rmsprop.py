@@ -88,6 +88,5 @@ class RMSprop(Optimizer):
         dispatch_step(k, p, buffers, params)
 
 
-
 Optimizer._GUARDABLE.add(RMSprop._update)  # only step kernels: a guarded step skips on the device
 __all__ = ["RMSprop"]

@@ -77,6 +77,5 @@ class SGD(Optimizer):
         dispatch_step(k, p, buffers, params)
 
 
-
 Optimizer._GUARDABLE.add(SGD._update)  # only step kernels: a guarded step skips on the device
 __all__ = ["SGD"]
