@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -129,36 +130,69 @@ def test_a_failed_submit_leaves_the_device_usable(rng):
     assert d._pending == 0 or d._encoder is not None
 
 
-def test_after_a_wait_the_next_work_is_submitted_early(dev):
-    """Once the host has waited for the GPU (synchronize, a readback) the GPU is idle: the next work is
-    submitted after a few dispatches, the batch doubling back to the submit threshold, so the GPU is not
-    left idle while the host records a whole threshold's worth."""
-    from wgpar.runtime.config import CONFIG
-
-    device_mod = sys.modules["wgpar.runtime.device"]  # the module (wgpar.runtime.device is a function)
-
-    x = wgpar.ones((64,), device=dev)
+def _batches_after_a_wait(dev, x, count):
+    """The sizes of the batches submitted while ``count`` dispatches are recorded after a readback."""
     x.numpy()  # a readback: the host waited
-    submits = dev.num_submits
-    for _ in range(device_mod._RAMP):
-        x = x + 1
-    assert dev.num_submits == submits + 1  # the first _RAMP dispatches went to the GPU at once
     batches, pending = [], 0
-    while sum(batches) < 4 * CONFIG.submit_threshold:  # then 2, 4, ... times _RAMP, up to the threshold
+    for _ in range(count):
         before = dev.num_submits
         x = x + 1
         pending += 1
         if dev.num_submits != before:
             batches.append(pending)
             pending = 0
-    want = [min(device_mod._RAMP * 2 ** i, CONFIG.submit_threshold) for i in range(1, len(batches) + 1)]
+    return batches, x, pending
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["cpu-ramp", "gpu-ramp"])
+def test_after_a_wait_the_next_work_is_submitted_early(dev, monkeypatch, early):
+    """Once the host has waited for the GPU (synchronize, a readback) the GPU is idle: the next work is
+    submitted early, the batch growing back to the submit threshold, so the GPU is not left idle while the
+    host records a whole threshold's worth: on a CPU adapter after _RAMP dispatches, doubling; on a GPU the
+    first dispatch at once, then 4, 16, doubling (the time rule is switched off here: its own test)."""
+    from wgpar.runtime.config import CONFIG
+
+    device_mod = sys.modules["wgpar.runtime.device"]  # the module (wgpar.runtime.device is a function)
+    monkeypatch.setattr(dev, "_early", early)
+    monkeypatch.setattr(device_mod, "_EARLY_S", 0.0)
+    x = wgpar.ones((64,), device=dev)
+    batches, x, pending = _batches_after_a_wait(dev, x, 5 * CONFIG.submit_threshold)
+    want, t = [], (1 if early else device_mod._RAMP)
+    while sum(want) + t <= 5 * CONFIG.submit_threshold:
+        want.append(t)
+        t = min(4 * t if t < device_mod._RAMP else 2 * t, CONFIG.submit_threshold)
     assert batches == want
-    dev.synchronize()
-    before = dev.num_submits
-    for _ in range(device_mod._RAMP):
+    assert want[-1] == CONFIG.submit_threshold
+    assert float(x[0].item()) == 1 + sum(batches) + pending
+
+
+def test_on_a_gpu_a_short_burst_is_submitted_by_time(dev, monkeypatch):
+    """In the first _EARLY_S after a wait a GPU's work is also submitted once _EARLY_GAP_S passed since the
+    last submit (a few slow calls then a wait would otherwise leave their whole batch to the wait); after
+    that window only the count does."""
+    device_mod = sys.modules["wgpar.runtime.device"]
+    monkeypatch.setattr(dev, "_early", True)
+    monkeypatch.setattr(device_mod, "_EARLY_S", 10.0)
+    monkeypatch.setattr(device_mod, "_EARLY_GAP_S", 0.002)
+    x = wgpar.ones((64,), device=dev)
+    x.numpy()
+    x = x + 1  # the first dispatch: submitted at once
+    submits = dev.num_submits
+    x = x + 1
+    x = x + 1  # within the gap: nothing submitted (the count is 4 here)
+    assert dev.num_submits == submits
+    time.sleep(0.003)
+    x = x + 1  # the gap passed: submitted
+    assert dev.num_submits == submits + 1
+    monkeypatch.setattr(device_mod, "_EARLY_S", 0.0)
+    x.numpy()  # a new wait: the window is over at once
+    x = x + 1
+    submits = dev.num_submits
+    time.sleep(0.003)
+    for _ in range(2):
         x = x + 1
-    assert dev.num_submits == before + 1
-    assert float(x[0].item()) == 1 + 2 * device_mod._RAMP + sum(batches) + pending
+    assert dev.num_submits == submits  # only the count (4) submits now
+    assert float(x[0].item()) == 8
 
 
 # -- dispatch through wgpu-native (runtime/native.py) ------------------------------------------

@@ -78,11 +78,15 @@ class Function:
             args, kwargs: passed to ``forward`` after the context; only positional tensors get gradients.
         """
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
-        with no_grad():
+        recording = is_grad_enabled()
+        if recording:
+            with no_grad():
+                out = cls.forward(ctx, *args, **kwargs)
+        else:  # already off (inference): no switch to make
             out = cls.forward(ctx, *args, **kwargs)
         if not isinstance(out, Tensor):
             raise TypeError(f"{cls.__name__}.forward must return one wgpar.Tensor, got {type(out).__name__}")
-        if not (is_grad_enabled() and any(ctx.needs_input_grad)):
+        if not (recording and any(ctx.needs_input_grad)):
             return out
         n = len(args)
 

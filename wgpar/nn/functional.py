@@ -230,19 +230,17 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
         if not isinstance(padding, str):
             padding = (0, _single(padding, "padding", op))
     kernel = weight.shape[2:]
-    sh, sw = pair(stride, "stride", op)
-    dh, dw = pair(dilation, "dilation", op)
     if isinstance(padding, str):
         if padding == "valid":
             padding = 0
         elif padding == "same":
-            if (sh, sw) != (1, 1):
+            if pair(stride, "stride", op) != (1, 1):
                 raise ValueError(f"{op}: padding='same' needs stride 1, got stride {stride}")
-            totals = [d * (k - 1) for d, k in zip((dh, dw), kernel)]
+            totals = [d * (k - 1) for d, k in zip(pair(dilation, "dilation", op), kernel)]
             padding = tuple((t // 2, t - t // 2) for t in totals)  # the odd one after, as torch pads
         else:
             raise ValueError(f"{op}: padding must be an int, a tuple, 'valid' or 'same', got {padding!r}")
-    win = window(x.shape, kernel, (sh, sw), padding, (dh, dw), op)
+    win = window(x.shape, kernel, stride, padding, dilation, op)  # (checks stride and dilation)
     y = Conv2d.apply(x, weight, bias, win, groups)
     if nd == 1:
         y = D.squeeze(y, 2)
@@ -380,9 +378,10 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
 def _pool_window(x: Tensor, kernel_size, stride, padding, dilation, ceil_mode: bool, op: str):
     stride = kernel_size if stride is None or (isinstance(stride, (tuple, list)) and not stride) else stride
     win = window(x.shape, kernel_size, stride, padding, dilation, op, ceil_mode)
-    for k, d, pad in ((win.kh, win.dh, win.ph), (win.kw, win.dw, win.pw)):
-        if pad > ((k - 1) * d + 1) // 2:
-            raise ValueError(f"{op}: padding {pad} is more than half the kernel's extent {(k - 1) * d + 1}")
+    if 2 * win.ph > (win.kh - 1) * win.dh + 1 or 2 * win.pw > (win.kw - 1) * win.dw + 1:
+        for pad, extent in ((win.ph, (win.kh - 1) * win.dh + 1), (win.pw, (win.kw - 1) * win.dw + 1)):
+            if 2 * pad > extent:
+                raise ValueError(f"{op}: padding {pad} is more than half the kernel's extent {extent}")
     return win
 
 

@@ -227,6 +227,18 @@ def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, para
                  grid(-(-total // WORKGROUP), dev.max_workgroups))
 
 
+@functools.lru_cache(maxsize=1024)
+def _dw_fwd_plan(win: Window, o: int, groups: int, types: tuple[str, ...], off_y: int, off_w: int, off_x: int,
+                 off_b: int | None, lim: int) -> tuple:
+    """The depthwise forward's (kernel, parameters, workgroups), made once per window, dtypes and offsets
+    (``off_b`` None: no bias): a layer's host cost per call is then about one dispatch's."""
+    total = win.n * o * win.oh * -(-win.ow // 4)
+    return (_DW_FWD.spec(types, T=types[0]),
+            _DW_FWD.pack(total=total, o=o, mult=o // groups, off_y=off_y, off_w=off_w, off_x=off_x,
+                         off_b=off_b or 0, has_bias=int(off_b is not None), **win.params()),
+            grid(-(-total // WORKGROUP), lim))
+
+
 def _bias_args(bias: Tensor | None, weight: Tensor) -> tuple[Tensor, dict]:
     """The bias binding (the weight's buffer where there is none: never read) and its parameters."""
     if bias is None:
@@ -251,10 +263,12 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
     if _depthwise(win, weight, groups):
         PATHS["depthwise"] += 1
         y = Tensor.empty((win.n, o, win.oh, win.ow), x.dtype, x.device)
-        b, bp = _bias_args(bias, weight)
-        _dw_launch(_DW_FWD, y, [weight, x, b], win.n * o * win.oh * -(-win.ow // 4),
-                   dict(total=win.n * o * win.oh * -(-win.ow // 4), o=o, mult=o // groups, off_y=y._offset,
-                        off_w=weight._offset, off_x=x._offset, **bp, **win.params()))
+        b = weight if bias is None else contiguous(bias)  # (the weight's buffer where there is none: never read)
+        k, params, grid_ = _dw_fwd_plan(win, o, groups, (y.dtype.storage, weight.dtype.storage, x.dtype.storage,
+                                                         b.dtype.storage), y._offset, weight._offset,
+                                        x._offset, None if bias is None else b._offset, x.device.max_workgroups)
+        x.device.dispatch(k, [y._storage.buffer, weight._storage.buffer, x._storage.buffer, b._storage.buffer],
+                          params, grid_)
         return y
     if _pointwise(win, weight, groups):
         PATHS["matmul"] += 1

@@ -33,8 +33,8 @@ def _store(t: str) -> str:
     return load_source("pool_row_store").replace("{{T}}", t)
 
 
-def _groups(total: int, dev) -> tuple[int, int]:
-    return grid(-(-total // WORKGROUP), dev.max_workgroups)
+def _groups(total: int, lim: int) -> tuple[int, int]:
+    return grid(-(-total // WORKGROUP), lim)
 
 
 def _vec(loops) -> int:
@@ -64,11 +64,18 @@ def max_pool2d(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
     shape = (win.n, win.c, win.oh, win.ow)
     out = Tensor.empty(shape, x.dtype, x.device)
     idx = Tensor.empty(shape, _dt.int32, x.device)
-    total = out.numel()
-    k = _MAX.spec((x.dtype.storage, "i32", x.dtype.storage), T=x.dtype.storage, FNS=load_source("float_fns"))
-    x.device.dispatch(k, [out._storage.buffer, idx._storage.buffer, x._storage.buffer],
-                      _MAX.pack(total=total, off_x=x._offset, **win.params()), _groups(total, x.device))
+    k, params, groups = _max_plan(win, x.dtype.storage, x._offset, x.device.max_workgroups)
+    x.device.dispatch(k, [out._storage.buffer, idx._storage.buffer, x._storage.buffer], params, groups)
     return out, idx
+
+
+@functools.lru_cache(maxsize=1024)
+def _max_plan(win: Window, t: str, off_x: int, lim: int) -> tuple:
+    """max_pool2d's (kernel, parameters, workgroups), made once per window, dtype and offset: a layer's
+    host cost per call is then about one dispatch's."""
+    total = win.n * win.c * win.oh * win.ow
+    return (_MAX.spec((t, "i32", t), T=t, FNS=load_source("float_fns")),
+            _MAX.pack(total=total, off_x=off_x, **win.params()), _groups(total, lim))
 
 
 def max_pool2d_backward(g: Tensor, idx: Tensor, win: Window) -> Tensor:
@@ -94,7 +101,7 @@ def max_pool2d_backward(g: Tensor, idx: Tensor, win: Window) -> Tensor:
                       TAPS="true" if taps else "false", STORE=_store(g.dtype.storage))
     g.device.dispatch(k, [gx._storage.buffer, g._storage.buffer, idx._storage.buffer],
                       _MAX_BWD.pack(total=total, off_g=g._offset, off_idx=idx._offset, **win.params()),
-                      _groups(total, g.device))
+                      _groups(total, g.device.max_workgroups))
     return gx
 
 
@@ -113,15 +120,20 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
     x = contiguous(x)
     shape = (win.n, win.c, win.h, win.w) if backward else (win.n, win.c, win.oh, win.ow)
     out = Tensor.empty(shape, x.dtype, x.device)
-    vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
-    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else out.numel()
-    k = _AVG.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage, BACKWARD="true" if backward else "false",
-                  VEC=vec, STORE=_store(x.dtype.storage))
-    x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                      _AVG.pack(total=total, off_x=x._offset, include_pad=int(count_include_pad),
-                                divisor=divisor_override or 0, **win.params()),
-                      _groups(total, x.device))
+    k, params, groups = _avg_plan(win, x.dtype.storage, backward, bool(count_include_pad), divisor_override or 0,
+                                  x._offset, x.device.max_workgroups)
+    x.device.dispatch(k, [out._storage.buffer, x._storage.buffer], params, groups)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _avg_plan(win: Window, t: str, backward: bool, include_pad: bool, divisor: int, off_x: int, lim: int) -> tuple:
+    """avg_pool2d's (kernel, parameters, workgroups), made once per distinct call (as ``_max_plan``)."""
+    vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
+    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else win.n * win.c * win.oh * win.ow
+    return (_AVG.spec((t, t), T=t, BACKWARD="true" if backward else "false", VEC=vec, STORE=_store(t)),
+            _AVG.pack(total=total, off_x=off_x, include_pad=int(include_pad), divisor=divisor, **win.params()),
+            _groups(total, lim))
 
 
 _ADAPTIVE = Kernel("adaptive_avg_pool2d", "out: w, x: r", "total: u32, off_x: u32, h: u32, w: u32, oh: u32, ow: u32")
@@ -132,6 +144,7 @@ def adaptive_window(n: int, m: int) -> int:
     return max(-(-(i + 1) * n // m) - (i * n) // m for i in range(m))
 
 
+@functools.lru_cache(maxsize=1024)
 def adaptive_fits(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> bool:
     """Whether the adaptive kernels' loops (a window forward, the windows over an input element backward)
     stay within MAX_LOOP (an output of 1x1 runs as a reduction forward)."""
@@ -159,13 +172,19 @@ def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = Fal
     if not backward and (oh, ow) == (1, 1) and h * w > 1024:
         return reshape(reduce("mean", reshape(x, (n * c, h * w)), 1), (n, c, 1, 1))
     out = Tensor.empty((n, c, h, w) if backward else (n, c, oh, ow), x.dtype, x.device)
-    # backward: at most ceil(oh / h) + 1 output rows hold an input row, and vec columns
-    vec = _vec(lambda v: (-(-oh // h) + 1) * v * (-(-ow // w) + 1)) if backward and out.numel() else 1
-    total = _threads(n, c, h, w, vec) if backward else out.numel()
-    if total:
-        k = _ADAPTIVE.spec((x.dtype.storage, x.dtype.storage), T=x.dtype.storage,
-                           BACKWARD="true" if backward else "false", VEC=vec, STORE=_store(x.dtype.storage))
-        x.device.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                          _ADAPTIVE.pack(total=total, off_x=x._offset, h=h, w=w, oh=oh, ow=ow),
-                          _groups(total, x.device))
+    if out.numel():
+        k, params, groups = _adaptive_plan(n, c, h, w, oh, ow, x.dtype.storage, backward, x._offset,
+                                           x.device.max_workgroups)
+        x.device.dispatch(k, [out._storage.buffer, x._storage.buffer], params, groups)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _adaptive_plan(n: int, c: int, h: int, w: int, oh: int, ow: int, t: str, backward: bool, off_x: int,
+                   lim: int) -> tuple:
+    """adaptive_avg_pool2d's (kernel, parameters, workgroups), made once per distinct call (as ``_max_plan``)."""
+    # backward: at most ceil(oh / h) + 1 output rows hold an input row, and vec columns
+    vec = _vec(lambda v: (-(-oh // h) + 1) * v * (-(-ow // w) + 1)) if backward else 1
+    total = _threads(n, c, h, w, vec) if backward else n * c * oh * ow
+    return (_ADAPTIVE.spec((t, t), T=t, BACKWARD="true" if backward else "false", VEC=vec, STORE=_store(t)),
+            _ADAPTIVE.pack(total=total, off_x=off_x, h=h, w=w, oh=oh, ow=ow), _groups(total, lim))

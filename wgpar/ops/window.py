@@ -80,6 +80,26 @@ def _out_size(size: int, k: int, s: int, before: int, after: int, d: int, ceil_m
     return out
 
 
+# Windows already checked, by their arguments (a layer calls with the same ones every step: the checks
+# cost about as much as the kernel's dispatch). Only plain ints and tuples of them are remembered: a
+# bool equals an int as a key, and must still fail the checks.
+_SEEN: dict[tuple, Window] = {}
+_SEEN_MAX = 4096
+
+
+def _plain(v) -> bool:
+    """An int, or a tuple of ints and such tuples (no bool, no list)."""
+    t = type(v)
+    if t is int:
+        return True
+    if t is not tuple:
+        return False
+    for e in v:
+        if type(e) is not int and not (type(e) is tuple and _plain(e)):
+            return False
+    return True
+
+
 def window(shape: tuple[int, ...], kernel, stride, padding, dilation, op: str, ceil_mode: bool = False) -> Window:
     """The window of ``op`` over an input of ``shape`` [N, C, H, W], every size checked.
 
@@ -90,6 +110,23 @@ def window(shape: tuple[int, ...], kernel, stride, padding, dilation, op: str, c
         op: the caller's name, for errors.
         ceil_mode: round the output size up instead of down (pooling).
     """
+    key = (shape, kernel, stride, padding, dilation, op, ceil_mode)
+    try:
+        hit = _SEEN.get(key)
+    except TypeError:  # a list: not a key
+        return _window(shape, kernel, stride, padding, dilation, op, ceil_mode)
+    plain = _plain(kernel) and _plain(stride) and _plain(padding) and _plain(dilation)
+    if hit is not None and plain:
+        return hit
+    win = _window(shape, kernel, stride, padding, dilation, op, ceil_mode)
+    if plain:
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[key] = win
+    return win
+
+
+def _window(shape: tuple[int, ...], kernel, stride, padding, dilation, op: str, ceil_mode) -> Window:
     if len(shape) != 4:
         raise ValueError(f"{op}: expected a 4-d input [N, C, H, W], got shape {shape}")
     n, c, h, w = shape

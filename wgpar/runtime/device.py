@@ -11,6 +11,7 @@ device, and threads driving different devices never contend.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,13 @@ _ARENA_SLOTS = 1024
 _LARGE_UPLOAD = 1 << 20  # bytes; smaller uploads use queue.write_buffer
 _UPLOAD_TIMEOUT = 300.0
 _BIND_GROUP_CACHE_MAX = 8192
-_RAMP = 16  # dispatches before the first submit after the host waited for the GPU (Device._idle)
+_RAMP = 16  # dispatches before the first submit after the host waited for the GPU (Device._idle), on a CPU
+# adapter; on a GPU the first dispatch goes at once, then 4, then 16, the batches doubling from there. For
+# _EARLY_S after the wait a GPU's batch is also submitted once _EARLY_GAP_S passed since the last submit,
+# so a short burst of work (a few calls, then a wait) does not leave a large batch for the GPU to start
+# only at the wait. A submit costs the host 50-80 us (H100, Vulkan), so only while the GPU is likely idle.
+_EARLY_S = 0.005
+_EARLY_GAP_S = 0.001
 _READBACK_BYTES = 256  # Device.read_later's staging buffers
 
 _LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -71,6 +78,11 @@ class Device:
         self.queue = self._dev.queue
         self._lock = threading.RLock()
         self._threshold = CONFIG.submit_threshold
+        # A CPU adapter (lavapipe) runs submitted work on the host's own cores: submitting early competes
+        # with the recording, so it keeps the longer ramp and no early submits.
+        self._early = self.adapter_type.lower() != "cpu"
+        self._early_until = 0.0  # perf_counter time when early submits stop (0: not in that window)
+        self._last_submit = 0.0
         self.allocator = CachingAllocator(self._create_storage, min(self.max_binding, self.max_buffer),
                                           self._forget_buffers, name=str(self))
         self.allocator.reclaim = self.empty_cache
@@ -305,7 +317,14 @@ class Device:
             self.num_dispatches += 1
             if self._pending >= self._threshold:
                 self._flush_locked()
-                self._threshold = min(2 * self._threshold, CONFIG.submit_threshold)
+                t = self._threshold
+                self._threshold = min(4 * t if t < _RAMP else 2 * t, CONFIG.submit_threshold)
+            elif self._early_until:
+                now = time.perf_counter()
+                if now > self._early_until:
+                    self._early_until = 0.0
+                elif now - self._last_submit >= _EARLY_GAP_S:
+                    self._flush_locked()
         finally:
             lock.release()
 
@@ -335,6 +354,7 @@ class Device:
                              f"so they were discarded (tensors they were writing hold undefined values); "
                              f"the device stays usable. Cause: {exc}") from exc
         self.num_submits += 1
+        self._last_submit = time.perf_counter()
         if track is not None:
             track.submitted()
         self._reset_stream()
@@ -372,11 +392,16 @@ class Device:
             self._idle()
 
     def _idle(self) -> None:
-        """The host waited for the GPU, which is now idle: submit the next work early (after _RAMP
-        dispatches, doubling back to submit_threshold), so the GPU is not left waiting while the host
-        records a whole threshold's worth (GPT-2 under GradScaler, which reads a flag every step: the GPU
-        idled about 30 ms a step while the optimizer and the next forward filled the first 512)."""
-        self._threshold = min(_RAMP, CONFIG.submit_threshold)
+        """The host waited for the GPU, which is now idle: submit the next work early (on a GPU the first
+        dispatch at once, then 4, 16 and doubling back to submit_threshold, and by time for _EARLY_S; on a
+        CPU adapter after _RAMP, doubling), so the GPU is not left waiting while the host records a whole
+        threshold's worth (GPT-2 under GradScaler, which reads a flag every step: the GPU idled about 30 ms
+        a step while the optimizer and the next forward filled the first 512)."""
+        if self._early:
+            self._threshold = 1
+            self._early_until = time.perf_counter() + _EARLY_S
+        else:
+            self._threshold = min(_RAMP, CONFIG.submit_threshold)
 
     # -- host transfers -------------------------------------------------------------------
     def upload(self, buffer: wgpu.GPUBuffer, offset: int, data: bytes | memoryview) -> None:
