@@ -56,11 +56,6 @@ def _new(shape: tuple[int, ...], dtype: _dt.DType, like: Tensor) -> Tensor:
     return Tensor(Storage(like.device, dtype, math.prod(shape)), shape)
 
 
-def _vector(t: Tensor | None) -> tuple[int, int]:
-    """(offset, stride) of a [C] tensor read or written by index."""
-    return (0, 0) if t is None else (t._offset, t._strides[0])
-
-
 @functools.lru_cache(maxsize=64)
 def _sums_kernel(ta: str, tb: str | None, counter: str | None) -> KernelSpec:
     """MODE 0, the statistics of a (``tb`` None; ``counter`` the batch counter's type, or None), or MODE 1,
@@ -145,45 +140,75 @@ def forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, t
         counter: the int32 batch counter (a scalar tensor) to add 1 to, or None.
         keep: whether to return the statistics (backward needs them).
     """
-    n, c, inner = _shape(x)
-    count = n * inner
-    chunk, groups = _chunking(count, c)
+    mom = momentum if isinstance(momentum, Tensor) else None
+    factor, st_numel, sums, apply = _forward_plan(
+        x.shape, x.dtype.storage, x._offset, _meta(weight), _meta(bias), _meta(running_mean), _meta(running_var),
+        _meta(counter), _meta(mom), 0.0 if mom is not None else float(momentum), cumulative, bool(training), keep,
+        float(eps), x.device.max_workgroups)
     out = _new(x.shape, x.dtype, x)
-    w_off, sw = _vector(weight)
-    b_off, sb = _vector(bias)
-    rm_off, srm = _vector(running_mean)
-    rv_off, srv = _vector(running_var)
-    tw, tb = (None if t is None else t.dtype.storage for t in (weight, bias))
-    trm, trv = (None if t is None else t.dtype.storage for t in (running_mean, running_var))
-    factor = fac = None
-    unbias = 0.0
+    st = _new((st_numel,), _dt.float32, x) if st_numel else None
+    dev = x.device
     if training:
-        st = _new((ROWS * c + 3 * c * groups,), _dt.float32, x)
-        _sums(x, st, ROWS * c, chunk, groups, counter=counter)
-        if running_mean is not None or running_var is not None:
-            if cumulative:
-                factor, fac = (FACTOR_CUMULATIVE, counter.dtype.storage), counter
-            elif isinstance(momentum, Tensor):
-                factor, fac = (FACTOR_TENSOR, momentum.dtype.storage), momentum
-            else:
-                factor = (FACTOR_PARAM, "f32")
-            unbias = count / (count - 1) if count > 1 else float("inf")
+        bufs = [st._storage.buffer, x._storage.buffer]
+        if counter is not None:
+            bufs.append(counter._storage.buffer)
+        dev.dispatch(sums[0], bufs, sums[1], sums[2])
         for t in (running_mean, running_var, counter) if factor else (counter,):
             if t is not None:
                 t._storage.bump_version()
+    fac = None if factor is None or factor[0] == FACTOR_PARAM else (counter if cumulative else momentum)
+    bufs = [out, x, st, weight, bias] + ([running_mean, running_var] if not training or factor else []) + [fac]
+    dev.dispatch(apply[0], [t._storage.buffer for t in bufs if t is not None], apply[1], apply[2])
+    return out, st
+
+
+def _meta(t: Tensor | None) -> tuple[str, int, int] | None:
+    """What a plan needs of an operand: (element type, offset, stride of a [C] vector), or None."""
+    return None if t is None else (t.dtype.storage, t._offset, t._strides[0] if t._strides else 0)
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_plan(shape: tuple[int, ...], tx: str, off_x: int, weight, bias, running_mean, running_var, counter,
+                  mom, momentum: float, cumulative: bool, training: bool, keep: bool, eps: float, lim: int) -> tuple:
+    """(factor, statistics' elements, the statistics' (kernel, parameters, workgroups) or None, the apply's)
+    of one forward, made once per shape, dtypes, offsets and settings (``_meta`` of each operand): a batch
+    norm layer's host cost per call is then about its two dispatches'."""
+    n, c, inner = shape[0], shape[1], math.prod(shape[2:])
+    count = n * inner
+    chunk, groups = _chunking(count, c)
+    w_off, sw = weight[1:] if weight else (0, 0)
+    b_off, sb = bias[1:] if bias else (0, 0)
+    rm_off, srm = running_mean[1:] if running_mean else (0, 0)
+    rv_off, srv = running_var[1:] if running_var else (0, 0)
+    tw, tb, trm, trv = (None if m is None else m[0] for m in (weight, bias, running_mean, running_var))
+    factor = fac = None
+    unbias = 0.0
+    sums = None
+    if training:
+        st_numel = ROWS * c + 3 * c * groups
+        k = _sums_kernel(tx, None, None if counter is None else counter[0])
+        sums = (k, _SUMS.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_p=ROWS * c, off_a=off_x,
+                              off_b=0, off_m=0, off_n=0 if counter is None else counter[1]),
+                grid(c * groups, lim))
+        if running_mean is not None or running_var is not None:
+            if cumulative:
+                factor, fac = (FACTOR_CUMULATIVE, counter[0]), counter
+            elif mom is not None:
+                factor, fac = (FACTOR_TENSOR, mom[0]), mom
+            else:
+                factor = (FACTOR_PARAM, "f32")
+            unbias = count / (count - 1) if count > 1 else float("inf")
         keep = True
     else:
-        st = _new((ROWS * c,), _dt.float32, x) if keep else None
-    k = _apply_kernel(0 if training else 1, x.dtype.storage, tw, tb, trm, trv, factor, keep)
-    bufs = [out, x, st, weight, bias] + ([running_mean, running_var] if not training or factor else []) + [fac]
-    x.device.dispatch(k, [t._storage.buffer for t in bufs if t is not None],
-                      _APPLY.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_x=x._offset, off_g=0,
-                                  off_p=ROWS * c if training else 0, off_st=0, off_w=w_off, sw=sw, off_b=b_off,
-                                  sb=sb, off_rm=rm_off, srm=srm, off_rv=rv_off, srv=srv,
-                                  off_f=0 if fac is None else fac._offset, batch=0, inv=1.0 / count, eps=float(eps),
-                                  momentum=0.0 if isinstance(momentum, Tensor) else float(momentum), unbias=unbias),
-                      grid(c * groups, x.device.max_workgroups))
-    return out, st
+        st_numel = ROWS * c if keep else 0
+    k = _apply_kernel(0 if training else 1, tx, tw, tb, trm, trv, factor, keep)
+    apply = (k, _APPLY.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_x=off_x, off_g=0,
+                            off_p=ROWS * c if training else 0, off_st=0, off_w=w_off, sw=sw, off_b=b_off, sb=sb,
+                            off_rm=rm_off, srm=srm, off_rv=rv_off, srv=srv,
+                            off_f=0 if fac is None or factor[0] == FACTOR_PARAM else fac[1], batch=0, inv=1.0 / count,
+                            eps=eps, momentum=momentum, unbias=unbias),
+             grid(c * groups, lim))
+    return factor, st_numel, sums, apply
 
 
 @functools.lru_cache(maxsize=64)
