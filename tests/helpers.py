@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import numpy as np
 
 
@@ -84,3 +87,22 @@ def rel_err(got, want) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+@contextlib.contextmanager
+def no_device_waits(what: str):
+    """Fail the test if ``what`` waits for the device (a readback, synchronize: every wait goes through
+    ``runtime.transfer.wait_promise``). Counting submits would not do: a GPU may submit early after a wait."""
+    import pytest
+
+    transfer = sys.modules["wgpar.runtime.transfer"]
+    real = transfer.wait_promise
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"{what} must not wait for the device")
+
+    transfer.wait_promise = refuse
+    try:
+        yield
+    finally:
+        transfer.wait_promise = real
