@@ -98,8 +98,8 @@ def test_kernels_timing_shares_one_stamp_between_consecutive_dispatches(dev, rng
     """The default writes one timestamp per dispatch plus one per compute pass, and a pass's kernels
     follow each other without gaps; "exact" writes two per dispatch."""
     a = wgpar.tensor(rng.standard_normal(1000).astype(np.float32), device=dev)
-    wgpar.synchronize(dev)
     monkeypatch.setattr(dev, "_early", False)  # a GPU's early submits after the wait would end the pass
+    wgpar.synchronize(dev)
     written = _stamps_written(monkeypatch)
     with profile(timing=timing) as prof:
         b = a
