@@ -127,6 +127,26 @@ def test_pool_bad_arguments_raise_clearly(call, match):
         F.max_pool2d(wgpar.zeros(1, 1, 4, 4), 2.5)
 
 
+def test_windows_remembered_by_their_arguments_still_check_them(rng, torch):
+    """A layer's window is remembered by its arguments (ops/window.py), so a later call skips the checks:
+    a bool that equals a remembered int must still be refused, a list still works, and the padding check
+    that follows still runs for a remembered window."""
+    from wgpar.ops import window as window_mod
+
+    a = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    x = wgpar.tensor(a)
+    want = torch.nn.functional.avg_pool2d(torch.tensor(a), (1, 2)).numpy()
+    for kernel in ((1, 2), (1, 2), [1, 2]):  # the second from memory, the list checked afresh
+        assert_close(F.avg_pool2d(x, kernel).numpy(), want)
+    assert any(k[1] == (1, 2) for k in window_mod._SEEN)
+    for bad in ((True, 2), (1, False)):
+        with pytest.raises(TypeError, match=r"kernel_size must be an int or a pair"):
+            F.avg_pool2d(x, bad)
+    F.max_pool2d(x, 3, padding=1)
+    with pytest.raises(ValueError, match=r"padding 2 is more than half"):
+        F.max_pool2d(x, 3, padding=2)
+
+
 @pytest.mark.parametrize("shape,out_hw", [((2, 3, 7, 10), (3, 4)), ((3, 5, 7, 7), (1, 1)), ((2, 4, 13, 11), (1, 1)),
                                           ((2, 2, 5, 9), (5, 4)), ((1, 2, 4, 6), (6, 9)), ((2, 3, 3, 2), (7, 5)),
                                           ((1, 3, 1, 1), (2, 3)), ((2, 2, 9, 5), (2, 1))], ids=str)
