@@ -70,21 +70,15 @@ def _sums_kernel(ta: str, tb: str | None, counter: str | None) -> KernelSpec:
                       VB="0.0" if tb is None else "f32(b[p.off_b + at])")
 
 
-def _sums(a: Tensor, part: Tensor, off_p: int, chunk: int, groups: int, b: Tensor | None = None,
-          stats: Tensor | None = None, counter: Tensor | None = None) -> None:
-    n, c, inner = _shape(a)
-    k = _sums_kernel(a.dtype.storage, None if b is None else b.dtype.storage,
-                     None if counter is None else counter.dtype.storage)
-    bufs = [part._storage.buffer, a._storage.buffer]
-    if b is not None:
-        bufs += [b._storage.buffer, stats._storage.buffer]
-    elif counter is not None:
-        bufs.append(counter._storage.buffer)
-    a.device.dispatch(k, bufs, _SUMS.pack(c=c, inner=inner, count=n * inner, chunk=chunk, groups=groups,
-                                          off_p=off_p, off_a=a._offset, off_b=0 if b is None else b._offset,
-                                          off_m=0 if stats is None else stats._offset + MEAN * c,
-                                          off_n=0 if counter is None else counter._offset),
-                      grid(c * groups, a.device.max_workgroups))
+def _sums_launch(ta: str, tb: str | None, counter: str | None, c: int, inner: int, count: int, chunk: int,
+                 groups: int, lim: int, off_p: int, off_a: int, off_b: int = 0, off_m: int = 0,
+                 off_n: int = 0) -> tuple:
+    """The sums pass's (kernel, parameters, workgroups): the statistics of a (``tb`` None; ``counter`` the
+    batch counter's type, or None) or the gradient's sums (``tb`` its type), as ``_sums_kernel``."""
+    return (_sums_kernel(ta, tb, counter),
+            _SUMS.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_p=off_p, off_a=off_a,
+                       off_b=off_b, off_m=off_m, off_n=off_n),
+            grid(c * groups, lim))
 
 
 @functools.lru_cache(maxsize=256)
@@ -186,10 +180,8 @@ def _forward_plan(shape: tuple[int, ...], tx: str, off_x: int, weight, bias, run
     sums = None
     if training:
         st_numel = ROWS * c + 3 * c * groups
-        k = _sums_kernel(tx, None, None if counter is None else counter[0])
-        sums = (k, _SUMS.pack(c=c, inner=inner, count=count, chunk=chunk, groups=groups, off_p=ROWS * c, off_a=off_x,
-                              off_b=0, off_m=0, off_n=0 if counter is None else counter[1]),
-                grid(c * groups, lim))
+        t_count, off_n = (None, 0) if counter is None else counter[:2]
+        sums = _sums_launch(tx, None, t_count, c, inner, count, chunk, groups, lim, ROWS * c, off_x, off_n=off_n)
         if running_mean is not None or running_var is not None:
             if cumulative:
                 factor, fac = (FACTOR_CUMULATIVE, counter[0]), counter
@@ -252,7 +244,9 @@ def backward(x: Tensor, g: Tensor, stats: Tensor, batch_stats: bool, need_x: boo
     part = None
     if sums:
         part = _new((2 * c * groups,), _dt.float32, x)
-        _sums(x, part, 0, chunk, groups, b=g, stats=stats)
+        k, params, wg = _sums_launch(x.dtype.storage, g.dtype.storage, None, c, inner, count, chunk, groups,
+                                     x.device.max_workgroups, 0, x._offset, g._offset, stats._offset + MEAN * c)
+        x.device.dispatch(k, [t._storage.buffer for t in (part, x, g, stats)], params, wg)
     gx = _new(x.shape, x.dtype, x) if need_x else None
     gw, gb = (None if t is None else _new((c,), t, x) for t in (w_dtype, b_dtype))
     reads_x = need_x and batch_stats

@@ -229,13 +229,13 @@ def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, para
 
 @functools.lru_cache(maxsize=1024)
 def _dw_fwd_plan(win: Window, o: int, groups: int, types: tuple[str, ...], off_y: int, off_w: int, off_x: int,
-                 off_b: int | None, lim: int) -> tuple:
+                 off_b: int, has_bias: int, lim: int) -> tuple:
     """The depthwise forward's (kernel, parameters, workgroups), made once per window, dtypes and offsets
-    (``off_b`` None: no bias): a layer's host cost per call is then about one dispatch's."""
+    (``_bias_args``' off_b and has_bias): a layer's host cost per call is then about one dispatch's."""
     total = win.n * o * win.oh * -(-win.ow // 4)
     return (_DW_FWD.spec(types, T=types[0]),
             _DW_FWD.pack(total=total, o=o, mult=o // groups, off_y=off_y, off_w=off_w, off_x=off_x,
-                         off_b=off_b or 0, has_bias=int(off_b is not None), **win.params()),
+                         off_b=off_b, has_bias=has_bias, **win.params()),
             grid(-(-total // WORKGROUP), lim))
 
 
@@ -263,10 +263,10 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
     if _depthwise(win, weight, groups):
         PATHS["depthwise"] += 1
         y = Tensor.empty((win.n, o, win.oh, win.ow), x.dtype, x.device)
-        b = weight if bias is None else contiguous(bias)  # (the weight's buffer where there is none: never read)
+        b, bp = _bias_args(bias, weight)
         k, params, grid_ = _dw_fwd_plan(win, o, groups, (y.dtype.storage, weight.dtype.storage, x.dtype.storage,
                                                          b.dtype.storage), y._offset, weight._offset,
-                                        x._offset, None if bias is None else b._offset, x.device.max_workgroups)
+                                        x._offset, bp["off_b"], bp["has_bias"], x.device.max_workgroups)
         x.device.dispatch(k, [y._storage.buffer, weight._storage.buffer, x._storage.buffer, b._storage.buffer],
                           params, grid_)
         return y
