@@ -582,7 +582,7 @@ def test_forward_plan_replays_per_layout(causal, rng, reference, monkeypatch):
     """A second call with operands of the same layout (strided views of a packed [B, T, 3, H, D] tensor, as the
     GPT passes them; fresh values) replays the first call's kernel without choosing again (pick and supported
     raise in its forward), forward and backward equal to the reference; another layout, a changed tunable or
-    a force_* switch does not replay."""
+    a force_* switch that changes the path does not replay (forcing the fused path does)."""
     b, t, h, d = 2, 45, 3, 16
     scale = A.default_scale(d)
 
@@ -594,8 +594,10 @@ def test_forward_plan_replays_per_layout(causal, rng, reference, monkeypatch):
     _, (q, k, v) = views(first)
     F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     assert A.replay_forward(q, k, v, causal, scale) is not None
-    with A.force_path("fused"):
+    with A.force_path("reference"):
         assert A.replay_forward(q, k, v, causal, scale) is None  # a switch in effect: choose again
+    with A.force_path("fused"):  # the plan is the fused path's: forcing it still replays
+        assert A.replay_forward(q, k, v, causal, scale) is not None
     monkeypatch.setattr(A, "MAX_LOOP", A.MAX_LOOP + 1)
     assert A.replay_forward(q, k, v, causal, scale) is None  # a tunable the choice reads changed
     monkeypatch.undo()

@@ -10,7 +10,7 @@ import pytest
 
 import wgpar
 from wgpar.nn import functional as F
-from wgpar.ops import elementwise
+from wgpar.ops import plans
 
 from .helpers import assert_close
 
@@ -21,9 +21,9 @@ mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the func
 def small_limit(dev, monkeypatch):
     """Pretend ``dev`` allows 16 workgroups per grid dimension, so small shapes need split grids."""
     monkeypatch.setattr(dev, "max_workgroups", 16)
-    monkeypatch.setattr(elementwise, "_PLANS", {})  # its plans hold grids made for the real limit
+    plans.forget_all()  # the plans remembered hold grids made for the real limit
     yield dev
-    elementwise._PLANS.clear()
+    plans.forget_all()
 
 
 def test_ops_split_their_grids_within_the_device_limit(small_limit, rng):

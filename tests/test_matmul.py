@@ -156,3 +156,82 @@ def test_long_inner_dimension(dev, rng):
         assert np.abs(got.numpy() - want).max() / scale < 1e-5
     v = np.ones(70_000, np.float32)
     assert (wgpar.tensor(v) @ wgpar.tensor(v)).item() == 70_000.0
+
+
+# -- a product's plan remembered by its operands' layout (ops/matmul.py _RECIPES) ----------------------
+LAYOUTS = {
+    "2-d": lambda r: (u(r, (37, 24)), u(r, (24, 20)), lambda x, y: (x, y)),
+    "batched": lambda r: (u(r, (3, 9, 8)), u(r, (3, 8, 12)), lambda x, y: (x, y)),
+    "transposed views": lambda r: (u(r, (16, 12)), u(r, (20, 16)), lambda x, y: (x.t(), y.t())),
+    "offset views": lambda r: (u(r, (40, 16)), u(r, (16, 24)), lambda x, y: (x[4:36], y[:, 4:20])),
+    "shared weight": lambda r: (u(r, (2, 5, 8)), u(r, (8, 12)), lambda x, y: (x, y)),
+    "broadcast batch (a copy)": lambda r: (u(r, (3, 1, 7, 8)), u(r, (2, 8, 4)), lambda x, y: (x, y)),
+    "vector": lambda r: (u(r, (9, 8)), u(r, (8,)), lambda x, y: (x, y)),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_repeated_layout_replays_its_plan_on_new_operands(dev, rng, monkeypatch, layout):
+    """A second call with operands of the same layout skips plan() (where the first made a recipe that binds
+    the operands themselves) and multiplies the new operands, not the first call's; a layout differing
+    only in an offset or a stride gets its own plan."""
+    import sys
+    mmod = sys.modules["wgpar.ops.matmul"]
+    calls = []
+    real = mmod.plan
+    monkeypatch.setattr(mmod, "plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = []
+    for _ in range(3):
+        a, b, view = LAYOUTS[layout](rng)
+        x, y = view(wgpar.tensor(a), wgpar.tensor(b))
+        want = np.matmul(*(np.asarray(t.numpy(), np.float64) for t in (x, y)))
+        got = x @ y
+        assert rel_err(got.numpy(), want) < TOL, layout
+        results.append(len(calls))
+    replays = layout not in ("broadcast batch (a copy)", "vector")
+    assert results[0] >= 1
+    assert (results[2] == results[0]) is replays, (layout, results)
+
+
+def test_layouts_differing_in_offset_or_strides_do_not_share_a_plan(dev, rng):
+    base = u(rng, (48, 20))
+    b = u(rng, (20, 12))
+    x, y = wgpar.tensor(base), wgpar.tensor(b)
+    for lo in (0, 4, 8, 0, 4):  # the same shapes at three offsets, each seen twice
+        got = x[lo:lo + 32] @ y
+        assert rel_err(got.numpy(), mm(base[lo:lo + 32], b)) < TOL
+    sq = wgpar.tensor(u(rng, (20, 20)))
+    for _ in range(2):  # the same shape, row-major then transposed
+        for v in (sq, sq.t()):
+            assert rel_err((v @ y).numpy(), mm(v.numpy(), b)) < TOL
+
+
+def test_forcing_a_variant_or_split_is_not_replayed_past(dev, rng):
+    """A recipe made under force_variant is not replayed outside it, nor the other way round."""
+    import sys
+    mmod = sys.modules["wgpar.ops.matmul"]
+    a, b = u(rng, (64, 128)), u(rng, (128, 64))
+    x, y = wgpar.tensor(a), wgpar.tensor(b)
+    for forced in (None, "general", None, (None, 2), None):
+        name, split = forced if isinstance(forced, tuple) else (forced, None)
+        with mmod.force_variant(name, split):
+            with wgpar.profiler.profile() as prof:
+                got = x @ y
+                wgpar.synchronize()
+        fams = [k.family for k in prof.kernels()]
+        assert rel_err(got.numpy(), mm(a, b)) < TOL
+        if name == "general":
+            assert fams == ["matmul"], fams
+        else:
+            assert "matmul_fast" in fams and ("matmul" not in fams), fams
+            assert (len(fams) > 1) is (split == 2), fams  # split-K: the parts' sum after
+
+
+def test_linear_bias_replays_and_falls_back(dev, rng):
+    """F.linear's fused bias (matmul_bias) repeated, and a bias that needs the separate add, repeated."""
+    from wgpar.nn import functional as F
+    for shape_in, out_f in (((32, 16), 24), ((5, 6), 3)):
+        for _ in range(2):
+            xa, w, bias = u(rng, shape_in), u(rng, (out_f, shape_in[1])), u(rng, (out_f,))
+            got = F.linear(wgpar.tensor(xa), wgpar.tensor(w), wgpar.tensor(bias))
+            assert rel_err(got.numpy(), mm(xa, w.T) + bias) < TOL

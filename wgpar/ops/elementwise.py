@@ -31,6 +31,7 @@ from ..runtime.device import Device
 from ..runtime.kernels import WORKGROUP, KernelSpec, Params, dims, f32_bits, grid, load_source
 from ..storage import Storage
 from ..tensor import Tensor, check_dtype_supported, check_same_device, contiguous_strides
+from .plans import PlanCache
 from .registry import BOOL, CAST, COMMON, FLOAT, INT, OPS, WHERE
 
 # WGSL helpers the expressions call: shaders/float_fns.wgsl, then shaders/elementwise_fns.wgsl.
@@ -413,8 +414,8 @@ class MapPlan:
             return head + _TAIL_BITS.pack(*offs, *bits, *[0] * (MAX_OPERANDS - len(bits)))
 
 
-_PLANS: dict[tuple, MapPlan | None] = {}
-_PLANS_MAX = 4096
+_PLANS = PlanCache()  # MapPlan, or None where the general path runs
+_MISS = object()
 _TAIL_BYTES = 32  # off and sc (vec4 each) end both parameter blocks
 _TAIL_BITS = struct.Struct("<8I")
 _U32 = struct.Struct("<I")
@@ -429,14 +430,11 @@ def plan(op: str, operands: list, out_dtype: DType | None = None, out: Tensor | 
     for x in operands:
         key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
     key = tuple(key)
-    try:
-        return _PLANS[key]
-    except KeyError:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        p = _PLANS[key] = _make_plan(op, operands, out_dtype) if out is None else _make_into(op, operands, out_dtype,
-                                                                                              out)
-        return p
+    p = _PLANS.get(key, _MISS)
+    if p is _MISS:
+        p = _PLANS.put(key, _make_plan(op, operands, out_dtype) if out is None
+                       else _make_into(op, operands, out_dtype, out))
+    return p
 
 
 def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | None:

@@ -16,7 +16,6 @@ summed after (split-K). :func:`plan` picks the variant; BENCHMARKS.md records wh
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
 from .arith import inplace
 from .elementwise import broadcast_shape, copy_, fill
+from .plans import PlanCache
 from .reduce import column_sums
 from .shape import expand, narrow, reshape, squeeze
 
@@ -101,13 +101,15 @@ TILINGS: dict[str, Tiling] = {t.name: t for t in (
 _MIN_WORKGROUPS = 256
 # Split-K (GPUs only: a CPU adapter gains nothing from more workgroups and pays the extra pass).
 # On an H200 the summing pass costs more than the fuller GPU gains unless the largest tile gives
-# fewer than _SPLIT_BELOW workgroups and each part keeps _SPLIT_MIN_K of K (the weight gradients,
-# K = 8192 tokens: 1.2-2.5x; 1024^3 and the forward shapes got slower); then double the parts
-# until there are _SPLIT_WORKGROUPS workgroups (BENCHMARKS.md).
+# fewer than _SPLIT_BELOW workgroups and K is at least _SPLIT_FROM_K (the weight gradients, K = 8192
+# tokens: 1.2-2.5x; 1024^3 and the forward shapes got slower); then double the parts, each keeping at
+# least _SPLIT_MIN_PART of K, until there are _SPLIT_WORKGROUPS workgroups (BENCHMARKS.md). On an H100
+# 16 parts of 512 beat 8 of 1024 where 8 leave fewer (768 x 8192 x 768: 62 -> 68% of torch).
 _SPLIT_BELOW = 512
 _SPLIT_WORKGROUPS = 1024
-_SPLIT_MIN_K = 1024
-_SPLIT_MAX = 8
+_SPLIT_FROM_K = 2048
+_SPLIT_MIN_PART = 512
+_SPLIT_MAX = 16
 
 _force: str | None = None
 _force_split: int | None = None
@@ -173,9 +175,34 @@ class Plan:
     tri: str = ""  # matmul_causal: "c" (C's lower triangle wanted), "a" / "u" (A lower / upper triangular)
 
 
+# Products remembered by their operands' layout (ops/plans.py): the recipe a call of that layout made, or None
+# where it ran otherwise (a vector operand, an empty result, K split over several dispatches). The key holds
+# what plan() reads that tests and benchmarks change: the forced variant and split, the tilings, _MAX_K.
+_RECIPES = PlanCache()
+_MISS = object()
+
+
+def _layout_key(*ts: Tensor) -> tuple:
+    key: list = [_force, _force_split, _MAX_K, tuple(TILINGS)]
+    for t in ts:
+        key += (t._shape, t._strides, t._offset, t._storage.dtype, t._storage.device)
+    return tuple(key)
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected two wgpar.Tensors, got {type(a).__name__} and {type(b).__name__}")
+    key = _layout_key(a, b)
+    r = _RECIPES.get(key)
+    if r is not None:
+        return r.run(a, b)
+    out, r = _matmul(a, b)
+    _RECIPES.put(key, r)
+    return out
+
+
+def _matmul(a: Tensor, b: Tensor) -> tuple[Tensor, _Recipe | None]:
+    """``a @ b``, and the recipe that repeats it for operands of the same layout (None where there is none)."""
     check_same_device(a, b, op="matmul")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must be at least 1-d, got shapes {a.shape} and {b.shape}")
@@ -194,37 +221,53 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     except ValueError:
         raise ValueError(f"matmul: the batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
     out_dt = _result_dtype(a, b)
+    r = None
     if math.prod(batch) * M * N == 0 or K == 0:
         out = fill(batch + (M, N), 0.0, out_dt, a.device)
     else:
         a3 = reshape(expand(a2, batch + (M, K)), (-1, M, K))
         b3 = reshape(expand(b2, batch + (K, N)), (-1, K, N))
-        out = None
-        for k0 in range(0, K, _MAX_K):
-            kk = min(_MAX_K, K - k0)
-            part = _run(plan(narrow(a3, 2, k0, kk), narrow(b3, 1, k0, kk), out_dt), batch + (M, N), out_dt)
-            out = part if out is None else inplace("add", out, part)
+        if K <= _MAX_K:
+            r = _recipe(plan(a3, b3, out_dt), batch + (M, N), out_dt)
+            out = r.run(a3, b3)
+            if a3._storage is not a._storage or b3._storage is not b._storage:
+                r = None  # a broadcast batch made a copy: the recipe binds that, not the operands
+        else:
+            out = None
+            for k0 in range(0, K, _MAX_K):
+                kk = min(_MAX_K, K - k0)
+                part = _run(plan(narrow(a3, 2, k0, kk), narrow(b3, 1, k0, kk), out_dt), batch + (M, N), out_dt)
+                out = part if out is None else inplace("add", out, part)
     if a_vec:
         out = squeeze(out, -2)
     if b_vec:
         out = squeeze(out, -1)
-    return out
+    return out, (r if not (a_vec or b_vec) else None)
 
 
 def matmul_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
     """``a @ b + bias`` for 2-d a [M, K], b [K, N] and bias [N] of the result's dtype: the bias added
     as the fast kernel stores its tile (no second pass over the [M, N] output) where that kernel runs
     the product in one dispatch, else a product and an in-place add."""
+    key = ("bias",) + _layout_key(a, b, bias)
+    r = _RECIPES.get(key, _MISS)
+    if r is _MISS:
+        r = _RECIPES.put(key, _bias_recipe(a, b, bias))
+    if r is None:
+        return inplace("add", matmul(a, b), bias)
+    return r.run(a, b, bias)
+
+
+def _bias_recipe(a: Tensor, b: Tensor, bias: Tensor) -> _Recipe | None:
+    """matmul_bias's recipe where one fast dispatch runs it, else None."""
     out_dt = _result_dtype(a, b)
     if (a.ndim == 2 and b.ndim == 2 and bias.shape == (b.shape[1],) and bias.dtype is out_dt
             and bias.is_contiguous() and bias._offset % 4 == 0 and 0 < a.shape[1] <= _MAX_K
             and a.shape[0] * b.shape[1] > 0 and a.device is b.device is bias.device):
         p = plan(reshape(a, (1,) + a.shape), reshape(b, (1,) + b.shape), out_dt)
         if p.variant != "general" and p.split == 1:
-            out = Tensor.empty((p.M, p.N), out_dt, a.device)
-            _run_fast(p, out, TILINGS[p.variant], bias)
-            return out
-    return inplace("add", matmul(a, b), bias)
+            return _Recipe(*_fast_launches(p, TILINGS[p.variant], out_dt, 0, bias), (p.M, p.N), out_dt)
+    return None
 
 
 def matmul_row_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
@@ -240,7 +283,7 @@ def matmul_row_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
         p = plan(expand(reshape(a, (1, M, K)), (n, M, K)), b, out_dt)
         if p.variant != "general" and p.split == 1 and p.nb == n:
             out = Tensor.empty((n, M, N), out_dt, a.device)
-            _run_fast(p, out, TILINGS[p.variant], bias, rows=True)
+            _run_fast(p, out, bias, rows=True)
             return out
     return inplace("add", matmul(a, b), reshape(bias, (M, 1)))
 
@@ -272,7 +315,7 @@ def matmul_causal(a: Tensor, b: Tensor, which: str, out: Tensor | None = None) -
         return c if out is None else copy_(out, c)
     p = replace(p, split=1, tri=which)
     out = Tensor.empty(shape, out_dt, a.device) if out is None else out
-    _run_fast(p, out, TILINGS[p.variant])
+    _run_fast(p, out)
     return out
 
 
@@ -343,11 +386,11 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     if _force_split is not None:
         split = _force_split
     elif (dev.adapter_type.lower() != "cpu" and nb == 1 and not edge and groups(fits[0]) < _SPLIT_BELOW
-          and K >= 2 * _SPLIT_MIN_K):
+          and K >= _SPLIT_FROM_K):
         # float16 too: the partial products stay float32 and their sum is rounded once (_run), as one
         # kernel accumulating the whole K in float32 rounds its result once.
         chosen = fits[0]  # the largest tile: its parts give the workgroups
-        while (groups(chosen) * split < _SPLIT_WORKGROUPS and K // (2 * split) >= _SPLIT_MIN_K
+        while (groups(chosen) * split < _SPLIT_WORKGROUPS and K // (2 * split) >= _SPLIT_MIN_PART
                and split < _SPLIT_MAX):
             split *= 2
     if split > 1 and (nb != 1 or edge or K % (split * chosen.bk)):
@@ -408,21 +451,63 @@ def gemm_tiling(dev, M: int, N: int, nb: int, weight_grad: bool = False) -> Tili
     return fits[-1] if fits else None
 
 
-def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
-    """Run ``p`` into a new tensor of ``shape`` (its batch and M x N)."""
-    run = _run_general if p.variant == "general" else functools.partial(_run_fast, t=TILINGS.get(p.variant))
+@dataclass(frozen=True, eq=False)
+class _Recipe:
+    """What a product runs once its plan is made, with no tensor in it: the kernel, each dispatch's
+    (parameters, workgroups, (FLOPs, bytes)), and the result's shape and dtype (split-K: its float32 parts
+    first, then their sum). Only the operands' buffers and a fresh output are left to bind."""
+
+    kspec: KernelSpec
+    launches: tuple
+    shape: tuple[int, ...]
+    dtype: _dt.DType
+    split: int = 1
+    mn: int = 0  # M * N, for the split parts' sum
+
+    def run(self, a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+        dev = a.device
+        if self.split == 1:
+            out = Tensor.empty(self.shape, self.dtype, dev)
+        else:
+            out = Tensor.empty((self.split, self.mn), _dt.float32, dev)
+        buffers = [out._storage.buffer, a._storage.buffer, b._storage.buffer]
+        if bias is not None:
+            buffers.append(bias._storage.buffer)
+        _dispatch(dev, self.kspec, buffers, self.launches)
+        if self.split == 1:
+            return out
+        return reshape(column_sums(out, 1, self.split, self.mn, self.dtype), self.shape)
+
+
+def _recipe(p: Plan, shape: tuple[int, ...], dtype: _dt.DType, bias: Tensor | None = None) -> _Recipe:
+    """``p``'s recipe into a fresh tensor of ``shape`` (its batch and M x N) of ``dtype``; ``bias`` as
+    _fast_launches takes it (a fast, unsplit plan only)."""
     if p.split == 1:
-        out = Tensor.empty(shape, dtype, p.a.t.device)
-        run(p, out=out)
-        return out
+        return _Recipe(*_launches(p, dtype, 0, bias), shape, dtype)
     # Split-K: part s multiplies A's columns and B's rows s*K/S .. (s+1)*K/S, as batch entry s. The parts
     # are float32 whatever the result's type, summed in float32 and rounded once into ``dtype``.
     kp = p.K // p.split
-    parts = Tensor.empty((p.split, p.M, p.N), _dt.float32, p.a.t.device)
     sp = Plan(p.variant, p.split, p.M, p.N, kp, Operand(p.a.t, p.a.offset, kp * p.a.sj, p.a.si, p.a.sj),
               Operand(p.b.t, p.b.offset, kp * p.b.si, p.b.si, p.b.sj), p.a_layout, p.b_layout, p.lda, p.ldb)
-    run(sp, out=parts)
-    return reshape(column_sums(parts, 1, p.split, p.M * p.N, dtype), shape)
+    return _Recipe(*_launches(sp, _dt.float32, 0), shape, dtype, p.split, p.M * p.N)
+
+
+def _launches(p: Plan, out_dtype: _dt.DType, out_offset: int, bias: Tensor | None = None,
+              rows: bool = False) -> tuple[KernelSpec, tuple]:
+    """(kernel, launches) of ``p`` into an output of ``out_dtype`` at element ``out_offset``."""
+    if p.variant == "general":
+        return _general_launches(p, out_dtype, out_offset)
+    return _fast_launches(p, TILINGS[p.variant], out_dtype, out_offset, bias, rows)
+
+
+def _dispatch(dev, kspec: KernelSpec, buffers: list, launches: tuple) -> None:
+    for params, groups, (flops, nbytes) in launches:
+        dev.dispatch(kspec, buffers, params, groups, flops, nbytes)
+
+
+def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
+    """Run ``p`` into a new tensor of ``shape`` (its batch and M x N)."""
+    return _recipe(p, shape, dtype).run(p.a.t, p.b.t)
 
 
 def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int, tuple[int, int, int]]]:
@@ -435,7 +520,8 @@ def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int,
                 yield z0, y0 * tm, x0 * tn, (min(lim, gx - x0), min(lim, gy - y0), min(lim, p.nb - z0))
 
 
-def _cost(p: Plan, out: Tensor, m0: int, n0: int, groups: tuple[int, int, int], tm: int, tn: int) -> dict[str, int]:
+def _cost(p: Plan, out_dtype: _dt.DType, m0: int, n0: int, groups: tuple[int, int, int], tm: int,
+          tn: int) -> tuple[int, int]:
     """The FLOPs and the least bytes moved of one tile dispatch, for the profiler."""
     rows, cols, nb = min(groups[1] * tm, p.M - m0), min(groups[0] * tn, p.N - n0), groups[2]
     flops = 2 * nb * rows * cols * p.K
@@ -448,39 +534,44 @@ def _cost(p: Plan, out: Tensor, m0: int, n0: int, groups: tuple[int, int, int], 
             flops = 2 * nb * tm * cols * sum(min(p.K, (y + 1) * tm) for y in ys)
         else:
             flops = 2 * nb * tm * cols * sum(max(0, p.K - y * tm) for y in ys)
-    return {"flops": flops,
-            "nbytes": nb * (p.K * (rows * p.a.t.dtype.itemsize + cols * p.b.t.dtype.itemsize)
-                            + rows * cols * out.dtype.itemsize)}
+    return flops, nb * (p.K * (rows * p.a.t.dtype.itemsize + cols * p.b.t.dtype.itemsize)
+                        + rows * cols * out_dtype.itemsize)
 
 
-def _run_general(p: Plan, out: Tensor) -> None:
+def _general_launches(p: Plan, out_dtype: _dt.DType, out_offset: int) -> tuple[KernelSpec, tuple]:
     a, b = p.a.t, p.b.t
-    k = _GENERAL.spec((out.dtype.storage, a.dtype.storage, b.dtype.storage), TC=out.dtype.storage)
-    for z0, m0, n0, groups in _tiles(p, _TILE, _TILE, out.device.max_workgroups):
-        params = _GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=out._offset,
-                               m0=m0, sa_b=p.a.sz, sa_m=p.a.si, sa_k=p.a.sj, n0=n0, sb_b=p.b.sz, sb_k=p.b.si,
-                               sb_n=p.b.sj)
-        out.device.dispatch(k, [out._storage.buffer, a._storage.buffer, b._storage.buffer], params, groups,
-                            **_cost(p, out, m0, n0, groups, _TILE, _TILE))
+    k = _GENERAL.spec((out_dtype.storage, a.dtype.storage, b.dtype.storage), TC=out_dtype.storage)
+    return k, tuple(
+        (_GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=out_offset, m0=m0,
+                       sa_b=p.a.sz, sa_m=p.a.si, sa_k=p.a.sj, n0=n0, sb_b=p.b.sz, sb_k=p.b.si, sb_n=p.b.sj),
+         groups, _cost(p, out_dtype, m0, n0, groups, _TILE, _TILE))
+        for z0, m0, n0, groups in _tiles(p, _TILE, _TILE, a.device.max_workgroups))
 
 
-def _run_fast(p: Plan, out: Tensor, t: Tiling, bias: Tensor | None = None, rows: bool = False) -> None:
+def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bias: Tensor | None = None,
+                   rows: bool = False) -> tuple[KernelSpec, tuple]:
     """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4); with
     ``rows``, a contiguous [M] tensor whose element i is added to row i of every batch entry."""
     a, b = p.a.t, p.b.t
-    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out.dtype.storage, p.edge,
+    k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out_dtype.storage, p.edge,
                      None if bias is None else bias.dtype.storage, p.tri, rows)
     kernel = _FAST if bias is None else _FAST_BIAS
-    buffers = [out._storage.buffer, a._storage.buffer, b._storage.buffer]
-    extra = {}
+    extra = {} if bias is None else {"off_bias": bias._offset if rows else bias._offset // 4}
+    return k, tuple(
+        (kernel.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4, off_c=out_offset // 4,
+                     m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4, ldb=p.ldb // 4, sc_b=p.M * p.N // 4,
+                     ldc=p.N // 4, n0=n0, **extra),
+         groups, _cost(p, out_dtype, m0, n0, groups, t.bm, t.bn))
+        for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, a.device.max_workgroups))
+
+
+def _run_fast(p: Plan, out: Tensor, bias: Tensor | None = None, rows: bool = False) -> None:
+    """Run the fast plan ``p`` into ``out`` (see _fast_launches for ``bias`` and ``rows``)."""
+    k, launches = _fast_launches(p, TILINGS[p.variant], out.dtype, out._offset, bias, rows)
+    buffers = [out._storage.buffer, p.a.t._storage.buffer, p.b.t._storage.buffer]
     if bias is not None:
         buffers.append(bias._storage.buffer)
-        extra["off_bias"] = bias._offset if rows else bias._offset // 4
-    for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, out.device.max_workgroups):
-        params = kernel.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset // 4, off_b=p.b.offset // 4,
-                             off_c=out._offset // 4, m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4,
-                             ldb=p.ldb // 4, sc_b=p.M * p.N // 4, ldc=p.N // 4, n0=n0, **extra)
-        out.device.dispatch(k, buffers, params, groups, **_cost(p, out, m0, n0, groups, t.bm, t.bn))
+    _dispatch(out.device, k, buffers, launches)
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}

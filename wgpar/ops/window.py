@@ -12,6 +12,7 @@ import operator
 from dataclasses import dataclass
 
 from ..runtime.kernels import MAX_LOOP
+from .plans import PlanCache
 
 
 def pair(value, what: str, op: str) -> tuple[int, int]:
@@ -83,8 +84,7 @@ def _out_size(size: int, k: int, s: int, before: int, after: int, d: int, ceil_m
 # Windows already checked, by their arguments (a layer calls with the same ones every step: the checks
 # cost about as much as the kernel's dispatch). Only plain ints and tuples of them are remembered: a
 # bool equals an int as a key, and must still fail the checks.
-_SEEN: dict[tuple, Window] = {}
-_SEEN_MAX = 4096
+_SEEN = PlanCache()
 
 
 def _plain(v) -> bool:
@@ -120,9 +120,7 @@ def window(shape: tuple[int, ...], kernel, stride, padding, dilation, op: str, c
         return hit
     win = _window(shape, kernel, stride, padding, dilation, op, ceil_mode)
     if plain:
-        if len(_SEEN) >= _SEEN_MAX:
-            _SEEN.clear()
-        _SEEN[key] = win
+        _SEEN.put(key, win)
     return win
 
 
