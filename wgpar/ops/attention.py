@@ -212,7 +212,8 @@ def _rt_fits(t: Tile, dv: int, dev) -> bool:
     return t.rm == 4 and t.rows % 4 == 0 and dv % t.cs == 0 and t.cols % t.cs == 0 and t.cs <= subgroup_lanes(dev)
 
 
-_PICKS: dict[tuple, Tile | None] = {}
+_PICKS = PlanCache()  # Tile, or None where none fits
+_NONE_YET = object()
 
 
 def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int | None = None) -> Tile | None:
@@ -222,11 +223,10 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
     call asks four to six times: tens of microseconds of host time each)."""
     key = (kind, dev, head_dim, n_rows, n_cols, tuple(sorted(_force.items())), _force_cv[0],
            _force_unroll[0], os.environ.get(ENV_VARIANT))
-    if key not in _PICKS:
-        if len(_PICKS) >= 4096:  # sequence lengths without end (a server): start again rather than grow
-            _PICKS.clear()
-        _PICKS[key] = _pick(kind, dev, head_dim, n_rows, n_cols)
-    return _PICKS[key]
+    t = _PICKS.get(key, _NONE_YET)
+    if t is _NONE_YET:
+        t = _PICKS.put(key, _pick(kind, dev, head_dim, n_rows, n_cols))
+    return t
 
 
 def _pick(kind: str, dev, head_dim: int, n_rows: int | None, n_cols: int | None) -> Tile | None:
