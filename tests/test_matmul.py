@@ -220,8 +220,8 @@ def test_forcing_a_variant_or_split_is_not_replayed_past(dev, rng):
                 wgpar.synchronize()
         fams = [k.family for k in prof.kernels()]
         assert rel_err(got.numpy(), mm(a, b)) < TOL
-        if name == "general":
-            assert fams == ["matmul"], fams
+        if name == "general":  # (a GPU splits the general kernel's long K itself: a sum may follow)
+            assert "matmul" in fams and "matmul_fast" not in fams, fams
         else:
             assert "matmul_fast" in fams and ("matmul" not in fams), fams
             assert (len(fams) > 1) is (split == 2), fams  # split-K: the parts' sum after
