@@ -175,8 +175,9 @@ class Plan:
     tri: str = ""  # matmul_causal: "c" (C's lower triangle wanted), "a" / "u" (A lower / upper triangular)
 
 
-# Products remembered by their operands' layout (ops/plans.py): the recipe a call of that layout made, or None
-# where it ran otherwise (a vector operand, an empty result, K split over several dispatches). The key holds
+# Products remembered by their operands' layout (ops/plans.py): the recipe a call of that layout made (none
+# where it ran otherwise: a vector operand, an empty result, K split over several dispatches; matmul_bias
+# remembers None for a bias it adds separately). The key holds
 # what plan() reads that tests and benchmarks change: the forced variant and split, the tilings, _MAX_K.
 _RECIPES = PlanCache()
 _MISS = object()
@@ -197,7 +198,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if r is not None:
         return r.run(a, b)
     out, r = _matmul(a, b)
-    _RECIPES.put(key, r)
+    if r is not None:  # (a layout without a recipe plans again: nothing to remember)
+        _RECIPES.put(key, r)
     return out
 
 
@@ -479,25 +481,23 @@ class _Recipe:
         return reshape(column_sums(out, 1, self.split, self.mn, self.dtype), self.shape)
 
 
-def _recipe(p: Plan, shape: tuple[int, ...], dtype: _dt.DType, bias: Tensor | None = None) -> _Recipe:
-    """``p``'s recipe into a fresh tensor of ``shape`` (its batch and M x N) of ``dtype``; ``bias`` as
-    _fast_launches takes it (a fast, unsplit plan only)."""
+def _recipe(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> _Recipe:
+    """``p``'s recipe into a fresh tensor of ``shape`` (its batch and M x N) of ``dtype``."""
     if p.split == 1:
-        return _Recipe(*_launches(p, dtype, 0, bias), shape, dtype)
+        return _Recipe(*_launches(p, dtype), shape, dtype)
     # Split-K: part s multiplies A's columns and B's rows s*K/S .. (s+1)*K/S, as batch entry s. The parts
     # are float32 whatever the result's type, summed in float32 and rounded once into ``dtype``.
     kp = p.K // p.split
     sp = Plan(p.variant, p.split, p.M, p.N, kp, Operand(p.a.t, p.a.offset, kp * p.a.sj, p.a.si, p.a.sj),
               Operand(p.b.t, p.b.offset, kp * p.b.si, p.b.si, p.b.sj), p.a_layout, p.b_layout, p.lda, p.ldb)
-    return _Recipe(*_launches(sp, _dt.float32, 0), shape, dtype, p.split, p.M * p.N)
+    return _Recipe(*_launches(sp, _dt.float32), shape, dtype, p.split, p.M * p.N)
 
 
-def _launches(p: Plan, out_dtype: _dt.DType, out_offset: int, bias: Tensor | None = None,
-              rows: bool = False) -> tuple[KernelSpec, tuple]:
-    """(kernel, launches) of ``p`` into an output of ``out_dtype`` at element ``out_offset``."""
+def _launches(p: Plan, out_dtype: _dt.DType) -> tuple[KernelSpec, tuple]:
+    """(kernel, launches) of ``p`` into a fresh output of ``out_dtype`` (element offset 0)."""
     if p.variant == "general":
-        return _general_launches(p, out_dtype, out_offset)
-    return _fast_launches(p, TILINGS[p.variant], out_dtype, out_offset, bias, rows)
+        return _general_launches(p, out_dtype)
+    return _fast_launches(p, TILINGS[p.variant], out_dtype, 0)
 
 
 def _dispatch(dev, kspec: KernelSpec, buffers: list, launches: tuple) -> None:
@@ -538,11 +538,12 @@ def _cost(p: Plan, out_dtype: _dt.DType, m0: int, n0: int, groups: tuple[int, in
                         + rows * cols * out_dtype.itemsize)
 
 
-def _general_launches(p: Plan, out_dtype: _dt.DType, out_offset: int) -> tuple[KernelSpec, tuple]:
+def _general_launches(p: Plan, out_dtype: _dt.DType) -> tuple[KernelSpec, tuple]:
+    """The general kernel's (kernel, launches) into a fresh output (element offset 0)."""
     a, b = p.a.t, p.b.t
     k = _GENERAL.spec((out_dtype.storage, a.dtype.storage, b.dtype.storage), TC=out_dtype.storage)
     return k, tuple(
-        (_GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=out_offset, m0=m0,
+        (_GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=0, m0=m0,
                        sa_b=p.a.sz, sa_m=p.a.si, sa_k=p.a.sj, n0=n0, sb_b=p.b.sz, sb_k=p.b.si, sb_n=p.b.sj),
          groups, _cost(p, out_dtype, m0, n0, groups, _TILE, _TILE))
         for z0, m0, n0, groups in _tiles(p, _TILE, _TILE, a.device.max_workgroups))
