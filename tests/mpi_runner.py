@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -331,48 +330,8 @@ def check_hosts_pipelined(group, seed):
         assert group.inter_host_flight_seconds > 0, "the leaders' step never ran"
 
 
-def check_inputs_read_in_place(group, seed):
-    """Peer reads (the host's processes may read each other's memory, peers.py; chosen unless
-    WGPAR_MPI_PEER_READS=0 or a read failed at start-up): an all-reduce reads the other ranks' parts of this
-    rank's slice from their readbacks in place (the bytes read from other processes add up to (L - 1) times
-    the tensor per host of L ranks), nothing is copied into shared memory and the arena has no input slots.
-    Without them nothing is read from another process and the shares go through the input slots."""
-    from wgpar.distributed.backends import peers as _peers
-
-    n = 3 * 16384 + 77  # several chunks under the tests' 64 KiB chunks
-    lock, read = threading.Lock(), [0]
-    real = _peers.read_into
-
-    def counting(pid, address, out):
-        with lock:
-            read[0] += out.nbytes
-        real(pid, address, out)
-
-    t = wgpar.tensor(conformance._data(seed, group.rank, (n,), "f"), device=group.device)
-    _peers.read_into = counting
-    try:
-        with wgpar.profiler.profile() as prof:
-            group.all_reduce(t, "sum")
-            group.device.synchronize()
-    finally:
-        _peers.read_into = real
-    copied = sum(1 for e in prof.ranges() if e.name == "copy into shared memory")
-    rows = group.gather_objects((group.hosts[group.rank], group.local_size, group._peers is not None, read[0],
-                                 copied, group._arena.input_sets))
-    for h in {row[0] for row in rows}:
-        mine = [row for row in rows if row[0] == h]
-        L, peers = mine[0][1], mine[0][2]
-        assert all(row[2] == peers for row in mine), f"host {h}: the ranks chose differently: {mine}"
-        if peers:
-            assert sum(row[3] for row in mine) == (L - 1) * 4 * n, (h, mine)
-            assert all(row[4] == 0 and row[5] == 0 for row in mine), (h, mine)
-        else:
-            assert all(row[3] == 0 and row[5] == 3 for row in mine), (h, mine)
-            assert L == 1 or all(row[4] > 0 for row in mine), (h, mine)
-
-
 MPI_CHECKS = [check_backend_basics, check_large_pipelined, check_host_all_reduce, check_pipelined_steps,
-              check_mailbox_and_mpi_in_order, check_inputs_read_in_place]
+              check_mailbox_and_mpi_in_order]
 
 
 def conformance_program(group, seed: int) -> dict:
@@ -391,7 +350,6 @@ def conformance_program(group, seed: int) -> dict:
     assert pool.num_idle == pool.num_created and pool.num_abandoned == 0, (pool.num_idle, pool.num_created)
     out["checks"] = np.array(done)
     out["host"] = np.array([group.hosts[group.rank], group.num_hosts])
-    out["peer_reads"] = np.array(group._peers is not None)
     return out
 
 
@@ -521,24 +479,8 @@ def p2p_progress_program(group, busy: float, n: int) -> None:
     group.barrier()
 
 
-def _block_peer_reads() -> None:
-    """WGPAR_TEST_BLOCK_PEER_READS=r: rank r's reads of other processes fail, as where a container's seccomp
-    profile blocks process_vm_readv (the host must fall back to copies through shared memory)."""
-    from mpi4py import MPI
-
-    from wgpar.distributed.backends import peers as _peers
-
-    if MPI.COMM_WORLD.Get_rank() == int(os.environ["WGPAR_TEST_BLOCK_PEER_READS"]):
-        def blocked(pid, address, out):
-            raise PermissionError(1, "Operation not permitted (blocked by the test)")
-
-        _peers.read_into = blocked
-
-
 def main() -> None:
     scenario = sys.argv[1]
-    if os.environ.get("WGPAR_TEST_BLOCK_PEER_READS"):
-        _block_peer_reads()
     if scenario == "conformance":
         seed, path = int(sys.argv[2]), sys.argv[3]
         results = run_spmd(conformance_program, args=(seed,), backend="mpi", timeout=60)

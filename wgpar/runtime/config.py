@@ -24,9 +24,6 @@ class Config:
     mpi_ranks_per_host: int | None = None
     """WGPAR_MPI_RANKS_PER_HOST: treat every N consecutive MPI ranks as one host (to test the
     multi-host path of the MPI backend on one machine); unset: the real hosts."""
-    mpi_peer_reads: bool = True
-    """WGPAR_MPI_PEER_READS: ``0`` makes the MPI backend's processes copy collective inputs through shared
-    memory instead of reading each other's mapped readbacks in place (``process_vm_readv``)."""
     memory_limit: int | None = None
     """WGPAR_MEMORY_LIMIT: bytes each device may reserve (``512M``, ``2G`` and ``64K`` work too)."""
     native_calls: bool = True
@@ -70,7 +67,6 @@ def load() -> Config:
         dump_wgsl=os.environ.get("WGPAR_DUMP_WGSL") or None,
         mpi_chunk_kb=_int("WGPAR_MPI_CHUNK_KB", 16384),
         mpi_ranks_per_host=_int("WGPAR_MPI_RANKS_PER_HOST", 0) or None,
-        mpi_peer_reads=_int("WGPAR_MPI_PEER_READS", 1) != 0,
         memory_limit=_bytes("WGPAR_MEMORY_LIMIT"),
         native_calls=_int("WGPAR_NATIVE_CALLS", 1) != 0,
     )

@@ -113,20 +113,9 @@ def blocks(n: int, block: int, workers: int = 0, align: int = 16) -> list[tuple[
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
-def _take(parts: Sequence, k: int, a: int, b: int) -> np.ndarray:
-    """Items ``[a, b)`` of part ``k``: a slice of an array, or a block read from another process's memory
-    (an object with ``fetch``, e.g. peers.PeerArray) into this thread's scratch for that part."""
-    p = parts[k]
-    if isinstance(p, np.ndarray):
-        return p[a:b]
-    return p.fetch(a, b, _block_scratch(f"part{k}", p.dtype))
-
-
-def reduce_tasks(parts: Sequence, targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
+def reduce_tasks(parts: Sequence[np.ndarray], targets: Sequence[np.ndarray], op: str, is_bool: bool = False,
                  block: int = BLOCK, acc: np.ndarray | None = None, workers: int = 0) -> list[Task]:
-    """The blocks of ``reduce_into`` as tasks (run them with ``run_tasks``; any order, any thread). A part
-    may also be another process's memory (an object with ``len``, ``dtype`` and ``fetch(a, b, out)``),
-    read a block at a time."""
+    """The blocks of ``reduce_into`` as tasks (run them with ``run_tasks``; any order, any thread)."""
     n = len(parts[0]) if parts else 0
     if n == 0:
         return []
@@ -139,21 +128,21 @@ def reduce_tasks(parts: Sequence, targets: Sequence[np.ndarray], op: str, is_boo
     def run_block(a: int, b: int) -> None:
         if world == 1:
             for t in targets if out is None else (out, *targets):
-                np.copyto(t[a:b], _take(parts, 0, a, b), casting="unsafe")
+                np.copyto(t[a:b], parts[0][a:b], casting="unsafe")
             return
         m = b - a
         acc = out[a:b] if out is not None else _block_scratch("block", acc_dtype)[:m]
         if half:  # float16 parts are added as float32 from the first pair on (not rounded to float16 first)
             u, mask, t = _block_scratch("u", _U32)[:m], _block_scratch("mask", np.bool_)[:m], \
                 _block_scratch("t", np.float32)[:m]
-            f16_to_f32(_take(parts, 0, a, b), acc, u, mask)
-            for k in range(1, world):
-                f16_to_f32(_take(parts, k, a, b), t, u, mask)
+            f16_to_f32(parts[0][a:b], acc, u, mask)
+            for p in parts[1:]:
+                f16_to_f32(p[a:b], t, u, mask)
                 fn(acc, t, out=acc)
         else:
-            fn(_take(parts, 0, a, b), _take(parts, 1, a, b), out=acc)
-            for k in range(2, world):
-                fn(acc, _take(parts, k, a, b), out=acc)
+            fn(parts[0][a:b], parts[1][a:b], out=acc)
+            for p in parts[2:]:
+                fn(acc, p[a:b], out=acc)
         if op == "mean":
             np.divide(acc, world, out=acc)
         src = acc

@@ -83,8 +83,7 @@ from .hostreduce import (
 )
 from .mpi_sends import PAUSE_IN_FLIGHT, SendPump
 from .mpi_world import Interrupted, World, world
-from .peers import PeerArray, open_peer_reads
-from .shm import INPUT_SETS, HostFlags, Mailbox, SharedArena, mail_slot_cap, shm_slot_cap, slot_size
+from .shm import HostFlags, Mailbox, SharedArena, mail_slot_cap, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
@@ -194,10 +193,8 @@ class _LeadersStep:
 
 class _Chunks:
     """One rank's view of an elementwise collective's chunks (``_pipeline`` and ``_reduce_hosts``): the
-    elements of each it reduces, its mapped readback of them, and how the other ranks of its host read
-    them: in place (peer reads: it publishes where chunk i lies before the barrier that opens step i, and
-    keeps it until the barrier that ends it), or from its input slot of the arena, into which it copies the
-    other ranks' shares."""
+    elements of each it reduces, its mapped readback of them, and the copy of the other ranks' shares into
+    its input slot of the arena."""
 
     def __init__(self, group: MPIGroup, what: str, rb: ChunkedReadback, n: int, hdt: np.dtype, shared: bool,
                  lo: int, hi: int) -> None:
@@ -206,7 +203,6 @@ class _Chunks:
         self.group, self.what, self.rb, self.hdt, self.shared, self.lo, self.hi = group, what, rb, hdt, shared, lo, hi
         self.W = host_threads()
         self.maps: dict[int, np.ndarray] = {}  # the mapped readback of the chunks in use
-        self.peers = group._peers
 
     def share(self, i: int) -> tuple[int, int]:
         """The elements of chunk i this rank reduces: its slice of the chunk (shared), else its own range."""
@@ -226,27 +222,9 @@ class _Chunks:
                                                             self.what), self.what)
         return self.maps[i]
 
-    def part(self, i: int, k: int):
-        """Host rank k's readback of chunk i: this rank's mapping, another rank's read in place
-        (a PeerArray), or its input slot."""
-        a, b = self.chunks[i]
-        if k == self.group.local_rank:
-            return self.mapped(i)
-        if self.peers is not None:
-            return PeerArray(self.peers, k, i % 3, self.hdt, b - a)
-        return self.group._arena.inputs(i % 3, k, self.hdt, b - a)
-
-    def publish(self, i: int) -> None:
-        """With peer reads: tell the host's other ranks where chunk i lies (before the barrier that opens
-        step i)."""
-        if self.peers is not None and i < len(self.chunks):
-            m = self.mapped(i)
-            self.peers.publish(i % 3, m.ctypes.data, m.nbytes)
-
     def copy_in(self, i: int) -> list:
-        """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk, none with
-        peer reads)."""
-        if self.group.local_size == 1 or i >= len(self.chunks) or self.peers is not None:
+        """Tasks: the others' shares of chunk i into this rank's slot (none past the last chunk)."""
+        if self.group.local_size == 1 or i >= len(self.chunks):
             return []
         a, b = self.chunks[i]
         s0, s1 = self.share(i)
@@ -260,27 +238,15 @@ class _Chunks:
         g = self.group
         if g.local_size == 1:
             return []
-        if self.peers is not None:
-            self.publish(0)
-            return g._host_barrier(self.what)
         (a, b), (s0, s1) = self.chunks[0], self.share(0)
         with profiling.span("copy into shared memory", "collective", rank=g.ranks[g.rank],
                             bytes=(b - a - s1 + s0) * self.hdt.itemsize):
             run_tasks(bundle(self.copy_in(0), self.W))
         return g._host_barrier(self.what, lambda: self.copy_in(1), self.W)
 
-    def barrier(self, i: int) -> list[Future]:
-        """The host barrier that ends step i: chunk i + 1 published before it (peer reads), or chunk i + 2's
-        copy in started once this rank arrived (its futures returned, see ``_host_barrier``)."""
-        if self.peers is not None:
-            self.publish(i + 1)
-            return self.group._host_barrier(self.what)
-        return self.group._host_barrier(self.what, lambda: self.copy_in(i + 2), self.W)
-
     def done(self, i: int) -> None:
-        """This rank's own work on chunk i is done (called before the barrier that ends step i). Peers may
-        read it until that barrier, so with peer reads the chunk before it is the one let go."""
-        self.maps.pop(i - 1 if self.peers is not None else i, None)
+        """Chunk i's readback is no longer needed."""
+        self.maps.pop(i, None)
 
 
 class MPIGroup(StagedGroup):
@@ -336,12 +302,8 @@ class MPIGroup(StagedGroup):
         # Across hosts a third result slot: the leaders' step of chunk i is in flight while the host reduces
         # chunk i + 1 and copies chunk i - 1 out (``_reduce_hosts``).
         results = 3 if self.num_hosts > 1 else 2
-        # Where the host's processes can read each other's memory, a collective's inputs are read in place
-        # (peers.py) and the arena needs no input slots.
-        self._peers = open_peer_reads(MPI, self.node) if CONFIG.mpi_peer_reads and self.local_size > 1 else None
-        inputs = 0 if self._peers is not None else INPUT_SETS
-        self._max_slot = comm.allreduce(shm_slot_cap(self.local_size, self.chunk, results, inputs), op=MPI.MIN)
-        self._arena = SharedArena(MPI, self.node, self.local_size, results, inputs)
+        self._max_slot = comm.allreduce(shm_slot_cap(self.local_size, self.chunk, results), op=MPI.MIN)
+        self._arena = SharedArena(MPI, self.node, self.local_size, results)
         self._flags = HostFlags(MPI, self.node)  # the host barrier
         self._host_members = tuple(self.node.allgather(self.rank))  # the group rank of each host rank
         mail = self.node.allreduce(mail_slot_cap(self.local_size, self.chunk), op=MPI.MIN)
@@ -625,10 +587,10 @@ class MPIGroup(StagedGroup):
         isz = hdt.itemsize
         acc = np.dtype(np.float32) if hdt == np.float16 else hdt
         is_bool = dtype is _dt.bool_
-        L, arena = self.local_size, self._arena
+        L, me, arena = self.local_size, self.local_rank, self._arena
         rank = self.ranks[self.rank]
         cs = _Chunks(self, what, rb, n, hdt, shared, lo, hi)
-        chunks, share, W = cs.chunks, cs.share, cs.W
+        chunks, share, mapped, copy_in, W = cs.chunks, cs.share, cs.mapped, cs.copy_in, cs.W
         N = len(chunks)
         gather = shared and L > 1  # the others' slices come back through the result slot
 
@@ -638,7 +600,7 @@ class MPIGroup(StagedGroup):
             s0, s1 = share(i)
             if s0 >= s1:
                 return []
-            parts = [cs.part(i, k) for k in range(L)]
+            parts = [mapped(i) if k == me else arena.inputs(i % 3, k, hdt, b - a) for k in range(L)]
             out = arena.result(i % 2, hdt, b - a) if gather else None
             tasks = []
             for first, dst in up.targets((s0 - lo) * isz, s1 - s0):
@@ -688,10 +650,8 @@ class MPIGroup(StagedGroup):
             del futures
             cs.done(i)
             complete = done(i)
-            # With peer reads the last step ends with a barrier too: the others may still read this rank's
-            # readback, which is released once the collective returns.
-            if L > 1 and (gather or i + 1 < N or cs.peers is not None):
-                ahead = cs.barrier(i)
+            if L > 1 and (gather or i + 1 < N):
+                ahead = self._host_barrier(what, lambda i=i: copy_in(i + 2), W)
         up.advance(complete)
         if gather:
             with profiling.span("copy out of shared memory", "collective", rank=rank):
@@ -730,7 +690,7 @@ class MPIGroup(StagedGroup):
         divide = self.world_size if op == "mean" else None
         rank = self.ranks[self.rank]
         cs = _Chunks(self, what, rb, n, hdt, True, lo, hi)  # every rank reduces its slice of each chunk
-        chunks, share, W = cs.chunks, cs.share, cs.W
+        chunks, share, mapped, copy_in, W = cs.chunks, cs.share, cs.mapped, cs.copy_in, cs.W
         N = len(chunks)
 
         def result(i: int) -> np.ndarray:
@@ -743,7 +703,7 @@ class MPIGroup(StagedGroup):
                 return []
             a, b = chunks[i]
             s0, s1 = share(i)
-            parts = [cs.part(i, k) for k in range(L)]
+            parts = [mapped(i) if k == me else arena.inputs(i % 3, k, hdt, b - a) for k in range(L)]
             return reduce_tasks([x[s0 - a:s1 - a] for x in parts], [result(i)[s0 - a:s1 - a]], part_op, is_bool,
                                 _BLOCK, workers=W)
 
@@ -789,7 +749,7 @@ class MPIGroup(StagedGroup):
             if net is not None:
                 self._leaders_wait(net, what)
             if i <= N:  # a later step copies out what the leaders' step of chunk i - 1 brought
-                ahead = cs.barrier(i)
+                ahead = self._host_barrier(what, lambda i=i: copy_in(i + 2), W)
         up.advance(complete)
 
     def _finish_testing(self, futures: list[Future], net: _LeadersStep | None) -> None:

@@ -24,12 +24,12 @@ _MIN_SLOT = 1 << 16
 INPUT_SETS = 3
 
 
-def arena_slots(local_size: int, results: int = 2, input_sets: int = INPUT_SETS) -> int:
+def arena_slots(local_size: int, results: int = 2) -> int:
     """Slots of the arena of a host of ``local_size`` ranks: the input sets and ``results`` result slots."""
-    return input_sets * local_size + results
+    return INPUT_SETS * local_size + results
 
 
-def shm_slot_cap(local_size: int, chunk: int, results: int = 2, input_sets: int = INPUT_SETS) -> int:
+def shm_slot_cap(local_size: int, chunk: int, results: int = 2) -> int:
     """The largest slot (a power of two, at most ``chunk``) whose arena fits in half of /dev/shm's free
     space (MPICH backs shared windows there; a container's small /dev/shm would crash with SIGBUS)."""
     cap = chunk
@@ -38,7 +38,7 @@ def shm_slot_cap(local_size: int, chunk: int, results: int = 2, input_sets: int 
         free = st.f_bavail * st.f_frsize
     except OSError:
         return cap
-    while cap > _MIN_SLOT and arena_slots(local_size, results, input_sets) * cap > free // 2:
+    while cap > _MIN_SLOT and arena_slots(local_size, results) * cap > free // 2:
         cap //= 2
     return cap
 
@@ -77,12 +77,11 @@ class SharedArena:
     """The input slots of the host's ``ranks`` ranks and ``results`` result slots, shared over the host
     communicator ``node``."""
 
-    def __init__(self, MPI, node, ranks: int, results: int = 2, input_sets: int = INPUT_SETS) -> None:
+    def __init__(self, MPI, node, ranks: int, results: int = 2) -> None:
         self.MPI = MPI
         self.node = node
         self.ranks = ranks
         self.results = results
-        self.input_sets = input_sets
         self.slot_bytes = 0
         self._win = None
         self._base: np.ndarray | None = None
@@ -92,8 +91,7 @@ class SharedArena:
         if slot_bytes <= self.slot_bytes:
             return
         self.free()
-        self._win, self._base = shared_window(self.MPI, self.node,
-                                             arena_slots(self.ranks, self.results, self.input_sets) * slot_bytes)
+        self._win, self._base = shared_window(self.MPI, self.node, arena_slots(self.ranks, self.results) * slot_bytes)
         self.slot_bytes = slot_bytes
 
     def _slot(self, k: int, dtype, count: int) -> np.ndarray:
@@ -101,16 +99,14 @@ class SharedArena:
         return self._base[start:start + self.slot_bytes].view(dtype)[:count]
 
     def inputs(self, s: int, j: int, dtype, count: int) -> np.ndarray:
-        """Rank ``j``'s slot of input set ``s`` (0 .. input_sets - 1) as ``count`` items of ``dtype``."""
-        if not 0 <= s < self.input_sets:
-            raise IndexError(f"input set {s} of an arena of {self.input_sets}")
+        """Rank ``j``'s slot of input set ``s`` (0 .. INPUT_SETS - 1) as ``count`` items of ``dtype``."""
         return self._slot(s * self.ranks + j, dtype, count)
 
     def result(self, h: int, dtype, count: int) -> np.ndarray:
         """Result slot ``h`` (0 .. results - 1) as ``count`` items of ``dtype``."""
         if not 0 <= h < self.results:
             raise IndexError(f"result slot {h} of an arena of {self.results}")
-        return self._slot(self.input_sets * self.ranks + h, dtype, count)
+        return self._slot(INPUT_SETS * self.ranks + h, dtype, count)
 
     def sync(self) -> None:
         """Make this process's writes visible (call before and after the host barrier)."""
