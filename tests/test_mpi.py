@@ -194,15 +194,16 @@ def test_conformance_and_data_parallel_under_mpiexec(conformance_jobs, name):
             np.testing.assert_array_equal(got[f"{r}.{k}"], strategies[r][k], err_msg=f"rank {r} {k}: MPI vs threads")
 
 
-HOSTS = {"2x2": (4, 2), "2x1": (2, 1), "3+2": (5, 3)}  # simulated hosts: processes, ranks per host
+# simulated hosts: processes, ranks per host ("1x3": one host, the one-host pipeline with ranks drifting apart)
+HOSTS = {"2x2": (4, 2), "2x1": (2, 1), "3+2": (5, 3), "1x3": (3, 3)}
 
 
 def test_the_pipelined_all_reduce_across_hosts_at_awkward_sizes_with_ranks_drifting_apart():
     """``check_hosts_pipelined`` (the leaders' step of chunk i in flight while the host works on chunks
-    i + 1 and i - 1) on 2 hosts of 2 ranks, of 1 rank and of 3 and 2 ranks, every rank's steps delayed at
-    random by up to 2 ms so that ranks run ahead as far as the barriers allow: bit for bit the host-then-
-    leaders fold. (The 3proc-2hosts conformance job covers the rest of the API across hosts.) The jobs
-    run at once."""
+    i + 1 and i - 1) on 2 hosts of 2 ranks, of 1 rank and of 3 and 2 ranks, and the one-host pipeline on 3
+    ranks (input sets reused too early show), every rank's steps delayed at random by up to 2 ms so that
+    ranks run ahead as far as the barriers allow: bit for bit the host-then-leaders fold. (The 3proc-2hosts
+    conformance job covers the rest of the API across hosts.) The jobs run at once."""
     seed = int.from_bytes(os.urandom(4), "little") >> 2
     jobs = {name: _start(n, "hosts", str(seed), "0.002", env={"WGPAR_MPI_RANKS_PER_HOST": str(per)})
             for name, (n, per) in HOSTS.items()}
