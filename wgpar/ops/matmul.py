@@ -472,10 +472,7 @@ class _Recipe:
             out = Tensor.empty(self.shape, self.dtype, dev)
         else:
             out = Tensor.empty((self.split, self.mn), _dt.float32, dev)
-        buffers = [out._storage.buffer, a._storage.buffer, b._storage.buffer]
-        if bias is not None:
-            buffers.append(bias._storage.buffer)
-        _dispatch(dev, self.kspec, buffers, self.launches)
+        _dispatch(dev, self.kspec, _bound(out, a, b, bias), self.launches)
         if self.split == 1:
             return out
         return reshape(column_sums(out, 1, self.split, self.mn, self.dtype), self.shape)
@@ -498,6 +495,11 @@ def _launches(p: Plan, out_dtype: _dt.DType) -> tuple[KernelSpec, tuple]:
     if p.variant == "general":
         return _general_launches(p, out_dtype)
     return _fast_launches(p, TILINGS[p.variant], out_dtype, 0)
+
+
+def _bound(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None) -> list:
+    """A product's buffers in binding order: C, A, B, then the bias where there is one."""
+    return [t._storage.buffer for t in (out, a, b, bias) if t is not None]
 
 
 def _dispatch(dev, kspec: KernelSpec, buffers: list, launches: tuple) -> None:
@@ -569,10 +571,7 @@ def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bi
 def _run_fast(p: Plan, out: Tensor, bias: Tensor | None = None, rows: bool = False) -> None:
     """Run the fast plan ``p`` into ``out`` (see _fast_launches for ``bias`` and ``rows``)."""
     k, launches = _fast_launches(p, TILINGS[p.variant], out.dtype, out._offset, bias, rows)
-    buffers = [out._storage.buffer, p.a.t._storage.buffer, p.b.t._storage.buffer]
-    if bias is not None:
-        buffers.append(bias._storage.buffer)
-    _dispatch(out.device, k, buffers, launches)
+    _dispatch(out.device, k, _bound(out, p.a.t, p.b.t, bias), launches)
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
