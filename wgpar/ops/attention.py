@@ -213,7 +213,6 @@ def _rt_fits(t: Tile, dv: int, dev) -> bool:
 
 
 _PICKS = PlanCache()  # Tile, or None where none fits
-_NONE_YET = object()
 
 
 def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int | None = None) -> Tile | None:
@@ -223,10 +222,7 @@ def pick(kind: str, dev, head_dim: int, n_rows: int | None = None, n_cols: int |
     call asks four to six times: tens of microseconds of host time each)."""
     key = (kind, dev, head_dim, n_rows, n_cols, tuple(sorted(_force.items())), _force_cv[0],
            _force_unroll[0], os.environ.get(ENV_VARIANT))
-    t = _PICKS.get(key, _NONE_YET)
-    if t is _NONE_YET:
-        t = _PICKS.put(key, _pick(kind, dev, head_dim, n_rows, n_cols))
-    return t
+    return _PICKS.remember(key, _pick, kind, dev, head_dim, n_rows, n_cols)
 
 
 def _pick(kind: str, dev, head_dim: int, n_rows: int | None, n_cols: int | None) -> Tile | None:

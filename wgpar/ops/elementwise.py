@@ -415,7 +415,6 @@ class MapPlan:
 
 
 _PLANS = PlanCache()  # MapPlan, or None where the general path runs
-_MISS = object()
 _TAIL_BYTES = 32  # off and sc (vec4 each) end both parameter blocks
 _TAIL_BITS = struct.Struct("<8I")
 _U32 = struct.Struct("<I")
@@ -429,12 +428,9 @@ def plan(op: str, operands: list, out_dtype: DType | None = None, out: Tensor | 
         key.append((out._storage.dtype, out._shape, out._strides, out._storage.device))
     for x in operands:
         key.append((x._storage.dtype, x._shape, x._strides, x._storage.device) if isinstance(x, Tensor) else type(x))
-    key = tuple(key)
-    p = _PLANS.get(key, _MISS)
-    if p is _MISS:
-        p = _PLANS.put(key, _make_plan(op, operands, out_dtype) if out is None
-                       else _make_into(op, operands, out_dtype, out))
-    return p
+    if out is None:
+        return _PLANS.remember(tuple(key), _make_plan, op, operands, out_dtype)
+    return _PLANS.remember(tuple(key), _make_into, op, operands, out_dtype, out)
 
 
 def _make_plan(op: str, operands: list, out_dtype: DType | None) -> MapPlan | None:

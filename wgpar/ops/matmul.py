@@ -180,7 +180,6 @@ class Plan:
 # remembers None for a bias it adds separately). The key holds
 # what plan() reads that tests and benchmarks change: the forced variant and split, the tilings, _MAX_K.
 _RECIPES = PlanCache()
-_MISS = object()
 
 
 def _layout_key(*ts: Tensor) -> tuple:
@@ -251,10 +250,7 @@ def matmul_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
     """``a @ b + bias`` for 2-d a [M, K], b [K, N] and bias [N] of the result's dtype: the bias added
     as the fast kernel stores its tile (no second pass over the [M, N] output) where that kernel runs
     the product in one dispatch, else a product and an in-place add."""
-    key = ("bias",) + _layout_key(a, b, bias)
-    r = _RECIPES.get(key, _MISS)
-    if r is _MISS:
-        r = _RECIPES.put(key, _bias_recipe(a, b, bias))
+    r = _RECIPES.remember(("bias",) + _layout_key(a, b, bias), _bias_recipe, a, b, bias)
     if r is None:
         return inplace("add", matmul(a, b), bias)
     return r.run(a, b, bias)

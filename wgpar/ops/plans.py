@@ -8,9 +8,11 @@ step repeats every call). The values hold no tensors, only what was decided.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _ALL: list[PlanCache] = []
+_MISSING = object()
 
 
 class PlanCache:
@@ -25,6 +27,14 @@ class PlanCache:
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._d.get(key, default)
+
+    def remember(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
+        """The value held for ``key``; the first time, ``make(*args)``'s, remembered (None included: a plan
+        that says "not this way" is remembered too)."""
+        value = self._d.get(key, _MISSING)
+        if value is _MISSING:
+            value = self.put(key, make(*args))
+        return value
 
     def put(self, key: Any, value: Any) -> Any:
         """Remember ``value`` for ``key``; returns ``value``."""
