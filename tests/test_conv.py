@@ -382,7 +382,7 @@ def test_conv2d_bad_arguments_raise_clearly(args, match):
 
 
 def test_conv2d_mixed_dtypes_and_layer_arguments_raise():
-    with pytest.raises(TypeError, match=r"one dtype"):
+    with pytest.raises(TypeError, match=r"one float dtype"):
         F.conv2d(wgpar.zeros(1, 2, 4, 4), wgpar.zeros(3, 2, 3, 3, dtype=wgpar.int32))
     with pytest.raises(ValueError, match=r"divisible by groups"):
         nn.Conv2d(3, 4, 3, groups=2)

@@ -179,7 +179,7 @@ def test_matmul_bias_other_paths(rng, dev, case):
 @pytest.mark.parametrize("variant", FAST)
 @pytest.mark.parametrize("shape", [None, (100, 44, 36), (67, 20, 12)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_matmul_row_bias_epilogue(rng, dev, variant, shape, dtype):
+def test_matmul_rows_epilogue(rng, dev, variant, shape, dtype):
     """A [M, K] shared by the batch of B [3, K, N] plus a bias per row (a 1x1 convolution), the bias added
     as the fast kernel stores its tiles at an odd element offset: one dispatch, equal to product + bias."""
     if dtype == np.float16 and not dev.has_f16:
@@ -192,7 +192,7 @@ def test_matmul_row_bias_epilogue(rng, dev, variant, shape, dtype):
     wa, wb, wbias = (wgpar.tensor(x, dtype=wdt) for x in (a, b, bias))
     with mm.force_variant(variant):
         n0 = dev.num_dispatches
-        got = mm.matmul_row_bias(wa, wb, wbias[3:])
+        got = mm.matmul_rows(wa, wb, wbias[3:])
         assert dev.num_dispatches - n0 == 1
     want = a.astype(np.float64) @ b.astype(np.float64) + bias[3:, None].astype(np.float64)
     assert got.dtype is wdt and got.shape == (3, M, N)
@@ -200,7 +200,7 @@ def test_matmul_row_bias_epilogue(rng, dev, variant, shape, dtype):
 
 
 @pytest.mark.parametrize("case", ["general", "long K", "mixed dtypes"])
-def test_matmul_row_bias_other_paths(rng, case, monkeypatch):
+def test_matmul_rows_other_paths(rng, case, monkeypatch):
     """Where one dispatch cannot do it (N not in vec4s: the general kernel; K past the loop limit: products
     summed over parts; a float16 bias on float32 operands) it is a product and an add, with the same values."""
     M, K, N = (9, 10, 7) if case == "general" else (16, 40, 8)
@@ -208,7 +208,7 @@ def test_matmul_row_bias_other_paths(rng, case, monkeypatch):
         monkeypatch.setattr(mm, "_MAX_K", 16)
     a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((2, K, N)).astype(np.float32)
     bias = rng.standard_normal(M).astype(np.float16 if case == "mixed dtypes" else np.float32)
-    got = mm.matmul_row_bias(wgpar.tensor(a), wgpar.tensor(b), wgpar.tensor(bias, dtype=wgpar.float16 if
+    got = mm.matmul_rows(wgpar.tensor(a), wgpar.tensor(b), wgpar.tensor(bias, dtype=wgpar.float16 if
                                                                            case == "mixed dtypes" else wgpar.float32))
     assert got.dtype is wgpar.float32
     assert rel_err(got.numpy(), a.astype(np.float64) @ b + bias[:, None].astype(np.float64)) < 1e-5
@@ -272,16 +272,44 @@ def test_unaligned_views_fall_back(rng):
     assert rel_err(wa.matmul(wb).numpy(), wide[:, 4:68].astype(np.float64) @ b) < 1e-5
 
 
-def test_mixed_dtypes_fall_back(rng, dev):
+@pytest.mark.parametrize("variant", FAST)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("types", [("float32", "float16"), ("float16", "float32")])
+def test_mixed_dtypes_run_the_tiled_kernel(rng, dev, variant, layout, types):
+    """float32 @ float16 (either side, any layout) runs the tiled kernel, each operand loaded in its own type:
+    a float32 result within float32 rounding of the float64 product of the same values."""
     if not dev.has_f16:
         pytest.skip(f"{dev} has no shader-f16")
-    a = rng.standard_normal((128, 64)).astype(np.float32)
-    b = rng.standard_normal((64, 128)).astype(np.float16)
-    wa, wb = wgpar.tensor(a), wgpar.tensor(b)
-    assert plan_of(wa, wb).variant == "general"
-    got = (wa @ wb).numpy()
+    M, K, N = tile_shape(variant)
+    wa = operands(rng, M, K, N, layout, np.dtype(types[0]))[2]
+    wb = operands(rng, M, K, N, layout, np.dtype(types[1]))[3]
+    assert (wa.dtype.name, wb.dtype.name) == types
+    with mm.force_variant(variant):
+        assert plan_of(wa, wb).variant == variant
+        got = (wa @ wb).numpy()
     assert got.dtype == np.float32
-    assert rel_err(got, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
+    want = wa.numpy().astype(np.float64) @ wb.numpy().astype(np.float64)
+    assert rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("bias", [None, "float32", "float16"])
+def test_matmul_rows_stores_float16_from_float32_operands(rng, dev, bias):
+    """A float16 result of float32 operands (autocast's 1x1 convolution), a bias of either type added: one
+    dispatch, the float32 product rounded once."""
+    if not dev.has_f16:
+        pytest.skip(f"{dev} has no shader-f16")
+    M, K, N = 20, 36, 52
+    a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((3, K, N)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    wbias = None
+    if bias:
+        c = rng.standard_normal(M).astype(bias)
+        wbias, want = wgpar.tensor(c, dtype=getattr(wgpar, bias)), want + c[:, None].astype(np.float64)
+    n0 = dev.num_dispatches
+    got = mm.matmul_rows(wgpar.tensor(a), wgpar.tensor(b), wbias, wgpar.float16)
+    assert dev.num_dispatches - n0 == 1
+    assert got.dtype is wgpar.float16 and got.shape == (3, M, N)
+    assert rel_err(got.numpy(), want) < 1e-3  # float16's rounding of each output (2^-11 of its size)
 
 
 @pytest.mark.parametrize("layout", ("nn", "tt"))

@@ -45,10 +45,16 @@ def autocast_lower(t):
     comes back float32); anything else unchanged."""
     if not (isinstance(t, Tensor) and t.dtype is _dt.float32 and is_autocast_enabled()):
         return t
-    if not t.device.has_f16:
-        raise TypeError(f"autocast(dtype=float16): {t.device} has no shader-f16 feature, so it cannot run float16 "
+    return cast(t, autocast_dtype(t.device))
+
+
+def autocast_dtype(dev):
+    """The autocast dtype, for an op that folds the casts into its kernels (convolutions: float32 operands
+    read as they are, a float16 result); TypeError where ``dev`` cannot run float16 kernels."""
+    if not dev.has_f16:
+        raise TypeError(f"autocast(dtype=float16): {dev} has no shader-f16 feature, so it cannot run float16 "
                         "kernels; train without autocast (--amp) on this adapter")
-    return cast(t, get_autocast_dtype())
+    return get_autocast_dtype()
 
 
 def autocast_full(t):

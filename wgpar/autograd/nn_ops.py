@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import dtypes as _dt
 from .. import ops
 from ..ops import batch_norm as bn
-from ..ops.conv import conv2d, conv2d_backward, conv_transpose2d, weight_grad
+from ..ops.conv import bias_grad, conv2d, conv2d_backward, conv_transpose2d, weight_grad
 from ..ops.dropout import dropout
 from ..ops.loss import cross_entropy_grad, cross_entropy_rows
 from ..ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_backward
@@ -78,46 +78,53 @@ class Dropout(Function):
 class Conv2d(Function):
     """2-d convolution (ops/conv.py picks the kernels: depthwise, implicit GEMM, matmul or im2col).
 
-    ``apply(x, weight, bias, window, groups)`` with sizes and dtypes checked by the caller; bias may be None.
+    ``apply(x, weight, bias, window, groups, out_dtype)`` with sizes and dtypes checked by the caller; bias
+    may be None; ``out_dtype`` None (x's dtype) or float16 under autocast, each gradient in its operand's dtype.
     """
 
     name = "conv2d"
 
     @staticmethod
-    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int,
+                out_dtype=None) -> Tensor:
         ctx.win, ctx.groups = win, groups
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(x, weight)
-        return conv2d(x, weight, bias, win, groups)
+        return conv2d(x, weight, bias, win, groups, out_dtype)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx, gw, gb = conv2d_backward(x, weight, g, ctx.win, ctx.groups, need_x, need_w, need_b)
-        return gx, gw, gb, None, None
+        gx, gw, gb = conv2d_backward(x, weight, g, ctx.win, ctx.groups, need_x, need_w,
+                                     ctx.bias_dtype if need_b else None)
+        return gx, gw, gb, None, None, None
 
 
 class ConvTranspose2d(Function):
     """The transposed 2-d convolution, the adjoint of conv2d over ``win`` (ops/conv.py): its input gradient is
     conv2d of the output gradient, its weight gradient conv2d's weight gradient with the roles of input and
-    output gradient swapped. ``apply(x, weight, bias, win, groups)``, checked by the caller."""
+    output gradient swapped. ``apply(x, weight, bias, win, groups, out_dtype)``, checked by the caller
+    (``out_dtype`` as for Conv2d)."""
 
     name = "conv_transpose2d"
 
     @staticmethod
-    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int,
+                out_dtype=None) -> Tensor:
         ctx.win, ctx.groups = win, groups
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(x, weight)
-        return conv_transpose2d(x, weight, bias, win, groups)
+        return conv_transpose2d(x, weight, bias, win, groups, out_dtype)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = conv2d(g, weight, None, ctx.win, ctx.groups) if need_x else None
+        gx = conv2d(g, weight, None, ctx.win, ctx.groups, x.dtype) if need_x else None
         gw = weight_grad(g, x, weight, ctx.win, ctx.groups) if need_w else None
-        gb = ops.reduce("sum", ops.reshape(g, (g.shape[0], g.shape[1], -1)), (0, 2)) if need_b else None
-        return gx, gw, gb, None, None
+        gb = bias_grad(g, ctx.bias_dtype) if need_b else None
+        return gx, gw, gb, None, None, None
 
 
 def max_pool2d_with_indices(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:

@@ -209,12 +209,7 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
         raise ValueError(f"{op}: weight must be a Tensor of {nd + 2} dims [out, in / groups, *kernel], got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
     check_same_device(x, weight, *(() if bias is None else (bias,)), op=op)
-    if is_autocast_enabled():  # convolutions run in float16 inside autocast, as torch's
-        x, weight, bias = (D.autocast_lower(t) for t in (x, weight, bias))
-    for t in (weight, bias):
-        if t is not None and t.dtype is not x.dtype:
-            raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
-                            f"({bias.dtype.name if bias is not None else 'none'}) must have one dtype")
+    out_dtype = _conv_dtypes(x, weight, bias, op)
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
     c, o = x.shape[1], weight.shape[0]
@@ -241,10 +236,24 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
         else:
             raise ValueError(f"{op}: padding must be an int, a tuple, 'valid' or 'same', got {padding!r}")
     win = window(x.shape, kernel, stride, padding, dilation, op)  # (checks stride and dilation)
-    y = Conv2d.apply(x, weight, bias, win, groups)
+    y = Conv2d.apply(x, weight, bias, win, groups, out_dtype)
     if nd == 1:
         y = D.squeeze(y, 2)
     return D.squeeze(y, 0) if unbatched else y
+
+
+def _conv_dtypes(x: Tensor, weight: Tensor, bias: Tensor | None, op: str):
+    """The result's dtype of a convolution: float16 inside autocast (as torch's; each operand is read in its
+    own dtype, float32 master weights included, so no float16 copies are made), else the operands' one dtype."""
+    if not isinstance(weight, Tensor) or (bias is not None and not isinstance(bias, Tensor)):
+        raise TypeError(f"{op}: weight and bias must be wgpar.Tensors, got {type(weight).__name__} and "
+                        f"{type(bias).__name__}")
+    if is_autocast_enabled() and all(t is None or t.dtype.is_float for t in (x, weight, bias)):
+        return D.autocast_dtype(x.device)
+    if not x.dtype.is_float or any(t is not None and t.dtype is not x.dtype for t in (weight, bias)):
+        raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
+                        f"({bias.dtype.name if bias is not None else 'none'}) must have one float dtype")
+    return None
 
 
 def _single(v, what: str, op: str):
@@ -298,10 +307,7 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padd
         raise ValueError(f"{op}: weight must be a Tensor of {nd + 2} dims [in, out / groups, *kernel], got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
     check_same_device(x, weight, *(() if bias is None else (bias,)), op=op)
-    for t in (weight, bias):
-        if not x.dtype.is_float or (t is not None and t.dtype is not x.dtype):
-            raise TypeError(f"{op}: input ({x.dtype.name}), weight ({weight.dtype.name}) and bias "
-                            f"({bias.dtype.name if bias is not None else 'none'}) must have one float dtype")
+    out_dtype = _conv_dtypes(x, weight, bias, op)
     unbatched = x.ndim == nd + 1
     if unbatched:
         x = x.unsqueeze(0)
@@ -334,7 +340,7 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padd
     # The adjoint conv's window, its output cut to the input's size: where output_padding >= stride (it may
     # while below dilation) that conv would see more positions than the input has, which hold nothing here.
     win = replace(window((n, c_out, out_h, out_w), (kh, kw), (sh, sw), (ph, pw), (dh, dw), op), oh=h, ow=w)
-    y = ConvTranspose2d.apply(x, weight, bias, win, groups)
+    y = ConvTranspose2d.apply(x, weight, bias, win, groups, out_dtype)
     if nd == 1:
         y = y.squeeze(2)
     return y.squeeze(0) if unbatched else y

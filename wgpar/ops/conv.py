@@ -33,8 +33,8 @@ from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, loa
 from ..tensor import Tensor
 from .arith import inplace
 from .elementwise import cast, contiguous, copy_, fill, run_map
-from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, matmul, matmul_row_bias
-from .reduce import reduce
+from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, matmul, matmul_rows
+from .reduce import column_sums, reduce
 from .shape import narrow, permute, reshape, transpose
 from .window import Window
 
@@ -158,6 +158,12 @@ def _gemm_dtype(t: Tensor) -> bool:
     return t.dtype is _dt.float32 or (t.dtype is _dt.float16 and t.device.has_f16)
 
 
+def _as(dtype: _dt.DType, *ts: Tensor | None) -> tuple:
+    """``ts`` in ``dtype`` (None stays None): the im2col path's products take one dtype, where the kernels
+    read each operand in its own."""
+    return tuple(t if t is None or t.dtype is dtype else cast(t, dtype) for t in ts)
+
+
 def _depthwise(win: Window, weight: Tensor, groups: int) -> bool:
     """One input channel per group, loops and accumulators within the kernels' limits."""
     mult = weight.shape[0] // groups
@@ -207,16 +213,28 @@ def _run_gemm(kernel: Kernel, helpers: str, la: str, out: Tensor, bufs: list[Ten
     t = tiling or next((t for t in _SHORT_TILES if M <= t.bm), None) or gemm_tiling(dev, M, N, Z)
     if t is None:
         raise RuntimeError(f"conv2d: {dev} fits no matmul tile (workgroup limits {dev.limits})")
-    k = _gemm_spec(kernel, helpers, t, la, tuple(b.dtype.storage for b in [out, *bufs]), out.dtype.storage)
+    k, launches = _gemm_plan(kernel, helpers, la, tuple(b.dtype.storage for b in [out, *bufs]), M, N, K, Z,
+                             tuple(params.items()), t, dev.max_workgroups)
     buffers = [b._storage.buffer for b in [out, *bufs]]
-    lim = dev.max_workgroups
+    for packed, groups, flops in launches:
+        dev.dispatch(k, buffers, packed, groups, flops=flops)
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemm_plan(kernel: Kernel, helpers: str, la: str, types: tuple[str, ...], M: int, N: int, K: int, Z: int,
+               params: tuple, t: Tiling, lim: int) -> tuple:
+    """_run_gemm's (kernel, launches: (packed parameters, workgroups, FLOPs) each) for tile ``t``, made once
+    per product, window, dtypes, offsets and workgroup limit ``lim``: packing the parameters cost a layer's
+    call tens of microseconds of host time."""
+    k, launches = _gemm_spec(kernel, helpers, t, la, types, types[0]), []
     gy, gx = -(-M // t.bm), -(-N // t.bn)
     for z0 in range(0, Z, lim):
         for y0 in range(0, gy, lim):
             for x0 in range(0, gx, lim):
                 groups = (min(lim, gx - x0), min(lim, gy - y0), min(lim, Z - z0))
-                dev.dispatch(k, buffers, kernel.pack(M=M, N=N, K=K, z0=z0, m0=y0 * t.bm, n0=x0 * t.bn, **params),
-                             groups, flops=2 * groups[2] * min(M, groups[1] * t.bm) * min(N, groups[0] * t.bn) * K)
+                launches.append((kernel.pack(M=M, N=N, K=K, z0=z0, m0=y0 * t.bm, n0=x0 * t.bn, **dict(params)), groups,
+                                 2 * groups[2] * min(M, groups[1] * t.bm) * min(N, groups[0] * t.bn) * K))
+    return k, tuple(launches)
 
 
 def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, params: dict,
@@ -247,22 +265,25 @@ def _bias_args(bias: Tensor | None, weight: Tensor) -> tuple[Tensor, dict]:
     return bias, {"off_b": bias._offset, "has_bias": 1}
 
 
-def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int,
+           out_dtype: _dt.DType | None = None) -> Tensor:
     """The convolution [N, O, oh, ow] of ``x`` [N, C, H, W] with ``weight`` [O, C / groups, kh, kw]
     (sizes and dtypes checked by the caller), plus ``bias`` [O].
 
     Arguments:
-        x, weight, bias: the operands, one float dtype.
+        x, weight, bias: the operands, float dtypes (each read in its own, float32 math).
         win: the window (``window.window``).
         groups: input and output channels split into this many independent groups.
+        out_dtype: the result's dtype (default x's): float16 out of float32 operands under autocast, the
+            casts folded into the kernels' loads and stores.
     """
-    o = weight.shape[0]
+    o, dt = weight.shape[0], out_dtype or x.dtype
     if win.n == 0:
-        return Tensor.empty((0, o, win.oh, win.ow), x.dtype, x.device)
+        return Tensor.empty((0, o, win.oh, win.ow), dt, x.device)
     x, weight = contiguous(x), contiguous(weight)
     if _depthwise(win, weight, groups):
         PATHS["depthwise"] += 1
-        y = Tensor.empty((win.n, o, win.oh, win.ow), x.dtype, x.device)
+        y = Tensor.empty((win.n, o, win.oh, win.ow), dt, x.device)
         b, bp = _bias_args(bias, weight)
         k, params, grid_ = _dw_fwd_plan(win, o, groups, (y.dtype.storage, weight.dtype.storage, x.dtype.storage,
                                                          b.dtype.storage), y._offset, weight._offset,
@@ -273,19 +294,19 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: 
     if _pointwise(win, weight, groups):
         PATHS["matmul"] += 1
         w2, x3 = reshape(weight, (o, win.c)), reshape(x, (win.n, win.c, win.positions))
-        y = matmul(w2, x3) if bias is None else matmul_row_bias(w2, x3, bias)  # [N, O, H W]
+        y = matmul_rows(w2, x3, bias, dt)  # [N, O, H W]
         return reshape(y, (win.n, o, win.oh, win.ow))
     if _gemm(win, weight, groups):
         PATHS["gemm"] += 1
         og, cg = o // groups, win.c // groups
-        y = Tensor.empty((win.n, o, win.oh, win.ow), x.dtype, x.device)
+        y = Tensor.empty((win.n, o, win.oh, win.ow), dt, x.device)
         b, bp = _bias_args(bias, weight)
         _run_gemm(_FWD, "conv_gemm_fwd", "n", y, [weight, x, b], og, win.n * win.positions, cg * win.kh * win.kw,
                   groups, dict(cg=cg, o=o, off_y=y._offset, off_w=weight._offset, off_x=x._offset, **bp,
                                **win.params()))
         return y
     PATHS["im2col"] += 1
-    return _im2col_conv2d(x, weight, bias, win, groups)
+    return _im2col_conv2d(*_as(dt, x, weight, bias), win, groups)
 
 
 def _im2col_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
@@ -308,7 +329,7 @@ def _im2col_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, 
     return reshape(out, (win.n, o, win.oh, win.ow))
 
 
-def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
+def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int, out_dtype: _dt.DType | None = None) -> Tensor:
     """The gradient [N, C, H, W] of conv2d's input for the output gradient ``g`` [N, O, oh, ow] (the
     transposed convolution of ``g``).
 
@@ -316,16 +337,18 @@ def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
         g: the output's gradient.
         weight: the filters [O, C / groups, kh, kw].
         win, groups: as for ``conv2d``.
+        out_dtype: the gradient's dtype (default g's; the input's under autocast).
     """
-    o = weight.shape[0]
+    o, dt = weight.shape[0], out_dtype or g.dtype
     if win.n == 0:
-        return Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
+        return Tensor.empty((win.n, win.c, win.h, win.w), dt, g.device)
     g, weight = contiguous(g), contiguous(weight)
     if _pointwise(win, weight, groups):  # the matmul makes the gradient (no input-sized buffer before it)
         PATHS["matmul"] += 1
         wt = transpose(reshape(weight, (o, win.c)), 0, 1)
-        return reshape(matmul(wt, reshape(g, (win.n, o, win.positions))), (win.n, win.c, win.h, win.w))
-    gx = Tensor.empty((win.n, win.c, win.h, win.w), g.dtype, g.device)
+        return reshape(matmul_rows(wt, reshape(g, (win.n, o, win.positions)), None, dt),
+                       (win.n, win.c, win.h, win.w))
+    gx = Tensor.empty((win.n, win.c, win.h, win.w), dt, g.device)
     if _depthwise(win, weight, groups):
         PATHS["depthwise"] += 1
         total = win.n * win.c * win.h * -(-win.w // 4)
@@ -341,6 +364,7 @@ def input_grad(g: Tensor, weight: Tensor, win: Window, groups: int) -> Tensor:
         _gemm_input_grad(gx, g, weight, win, groups)
         return gx
     PATHS["im2col"] += 1
+    g, weight = _as(dt, g, weight)
     gr, og, kg = groups, o // groups, weight.numel() // o
     w3t = transpose(reshape(weight, (gr, og, kg)), -2, -1)
     g4 = reshape(g, (win.n, gr, og, win.positions))
@@ -433,7 +457,7 @@ def weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, groups: int) 
                        **win.params()), t if t is not None and t.name in CONV_TILINGS else None)
     else:
         PATHS["im2col"] += 1
-        return _im2col_weight_grad(x, g, weight, win, groups)
+        return _im2col_weight_grad(*_as(weight.dtype, x, g), weight, win, groups)
     gw = reshape(reduce("sum", partial, 0) if parts > 1 else partial, weight.shape)
     return gw if weight.dtype is _dt.float32 else cast(gw, weight.dtype)
 
@@ -452,37 +476,46 @@ def _im2col_weight_grad(x: Tensor, g: Tensor, weight: Tensor, win: Window, group
 
 
 def conv2d_backward(x: Tensor, weight: Tensor, g: Tensor, win: Window, groups: int, need_x: bool, need_w: bool,
-                    need_b: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """(input, weight, bias) gradients of ``conv2d`` for the output gradient ``g``; None where not needed.
+                    bias_dtype: _dt.DType | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(input, weight, bias) gradients of ``conv2d`` for the output gradient ``g``, each in its operand's dtype
+    (under autocast g is float16 and the operands may be float32); None where not needed.
 
     Arguments:
         x, weight: the forward's operands.
         g: the output's gradient [N, O, oh, ow].
         win, groups: as for ``conv2d``.
-        need_x, need_w, need_b: which gradients to compute.
+        need_x, need_w: which gradients to compute.
+        bias_dtype: the bias's dtype where its gradient is needed, else None.
     """
-    o = weight.shape[0]
-    gx = input_grad(g, weight, win, groups) if need_x else None
+    gx = input_grad(g, weight, win, groups, x.dtype) if need_x else None
     gw = weight_grad(x, g, weight, win, groups) if need_w else None
-    gb = None
-    if need_b:
-        # over positions (contiguous rows), then images: reducing (0, 2) at once copies g to bring them last
-        gb = (reduce("sum", reduce("sum", reshape(g, (win.n, o, win.positions)), 2), 0) if win.n else
-              fill((o,), 0.0, g.dtype, g.device))
-    return gx, gw, gb
+    return gx, gw, None if bias_dtype is None else bias_grad(g, bias_dtype)
 
 
-def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int) -> Tensor:
+def bias_grad(g: Tensor, dtype: _dt.DType) -> Tensor:
+    """The gradient of a convolution's bias (``dtype``) for the output gradient ``g`` [N, O, h, w]."""
+    n, o = g.shape[:2]
+    if n == 0:
+        return fill((o,), 0.0, dtype, g.device)
+    # over positions (contiguous rows), then images: reducing (0, 2) at once copies g to bring them last;
+    # the per-image sums in float32 (a float16 g under autocast), the result in the bias's dtype
+    part = column_sums(contiguous(g), n * o, g.numel() // (n * o), 1, _dt.float32)
+    return reshape(column_sums(part, 1, n, o, dtype), (o,))
+
+
+def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None, win: Window, groups: int,
+                     out_dtype: _dt.DType | None = None) -> Tensor:
     """The transposed convolution [N, C, H, W] of ``x`` [N, O, oh, ow] with ``weight`` [O, C / groups, kh, kw]
     (sizes and dtypes checked by the caller), plus ``bias`` [C]: the adjoint of ``conv2d`` over ``win`` (whose
     input is this output), so exactly conv2d's input gradient for the output gradient ``x``.
 
     Arguments:
-        x, weight, bias: the operands, one float dtype.
+        x, weight, bias: the operands, float dtypes.
         win: the window of the convolution this is the adjoint of (``win.oh, win.ow`` = x's spatial size).
         groups: channels split into this many independent groups.
+        out_dtype: as for ``conv2d``.
     """
-    out = input_grad(x, weight, win, groups)
+    out = input_grad(x, weight, win, groups, out_dtype)
     if bias is not None and win.n:
         inplace("add", out, reshape(bias, (1, win.c, 1, 1)))
     return out

@@ -24,7 +24,7 @@ from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, Kernel, KernelSpec
 from ..tensor import Tensor, check_same_device
 from .arith import inplace
-from .elementwise import broadcast_shape, copy_, fill
+from .elementwise import broadcast_shape, cast, copy_, fill
 from .plans import PlanCache
 from .reduce import column_sums
 from .shape import expand, narrow, reshape, squeeze
@@ -268,22 +268,26 @@ def _bias_recipe(a: Tensor, b: Tensor, bias: Tensor) -> _Recipe | None:
     return None
 
 
-def matmul_row_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
-    """``a @ b + bias[:, None]`` for a [M, K] shared by the batch of b [n, K, N] and bias [M] of the
-    result's dtype (a 1x1 convolution: filters, the batch's channels by positions, a bias per filter):
-    one fast-kernel dispatch adding each row's bias as it stores where that kernel runs the product in
-    one pass, else a product and an in-place add."""
-    out_dt = _result_dtype(a, b)
+def matmul_rows(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: _dt.DType | None = None) -> Tensor:
+    """``a @ b + bias[:, None]`` for a [M, K] shared by the batch of b [n, K, N] and bias [M] (or none), the
+    result in ``out_dtype`` (default: the operands' result dtype): a 1x1 convolution (filters, the batch's
+    channels by positions, a bias per filter), float16 out of float32 operands under autocast. One fast-kernel
+    dispatch adding each row's bias and rounding to ``out_dtype`` as it stores, where that kernel runs the
+    product in one pass; else a product, an in-place add and a cast."""
+    out_dt = out_dtype or _result_dtype(a, b)
     M, K = a.shape
     n, _, N = b.shape
-    if (bias.dtype is out_dt and bias.is_contiguous() and 0 < K <= _MAX_K and n * M * N > 0
-            and a.device is b.device is bias.device):
+    if ((bias is None or (bias.dtype.is_float and bias.is_contiguous() and bias.device is a.device))
+            and 0 < K <= _MAX_K and n * M * N > 0 and a.device is b.device):
         p = plan(expand(reshape(a, (1, M, K)), (n, M, K)), b, out_dt)
         if p.variant != "general" and p.split == 1 and p.nb == n:
             out = Tensor.empty((n, M, N), out_dt, a.device)
-            _run_fast(p, out, bias, rows=True)
+            _run_fast(p, out, bias, rows=bias is not None)
             return out
-    return inplace("add", matmul(a, b), reshape(bias, (M, 1)))
+    y = matmul(a, b)
+    if bias is not None:
+        y = inplace("add", y, reshape(bias, (M, 1)))
+    return y if y.dtype is out_dt else cast(y, out_dt)
 
 
 def matmul_causal(a: Tensor, b: Tensor, which: str, out: Tensor | None = None) -> Tensor:
@@ -358,8 +362,12 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
     if _force == "general":
         return general
     dev = a3.device
-    same = a3.dtype is b3.dtype is out_dtype
-    if not same or (a3.dtype is _dt.float16 and not dev.has_f16):
+    # Each operand and the result has its own element type in the tiled kernel (float16 loads unpacked,
+    # float32 math): a float32 product may store float16 (autocast's 1x1 convolution) and mixed operands
+    # need no copy.
+    if _dt.float16 in (a3.dtype, b3.dtype, out_dtype) and not dev.has_f16:
+        return general
+    if not all(d in (_dt.float16, _dt.float32) for d in (a3.dtype, b3.dtype, out_dtype)):
         return general
     la, lb = a.layout(M, K), b.layout(K, N)
     if la is None or lb is None:
