@@ -486,7 +486,23 @@ def test_matmul_forward_float16_nan_and_choice(rng, reference):
     assert not A._use_matmul_forward(dev, 64, False, 1024, 1024)  # head dim 64: the fused kernel
     assert not A._use_matmul_forward(dev, 128, False, 128, 128)  # short: fewer dispatches fused
     with A.force_matmul_forward(True):
-        assert not A._use_matmul_forward(dev, 64, False, 8192, 8192)  # one head's scores past DS_BYTES
+        assert not A._use_matmul_forward(dev, 64, False, 8192, 8192)  # one head's scores past DS_HEAD_BYTES
+
+
+def test_score_groups_hold_many_heads_where_the_binding_limit_allows(monkeypatch):
+    """Groups of heads fill DS_BYTES (512 MiB: all 32 heads of a 4x8x2048 batch at once on a GPU), capped by the
+    device's binding limit (lavapipe's 128 MiB: 8 heads); one head's scores past DS_HEAD_BYTES keep the fused
+    kernels whatever the limit; a group always holds at least one head."""
+    dev = wgpar.device(0)
+    monkeypatch.setattr(dev, "adapter_type", "DiscreteGPU")
+    per_head = 2048 * 2048 * 4
+    for binding, group in ((4 << 30, 32), (128 << 20, 8), (per_head // 2, 1)):
+        monkeypatch.setattr(dev, "max_binding", binding)
+        assert list(A._head_groups(dev, 40, 2048, 2048)) == [(g, min(group, 40 - g)) for g in range(0, 40, group)]
+    monkeypatch.setattr(dev, "max_binding", 4 << 30)
+    assert A._use_matmul_forward(dev, 128, True, 2048, 2048)
+    assert not A._use_matmul_forward(dev, 128, True, 8192, 8192)  # 256 MiB a head
+    assert A._use_matmul_backward(dev, 128, 2048, 2048) and not A._use_matmul_backward(dev, 128, 4096, 8192)
 
 
 @pytest.mark.parametrize("causal", [True, False])
