@@ -275,19 +275,27 @@ def matmul_rows(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: _dt
     dispatch adding each row's bias and rounding to ``out_dtype`` as it stores, where that kernel runs the
     product in one pass; else a product, an in-place add and a cast."""
     out_dt = out_dtype or _result_dtype(a, b)
+    r = _RECIPES.remember(("rows", out_dt) + _layout_key(a, b, *(() if bias is None else (bias,))), _rows_recipe,
+                          a, b, bias, out_dt)
+    if r is not None:
+        return r.run(a, b, bias)
+    y = matmul(a, b)
+    if bias is not None:
+        y = inplace("add", y, reshape(bias, (a.shape[0], 1)))
+    return y if y.dtype is out_dt else cast(y, out_dt)
+
+
+def _rows_recipe(a: Tensor, b: Tensor, bias: Tensor | None, out_dt: _dt.DType) -> _Recipe | None:
+    """matmul_rows' recipe where one fast dispatch runs it, else None (remembered per layout, as matmul's)."""
     M, K = a.shape
     n, _, N = b.shape
     if ((bias is None or (bias.dtype.is_float and bias.is_contiguous() and bias.device is a.device))
             and 0 < K <= _MAX_K and n * M * N > 0 and a.device is b.device):
         p = plan(expand(reshape(a, (1, M, K)), (n, M, K)), b, out_dt)
         if p.variant != "general" and p.split == 1 and p.nb == n:
-            out = Tensor.empty((n, M, N), out_dt, a.device)
-            _run_fast(p, out, bias, rows=bias is not None)
-            return out
-    y = matmul(a, b)
-    if bias is not None:
-        y = inplace("add", y, reshape(bias, (M, 1)))
-    return y if y.dtype is out_dt else cast(y, out_dt)
+            return _Recipe(*_fast_launches(p, TILINGS[p.variant], out_dt, 0, bias, rows=bias is not None),
+                           (n, M, N), out_dt)
+    return None
 
 
 def matmul_causal(a: Tensor, b: Tensor, which: str, out: Tensor | None = None) -> Tensor:
@@ -311,14 +319,24 @@ def matmul_causal(a: Tensor, b: Tensor, which: str, out: Tensor | None = None) -
     if out is not None and (out.shape != shape or out.dtype is not out_dt or out.device is not a.device):
         raise ValueError(f"matmul_causal: out must be {out_dt.name} {shape} on {a.device}, got {out.dtype.name} "
                          f"{out.shape} on {out.device}")
-    p = _causal_plan(a, b)
-    if p is None or (out is not None and (not out.is_contiguous() or out._offset % 4)):
+    off = None if out is None else (out._offset if out.is_contiguous() and out._offset % 4 == 0 else -1)
+    r = _RECIPES.remember(("causal", which, off) + _layout_key(a, b), _causal_launches, a, b, which, off)
+    if r is None:
         c = matmul(a, b)
         return c if out is None else copy_(out, c)
-    p = replace(p, split=1, tri=which)
     out = Tensor.empty(shape, out_dt, a.device) if out is None else out
-    _run_fast(p, out)
+    _dispatch(a.device, r[0], _bound(out, a, b, None), r[1])
     return out
+
+
+def _causal_launches(a: Tensor, b: Tensor, which: str, off: int | None) -> tuple[KernelSpec, tuple] | None:
+    """matmul_causal's (kernel, launches) into a contiguous output at element offset ``off`` (None: a fresh
+    one), remembered per layout (planning cost a call tens of microseconds of host time); None where a plain
+    matmul runs (no fast plan, or an output the kernel cannot write: ``off`` -1)."""
+    p = _causal_plan(a, b)
+    if p is None or off == -1:
+        return None
+    return _fast_launches(replace(p, split=1, tri=which), TILINGS[p.variant], _result_dtype(a, b), off or 0)
 
 
 def _causal_plan(a: Tensor, b: Tensor) -> Plan | None:
@@ -337,7 +355,11 @@ def causal_band(a: Tensor, b: Tensor) -> int:
     """How far past the diagonal ``matmul_causal(a, b, "a")`` (or "u") reads its triangular A: the tile
     rows BM, row i reading columns j < BM ceil((i + 1) / BM) ("u": the transpose); 0 where it runs a plain
     matmul, which reads all of A. A caller zeroing A's triangle need zero no further."""
-    p = _causal_plan(a, b)
+    return _RECIPES.remember(("band",) + _layout_key(a, b), _band, a, b)
+
+
+def _band(a: Tensor, b: Tensor) -> int:
+    p = _causal_plan(a, b)  # (a plan holds its operands: only the number is remembered)
     return 0 if p is None else TILINGS[p.variant].bm
 
 
@@ -570,12 +592,6 @@ def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bi
                      ldc=p.N // 4, n0=n0, **extra),
          groups, _cost(p, out_dtype, m0, n0, groups, t.bm, t.bn))
         for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, a.device.max_workgroups))
-
-
-def _run_fast(p: Plan, out: Tensor, bias: Tensor | None = None, rows: bool = False) -> None:
-    """Run the fast plan ``p`` into ``out`` (see _fast_launches for ``bias`` and ``rows``)."""
-    k, launches = _fast_launches(p, TILINGS[p.variant], out.dtype, out._offset, bias, rows)
-    _dispatch(out.device, k, _bound(out, p.a.t, p.b.t, bias), launches)
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
