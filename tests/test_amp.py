@@ -116,6 +116,43 @@ def test_gradients_keep_their_inputs_dtype_torch(rng, torch):
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("xdtype", ["float32", "float16"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_under_autocast_reads_operands_as_stored(xdtype, with_bias, rng, dev):
+    """F.linear in autocast: float32 input and master weights read as they are (one dispatch, no casts), the
+    float32 product rounded once to float16; gradients in each operand's dtype (float32 math from the float16
+    output gradient: a float32 input's and the weight's carry no float16 rounding); only the float16 output
+    is held besides what the graph already had."""
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    n, k, m = 37, 20, 12
+    x = rng.standard_normal((n, k)).astype(xdtype)
+    w = (rng.standard_normal((m, k)) / 4).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    xw = wgpar.tensor(x, dtype=getattr(wgpar, xdtype), requires_grad=True)
+    ww, bw = wgpar.tensor(w, requires_grad=True), wgpar.tensor(b, requires_grad=True)
+    wgpar.synchronize(dev)
+    base = wgpar.memory_stats(dev)["allocated_bytes"]
+    with wgpar.autocast():
+        d0 = dev.num_dispatches
+        y = F.linear(xw, ww, bw if with_bias else None)
+        assert dev.num_dispatches - d0 == 1, "the operands were copied to float16"
+    wgpar.synchronize(dev)
+    assert wgpar.memory_stats(dev)["allocated_bytes"] - base == n * m * 2  # the float16 output alone
+    assert y.dtype is wgpar.float16
+    want = x.astype(np.float64) @ w.astype(np.float64).T + (b if with_bias else 0)
+    rel = lambda got, ref: np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max()  # noqa: E731
+    assert rel(y.numpy(), want) < 1e-3
+    g = rng.standard_normal((n, m)).astype(np.float16)
+    y.backward(wgpar.tensor(g, dtype=wgpar.float16))
+    g64 = g.astype(np.float64)
+    assert xw.grad.dtype is xw.dtype and ww.grad.dtype is wgpar.float32
+    assert rel(xw.grad.numpy(), g64 @ w.astype(np.float64)) < (1e-3 if xdtype == "float16" else 2e-5)
+    assert rel(ww.grad.numpy(), g64.T @ x.astype(np.float64)) < 2e-5
+    if with_bias:
+        assert bw.grad.dtype is wgpar.float32 and rel(bw.grad.numpy(), g64.sum(0)) < 2e-5
+
+
 def test_autocast_is_thread_local_and_a_decorator():
     seen = []
 

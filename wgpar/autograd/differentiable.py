@@ -16,6 +16,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops, return_types
 from ..ops.index import as_index, index_add_rows, index_what
+from ..ops.reduce import column_sums
 from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
 from ..tensor import Tensor, wrap_dim
@@ -553,22 +554,32 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     them: the weight's as ``g.T @ x``, contiguous [out, in] (through matmul's node it was the transpose
     of ``x.T @ g``, a strided view that .grad copied), the bias's as one column sum of g. Other dtype
     mixes go through matmul and add, whose type promotion they need."""
-    if is_autocast_enabled():
-        x, weight, bias = autocast_lower(x), autocast_lower(weight), autocast_lower(bias)
     operands = [x, weight] + ([bias] if bias is not None else [])
-    if (x.ndim != 2 or weight.ndim != 2 or (bias is not None and bias.ndim != 1)
-            or any(t.dtype is not x.dtype for t in operands) or not x.dtype.is_float):
+    plain = (x.ndim == 2 and weight.ndim == 2 and (bias is None or bias.ndim == 1)
+             and all(isinstance(t, Tensor) and t.dtype.is_float for t in operands))
+    out_dt = None
+    if is_autocast_enabled():
+        if plain:  # float16 out, each operand read as stored: no float16 copies of x or the weight (nor casts back)
+            out_dt = autocast_dtype(x.device)
+        else:
+            x, weight, bias = autocast_lower(x), autocast_lower(weight), autocast_lower(bias)
+            operands = [x, weight] + ([bias] if bias is not None else [])
+    if not plain or (out_dt is None and any(t.dtype is not x.dtype for t in operands)):
         y = matmul(x, transpose(weight, 0, 1))
         return y if bias is None else binary("add", y, bias)
     wt = ops.transpose(weight, 0, 1)
-    out = ops.matmul(x, wt) if bias is None else ops.matmul_bias(x, wt, bias)  # the bias added as tiles are stored
+    # the bias added as tiles are stored
+    out = ops.matmul(x, wt, out_dt) if bias is None else ops.matmul_bias(x, wt, bias, out_dt)
     if not (is_grad_enabled() and any(_needs(t) for t in operands)):
         return out
 
     def bw(g, mask=(True, True, True)):  # partial: a split backward computes each side in its own half
-        gx = ops.matmul(g, weight) if mask[0] and _needs(x) else None
-        gw = ops.matmul(ops.transpose(g, 0, 1), x) if mask[1] and _needs(weight) else None
-        gb = ops.reduce("sum", g, 0) if bias is not None and mask[2] and _needs(bias) else None
+        # each gradient in its operand's dtype (autocast: float32 ones from a float16 g, rounded once)
+        gx = ops.matmul(g, weight, x.dtype) if mask[0] and _needs(x) else None
+        gw = ops.matmul(ops.transpose(g, 0, 1), x, weight.dtype) if mask[1] and _needs(weight) else None
+        gb = None
+        if bias is not None and mask[2] and _needs(bias):
+            gb = ops.reshape(column_sums(ops.contiguous(g), 1, g.shape[0], g.shape[1], bias.dtype), bias.shape)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record("linear", out, operands, bw, [x, weight], partial=True)

@@ -189,20 +189,23 @@ def _layout_key(*ts: Tensor) -> tuple:
     return tuple(key)
 
 
-def matmul(a: Tensor, b: Tensor) -> Tensor:
+def matmul(a: Tensor, b: Tensor, out_dtype: _dt.DType | None = None) -> Tensor:
+    """``a @ b`` (NumPy's matmul rules); ``out_dtype``: the result's dtype (default float16 for two float16
+    operands, else float32), rounded to as the product is stored (autocast's linear layers: float16 out of
+    float32 operands, float32 gradients out of float16 ones)."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"matmul: expected two wgpar.Tensors, got {type(a).__name__} and {type(b).__name__}")
-    key = _layout_key(a, b)
+    key = _layout_key(a, b) + (out_dtype,)
     r = _RECIPES.get(key)
     if r is not None:
         return r.run(a, b)
-    out, r = _matmul(a, b)
+    out, r = _matmul(a, b, out_dtype)
     if r is not None:  # (a layout without a recipe plans again: nothing to remember)
         _RECIPES.put(key, r)
     return out
 
 
-def _matmul(a: Tensor, b: Tensor) -> tuple[Tensor, _Recipe | None]:
+def _matmul(a: Tensor, b: Tensor, out_dtype: _dt.DType | None) -> tuple[Tensor, _Recipe | None]:
     """``a @ b``, and the recipe that repeats it for operands of the same layout (None where there is none)."""
     check_same_device(a, b, op="matmul")
     if a.ndim == 0 or b.ndim == 0:
@@ -221,7 +224,7 @@ def _matmul(a: Tensor, b: Tensor) -> tuple[Tensor, _Recipe | None]:
         batch = broadcast_shape(a2.shape[:-2], b2.shape[:-2], op="matmul")
     except ValueError:
         raise ValueError(f"matmul: the batch dims of shapes {a.shape} and {b.shape} cannot be broadcast") from None
-    out_dt = _result_dtype(a, b)
+    out_dt = out_dtype or _result_dtype(a, b)
     r = None
     if math.prod(batch) * M * N == 0 or K == 0:
         out = fill(batch + (M, N), 0.0, out_dt, a.device)
@@ -246,20 +249,21 @@ def _matmul(a: Tensor, b: Tensor) -> tuple[Tensor, _Recipe | None]:
     return out, (r if not (a_vec or b_vec) else None)
 
 
-def matmul_bias(a: Tensor, b: Tensor, bias: Tensor) -> Tensor:
-    """``a @ b + bias`` for 2-d a [M, K], b [K, N] and bias [N] of the result's dtype: the bias added
-    as the fast kernel stores its tile (no second pass over the [M, N] output) where that kernel runs
-    the product in one dispatch, else a product and an in-place add."""
-    r = _RECIPES.remember(("bias",) + _layout_key(a, b, bias), _bias_recipe, a, b, bias)
+def matmul_bias(a: Tensor, b: Tensor, bias: Tensor, out_dtype: _dt.DType | None = None) -> Tensor:
+    """``a @ b + bias`` for 2-d a [M, K], b [K, N] and bias [N] of the result's dtype (or float32; the
+    result in ``out_dtype``, as matmul's): the bias added as the fast kernel stores its tile (no second pass
+    over the [M, N] output) where that kernel runs the product in one dispatch, else a product and an
+    in-place add."""
+    out_dt = out_dtype or _result_dtype(a, b)
+    r = _RECIPES.remember(("bias", out_dt) + _layout_key(a, b, bias), _bias_recipe, a, b, bias, out_dt)
     if r is None:
-        return inplace("add", matmul(a, b), bias)
+        return inplace("add", matmul(a, b, out_dt), bias)
     return r.run(a, b, bias)
 
 
-def _bias_recipe(a: Tensor, b: Tensor, bias: Tensor) -> _Recipe | None:
+def _bias_recipe(a: Tensor, b: Tensor, bias: Tensor, out_dt: _dt.DType) -> _Recipe | None:
     """matmul_bias's recipe where one fast dispatch runs it, else None."""
-    out_dt = _result_dtype(a, b)
-    if (a.ndim == 2 and b.ndim == 2 and bias.shape == (b.shape[1],) and bias.dtype is out_dt
+    if (a.ndim == 2 and b.ndim == 2 and bias.shape == (b.shape[1],) and bias.dtype in (out_dt, _dt.float32)
             and bias.is_contiguous() and bias._offset % 4 == 0 and 0 < a.shape[1] <= _MAX_K
             and a.shape[0] * b.shape[1] > 0 and a.device is b.device is bias.device):
         p = plan(reshape(a, (1,) + a.shape), reshape(b, (1,) + b.shape), out_dt)
