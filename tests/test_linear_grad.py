@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import wgpar
+from wgpar import nn
 from wgpar.autograd import backward_input
 from wgpar.nn import functional as F
 
@@ -100,3 +101,20 @@ def test_linear_with_mixed_dtypes_promotes_as_before(rng, dev):
     assert tx.grad.dtype is wgpar.float16
     assert_close(tw.grad.numpy(), want[2], rtol=1e-2, atol=1e-2, what="weight")
     assert_close(tb.grad.numpy(), want[3], rtol=1e-5, atol=1e-5, what="bias")
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_an_empty_batch_gives_zero_parameter_gradients(amp, dev):
+    """No rows: an empty output, and zero weight and bias gradients of the parameters' dtype (float32 under
+    autocast too)."""
+    if amp and not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    layer = nn.Linear(4, 3)
+    x = wgpar.zeros(0, 4, requires_grad=True)
+    with wgpar.autocast(enabled=amp):
+        y = layer(x)
+    assert y.shape == (0, 3) and y.dtype is (wgpar.float16 if amp else wgpar.float32)
+    y.float().sum().backward()
+    assert x.grad.shape == (0, 4)
+    for p in (layer.weight, layer.bias):
+        assert p.grad.dtype is wgpar.float32 and not p.grad.numpy().any()

@@ -579,7 +579,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         gw = ops.matmul(ops.transpose(g, 0, 1), x, weight.dtype) if mask[1] and _needs(weight) else None
         gb = None
         if bias is not None and mask[2] and _needs(bias):
-            gb = ops.reshape(column_sums(ops.contiguous(g), 1, g.shape[0], g.shape[1], bias.dtype), bias.shape)
+            n, m = g.shape
+            gb = ops.reshape(column_sums(ops.contiguous(g), 1, n, m, bias.dtype), bias.shape) if n else \
+                ops.fill(bias.shape, 0.0, bias.dtype, g.device)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record("linear", out, operands, bw, [x, weight], partial=True)
