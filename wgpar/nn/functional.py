@@ -245,9 +245,8 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
 def _conv_dtypes(x: Tensor, weight: Tensor, bias: Tensor | None, op: str):
     """The result's dtype of a convolution: float16 inside autocast (as torch's; each operand is read in its
     own dtype, float32 master weights included, so no float16 copies are made), else the operands' one dtype."""
-    if not isinstance(weight, Tensor) or (bias is not None and not isinstance(bias, Tensor)):
-        raise TypeError(f"{op}: weight and bias must be wgpar.Tensors, got {type(weight).__name__} and "
-                        f"{type(bias).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):  # (the callers checked the weight)
+        raise TypeError(f"{op}: bias must be a wgpar.Tensor or None, got {type(bias).__name__}")
     if is_autocast_enabled() and all(t is None or t.dtype.is_float for t in (x, weight, bias)):
         return D.autocast_dtype(x.device)
     if not x.dtype.is_float or any(t is not None and t.dtype is not x.dtype for t in (weight, bias)):

@@ -283,9 +283,9 @@ def matmul_rows(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: _dt
                           a, b, bias, out_dt)
     if r is not None:
         return r.run(a, b, bias)
-    y = matmul(a, b)
-    if bias is not None:
-        y = inplace("add", y, reshape(bias, (a.shape[0], 1)))
+    if bias is None:
+        return matmul(a, b, out_dt)  # rounded to out_dt as it is stored: no cast after
+    y = inplace("add", matmul(a, b), reshape(bias, (a.shape[0], 1)))
     return y if y.dtype is out_dt else cast(y, out_dt)
 
 
