@@ -4,10 +4,13 @@ against torch (CUDA, TF32 off) or a float64 NumPy reference (small shapes, no to
 
     python benchmarks/bench_attention.py                       # the default shapes, default tiles
     python benchmarks/bench_attention.py --shapes 8x12x1024x64 --configs "fwd=128x16;fwd=64x32,cv=2,unroll=0"
+    python benchmarks/bench_attention.py --dtype float16        # float16 q, k, v against torch FP32 (and FP16)
 
 Each timing is the mean over enough steps for about --seconds of work, after a warm-up, with the
-device synchronised before and after (wgpar.synchronize, torch.cuda.synchronize). Writes the rows as
-JSON with --json.
+device synchronised before and after (wgpar.synchronize, torch.cuda.synchronize). With --dtype
+float16 wgpar's inputs and gradients are float16; the reference and torch's baseline stay FP32 on the
+float16-rounded inputs (the issue's bar), and torch's float16 SDPA (tensor cores) is timed beside them.
+Writes the rows as JSON with --json.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", default="1,0", help="1 (causal), 0 or both")
     ap.add_argument("--configs", default="", help="tile configurations separated by ';' (see _config)")
     ap.add_argument("--seconds", type=float, default=0.3, help="timed work per measurement")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="wgpar's q, k, v")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--json", default="")
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         b, h, t, d = (int(x) for x in shape.split("x"))
         rng = np.random.default_rng(0)
-        arrs = [rng.standard_normal((b, h, t, d)).astype(np.float32) for _ in range(4)]
+        # float16 runs see the same values as their float32 reference: rounded to float16 first.
+        arrs = [rng.standard_normal((b, h, t, d)).astype(args.dtype).astype(np.float32) for _ in range(4)]
         for causal in (bool(int(c)) for c in args.causal.split(",")):
             flops = 4 * b * h * t * t * d * (0.5 if causal else 1.0)
             ref = None if args.no_check else _reference(torch, arrs, causal)
@@ -107,11 +112,15 @@ def main(argv: list[str] | None = None) -> int:
 
                 t_ref = {"fwd": _timed(t_fwd, torch.cuda.synchronize, args.seconds),
                          "fwd+bwd": _timed(t_both, torch.cuda.synchronize, args.seconds)}
-            q, k, v = (wgpar.tensor(a, device=dev, requires_grad=True) for a in arrs[:3])
-            g = wgpar.tensor(arrs[3], device=dev)
+                if args.dtype == "float16":
+                    h = [x.detach().half().requires_grad_() for x in (tq, tk, tv)] + [tg.half()]
+                    t_ref |= {"torch_f16_fwd": _timed(lambda h=h: t_fwd(*h[:3]), torch.cuda.synchronize, args.seconds),
+                              "torch_f16_fwd+bwd": _timed(lambda h=h: t_both(*h), torch.cuda.synchronize, args.seconds)}
+            q, k, v = (wgpar.tensor(a, device=dev, dtype=args.dtype, requires_grad=True) for a in arrs[:3])
+            g = wgpar.tensor(arrs[3], device=dev, dtype=args.dtype)
             for cfg_text in args.configs.split(";") if args.configs else [""]:
                 cfg = _config(cfg_text)
-                row = {"shape": shape, "causal": causal, "config": cfg_text or "default"}
+                row = {"shape": shape, "causal": causal, "dtype": args.dtype, "config": cfg_text or "default"}
                 try:
                     with A.force_tiles(**cfg), A.force_path("fused"):
                         row["tiles"] = {kind: A.pick(kind, dev, d, *((t, t))).name for kind in A.KINDS}
@@ -120,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                                 x.grad = None
                             y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             y.backward(g)
-                            got = [y.numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()]
+                            got = [x.numpy().astype(np.float32) for x in (y, q.grad, k.grad, v.grad)]
                             row["max_rel_err"] = max(_rel(a, w) for a, w in zip(got, ref))
 
                         def w_fwd(q=q, k=k, v=v, causal=causal):
@@ -135,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                             row[name] = {"ms": w * 1e3, "tflops": flops * mult / w / 1e12}
                             if name in t_ref:
                                 row[name] |= {"torch_ms": t_ref[name] * 1e3, "ratio": w / t_ref[name]}
+                            if f"torch_f16_{name}" in t_ref:
+                                row[name]["torch_f16_ms"] = t_ref[f"torch_f16_{name}"] * 1e3
                 except Exception as exc:  # a configuration that does not fit this device: report, go on
                     row["error"] = f"{type(exc).__name__}: {exc}"[:300]
                 rows.append(row)

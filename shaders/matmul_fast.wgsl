@@ -9,17 +9,16 @@
 // owns TM x TN outputs: TM/4 groups of 4 rows spaced 4*WM apart and TN/4
 // vec4 columns spaced 4*WN apart, so the reads of As / Bs in the inner loop
 // are consecutive vec4s across a warp (conflict-free) or broadcasts. As and
-// Bs hold one BK-deep slice (two with double buffering), k-major, padded by one vec4 per k-row so the
-// transposing scalar stores of a row-major A (or transposed B) spread over
-// banks. The next slice is loaded from global memory into registers while
+// Bs hold one BK-deep slice (two with double buffering) as k-rows of vec4s (SHARED declares them:
+// BM / 4 + 1 and BN / 4 + 1 vec4s a row), padded by one vec4 per k-row so the transposing scalar
+// stores of a row-major A (or transposed B) spread over banks. The next slice is loaded from global memory into registers while
 // the current one is multiplied. Accumulates in f32; A/B/C may be f16, bound as vec2<u32> and
 // (un)packed by generated helpers (ops/matmul.py says why).
 //
 // Bindings (c, a, b: arrays of vec4) and Params (offsets, batch strides and leading dimensions
 // in vec4 units; m0, n0 in elements: the first tile of a split grid) are declared in
-// wgpar/ops/matmul.py, with the override constants: the tile BM x BN x BK, the WM x WN threads,
-// SA / SB (vec4s per k-row of As / Bs: BM / 4 + 1, BN / 4 + 1), AS_LEN / BS_LEN (the slabs'
-// lengths) and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled). HELPERS: the
+// wgpar/ops/matmul.py, with the override constants: the tile BM x BN x BK, the WM x WN threads
+// and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled). HELPERS: the
 // functions of an implicit-GEMM convolution (shaders/conv_gemm_*.wgsl), whose loads and stores
 // replace the array accesses (ops/conv.py); empty for a plain matmul. TILE: the workgroup's batch entry z
 // and its tile's first row and column. SKIP and KEND: a causal product's shortcuts (ops/matmul.py,
@@ -27,8 +26,7 @@
 // the tile's last row or starts at its first (A is zero beyond), the longest tile rows first; KSTART is
 // 0u, SKIP empty and KEND p.K otherwise.
 {{HELPERS}}
-var<workgroup> As: array<vec4<f32>, AS_LEN>;
-var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
+{{SHARED}}
 
 @compute @workgroup_size(WN, WM)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -48,8 +46,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Single buffer: store the slice, barrier, prefetch, multiply, barrier.
     // Double buffer: prefetch, multiply slab `cur`, store into the other slab, one barrier.
     let cur = {{CUR}};
-    let ao = cur * SA;
-    let bo = cur * SB;
 {{HEAD}}
     {
       // Prefetch the next slice (the last iteration re-reads its own, or with edge checks

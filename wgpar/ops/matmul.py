@@ -662,8 +662,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     if gather is None:
         decl += ["  let base_a = p.off_a + z * p.sa_b;", "  let base_b = p.off_b + z * p.sb_b;"]
 
-    def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: int, stride: int,
-                lim: str):
+    def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: str, lim: str):
         # One BK-deep slice of an operand: `outer` rows/cols (m for A, n for B) by BK.
         n_vec = outer * t.bk // 4
         if n_vec % nthreads and nthreads % n_vec:
@@ -689,7 +688,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{")
                 for j, comp in enumerate("xyzw"):
-                    dst = f"{slab}[(KB + {kq} * 4u + {j}u) * {stride}u + {o} / 4u][{o} % 4u]"
+                    dst = f"{slab}[KB + {kq} * 4u + {j}u][{o} / 4u][{o} % 4u]"
                     store.append(f"    {dst} = {reg}.{comp};")
                 store.append("    }")
             else:
@@ -708,20 +707,22 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                                      f"+ min({outer0} / 4u + {oq}, {lim} / 4u - 1u)")
                     src = f"select(vec4<f32>(0.0), vec4<f32>({src}), k0 + {kr} < p.K)"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
-                store.append(f"    {guard}{{ {slab}[(KB + {kr}) * {stride}u + {oq}] = {reg}; }}")
+                store.append(f"    {guard}{{ {slab}[KB + {kr}][{oq}] = {reg}; }}")
 
-    operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", sa, "p.M")
-    operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", sb, "p.N")
+    operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", "p.M")
+    operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", "p.N")
     ga, gb = t.tm // 4, t.tn // 4
     acc = [[f"acc{r}_{h}" for h in range(gb)] for r in range(t.tm)]
     decl += [f"  var {v} = vec4<f32>(0.0);" for row in acc for v in row]
     comp = []
     for kk in range(t.bk) if t.unroll else ["kk"]:
-        ko = f"ao + {kk * sa}u" if t.unroll else f"ao + kk * {sa}u"
-        comp += [f"      {{ let a{g} = As[{ko} + {g * wm}u + ty];" if g == 0 else
-                 f"      let a{g} = As[{ko} + {g * wm}u + ty];" for g in range(ga)]
-        ko = f"bo + {kk * sb}u" if t.unroll else f"bo + kk * {sb}u"
-        comp += [f"      let b{h} = Bs[{ko} + {h * wn}u + tx];" for h in range(gb)]
+        # k-rows indexed by constants when unrolled: the only clamped index (naga's bounds checks) is the
+        # thread's column, the same for every k, so each read's address is one register plus an immediate.
+        krow = f"{kk}u" if t.unroll else "kk"
+        krow = f"cur + {krow}" if t.double else krow
+        comp += [f"      {{ let a{g} = As[{krow}][{g * wm}u + ty];" if g == 0 else
+                 f"      let a{g} = As[{krow}][{g * wm}u + ty];" for g in range(ga)]
+        comp += [f"      let b{h} = Bs[{krow}][{h * wn}u + tx];" for h in range(gb)]
         for g in range(ga):
             for i, ci in enumerate("xyzw"):
                 for h in range(gb):
@@ -758,14 +759,18 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     else:
         prologue, cur, head, tail = "", "0u", stores("0u") + "\n    workgroupBarrier();", ""
     slabs = 2 if t.double else 1
-    consts = dict(SA=sa, SB=sb, AS_LEN=sa * t.bk * slabs, BS_LEN=sb * t.bk * slabs, WM=wm, WN=wn, BM=t.bm,
+    # Nested arrays (k-rows of vec4s): an override constant cannot size an array's element type, so the
+    # lengths are written out.
+    shared = "\n".join(f"var<workgroup> {n}s: array<array<vec4<f32>, {w}>, {t.bk * slabs}>;"
+                       for n, w in (("A", sa), ("B", sb)))
+    consts = dict(WM=wm, WN=wn, BM=t.bm,
                   BN=t.bn, BK=t.bk, KSTEPS=1 if t.unroll else t.bk)
     kernel, helpers, types = gather or (_FAST, "", tuple("vec2<u32>" if packed[n] else f"vec4<{ty}>"
                                                          for n, ty in (("c", tc), ("a", ta), ("b", tb))))
     helpers += "".join(_UNPACK.replace("NAME", n) for n in "ab" if packed[n])
     if bias is not None:
         kernel, types = _FAST_BIAS, types + (bias if bias_rows else f"vec4<{bias}>",)
-    return kernel.spec(types, constants=consts, HELPERS=helpers, DECL="\n".join(decl),
+    return kernel.spec(types, constants=consts, HELPERS=helpers, SHARED=shared, DECL="\n".join(decl),
                        LOAD="\n".join(load), NEXT="k0 + BK" if edge or gather else "min(k0 + BK, p.K - BK)",
                        PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
                        TILE=_LONGEST_FIRST.replace("ROW", _ROW_ORDER[tri]) if tri in _ROW_ORDER else _IN_ORDER,
