@@ -113,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 t_ref = {"fwd": _timed(t_fwd, torch.cuda.synchronize, args.seconds),
                          "fwd+bwd": _timed(t_both, torch.cuda.synchronize, args.seconds)}
                 if args.dtype == "float16":
-                    h = [x.detach().half().requires_grad_() for x in (tq, tk, tv)] + [tg.half()]
-                    t_ref |= {"torch_f16_fwd": _timed(lambda h=h: t_fwd(*h[:3]), torch.cuda.synchronize, args.seconds),
-                              "torch_f16_fwd+bwd": _timed(lambda h=h: t_both(*h), torch.cuda.synchronize, args.seconds)}
+                    half = [x.detach().half().requires_grad_() for x in (tq, tk, tv)] + [tg.half()]
+                    sync = torch.cuda.synchronize
+                    t_ref |= {"torch_f16_fwd": _timed(lambda half=half: t_fwd(*half[:3]), sync, args.seconds),
+                              "torch_f16_fwd+bwd": _timed(lambda half=half: t_both(*half), sync, args.seconds)}
             q, k, v = (wgpar.tensor(a, device=dev, dtype=args.dtype, requires_grad=True) for a in arrs[:3])
             g = wgpar.tensor(arrs[3], device=dev, dtype=args.dtype)
             for cfg_text in args.configs.split(";") if args.configs else [""]:
