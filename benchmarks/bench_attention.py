@@ -10,7 +10,8 @@ Each timing is the mean over enough steps for about --seconds of work, after a w
 device synchronised before and after (wgpar.synchronize, torch.cuda.synchronize). With --dtype
 float16 wgpar's inputs and gradients are float16; the reference and torch's baseline stay FP32 on the
 float16-rounded inputs (the issue's bar), and torch's float16 SDPA (tensor cores) is timed beside them.
-Writes the rows as JSON with --json.
+Writes the rows as JSON with --json, and as the BENCHMARKS.md section "attention-<dtype>:<device>"
+(--md / --no-write as every benchmark script).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--json", default="")
+    _report.add_report_flags(ap)
     args = ap.parse_args(argv)
     torch = None
     if not args.no_torch:
@@ -154,7 +156,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    torch_name = f"torch {torch.__version__} on {torch.cuda.get_device_name()}, TF32 off" if cuda else "no torch (CUDA)"
+    _report.finish(args, f"attention-{args.dtype}:{_report.slug(dev.adapter_name)}",
+                   markdown(rows, _report.device_line(dev), torch_name, _report.today(), _report.command_line()))
     return 0
+
+
+def _ms(part: dict | None, key: str) -> str:
+    return f"{part[key]:.3f}" if part and key in part else "-"
+
+
+def markdown(rows: list[dict], device: str, torch_name: str, date: str, command: str) -> str:
+    """The rows as a BENCHMARKS.md section: wgpar's ms per call next to torch SDPA FP32 (and FP16)."""
+    dtype = rows[0]["dtype"] if rows else "float32"
+    header = ["B x H x T x D", "causal", "tiles (fwd / dq / dkv)", "max rel err", "wgpar fwd ms", "torch FP32 fwd ms",
+              "fwd ratio", "wgpar fwd+bwd ms", "torch FP32 fwd+bwd ms", "fwd+bwd ratio"]
+    half = any("torch_f16_ms" in r.get("fwd", {}) for r in rows)
+    if half:
+        header += ["torch FP16 fwd ms", "torch FP16 fwd+bwd ms"]
+    table = []
+    for r in rows:
+        fwd, both = r.get("fwd"), r.get("fwd+bwd")
+        tiles = " / ".join(r["tiles"].values()) if "tiles" in r else r.get("error", "-")
+        if r["config"] != "default":
+            tiles = f"{r['config']}: {tiles}"
+        line = [r["shape"], "yes" if r["causal"] else "no", tiles,
+                f"{r['max_rel_err']:.1e}" if "max_rel_err" in r else "-",
+                _ms(fwd, "ms"), _ms(fwd, "torch_ms"), f"{fwd['ratio']:.2f}x" if fwd and "ratio" in fwd else "-",
+                _ms(both, "ms"), _ms(both, "torch_ms"), f"{both['ratio']:.2f}x" if both and "ratio" in both else "-"]
+        if half:
+            line += [_ms(fwd, "torch_f16_ms"), _ms(both, "torch_f16_ms")]
+        table.append(line)
+    ref = ("torch FP32 on the float16-rounded inputs" if dtype == "float16" else "torch FP32 (TF32 off)") + \
+        (" or float64 NumPy without torch")
+    return "\n".join([
+        f"## Attention, {dtype} (bench_attention, {device.split(' (')[0]})", "",
+        f"- device: {device}; {torch_name}",
+        f"- date: {date}",
+        f"- command: `{command}`",
+        f"- what: wgpar's scaled_dot_product_attention with {dtype} q, k, v and output gradient, the fused path "
+        "forced (a shape it cannot run reports an error); ms per call (the mean over enough calls for "
+        "--seconds, closed by a device sync); ratios against torch SDPA FP32 (issue 23's targets: forward "
+        f"<= 2x, forward + backward <= 2.5x); max rel err of the output and gradients against {ref}.", "",
+        _report.markdown_table(header, table)])
 
 
 if __name__ == "__main__":
