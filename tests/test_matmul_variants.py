@@ -20,6 +20,16 @@ ALL_FAST = FAST + sorted(EXTRA)
 LARGEST, SMALLEST = list(mm.TILINGS)[0], list(mm.TILINGS)[-1]
 
 
+@pytest.fixture(params=["vec4 loads", "4x4 blocks"])
+def blocks(request, monkeypatch):
+    """Both ways of loading a k-contiguous operand (row-major A, transposed B): small products load a vec4
+    at a time, grids from matmul._BLOCKS_FROM workgroups 4 x 4 blocks; here each runs at any size."""
+    monkeypatch.setattr(mm, "_BLOCKS_FROM", 0 if request.param == "4x4 blocks" else 1 << 62)
+    mm._RECIPES.clear()  # launches remembered by an earlier test were chosen under the other setting
+    yield request.param
+    mm._RECIPES.clear()
+
+
 @pytest.fixture
 def extra_tilings(monkeypatch):
     monkeypatch.setattr(mm, "TILINGS", {**mm.TILINGS, **EXTRA})
@@ -55,7 +65,7 @@ def tile_shape(name: str) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("variant", ALL_FAST)
-def test_fast_variant_f32(rng, extra_tilings, variant, layout):
+def test_fast_variant_f32(blocks, rng, extra_tilings, variant, layout):
     M, K, N = tile_shape(variant)
     a, b, wa, wb = operands(rng, 2 * M, K, N, layout)
     with mm.force_variant(variant):
@@ -68,7 +78,7 @@ def test_fast_variant_f32(rng, extra_tilings, variant, layout):
 
 @pytest.mark.parametrize("layout", ("nn", "nt"))
 @pytest.mark.parametrize("variant", FAST)
-def test_fast_variant_f16(rng, dev, variant, layout):
+def test_fast_variant_f16(blocks, rng, dev, variant, layout):
     if not dev.has_f16:
         pytest.skip(f"{dev} has no shader-f16")
     M, K, N = tile_shape(variant)
@@ -96,6 +106,24 @@ def test_choice_prefers_large_tiles_when_the_gpu_fills(dev):
     assert plan_of(wgpar.empty((128, 64)), wgpar.empty((64, 64))).variant == SMALLEST
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_k_contiguous_operands_load_blocks_from_enough_workgroups(dev, layout):
+    """The launch's kernel loads row-major A / transposed B in 4 x 4 blocks exactly when the grid has
+    _BLOCKS_FROM workgroups or more (nothing to block when neither operand is contiguous along k)."""
+    t = mm.TILINGS[LARGEST]
+    for rows, want in ((mm._BLOCKS_FROM // (2048 // t.bn) * t.bm, True), (256, False)):
+        wa = wgpar.empty((64, rows)).T if layout[0] == "t" else wgpar.empty((rows, 64))
+        wb = wgpar.empty((2048, 64)).T if layout[1] == "t" else wgpar.empty((64, 2048))
+        with mm.force_variant(LARGEST):
+            p = plan_of(wa, wb)
+            kspec = mm._fast_launches(p, t, wgpar.float32, 0)[0]
+        groups = -(-rows // t.bm) * (2048 // t.bn)
+        assert (groups >= mm._BLOCKS_FROM) == want
+        loads = dict(kspec.fills)["LOAD"]
+        assert ("pa0_3" in loads) == (want and layout[0] == "n")
+        assert ("pb0_3" in loads) == (want and layout[1] == "t")
+
+
 def test_choice_linear_layer_uses_fast_path_on_transposed_weight(dev):
     x = wgpar.empty((2, 1024, 64))  # batch of activations against a shared weight [out, in]
     w = wgpar.empty((256, 64))
@@ -106,7 +134,7 @@ def test_choice_linear_layer_uses_fast_path_on_transposed_weight(dev):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(132, 64, 128), (128, 64, 100), (128, 40, 128), (100, 44, 36), (4, 12, 8)])
 @pytest.mark.parametrize("variant", FAST)
-def test_fast_edges(rng, variant, layout, shape):
+def test_fast_edges(blocks, rng, variant, layout, shape):
     """Shapes that are not multiples of the tile: clamped loads, zeros past K, guarded stores."""
     M, K, N = shape
     a, b, wa, wb = operands(rng, M, K, N, layout)
@@ -119,7 +147,7 @@ def test_fast_edges(rng, variant, layout, shape):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("split", [2, 4])
-def test_split_k(rng, layout, split):
+def test_split_k(blocks, rng, layout, split):
     """K in parts, each a batch entry of a partial product, summed after (the weight-gradient shape)."""
     a, b, wa, wb = operands(rng, 64, 4 * 16 * split, 128, layout)
     with mm.force_variant(SMALLEST, split=split):
@@ -146,7 +174,7 @@ def test_split_k_choice(dev):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("variant", FAST)
 @pytest.mark.parametrize("shape", [None, (100, 44, 36)])
-def test_matmul_bias_epilogue(rng, variant, layout, shape):
+def test_matmul_bias_epilogue(blocks, rng, variant, layout, shape):
     """The bias added as the fast kernel stores its tiles: one dispatch, equal to product + bias."""
     M, K, N = shape or tile_shape(variant)
     a, b, wa, wb = operands(rng, M, K, N, layout)
@@ -179,7 +207,7 @@ def test_matmul_bias_other_paths(rng, dev, case):
 @pytest.mark.parametrize("variant", FAST)
 @pytest.mark.parametrize("shape", [None, (100, 44, 36), (67, 20, 12)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_matmul_rows_epilogue(rng, dev, variant, shape, dtype):
+def test_matmul_rows_epilogue(blocks, rng, dev, variant, shape, dtype):
     """A [M, K] shared by the batch of B [3, K, N] plus a bias per row (a 1x1 convolution), the bias added
     as the fast kernel stores its tiles at an odd element offset: one dispatch, equal to product + bias."""
     if dtype == np.float16 and not dev.has_f16:
@@ -275,7 +303,7 @@ def test_unaligned_views_fall_back(rng):
 @pytest.mark.parametrize("variant", FAST)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("types", [("float32", "float16"), ("float16", "float32")])
-def test_mixed_dtypes_run_the_tiled_kernel(rng, dev, variant, layout, types):
+def test_mixed_dtypes_run_the_tiled_kernel(blocks, rng, dev, variant, layout, types):
     """float32 @ float16 (either side, any layout) runs the tiled kernel, each operand loaded in its own type:
     a float32 result within float32 rounding of the float64 product of the same values."""
     if not dev.has_f16:
@@ -313,7 +341,7 @@ def test_matmul_rows_stores_float16_from_float32_operands(rng, dev, bias):
 
 
 @pytest.mark.parametrize("layout", ("nn", "tt"))
-def test_batched_fast(rng, layout):
+def test_batched_fast(blocks, rng, layout):
     a, b, wa, wb = operands(rng, 64, 32, 64, layout, batch=(3,))
     with mm.force_variant(SMALLEST):
         p = plan_of(wa, wb)
@@ -363,7 +391,7 @@ def test_split_k_choice_float16(dev, monkeypatch):
 
 
 @pytest.mark.parametrize("variant,N", [(SMALLEST, 128), ("general", 10)])
-def test_split_k_float16_rounds_once(rng, dev, variant, N):
+def test_split_k_float16_rounds_once(blocks, rng, dev, variant, N):
     """float16 split-K: each part's sum stays float32 and the result is rounded to float16 once. The
     first half of K sums to about +1000 and the second to -1000, so a part rounded to float16 (spacing
     0.5 there) would be off by up to 0.25 in a result near 1."""
@@ -393,7 +421,7 @@ def _lower_operands(rng, n, M, K, N, layout):
 @pytest.mark.parametrize("variant", FAST)
 @pytest.mark.parametrize("layout", ("nn", "nt"))
 @pytest.mark.parametrize("shape", [(3, 200, 20, 300), (2, 130, 16, 72), (1, 256, 32, 256), (2, 72, 8, 516)])
-def test_matmul_causal_c_gives_the_lower_triangle(rng, variant, layout, shape):
+def test_matmul_causal_c_gives_the_lower_triangle(blocks, rng, variant, layout, shape):
     """matmul_causal(a, b, "c") (causal attention's scores): every entry j <= i equals a @ b; the tiles past
     the diagonal are skipped. Rows and columns not multiples of the tile, M < N and M > N, a batch."""
     n, M, K, N = shape
@@ -408,7 +436,7 @@ def test_matmul_causal_c_gives_the_lower_triangle(rng, variant, layout, shape):
 @pytest.mark.parametrize("which", ["a", "u"])
 @pytest.mark.parametrize("variant", ALL_FAST)
 @pytest.mark.parametrize("shape", [(3, 200, 204, 20), (2, 130, 72, 200), (1, 256, 256, 64), (2, 70, 300, 8)])
-def test_matmul_causal_triangular_a(rng, extra_tilings, which, variant, shape):
+def test_matmul_causal_triangular_a(blocks, rng, extra_tilings, which, variant, shape):
     """matmul_causal(a, b, "a") (P V, dS K: A lower triangular, each tile row's K loop ends past its last
     row) and "u" (P^T dO, dS^T Q: A upper triangular, the loop starts at the tile's first row), on every
     tiling, double-buffered ones too. A holds NaN beyond the tile band (zeros inside it): any read past

@@ -586,8 +586,10 @@ def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bi
     """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4); with
     ``rows``, a contiguous [M] tensor whose element i is added to row i of every batch entry."""
     a, b = p.a.t, p.b.t
+    tiles = list(_tiles(p, t.bm, t.bn, a.device.max_workgroups))
+    blocks = sum(g[0] * g[1] * g[2] for *_, g in tiles) >= _BLOCKS_FROM
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out_dtype.storage, p.edge,
-                     None if bias is None else bias.dtype.storage, p.tri, rows)
+                     None if bias is None else bias.dtype.storage, p.tri, rows, blocks)
     kernel = _FAST if bias is None else _FAST_BIAS
     extra = {} if bias is None else {"off_bias": bias._offset if rows else bias._offset // 4}
     return k, tuple(
@@ -595,10 +597,15 @@ def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bi
                      m0=m0, sa_b=p.a.sz // 4, lda=p.lda // 4, sb_b=p.b.sz // 4, ldb=p.ldb // 4, sc_b=p.M * p.N // 4,
                      ldc=p.N // 4, n0=n0, **extra),
          groups, _cost(p, out_dtype, m0, n0, groups, t.bm, t.bn))
-        for z0, m0, n0, groups in _tiles(p, t.bm, t.bn, a.device.max_workgroups))
+        for z0, m0, n0, groups in tiles)
 
 
 _FAST_CACHE: dict[tuple, KernelSpec] = {}
+# From this many workgroups a k-contiguous operand is loaded in 4 x 4 blocks (see _generate's `blocks`):
+# they hold two more vec4s a thread for A, which can cost a resident workgroup per SM; a grid of about one
+# wave then runs longer (H100, 2048^3 a @ w.T: 67 -> 62% of torch at 512 workgroups) while larger grids
+# gain (768 and more: the GPT-2 step's forward and dX products 3-6 points, 4096^3 and 8192^3 3-4).
+_BLOCKS_FROM = 768
 # A workgroup's batch entry and tile: in grid order, or (a triangular A, whose tile rows run K up to their
 # last row or from their first) the longest tile row of every batch entry and column first, then the next:
 # a product of one or two waves of workgroups otherwise ends with the longest tiles alone on the GPU (an
@@ -623,17 +630,18 @@ fn NAME_h(i: u32) -> vec4<f32> {
 
 
 def _fast_kernel(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool,
-                 tbias: str | None = None, tri: str = "", bias_rows: bool = False) -> KernelSpec:
-    key = (t, la, lb, ta, tb, tc, edge, tbias, tri, bias_rows)
+                 tbias: str | None = None, tri: str = "", bias_rows: bool = False, blocks: bool = False) -> KernelSpec:
+    key = (t, la, lb, ta, tb, tc, edge, tbias, tri, bias_rows, blocks)
     hit = _FAST_CACHE.get(key)
     if hit is None:
-        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias, tri=tri, bias_rows=bias_rows)
+        hit = _FAST_CACHE[key] = _generate(t, la, lb, ta, tb, tc, edge, bias=tbias, tri=tri, bias_rows=bias_rows,
+                                           blocks=blocks)
     return hit
 
 
 def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool = False,
               gather: tuple[Kernel, str, tuple[str, ...]] | None = None, bias: str | None = None,
-              tri: str = "", bias_rows: bool = False) -> KernelSpec:
+              tri: str = "", bias_rows: bool = False, blocks: bool = False) -> KernelSpec:
     """Fill shaders/matmul_fast.wgsl for one tiling and operand layout (see that file).
 
     ``edge``: M, N, K need not be multiples of the tile. Loads clamp their row and vec4 column into
@@ -649,6 +657,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     ``bias``: the element type of a bias row (binding ``bias``, offset ``p.off_bias`` in vec4s) added
     to every output row as it is stored; with ``bias_rows`` a bias column instead (offset in elements):
     its element m added to row m. Not with ``gather``.
+
+    ``blocks``: an operand contiguous along k (row-major A, transposed B) is loaded as 4 x 4 blocks, 4
+    vec4s a thread stored transposed as 4 vec4s, instead of one vec4 a load stored as 4 scalars. Not
+    with ``gather``.
     """
     wm, wn = t.bm // t.tm, t.bn // t.tn
     nthreads = wm * wn
@@ -667,6 +679,8 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
         n_vec = outer * t.bk // 4
         if n_vec % nthreads and nthreads % n_vec:
             raise ValueError(f"{t.name}: {n_vec} vec4 loads do not split over {nthreads} threads")
+        if (name, layout) in (("a", "n"), ("b", "t")) and not gather and blocks:
+            return block_loads(name, base, ld, outer0, outer, slab, lim)
         for i in range(-(-n_vec // nthreads)):
             reg = f"p{name}{i}"
             decl.append(f"  var {reg}: vec4<f32>;")
@@ -708,6 +722,33 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                     src = f"select(vec4<f32>(0.0), vec4<f32>({src}), k0 + {kr} < p.K)"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{ {slab}[KB + {kr}][{oq}] = {reg}; }}")
+
+    def block_loads(name: str, base: str, ld: str, outer0: str, outer: int, slab: str, lim: str):
+        # Contiguous along k, in 4 x 4 blocks: a thread loads 4 vec4s (4 k's of 4 consecutive m's, or n's)
+        # and stores their transpose as 4 vec4s (4 m's at each k) instead of 16 scalars.
+        per = t.bk // 4
+        n_blk = outer // 4 * per
+        if n_blk % nthreads and nthreads % n_blk:
+            raise ValueError(f"{t.name}: {n_blk} 4x4 blocks do not split over {nthreads} threads")
+        for i in range(-(-n_blk // nthreads)):
+            e = f"(t + {i * nthreads}u)"
+            guard = f"if (t < {n_blk}u) " if n_blk < nthreads else ""
+            oq, kq = f"({e} / {per}u)", f"({e} % {per}u)"
+            regs = [f"p{name}{i}_{r}" for r in range(4)]
+            decl.extend(f"  var {reg}: vec4<f32>;" for reg in regs)
+            for r, reg in enumerate(regs):
+                row = f"{outer0} + {oq} * 4u + {r}u"
+                src = read(name, f"{base} + ({row}) * {ld} + k0 / 4u + {kq}")
+                if edge:
+                    kv = f"k0 / 4u + {kq}"
+                    src = read(name, f"{base} + min({row}, {lim} - 1u) * {ld} + min({kv}, p.K / 4u - 1u)")
+                    src = f"select(vec4<f32>(0.0), vec4<f32>({src}), {kv} < p.K / 4u)"
+                load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
+            store.append(f"    {guard}{{")
+            for j, comp in enumerate("xyzw"):
+                col = ", ".join(f"{r}.{comp}" for r in regs)
+                store.append(f"    {slab}[KB + {kq} * 4u + {j}u][{oq}] = vec4<f32>({col});")
+            store.append("    }")
 
     operand("a", la, "base_a", "p.lda", "row0", t.bm, "As", "p.M")
     operand("b", lb, "base_b", "p.ldb", "col0", t.bn, "Bs", "p.N")
