@@ -674,6 +674,15 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     if gather is None:
         decl += ["  let base_a = p.off_a + z * p.sa_b;", "  let base_b = p.off_b + z * p.sb_b;"]
 
+    def k_load(name: str, base: str, ld: str, row: str, kq: str, lim: str) -> str:
+        # The vec4 of 4 k's (from k0 + 4 kq) of one row of an operand contiguous along k; with edges the
+        # row is clamped into the operand and k's past K read as zeros.
+        if not edge:
+            return read(name, f"{base} + ({row}) * {ld} + k0 / 4u + {kq}")
+        kv = f"k0 / 4u + {kq}"
+        src = read(name, f"{base} + min({row}, {lim} - 1u) * {ld} + min({kv}, p.K / 4u - 1u)")
+        return f"select(vec4<f32>(0.0), vec4<f32>({src}), {kv} < p.K / 4u)"
+
     def operand(name: str, layout: str, base: str, ld: str, outer0: str, outer: int, slab: str, lim: str):
         # One BK-deep slice of an operand: `outer` rows/cols (m for A, n for B) by BK.
         n_vec = outer * t.bk // 4
@@ -691,14 +700,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 # Contiguous along k: a vec4 holds 4 k's of one m (or n); store it transposed.
                 per = t.bk // 4
                 o, kq = f"({e} / {per}u)", f"({e} % {per}u)"
-                src = read(name, f"{base} + ({outer0} + {o}) * {ld} + k0 / 4u + {kq}")
+                src = k_load(name, base, ld, f"{outer0} + {o}", kq, lim)
                 if gather:
                     decl.append(f"  let {name}q{i} = {name}_prep({outer0} + {o}, z);")
                     src = f"{name}_load({name}q{i}, k0 + {kq} * 4u)"
-                elif edge:
-                    kv = f"k0 / 4u + {kq}"
-                    src = read(name, f"{base} + min({outer0} + {o}, {lim} - 1u) * {ld} + min({kv}, p.K / 4u - 1u)")
-                    src = f"select(vec4<f32>(0.0), vec4<f32>({src}), {kv} < p.K / 4u)"
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{")
                 for j, comp in enumerate("xyzw"):
@@ -737,12 +742,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
             regs = [f"p{name}{i}_{r}" for r in range(4)]
             decl.extend(f"  var {reg}: vec4<f32>;" for reg in regs)
             for r, reg in enumerate(regs):
-                row = f"{outer0} + {oq} * 4u + {r}u"
-                src = read(name, f"{base} + ({row}) * {ld} + k0 / 4u + {kq}")
-                if edge:
-                    kv = f"k0 / 4u + {kq}"
-                    src = read(name, f"{base} + min({row}, {lim} - 1u) * {ld} + min({kv}, p.K / 4u - 1u)")
-                    src = f"select(vec4<f32>(0.0), vec4<f32>({src}), {kv} < p.K / 4u)"
+                src = k_load(name, base, ld, f"{outer0} + {oq} * 4u + {r}u", kq, lim)
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
             store.append(f"    {guard}{{")
             for j, comp in enumerate("xyzw"):
