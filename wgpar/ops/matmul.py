@@ -688,8 +688,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
         n_vec = outer * t.bk // 4
         if n_vec % nthreads and nthreads % n_vec:
             raise ValueError(f"{t.name}: {n_vec} vec4 loads do not split over {nthreads} threads")
-        if (name, layout) in (("a", "n"), ("b", "t")) and not gather and blocks:
-            return block_loads(name, base, ld, outer0, outer, slab, lim)
+        n_blk = n_vec // 4  # 4 x 4 blocks, where they split over the threads too
+        if (name, layout) in (("a", "n"), ("b", "t")) and not gather and blocks and \
+                not (n_blk % nthreads and nthreads % n_blk):
+            return block_loads(name, base, ld, outer0, slab, lim, n_blk)
         for i in range(-(-n_vec // nthreads)):
             reg = f"p{name}{i}"
             decl.append(f"  var {reg}: vec4<f32>;")
@@ -728,13 +730,10 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                 load.append(f"  {guard}{{ {reg} = vec4<f32>({src}); }}")
                 store.append(f"    {guard}{{ {slab}[KB + {kr}][{oq}] = {reg}; }}")
 
-    def block_loads(name: str, base: str, ld: str, outer0: str, outer: int, slab: str, lim: str):
+    def block_loads(name: str, base: str, ld: str, outer0: str, slab: str, lim: str, n_blk: int):
         # Contiguous along k, in 4 x 4 blocks: a thread loads 4 vec4s (4 k's of 4 consecutive m's, or n's)
         # and stores their transpose as 4 vec4s (4 m's at each k) instead of 16 scalars.
         per = t.bk // 4
-        n_blk = outer // 4 * per
-        if n_blk % nthreads and nthreads % n_blk:
-            raise ValueError(f"{t.name}: {n_blk} 4x4 blocks do not split over {nthreads} threads")
         for i in range(-(-n_blk // nthreads)):
             e = f"(t + {i * nthreads}u)"
             guard = f"if (t < {n_blk}u) " if n_blk < nthreads else ""
