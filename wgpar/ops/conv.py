@@ -33,7 +33,7 @@ from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, loa
 from ..tensor import Tensor
 from .arith import inplace
 from .elementwise import cast, contiguous, copy_, fill, run_map
-from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, matmul, matmul_rows
+from .matmul import CONV_TILINGS, Tiling, _generate, gemm_tiling, grid_tiles, matmul, matmul_rows
 from .reduce import column_sums, reduce
 from .shape import narrow, permute, reshape, transpose
 from .window import Window
@@ -226,15 +226,10 @@ def _gemm_plan(kernel: Kernel, helpers: str, la: str, types: tuple[str, ...], M:
     """_run_gemm's (kernel, launches: (packed parameters, workgroups, FLOPs) each) for tile ``t``, made once
     per product, window, dtypes, offsets and workgroup limit ``lim``: packing the parameters cost a layer's
     call tens of microseconds of host time."""
-    k, launches = _gemm_spec(kernel, helpers, t, la, types, types[0]), []
-    gy, gx = -(-M // t.bm), -(-N // t.bn)
-    for z0 in range(0, Z, lim):
-        for y0 in range(0, gy, lim):
-            for x0 in range(0, gx, lim):
-                groups = (min(lim, gx - x0), min(lim, gy - y0), min(lim, Z - z0))
-                launches.append((kernel.pack(M=M, N=N, K=K, z0=z0, m0=y0 * t.bm, n0=x0 * t.bn, **dict(params)), groups,
-                                 2 * groups[2] * min(M, groups[1] * t.bm) * min(N, groups[0] * t.bn) * K))
-    return k, tuple(launches)
+    return _gemm_spec(kernel, helpers, t, la, types, types[0]), tuple(
+        (kernel.pack(M=M, N=N, K=K, z0=z0, m0=m0, n0=n0, **dict(params)), groups,
+         2 * groups[2] * min(M - m0, groups[1] * t.bm) * min(N - n0, groups[0] * t.bn) * K)
+        for z0, m0, n0, groups in grid_tiles(Z, M, N, t.bm, t.bn, lim))
 
 
 def _dw_launch(kernel: Kernel, out: Tensor, bufs: list[Tensor], total: int, params: dict,

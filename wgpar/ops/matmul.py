@@ -542,14 +542,15 @@ def _run(p: Plan, shape: tuple[int, ...], dtype: _dt.DType) -> Tensor:
     return _recipe(p, shape, dtype).run(p.a.t, p.b.t)
 
 
-def _tiles(p: Plan, tm: int, tn: int, lim: int) -> Iterator[tuple[int, int, int, tuple[int, int, int]]]:
+def grid_tiles(nb: int, M: int, N: int, tm: int, tn: int,
+               lim: int) -> Iterator[tuple[int, int, int, tuple[int, int, int]]]:
     """(z0, m0, n0, grid) of each dispatch covering nb x M x N in tm x tn tiles, at most ``lim``
-    workgroups per grid dimension (Device.max_workgroups)."""
-    gy, gx = -(-p.M // tm), -(-p.N // tn)
-    for z0 in range(0, p.nb, lim):
+    workgroups per grid dimension (Device.max_workgroups); the implicit GEMMs (ops/conv.py) too."""
+    gy, gx = -(-M // tm), -(-N // tn)
+    for z0 in range(0, nb, lim):
         for y0 in range(0, gy, lim):
             for x0 in range(0, gx, lim):
-                yield z0, y0 * tm, x0 * tn, (min(lim, gx - x0), min(lim, gy - y0), min(lim, p.nb - z0))
+                yield z0, y0 * tm, x0 * tn, (min(lim, gx - x0), min(lim, gy - y0), min(lim, nb - z0))
 
 
 def _cost(p: Plan, out_dtype: _dt.DType, m0: int, n0: int, groups: tuple[int, int, int], tm: int,
@@ -578,7 +579,7 @@ def _general_launches(p: Plan, out_dtype: _dt.DType) -> tuple[KernelSpec, tuple]
         (_GENERAL.pack(M=p.M, N=p.N, K=p.K, z0=z0, off_a=p.a.offset, off_b=p.b.offset, off_c=0, m0=m0,
                        sa_b=p.a.sz, sa_m=p.a.si, sa_k=p.a.sj, n0=n0, sb_b=p.b.sz, sb_k=p.b.si, sb_n=p.b.sj),
          groups, _cost(p, out_dtype, m0, n0, groups, _TILE, _TILE))
-        for z0, m0, n0, groups in _tiles(p, _TILE, _TILE, a.device.max_workgroups))
+        for z0, m0, n0, groups in grid_tiles(p.nb, p.M, p.N, _TILE, _TILE, a.device.max_workgroups))
 
 
 def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bias: Tensor | None = None,
@@ -586,7 +587,7 @@ def _fast_launches(p: Plan, t: Tiling, out_dtype: _dt.DType, out_offset: int, bi
     """``bias``: a contiguous [N] tensor added to every row as it is stored (offset a whole vec4); with
     ``rows``, a contiguous [M] tensor whose element i is added to row i of every batch entry."""
     a, b = p.a.t, p.b.t
-    tiles = list(_tiles(p, t.bm, t.bn, a.device.max_workgroups))
+    tiles = list(grid_tiles(p.nb, p.M, p.N, t.bm, t.bn, a.device.max_workgroups))
     blocks = sum(g[0] * g[1] * g[2] for *_, g in tiles) >= _BLOCKS_FROM
     k = _fast_kernel(t, p.a_layout, p.b_layout, a.dtype.storage, b.dtype.storage, out_dtype.storage, p.edge,
                      None if bias is None else bias.dtype.storage, p.tri, rows, blocks)
