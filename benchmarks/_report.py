@@ -6,6 +6,7 @@ import datetime
 import os
 import re
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,22 +71,29 @@ def write_section(key: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     path.write_text(text)
 
 
-def timed(fn, sync, repeat: int = 1, min_time: float = 0.0, *, warmup: int = 1) -> float:
+def timed(fn, sync, repeat: int = 1, min_time: float = 0.0, *, warmup: int = 1, rounds: int = 1) -> float:
     """Seconds per call of ``fn``: ``warmup`` calls and a ``sync``, then batches of ``repeat`` calls each
-    followed by one ``sync``, until the batches took ``min_time`` seconds in all (one batch when 0)."""
+    followed by one ``sync``, until the batches took ``min_time`` seconds in all (one batch when 0).
+    With ``rounds`` > 1 that measurement is made ``rounds`` times and the median returned: a batch of
+    tens of microseconds a call moves by 2-3x with one slow submit or a clock change (the same layer
+    read 0.13 and 0.32 ms in two runs on an H100), so a single batch cannot rank small kernels."""
     for _ in range(warmup):
         fn()
     sync()
-    n, total = 0, 0.0
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        sync()
-        total += time.perf_counter() - t0
-        n += repeat
-        if total >= min_time:
-            return total / n
+    means = []
+    for _ in range(max(1, rounds)):
+        n, total = 0, 0.0
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                fn()
+            sync()
+            total += time.perf_counter() - t0
+            n += repeat
+            if total >= min_time:
+                break
+        means.append(total / n)
+    return statistics.median(means)
 
 
 def torch_or_none(cuda_only: bool = False):

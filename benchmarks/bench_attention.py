@@ -6,7 +6,7 @@ against torch (CUDA, TF32 off) or a float64 NumPy reference (small shapes, no to
     python benchmarks/bench_attention.py --shapes 8x12x1024x64 --configs "fwd=128x16;fwd=64x32,cv=2,unroll=0"
     python benchmarks/bench_attention.py --dtype float16        # float16 q, k, v against torch FP32 (and FP16)
 
-Each timing is the mean over enough steps for about --seconds of work, after a warm-up, with the
+Each timing is the median of 5 means over enough steps for about --seconds of work, after a warm-up, with the
 device synchronised before and after (wgpar.synchronize, torch.cuda.synchronize). With --dtype
 float16 wgpar's inputs and gradients are float16; the reference and torch's baseline stay FP32 on the
 float16-rounded inputs (the issue's bar), and torch's float16 SDPA (tensor cores) is timed beside them.
@@ -42,10 +42,11 @@ def _config(text: str) -> dict:
     return out
 
 
-def _timed(fn, sync, seconds: float) -> float:
-    """Seconds per call, the number of calls (3 to 50) chosen from one timed call to take about ``seconds``."""
+def _timed(fn, sync, seconds: float, rounds: int = 5) -> float:
+    """Seconds per call: the median of ``rounds`` means over a number of calls (3 to 50) chosen from one
+    timed call to take about ``seconds``."""
     one = max(_report.timed(fn, sync), 1e-6)
-    return _report.timed(fn, sync, int(min(50, max(3, seconds / one))), warmup=0)
+    return _report.timed(fn, sync, int(min(50, max(3, seconds / one))), warmup=0, rounds=rounds)
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -195,8 +196,8 @@ def markdown(rows: list[dict], device: str, torch_name: str, date: str, command:
         f"- date: {date}",
         f"- command: `{command}`",
         f"- what: wgpar's scaled_dot_product_attention with {dtype} q, k, v and output gradient, the fused path "
-        "forced (a shape it cannot run reports an error); ms per call (the mean over enough calls for "
-        "--seconds, closed by a device sync); ratios against torch SDPA FP32 (issue 23's targets: forward "
+        "forced (a shape it cannot run reports an error); ms per call (the median of 5 means, each over enough "
+        "calls for --seconds and closed by a device sync); ratios against torch SDPA FP32 (issue 23's targets: forward "
         f"<= 2x, forward + backward <= 2.5x); max rel err of the output and gradients against {ref}.", "",
         _report.markdown_table(header, table)])
 

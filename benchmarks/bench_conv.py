@@ -122,7 +122,7 @@ def _fwd_bwd(lib: _Lib, layer, xt, params, g, amp: bool) -> None:
 
 
 def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict | None, steps: int, warmup: int,
-              timed: bool, amp: bool = False):
+              timed: bool, amp: bool = False, rounds: int = 1):
     """(outputs and gradients of the first call, fwd s, fwd+bwd s, peak bytes of a fwd+bwd, state dict);
     ``amp``: the forward under float16 autocast (the output gradient in the output's dtype)."""
     layer = lib.to(make(lib.nn))
@@ -143,8 +143,8 @@ def run_layer(lib: _Lib, make, x: np.ndarray, gy: np.ndarray | None, state: dict
             layer(xt)
 
     fwd_bwd = functools.partial(_fwd_bwd, lib, layer, xt, params, g, amp)
-    tf = _report.timed(fwd, lib.sync, steps, warmup=warmup)
-    tfb = _report.timed(fwd_bwd, lib.sync, steps, warmup=warmup)
+    tf = _report.timed(fwd, lib.sync, steps, warmup=warmup, rounds=rounds)
+    tfb = _report.timed(fwd_bwd, lib.sync, steps, warmup=warmup, rounds=rounds)
     xt.grad = None
     for p in params:
         p.grad = None
@@ -233,10 +233,12 @@ def layers(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
         if theirs is not None:
             ref = run_layer(theirs, make, x, None, None, args.steps, args.warmup, False)
             gy = rng.standard_normal(ref[0][0].shape, dtype=np.float32)
-            ref = run_layer(theirs, make, x, gy, ref[4], args.steps, args.warmup, tdev == "cuda", args.amp)
+            ref = run_layer(theirs, make, x, gy, ref[4], args.steps, args.warmup, tdev == "cuda", args.amp,
+                            args.rounds)
         else:
             gy = None
-        got = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True, args.amp)
+        got = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True, args.amp,
+                        args.rounds)
         check = "-" if ref is None else f"{max(_rel_diff(a, b) for a, b in zip(got[0], ref[0])):.0e}"
         _, wf, wfb, wpeak, _ = got
         tf, tfb, tpeak = (ref[1], ref[2], ref[3]) if ref is not None else (None, None, None)
@@ -251,7 +253,8 @@ def layers(args, dev, torch, tdev) -> tuple[list[str], list[list[str]]]:
                f"{3 * flops / wfb / 1e9:.0f}" if flops else "-", f"{wpeak / 2**20:.1f}",
                f"{tpeak / 2**20:.1f}" if tpeak else "-", ratio(wpeak, tpeak), check]
         if args.amp:  # wgpar's float32 fwd+bwd in the same run: is autocast faster?
-            f32 = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True)[2]
+            f32 = run_layer(ours, make, x, gy, ref[4] if ref else None, args.steps, args.warmup, True,
+                            rounds=args.rounds)[2]
             row += [ms(f32), ratio(wfb, f32)]
         rows.append(row)
         print("  ".join(row), flush=True)
@@ -382,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="layer rows whose name contains one of these")
     ap.add_argument("--steps", type=int, default=5, help="timed calls per measurement")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="layer rows: the median of this many measurements of --steps calls each")
     ap.add_argument("--no-torch", action="store_true", help="wgpar alone")
     ap.add_argument("--amp", action="store_true",
                     help="layer rows under float16 autocast on both sides, with wgpar's float32 fwd+bwd beside")
@@ -428,7 +433,10 @@ def main(argv: list[str] | None = None) -> int:
             f"- device: {_report.device_line(dev)}" + (f"; reference: {tname}" if tname else "") + "\n"
             f"- date: {_report.today()}\n- command: `{_report.command_line()}`\n"
             f"- what: {'float16 autocast on both sides (torch.autocast on CUDA)' if amp else 'float32'}; "
-            f"mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
+            + (f"mean of {args.steps} calls after {args.warmup}, one wait for the device at the end. "
+               if args.resnet or args.profile or args.rounds <= 1 else
+               f"median of {args.rounds} means of {args.steps} calls (after {args.warmup}), each ended by one "
+               "wait for the device. ")
             + ("wgpar.profiler around the fwd+bwd calls (input and parameter gradients, an output gradient of "
                "ones): per kernel family, dispatches and GPU time per call in the forward and the backward; wall "
                "ms per call under the profiler."
