@@ -19,7 +19,7 @@ from ..ops.index import as_index, index_add_rows, index_what
 from ..ops.reduce import column_sums
 from ..ops.registry import GRADS, OPS, SAVES
 from ..ops.shape import narrow, stack_dim
-from ..tensor import Tensor, wrap_dim
+from ..tensor import Tensor, contiguous_strides, wrap_dim
 from .autocast_mode import get_autocast_dtype, is_autocast_enabled
 from .engine import Parts, attach, backward, record, retain_grad
 from .grad_mode import is_grad_enabled
@@ -337,7 +337,11 @@ class _Split:
 
     def join(self, grads: list[Tensor | None]) -> Tensor:
         """The whole's gradient from one gradient or None per piece: each copied into its place of one new
-        buffer, one zero fill per run of pieces without one."""
+        buffer, one zero fill per run of pieces without one; no copy where the pieces' gradients already
+        lie in their places of one contiguous buffer (``_tiled``)."""
+        whole = self._tiled(grads)
+        if whole is not None:
+            return whole
         runs: list[tuple[int, int, Tensor | None]] = []
         for (lo, hi), g in zip(self.bounds, grads):
             if g is None and runs and runs[-1][2] is None:
@@ -355,6 +359,28 @@ class _Split:
             else:
                 ops.copy_(part, ops.unsqueeze(g, self.dim) if self.squeezed else g)
         return out
+
+    def _tiled(self, grads: list[Tensor | None]) -> Tensor | None:
+        """The whole's gradient as a view, where every piece's gradient is the view of one storage that the
+        piece is of a contiguous tensor of the whole's shape and dtype (the attention backward writes a
+        fused q|k|v projection's three gradients so: ops.attention._fused_grads), else None."""
+        if any(g is None for g in grads):
+            return None
+        storage = grads[0]._storage
+        strides = contiguous_strides(self.shape)
+        step = strides[self.dim]
+        base = grads[0]._offset - self.bounds[0][0] * step
+        if base < 0 or base + math.prod(self.shape) > storage.numel:
+            return None
+        for (lo, hi), g in zip(self.bounds, grads):
+            if self.squeezed:
+                g = ops.unsqueeze(g, self.dim)
+            shape = self.shape[:self.dim] + (hi - lo,) + self.shape[self.dim + 1:]
+            if (g._storage is not storage or g.dtype is not self.dtype or g.shape != shape
+                    or g._offset != base + lo * step
+                    or any(n > 1 and s != c for n, s, c in zip(shape, g.strides, strides))):
+                return None
+        return Tensor(storage, self.shape, strides, base)
 
 
 def split_views(a: Tensor, dim: int, sizes: Sequence[int], op: str = "split",

@@ -1038,8 +1038,10 @@ def _matmul_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
 
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, causal: bool,
                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv), contiguous [B, H, T, D] in the operands' dtype, for ``attention_forward``'s
-    ``out`` and ``lse`` and the output gradient ``dout``."""
+    """(dq, dk, dv) [B, H, T, D] in the operands' dtype, for ``attention_forward``'s ``out`` and ``lse``
+    and the output gradient ``dout``: contiguous, or, where q, k and v are disjoint heads of one buffer
+    (a fused q|k|v projection's output), views of one gradient buffer laid out as that buffer (see
+    ``_fused_grads``), so the split's backward needs no copies."""
     dev = q.device
     b, h, lq, d = q.shape
     lk = k.shape[2]
@@ -1049,27 +1051,33 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     if _use_matmul_backward(dev, d, lq, lk):
         return _matmul_backward(q, k, v, out, lse, dout, causal, scale)
     k_in = k
+    fused = _fused_grads(q, k, v)
     (q, lq4), (k, lk4), (v, lv4) = _vec4_layout(q), _vec4_layout(k), _vec4_layout(v)
     (dout, lg4), (out, lo4) = _vec4_layout(dout), _vec4_layout(out)
     t_dq, t_kv = pick("dq", dev, d, lq, lk), pick("dkv", dev, d, lk, lq)
     k_ranges = chunks("dkv", t_kv, dv, lq)
     ds_path = _use_ds(dev, t_kv, lq, lk)
-    gk = Tensor.empty((b, h, lk, d), _dt.float32 if len(k_ranges) > 1 else q.dtype, dev)
-    gv = Tensor.empty((b, h, lk, d), gk.dtype, dev)
+    if fused is not None and len(k_ranges) == 1:  # the kernel writes dK and dV in their places
+        gk, gv = fused[1], fused[2]
+        gk4, gv4 = _vec4_layout(gk)[1], _vec4_layout(gv)[1]
+    else:
+        gk = Tensor.empty((b, h, lk, d), _dt.float32 if len(k_ranges) > 1 else q.dtype, dev)
+        gv = Tensor.empty((b, h, lk, d), gk.dtype, dev)
+        gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
+        gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
     bufs_common = [q._storage.buffer, k._storage.buffer, v._storage.buffer, dout._storage.buffer]
     if ds_path:  # delta = rowsum(dO * O), which the dQ kernel would have computed
         delta = _delta(dout, out)
         gq = None
     else:
         delta = Tensor.empty((b, h, lq), _dt.float32, dev)
-        gq = _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq, causal, scale, bufs_common)
+        gq = _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq, causal, scale, bufs_common,
+                        fused[0] if fused is not None else None)
 
     qw, lqw4, gw, lgw4 = q, lq4, dout, lg4
     if t_kv.rm > 1:
         (qw, lqw4), (gw, lgw4) = (_vec4_layout(_walked(x, -(-lk // t_kv.rows))) for x in (q, dout))
     kern = _kernel("dkv", t_kv, dv, q.dtype.storage, gk.dtype.storage, ds_path, walked=qw.dtype.storage)
-    gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
-    gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
     bufs = [gk._storage.buffer, gv._storage.buffer, qw._storage.buffer, k._storage.buffer, v._storage.buffer,
             gw._storage.buffer, lse._storage.buffer, delta._storage.buffer]
     if ds_path:
@@ -1091,6 +1099,13 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
             del ds
     if ds_path:
         gq = reshape(gq, (b, h, lq, d))
+    if fused is not None:
+        if gq is not fused[0]:
+            copy_(fused[0], gq)  # converts too
+        for have, place in ((gk, fused[1]), (gv, fused[2])):
+            if have is not place:
+                copy_(place, have)
+        return fused
     if gq.dtype is not q.dtype:
         gq = cast(gq, q.dtype)
     if gk.dtype is not q.dtype:
@@ -1098,17 +1113,45 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     return gq, gk, gv
 
 
+def _fused_grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Gradients for q, k, v as views of one new buffer with q's, k's and v's own strides and relative
+    offsets, where the three are disjoint [B, H, T, D] views of one storage whose heads lie side by side
+    in each row (a fused q|k|v projection split into heads), else None. The kernels write dK and dV (and
+    dQ) in those places, and the split's backward (``_Split.join``) sees three views that tile one tensor:
+    five copies a layer fewer in a GPT's backward than contiguous gradients joined after."""
+    if not (q._storage is k._storage is v._storage and q.shape == k.shape == v.shape
+            and q.strides == k.strides == v.strides and q.dtype is k.dtype is v.dtype):
+        return None
+    b, h, t, d = q.shape
+    sb, sh, st, sd = q.strides
+    width = h * d
+    if sd != 1 or (h > 1 and sh != d) or (t > 1 and st < width) or (b > 1 and sb != t * st):
+        return None
+    offs = sorted(x._offset for x in (q, k, v))
+    lo = offs[0]
+    if offs[1] - offs[0] < width or offs[2] - offs[1] < width or (t > 1 and offs[2] - lo + width > st) \
+            or any((o - lo) % 4 for o in offs) or (t > 1 and st % 4) or (b > 1 and sb % 4):
+        return None
+    span = (b - 1) * sb + (t - 1) * st + offs[2] - lo + width
+    whole = Tensor.empty((span,), q.dtype, q.device)
+    return tuple(Tensor(whole._storage, x.shape, x.strides, whole._offset + x._offset - lo) for x in (q, k, v))
+
+
 def _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq: Tile, causal: bool, scale: float,
-               bufs_common: list) -> Tensor:
-    """dQ by the dQ kernel, which also writes delta (its first chunk)."""
+               bufs_common: list, into: Tensor | None = None) -> Tensor:
+    """dQ by the dQ kernel, which also writes delta (its first chunk); written into ``into`` (a view in
+    q's dtype, see ``_fused_grads``) where one chunk covers the keys."""
     dev = q.device
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], d // 4
     q_ranges = chunks("dq", t_dq, dv, lk)
-    # Chunks add into the gradient: in float32 then, cast once at the end.
-    gq = Tensor.empty((b, h, lq, d), _dt.float32 if len(q_ranges) > 1 else q.dtype, dev)
+    if into is not None and len(q_ranges) == 1:
+        gq, gq4 = into, _vec4_layout(into)[1]
+    else:
+        # Chunks add into the gradient: in float32 then, cast once at the end.
+        gq = Tensor.empty((b, h, lq, d), _dt.float32 if len(q_ranges) > 1 else q.dtype, dev)
+        gq4 = [gq._offset // 4, h * lq * dv, lq * dv, dv]
     kern = _kernel("dq", t_dq, dv, q.dtype.storage, gq.dtype.storage)
-    gq4 = [gq._offset // 4, h * lq * dv, lq * dv, dv]
     for n, (lo, hi) in enumerate(q_ranges):
         head = [h, lq, lk, int(causal), lo, hi, 0, scale]
         flags = (1 if n else 0) | (2 if n == 0 else 0)  # the first chunk writes dq and computes delta
