@@ -1118,18 +1118,20 @@ def _fused_grads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tenso
     offsets, where the three are disjoint [B, H, T, D] views of one storage whose heads lie side by side
     in each row (a fused q|k|v projection split into heads), else None. The kernels write dK and dV (and
     dQ) in those places, and the split's backward (``_Split.join``) sees three views that tile one tensor:
-    five copies a layer fewer in a GPT's backward than contiguous gradients joined after."""
+    six copies a layer fewer in a GPT's backward (five where dQ comes from dS K) than contiguous gradients
+    joined after."""
     if not (q._storage is k._storage is v._storage and q.shape == k.shape == v.shape
             and q.strides == k.strides == v.strides and q.dtype is k.dtype is v.dtype):
         return None
     b, h, t, d = q.shape
     sb, sh, st, sd = q.strides
     width = h * d
-    if sd != 1 or (h > 1 and sh != d) or (t > 1 and st < width) or (b > 1 and sb != t * st):
+    if sd != 1 or (h > 1 and sh != d) or (b > 1 and t > 1 and sb != t * st):
         return None
     offs = sorted(x._offset for x in (q, k, v))
     lo = offs[0]
-    if offs[1] - offs[0] < width or offs[2] - offs[1] < width or (t > 1 and offs[2] - lo + width > st) \
+    row = st if t > 1 else sb  # from one (batch, position) row of heads to the next
+    if offs[1] - offs[0] < width or offs[2] - offs[1] < width or (b * t > 1 and offs[2] - lo + width > row) \
             or any((o - lo) % 4 for o in offs) or (t > 1 and st % 4) or (b > 1 and sb % 4):
         return None
     span = (b - 1) * sb + (t - 1) * st + offs[2] - lo + width
