@@ -61,7 +61,9 @@ def test_matches_single_device_training(world, batch, opt_name, rng):
         assert len(dp.sync.bucket_sizes()) > 1
         opts = dp.optimizers(OPTS[opt_name])
         losses = [dp.train_step(X, Y, F.cross_entropy, opts).item() for _ in range(10)]
-        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+        # A loss near zero is log-sum-exp less the target's logit: its error is absolute (float32's
+        # epsilon times the logits), so a relative bound alone fails by chance as training converges.
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6 * max(ref_losses))
         want = {k: v.numpy() for k, v in ref.state_dict().items()}
         for r, replica in enumerate(dp.replicas):
             assert replica.device is ctx.devices[r]

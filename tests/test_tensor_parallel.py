@@ -414,7 +414,9 @@ def test_adamw_training_matches_single_device(ctx, rng):
             loss.backward()
             o.step()
             losses.append(loss.item())
-        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+        # A loss near zero is log-sum-exp less the target's logit: its error is absolute (float32's
+        # epsilon times the logits), so a relative bound alone fails by chance as training converges.
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6 * max(ref_losses))
         got = _state(model)
         assert sorted(got) == sorted(want)
         for k, v in got.items():
