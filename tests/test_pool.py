@@ -50,6 +50,21 @@ def test_avg_pool2d_forward_matches_numpy(case, rng):
     assert_close(got, windows(x, k, s, p, (1, 1), 0.0).mean(-1), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,k,s,p", [((2, 3, 5, 13), (2, 3), (1, 2), (1, 1)),
+                                         ((1, 4, 6, 11), (3, 3), (1, 1), (1, 0)),
+                                         ((3, 2, 4, 1), (2, 1), (2, 1), (0, 0)),
+                                         ((1, 2, 93, 95), (91, 91), (1, 1), (0, 0))], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_avg_pool2d_forward_rows_of_any_width(shape, k, s, p, dtype, rng):
+    """A thread averages 4 outputs of a row: widths of 1, 5, 6, 7 and 11 outputs leave the last thread of
+    each row 1-3 of them; a 91x91 window (4 of them would pass MAX_LOOP) takes one output a thread."""
+    x = rng.standard_normal(shape).astype(dtype)
+    got = F.avg_pool2d(wgpar.tensor(x), k, s, p).numpy()
+    want = windows(x, k, s, p, (1, 1), 0.0).mean(-1)
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    assert_close(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
 def test_pool_gradients_match_finite_differences(rng):
     x = rng.permutation(60).reshape(1, 3, 4, 5) / 7.0  # distinct values: max has a gradient everywhere
     gradcheck.check(lambda t: F.max_pool2d(t, (2, 3), (1, 2), (1, 1)),

@@ -17,7 +17,8 @@ _NEG_INF = "bitcast<f32>(0xff800000u)"
 _POS_INF = "bitcast<f32>(0x7f800000u)"
 _ARG = {"argmax": ">", "argmin": "<"}
 
-_ROWS = Kernel("reduce", "out: w, x: r", "rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32")
+_ROWS = Kernel("reduce", "out: w, x: r", "rows: u32, cols: u32, off: u32, chunk: u32, groups: u32, scale: f32",
+               constants=(("WG", WORKGROUP), ("L", WORKGROUP)))
 _COLS = Kernel("reduce_cols", "out: w, x: r",
                "outer: u32, n: u32, units: u32, off: u32, tiles: u32, slices: u32, rows: u32, scale: f32",
                constants=(("WG", WORKGROUP), ("TC", 64), ("TR", WORKGROUP // 64)))
@@ -129,27 +130,47 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     dev = x.device
     if inner > 1:
         return _reduce_cols(op, x, outer, n, inner, out_dt, ctype, scale, op not in _ARG)
-    # Rows: split long rows into chunks so a few rows still fill the GPU (and no thread loops more
+    plan = _row_plan(op, outer, n, x.dtype.storage, ctype, out_dt, x._offset, scale, dev.max_workgroups)
+    if plan[0] is None:  # argmax / argmin of long rows
+        return _arg_two_pass(op, x, outer, n, *plan[1:])
+    partial_dt, groups, k, params, wgs = plan
+    out = Tensor.empty((outer * groups,), partial_dt, dev)
+    dev.dispatch(k, [out._storage.buffer, x._storage.buffer], params, wgs)
+    if groups == 1:
+        return out
+    return _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt, scale=scale)
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_plan(op: str, outer: int, n: int, t: str, ctype: str, out_dt: _dt.DType, off: int, scale: float,
+              lim: int) -> tuple:
+    """The first row pass over [outer, n]: (partial dtype, chunks a row, kernel, parameters, workgroups),
+    or (None, chunk, chunks, vec) for argmax / argmin of long rows. Made once per distinct call: a short
+    reduction's host cost is then about one dispatch's (a global average pool's forward is host-bound)."""
+    # Split long rows into chunks so a few rows still fill the GPU (and no thread loops more
     # than MAX_LOOP times); partials reduced again.
     two_pass = n > 16 * WORKGROUP and (outer < 64 or n > WORKGROUP * MAX_LOOP)
     groups = max(min(-(-n // (4 * WORKGROUP)), 1024), -(-n // (WORKGROUP * MAX_LOOP))) if two_pass else 1
     chunk = -(-n // groups)
-    vec = n % 4 == 0 and x._offset % 4 == 0
+    vec = n % 4 == 0 and off % 4 == 0
     if vec and chunk % 4:  # whole vec4s per chunk
         chunk += 4 - chunk % 4
         groups = -(-n // chunk)
     if op in _ARG and groups > 1:
-        return _arg_two_pass(op, x, outer, n, chunk, groups, vec)
+        return None, chunk, groups, vec
     partial_dt = out_dt if groups == 1 else (_dt.float32 if ctype == "f32" else _dt.int32)
     first_op = "sum" if op == "mean" and groups > 1 else op
-    out = Tensor.empty((outer * groups,), partial_dt, dev)
-    k = _row_kernel(partial_dt.storage, x.dtype.storage, ctype, vec, first_op)
-    dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                 _ROWS.pack(rows=outer, cols=n, off=x._offset, chunk=chunk, groups=groups, scale=scale),
-                 grid(outer * groups, dev.max_workgroups))
-    if groups == 1:
-        return out
-    return _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt, scale=scale)
+    lanes = _row_lanes(-(-chunk // 4) if vec else chunk)
+    k = _row_kernel(partial_dt.storage, t, ctype, vec, first_op, lanes)
+    return (partial_dt, groups, k,
+            _ROWS.pack(rows=outer, cols=n, off=off, chunk=chunk, groups=groups, scale=scale),
+            grid(-(-outer * groups // (WORKGROUP // lanes)), lim))
+
+
+def row_reduce(op: str, x: Tensor, rows: int, cols: int) -> Tensor:
+    """Contiguous ``x`` viewed as [rows, cols] reduced over its columns into [rows] (``op``'s output
+    dtype), without ``reduce``'s handling of axes: for callers whose layout is known (pooling)."""
+    return _reduce_block(op, x, rows, cols, 1, _out_dtype(op, x.dtype))
 
 
 # A first column pass aims at this many workgroups (8 of 256 threads per SM of a 132-SM GPU: enough
@@ -218,18 +239,27 @@ def _cols_pass(op: str, x: Tensor, outer: int, n: int, inner: int, w: int, out_d
 
 
 @functools.lru_cache(maxsize=256)
-def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str) -> KernelSpec:
-    """reduce.wgsl for ``op``; x is read one element per step, or (``vec``) one vec4 of 4 columns."""
+def _row_lanes(units: int) -> int:
+    """Lanes reducing one chunk of ``units`` loads (elements or vec4s): a power of two leaving each lane
+    about 4 loads, from 4 up to the whole workgroup. Short rows then share a workgroup: 16384 rows of 49
+    (a global average pool) took a workgroup each, 207 of its 256 threads idle, or a thread each, uncoalesced."""
+    return min(WORKGROUP, max(4, _pow2ceil(-(-units // 4))))
+
+
+def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str, lanes: int = WORKGROUP) -> KernelSpec:
+    """reduce.wgsl for ``op`` with ``lanes`` lanes a chunk; x is read one element per step, or (``vec``)
+    one vec4 of 4 columns."""
     if not vec:
         loop = ("    let base = p.off + row * p.cols;\n"
-                "    for (var c = start + lid; c < end; c = c + WG) {\n"
+                "    for (var c = start + lane; c < end; c = c + L) {\n"
                 f"      fold(&acc, &ai, {ctype}(x[base + c]), i32(c));\n    }}")
     else:
         folds = "\n".join(f"      fold(&acc, &ai, {ctype}(v.{e}), i32(4u * c + {j}u));" for j, e in enumerate("xyzw"))
         loop = ("    let base = (p.off + row * p.cols) >> 2u;\n"
-                "    for (var c = (start >> 2u) + lid; c < (end >> 2u); c = c + WG) {\n"
+                "    for (var c = (start >> 2u) + lane; c < (end >> 2u); c = c + L) {\n"
                 f"      let v = x[base + c];\n{folds}\n    }}")
-    return _ROWS.spec((out_t, f"vec4<{t}>" if vec else t), O=out_t, C=ctype, LOOP=loop, **_kernel_text(op, ctype))
+    return _ROWS.spec((out_t, f"vec4<{t}>" if vec else t), constants={"L": lanes}, O=out_t, C=ctype, LOOP=loop,
+                      **_kernel_text(op, ctype))
 
 
 def _arg_two_pass(op: str, x: Tensor, outer: int, n: int, chunk: int, groups: int, vec: bool) -> Tensor:
