@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import replace
@@ -441,19 +442,30 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     per 4 input elements of a row (``ops.pool.adaptive_avg_pool2d``); windows past the loop limit run as two
     matmuls with the (host-built) averaging matrices."""
     x, unbatched = _batched(input, 2, "adaptive_avg_pool2d")
-    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
-    if len(sizes) != 2:
-        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}")
-    out_hw = tuple(n if s is None else s for n, s in zip(x.shape[2:], sizes))
-    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
-        raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
-    out_hw = (int(out_hw[0]), int(out_hw[1]))
-    if adaptive_fits(tuple(x.shape[2:]), out_hw) and x.numel():
+    in_hw = x.shape[2:]
+    try:
+        out_hw = _adaptive_size(tuple(output_size) if isinstance(output_size, list) else output_size, in_hw)
+    except TypeError:  # unhashable: no int or pair of them
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}") from None
+    if adaptive_fits(in_hw, out_hw) and x.numel():
         y = AdaptiveAvgPool2d.apply(x, out_hw)
         return D.squeeze(y, 0) if unbatched else y
     rows, cols = (_averaging(n, int(m), x.dtype, x.device) for n, m in zip(x.shape[2:], out_hw))
     y = D.matmul(D.matmul(rows, x), D.transpose(cols, 0, 1))
     return D.squeeze(y, 0) if unbatched else y
+
+
+@functools.lru_cache(maxsize=256)
+def _adaptive_size(output_size, in_hw: tuple[int, int]) -> tuple[int, int]:
+    """adaptive_avg_pool2d's (rows, columns) out of ``output_size`` for an input of ``in_hw``; checked once
+    per distinct pair (the pooling's forward is host-bound: this ran per call)."""
+    sizes = tuple(output_size) if isinstance(output_size, tuple) else (output_size, output_size)
+    if len(sizes) != 2:
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}")
+    out_hw = tuple(n if s is None else s for n, s in zip(in_hw, sizes))
+    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in out_hw):
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be positive ints (or None), got {output_size!r}")
+    return int(out_hw[0]), int(out_hw[1])
 
 
 def _averaging(n: int, m: int, dtype, device) -> Tensor:

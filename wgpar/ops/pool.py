@@ -16,7 +16,6 @@ from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, grid, load_source
 from ..tensor import Tensor
 from .elementwise import contiguous
 from .reduce import row_reduce
-from .shape import reshape
 from .window import Window
 
 _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, " \
@@ -175,7 +174,7 @@ def adaptive_avg_pool2d(x: Tensor, out_hw: tuple[int, int], backward: bool = Fal
     n, c = x.shape[:2]
     (h, w), (oh, ow) = (in_hw if backward else x.shape[2:]), out_hw
     if not backward and (oh, ow) == (1, 1) and h * w > 0:
-        return reshape(row_reduce("mean", x, n * c, h * w), (n, c, 1, 1))
+        return row_reduce("mean", x, n * c, h * w, (n, c, 1, 1))
     out = Tensor.empty((n, c, h, w) if backward else (n, c, oh, ow), x.dtype, x.device)
     if out.numel():
         k, params, groups = _adaptive_plan(n, c, h, w, oh, ow, x.dtype.storage, backward, x._offset,

@@ -109,8 +109,8 @@ def reduce(op: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
         rest = [i for i in range(x.ndim) if i not in axes]
         x = contiguous(permute(x, rest + list(axes)))
         outer, inner = outer * inner, 1
-    result = _reduce_block(op, x, outer, n_red, inner, out_dt)
-    return reshape(result, out_shape)
+    result = _reduce_block(op, x, outer, n_red, inner, out_dt, shape=out_shape)
+    return result if result.shape == out_shape else reshape(result, out_shape)
 
 
 def column_sums(x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) -> Tensor:
@@ -121,10 +121,12 @@ def column_sums(x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType) ->
 
 
 def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType,
-                  ctype: str | None = None, scale: float | None = None) -> Tensor:
+                  ctype: str | None = None, scale: float | None = None, shape: tuple | None = None) -> Tensor:
     """Reduce x viewed as [outer, n, inner] over n; ``ctype`` is the accumulator type (default: x's
     compute type, f32 for mean, so an integer mean never wraps); a mean multiplies by ``scale``
-    (default 1 / n: a second pass over partial sums takes the first pass's count)."""
+    (default 1 / n: a second pass over partial sums takes the first pass's count). A row reduction's
+    last pass writes a tensor of ``shape`` (of ``outer`` elements) where given, saving the caller a
+    reshape; otherwise the result is [outer] (rows) or [outer, inner] (columns)."""
     ctype = ctype or ("f32" if op == "mean" else x.dtype.compute)
     scale = 1.0 / n if scale is None else scale
     dev = x.device
@@ -134,11 +136,11 @@ def _reduce_block(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _d
     if plan[0] is None:  # argmax / argmin of long rows
         return _arg_two_pass(op, x, outer, n, *plan[1:])
     partial_dt, groups, k, params, wgs = plan
-    out = Tensor.empty((outer * groups,), partial_dt, dev)
+    out = Tensor.empty(shape if groups == 1 and shape is not None else (outer * groups,), partial_dt, dev)
     dev.dispatch(k, [out._storage.buffer, x._storage.buffer], params, wgs)
     if groups == 1:
         return out
-    return _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt, scale=scale)
+    return _reduce_block(op, out.reshape(outer, groups), outer, groups, 1, out_dt, scale=scale, shape=shape)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -167,10 +169,11 @@ def _row_plan(op: str, outer: int, n: int, t: str, ctype: str, out_dt: _dt.DType
             grid(-(-outer * groups // (WORKGROUP // lanes)), lim))
 
 
-def row_reduce(op: str, x: Tensor, rows: int, cols: int) -> Tensor:
-    """Contiguous ``x`` viewed as [rows, cols] reduced over its columns into [rows] (``op``'s output
-    dtype), without ``reduce``'s handling of axes: for callers whose layout is known (pooling)."""
-    return _reduce_block(op, x, rows, cols, 1, _out_dtype(op, x.dtype))
+def row_reduce(op: str, x: Tensor, rows: int, cols: int, shape: tuple) -> Tensor:
+    """Contiguous ``x`` viewed as [rows, cols] reduced over its columns into a tensor of ``shape`` (of
+    ``rows`` elements; ``op``'s output dtype), without ``reduce``'s handling of axes: for callers whose
+    layout is known (pooling), at the host cost of about one dispatch."""
+    return _reduce_block(op, x, rows, cols, 1, _out_dtype(op, x.dtype), shape=shape)
 
 
 # A first column pass aims at this many workgroups (8 of 256 threads per SM of a 132-SM GPU: enough
