@@ -1,7 +1,7 @@
 // 2-d average pooling of contiguous [N * C planes, H, W] with torch's divisor: the window clipped
 // to the padded input (H + ph rows) when padding counts (count_include_pad), clipped to the input
-// otherwise, or a fixed divisor (divisor_override, when p.divisor is not 0). BACKWARD=false: each
-// thread averages the windows of VEC (1 or 4) consecutive outputs of a row. BACKWARD=true: x is the output's gradient
+// otherwise, or a fixed divisor (divisor_override, when p.divisor is not 0). BACKWARD=false: one
+// thread per output element averages its window of x. BACKWARD=true: x is the output's gradient
 // and each thread takes VEC (1 or 4) consecutive input elements of a row, summing g / divisor over
 // the windows holding them: only the outputs whose windows reach the elements are visited.
 // Bindings (out, x: arrays of T) and Params are declared in wgpar/ops/pool.py.
@@ -30,31 +30,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
   let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.total) { return; }
   if (!BACKWARD) {
-    // VEC consecutive outputs of one row: the index arithmetic (two divisions by runtime values)
-    // once for all of them; their windows' loads overlap in the cache.
-    let per_row = (p.ow + VEC - 1u) / VEC;
-    let row = i / per_row;  // plane * oh + oh
-    let ow0 = (i - row * per_row) * VEC;
-    let plane = row / p.oh;
-    let oh = row - plane * p.oh;
-    let base = p.off_x + plane * p.h * p.w;
+    var acc = 0.0;
+    let ow = i % p.ow;
+    let oh = (i / p.ow) % p.oh;
+    let base = p.off_x + (i / (p.ow * p.oh)) * p.h * p.w;
     let hs = i32(oh * p.sh) - i32(p.ph);
-    let h0 = max(hs, 0);
-    let h1 = min(hs + i32(p.kh), i32(p.h));
-    for (var j = 0u; j < VEC; j = j + 1u) {
-      let ow = ow0 + j;
-      if (ow >= p.ow) { break; }
-      let ws = i32(ow * p.sw) - i32(p.pw);
-      let w1 = min(ws + i32(p.kw), i32(p.w));
-      var acc = 0.0;
-      for (var h = h0; h < h1; h = h + 1) {
-        let r = base + u32(h) * p.w;
-        for (var w = max(ws, 0); w < w1; w = w + 1) {
-          acc = acc + f32(x[r + u32(w)]);
-        }
+    let ws = i32(ow * p.sw) - i32(p.pw);
+    for (var h = max(hs, 0); h < min(hs + i32(p.kh), i32(p.h)); h = h + 1) {
+      for (var w = max(ws, 0); w < min(ws + i32(p.kw), i32(p.w)); w = w + 1) {
+        acc = acc + f32(x[base + u32(h) * p.w + u32(w)]);
       }
-      out[row * p.ow + ow] = {{T}}(acc / divisor(oh, ow));
     }
+    out[i] = {{T}}(acc / divisor(oh, ow));
     return;
   }
   let per_row = (p.w + VEC - 1u) / VEC;

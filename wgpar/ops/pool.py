@@ -1,10 +1,11 @@
 """2-d max and average pooling and their input gradients (shaders/max_pool2d*.wgsl, avg_pool2d.wgsl).
 
-Every kernel runs one thread per output element (max pooling's forward), per 4 consecutive outputs of
-a row (average pooling's) or per 4 consecutive input elements of a row (backward, which gathers over the
-outputs whose windows hold them: no atomics, a fixed order of summation); 1 where 4 would loop past
-MAX_LOOP. Max pooling records each output's index in its plane (int32), as
-``torch.nn.functional.max_pool2d`` with ``return_indices``, and backward routes the gradient through it.
+Every kernel runs one thread per output element (forward) or per 4 consecutive input elements of a row
+(backward, which gathers over the outputs whose windows hold them: no atomics, a fixed order of
+summation; 1 element where 4 would loop past MAX_LOOP). Max pooling records each output's index in its
+plane (int32), as ``torch.nn.functional.max_pool2d`` with ``return_indices``, and backward routes the
+gradient through it. (Four outputs a thread in average pooling's forward ran no faster on an H100:
+22.4 against 23.0 us for 32x256x28x28, a memory-bound kernel.)
 """
 
 from __future__ import annotations
@@ -128,12 +129,8 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
 @functools.lru_cache(maxsize=1024)
 def _avg_plan(win: Window, t: str, backward: bool, include_pad: bool, divisor: int, off_x: int, lim: int) -> tuple:
     """avg_pool2d's (kernel, parameters, workgroups), made once per distinct call (as ``_max_plan``)."""
-    if backward:
-        vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v))
-        total = _threads(win.n, win.c, win.h, win.w, vec)
-    else:  # 4 outputs a thread where their windows stay within MAX_LOOP
-        vec = _vec(lambda v: v * win.kh * win.kw)
-        total = _threads(win.n, win.c, win.oh, win.ow, vec)
+    vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
+    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else win.n * win.c * win.oh * win.ow
     return (_AVG.spec((t, t), T=t, BACKWARD="true" if backward else "false", VEC=vec, STORE=_store(t)),
             _AVG.pack(total=total, off_x=off_x, include_pad=int(include_pad), divisor=divisor, **win.params()),
             _groups(total, lim))
