@@ -1,10 +1,10 @@
 // Row reduction of a contiguous [rows, cols] block: L lanes (a power of two dividing WG) reduce one
 // chunk of one row, so a workgroup takes WG / L chunks (chunks let a few long rows use many
 // workgroups; a second pass reduces the per-chunk partials; short rows take fewer lanes, several
-// rows a workgroup, rather than one workgroup of mostly idle threads each). Bindings (out, x) and Params are declared in
-// wgpar/ops/reduce.py. The host fills C (compute type), O (the output's storage type),
-// INIT, COMBINE (folds v at column c into acc/ai), FINAL, and LOOP: one element per step,
-// or (cols, offset and chunk multiples of 4; x an array of vec4) one vec4.
+// rows a workgroup, rather than one workgroup of mostly idle threads each). Bindings (out, x) and
+// Params are declared in wgpar/ops/reduce.py. The host fills C (compute type), O (the output's
+// storage type), INIT, COMBINE (folds v at column c into acc/ai), FINAL, and LOOP: one element per
+// step, or (cols, offset and chunk multiples of 4; x an array of vec4) one vec4.
 
 var<workgroup> sv: array<{{C}}, WG>;
 var<workgroup> si: array<i32, WG>;

@@ -241,7 +241,6 @@ def _cols_pass(op: str, x: Tensor, outer: int, n: int, inner: int, w: int, out_d
     return out
 
 
-@functools.lru_cache(maxsize=256)
 def _row_lanes(units: int) -> int:
     """Lanes reducing one chunk of ``units`` loads (elements or vec4s): a power of two leaving each lane
     about 4 loads, from 4 up to the whole workgroup. Short rows then share a workgroup: 16384 rows of 49
@@ -249,6 +248,7 @@ def _row_lanes(units: int) -> int:
     return min(WORKGROUP, max(4, _pow2ceil(-(-units // 4))))
 
 
+@functools.lru_cache(maxsize=256)
 def _row_kernel(out_t: str, t: str, ctype: str, vec: bool, op: str, lanes: int = WORKGROUP) -> KernelSpec:
     """reduce.wgsl for ``op`` with ``lanes`` lanes a chunk; x is read one element per step, or (``vec``)
     one vec4 of 4 columns."""
