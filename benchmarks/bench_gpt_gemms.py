@@ -62,10 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False
         print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
-    defaults = dict(mm.TILINGS)
+    defaults = mm.TILINGS  # never changed: auto rows plan with it, and it is put back after
     extras = {t.name: t for t in map(mm.Tiling.parse, args.tilings)}
-    mm.TILINGS = {**defaults, **extras}
     variants = list(args.variants) + [n for n in extras if n not in args.variants]
+    try:
+        return _run(args, torch, dev, variants, defaults, extras)
+    finally:
+        mm.TILINGS = defaults
+
+
+def _run(args, torch, dev, variants: list[str], defaults: dict, extras: dict) -> int:
+    """Time every shape: "auto" rows plan among the library's own tilings (``defaults``), forced variants
+    may also name the ``--tilings`` extras (made candidates of auto, they would relabel its rows)."""
     shapes = [s for s in gpt_shapes(args.tokens, args.d, args.vocab)
               if not args.only or any(o in s[0] for o in args.only)]
     shapes += [(f"extra {lay}", M, K, N, lay, 0) for M, K, N in args.extra for lay in ("nn", "nt")]
@@ -89,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         best_auto = None
         for variant, split in runs:
             force = None if variant == "auto" else variant
+            mm.TILINGS = defaults if force is None else {**defaults, **extras}
             with mm.force_variant(force) if split is None else mm.force_variant(force, split=split):
                 p = mm.plan(wa.reshape(1, M, K), wb.reshape(1, K, N))
                 chosen = p.variant + (f"/k{p.split}" if getattr(p, "split", 1) > 1 else "")
