@@ -56,7 +56,7 @@ def test_avg_pool2d_forward_matches_numpy(case, rng):
                                          ((1, 2, 93, 95), (91, 91), (1, 1), (0, 0))], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_avg_pool2d_forward_rows_of_any_width(shape, k, s, p, dtype, rng):
-    """Rows of 1, 5, 6, 7 and 11 outputs (the index arithmetic splits a flat output index into plane, row
+    """Rows of 1, 5, 7 and 9 outputs (the index arithmetic splits a flat output index into plane, row
     and column), and a 91x91 window, in float32 and float16, against float64 NumPy."""
     x = rng.standard_normal(shape).astype(dtype)
     got = F.avg_pool2d(wgpar.tensor(x), k, s, p).numpy()
