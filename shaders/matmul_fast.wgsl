@@ -13,8 +13,8 @@
 // BM / 4 + 1 and BN / 4 + 1 vec4s a row), padded by one vec4 per k-row so the transposing scalar
 // stores of a row-major A (or transposed B) spread over banks; on large grids such an operand is loaded
 // in 4 x 4 blocks instead, stored as 4 vec4s (ops/matmul.py, _BLOCKS_FROM). The next slice is loaded
-// from global memory into registers while the current one is multiplied. Accumulates in f32; A/B/C may be f16, bound as vec2<u32> and
-// (un)packed by generated helpers (ops/matmul.py says why).
+// from global memory into registers while the current one is multiplied. Accumulates in f32; A/B/C
+// may be f16, bound as vec2<u32> and (un)packed by generated helpers (ops/matmul.py says why).
 //
 // Bindings (c, a, b: arrays of vec4) and Params (offsets, batch strides and leading dimensions
 // in vec4 units; m0, n0 in elements: the first tile of a split grid) are declared in

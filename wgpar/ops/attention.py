@@ -1059,12 +1059,10 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
     ds_path = _use_ds(dev, t_kv, lq, lk)
     if fused is not None and len(k_ranges) == 1:  # the kernel writes dK and dV in their places
         gk, gv = fused[1], fused[2]
-        gk4, gv4 = _vec4_layout(gk)[1], _vec4_layout(gv)[1]
     else:
         gk = Tensor.empty((b, h, lk, d), _dt.float32 if len(k_ranges) > 1 else q.dtype, dev)
         gv = Tensor.empty((b, h, lk, d), gk.dtype, dev)
-        gk4 = [gk._offset // 4, h * lk * dv, lk * dv, dv]
-        gv4 = [gv._offset // 4, h * lk * dv, lk * dv, dv]
+    gk4, gv4 = _vec4_layout(gk)[1], _vec4_layout(gv)[1]  # both layouts take these without a copy
     bufs_common = [q._storage.buffer, k._storage.buffer, v._storage.buffer, dout._storage.buffer]
     if ds_path:  # delta = rowsum(dO * O), which the dQ kernel would have computed
         delta = _delta(dout, out)
@@ -1148,11 +1146,11 @@ def _dq_kernel(q, k, v, out, lse, dout, delta, lq4, lk4, lv4, lg4, lo4, t_dq: Ti
     lk, dv = k.shape[2], d // 4
     q_ranges = chunks("dq", t_dq, dv, lk)
     if into is not None and len(q_ranges) == 1:
-        gq, gq4 = into, _vec4_layout(into)[1]
+        gq = into
     else:
         # Chunks add into the gradient: in float32 then, cast once at the end.
         gq = Tensor.empty((b, h, lq, d), _dt.float32 if len(q_ranges) > 1 else q.dtype, dev)
-        gq4 = [gq._offset // 4, h * lq * dv, lq * dv, dv]
+    gq4 = _vec4_layout(gq)[1]
     kern = _kernel("dq", t_dq, dv, q.dtype.storage, gq.dtype.storage)
     for n, (lo, hi) in enumerate(q_ranges):
         head = [h, lq, lk, int(causal), lo, hi, 0, scale]
