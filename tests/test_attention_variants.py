@@ -42,7 +42,8 @@ def test_variant_fits_a_gpu(name):
 
 
 def test_defaults_are_variants_tiles():
-    for (_kind, d), row in A.RT_DEFAULTS.items():
+    rows = list(A.RT_DEFAULTS.items()) + [(key, row) for key, (_, row) in A.RT_SHORT.items()]
+    for (_kind, d), row in rows:
         assert set(row) == set(A.KINDS)
         for kind, tile in row.items():
             t = A.parse_tile(tile)
@@ -89,6 +90,21 @@ def test_variant_nan_and_chunks(name, rng, monkeypatch, reference):
     assert np.isnan(out[0, 1, 71:]).all() and not np.isnan(out[0, 1, :71]).any() and not np.isnan(out[0, 0]).any()
     dq = got[0].grad.numpy()
     assert np.isnan(dq[0, 1, 71:]).all() and not np.isnan(dq[0, 0]).any()
+
+
+def test_short_walks_take_their_tiles(monkeypatch):
+    """Where a kernel walks at most RT_SHORT's rows (keys forward and for dQ, queries for dK / dV), pick()
+    takes RT_SHORT's tile on that device kind, RT_DEFAULTS' above it: the call's own lengths decide."""
+    dev = wgpar.device(0)
+    kind_d, (limit, short) = next((key, v) for key, v in A.RT_SHORT.items() if key[1] == 64)
+    monkeypatch.setattr(A, "_device_kind", lambda _dev: kind_d[0])
+    long = A.RT_DEFAULTS[kind_d]
+    for kind in A.KINDS:
+        assert A._table_tile(kind, dev, 64, limit) == A.parse_tile(short[kind])
+        assert A._table_tile(kind, dev, 64, limit + 1) == A.parse_tile(long[kind])
+        assert A._table_tile(kind, dev, 64) == A.parse_tile(long[kind])
+    monkeypatch.setenv(A.ENV_VARIANT, "d64-diag")  # a forced variant wins over both
+    assert A._table_tile("fwd", dev, 64, 16) == A.parse_tile(A.RT_VARIANTS["d64-diag"]["fwd"])
 
 
 def test_env_variant_and_table(monkeypatch):

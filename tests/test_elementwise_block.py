@@ -25,7 +25,10 @@ def chosen(dev, monkeypatch):
     real = dev.dispatch
 
     def record(kspec, *args, **kwargs):
-        seen.append((kspec.family, 4 if kspec.buffers[0][2].startswith("vec4") else 1))  # bo, the output
+        if kspec.family == "elementwise":  # the strided kernel: elements a thread
+            seen.append((kspec.family, 4 if dict(kspec.fills).get("W") == "4i" else 1))
+        else:  # the block kernel: vec4 or scalar output
+            seen.append((kspec.family, 4 if kspec.buffers[0][2].startswith("vec4") else 1))
         return real(kspec, *args, **kwargs)
 
     monkeypatch.setattr(dev, "dispatch", record)
@@ -40,7 +43,8 @@ def r64(a):
     return np.asarray(a, dtype=np.float64)
 
 
-BLOCK4, BLOCK1, STRIDED = ("elementwise_block", 4), ("elementwise_block", 1), ("elementwise", 1)
+BLOCK4, BLOCK1 = ("elementwise_block", 4), ("elementwise_block", 1)
+STRIDED, STRIDED4 = ("elementwise", 1), ("elementwise", 4)
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 12, 1000, 1023, 1024, 4099, 65540])
@@ -138,7 +142,7 @@ def test_offset_views_and_transposes(dev, rng, chosen):
     w = wgpar.tensor(m)
     chosen.clear()
     got = w.T + 1.0
-    assert chosen == [STRIDED]
+    assert chosen == [STRIDED4]  # (8, 12): 12 a multiple of 4
     assert_close(got.numpy(), r64(m).T + 1)
     row = w[5]  # offset 40: a 4-aligned row
     chosen.clear()
@@ -147,6 +151,9 @@ def test_offset_views_and_transposes(dev, rng, chosen):
     col = w[:, 3]  # strided
     chosen.clear()
     assert_close((col * 2.0).numpy(), r64(m[:, 3]) * 2)
+    assert chosen == [STRIDED4]
+    chosen.clear()
+    assert_close((w[:10, 3] * 2.0).numpy(), r64(m[:10, 3]) * 2)  # 10 elements: one a thread
     assert chosen == [STRIDED]
 
 
@@ -233,3 +240,54 @@ def test_writes_into_a_given_output_take_a_cached_plan(dev, rng):
     i = wgpar.tensor(np.arange(10, dtype=np.int32))
     i[2:8].copy_(wgpar.tensor(np.array([0.5, -1.7, 2.2, 3.9, -4.1, 5.5], np.float32)))  # to int32: truncated
     assert i.tolist() == [0, 1, 0, -1, 2, 3, -4, 5, 8, 9]
+
+
+@pytest.mark.parametrize("perm,step", [((0, 2, 1, 3), None), ((1, 0, 2, 3), 1), ((0, 1, 3, 2), None),
+                                       ((3, 2, 1, 0), 3), ((0, 2, 1, 3), 3)])
+@pytest.mark.parametrize("last", [4, 12, 7, 16])
+def test_strided_kernel_four_innermost_elements_a_thread(dev, rng, chosen, perm, step, last):
+    """Views that are no block of memory (a head split's permute, transposes, every other element of a
+    dimension) take the strided kernel, 4 innermost elements a thread where the innermost length is a
+    multiple of 4: unary, binary with a broadcast operand and a scalar, float16 <-> float32 casts, writes
+    into a strided output and in place, all against NumPy."""
+    base = (3, 5, 6, last)
+    a = f32(rng, base)
+
+    def view(t, arr):
+        t, arr = t.permute(perm), arr.transpose(perm)
+        if step is not None:
+            key = (slice(None),) * step + (slice(None, None, 2),)
+            t, arr = t[key], arr[key]
+        return t, arr
+
+    x = wgpar.tensor(a)
+    v, want_v = view(x, a)
+    width = 4 if v.shape[-1] % 4 == 0 else 1
+    b = f32(rng, (v.shape[-1],))
+    want_v = r64(want_v)
+    for what, fn, want in [
+            ("exp", lambda: v.exp(), np.exp(want_v)),
+            ("v * b - 2", lambda: v * wgpar.tensor(b) - 2.0, want_v * r64(b) - 2),
+            ("f16 -> f32", lambda: v.half().float(), want_v.astype(np.float16).astype(np.float64))]:
+        chosen.clear()
+        got = fn()
+        assert ("elementwise", width) in chosen, (what, chosen)
+        assert_close(got.numpy(), want, rtol=2e-6, atol=1e-6, what=what)
+    h, _ = view(wgpar.tensor(a.astype(np.float16)), a)  # a float16 view cast up, as attention's K
+    chosen.clear()
+    assert_close(h.float().numpy(), want_v.astype(np.float16).astype(np.float64), rtol=0, atol=0, what="f16 view")
+    assert chosen == [("elementwise", width)], chosen
+    y = wgpar.tensor(a.copy())  # written through a strided view of itself, in place
+    yv, _ = view(y, a)
+    chosen.clear()
+    yv.mul_(3.0)
+    assert ("elementwise", width) in chosen, chosen
+    ya = r64(a).transpose(perm)  # a view of the expected array, scaled where the view lies
+    if step is not None:
+        ya[(slice(None),) * step + (slice(None, None, 2),)] *= 3
+    else:
+        ya *= 3
+    assert_close(y.numpy(), ya.transpose(np.argsort(perm)), rtol=2e-6, atol=1e-6, what="in place")
+    out, _ = view(wgpar.zeros(base), a)  # a view as the given output of a copy
+    out.copy_(v)
+    assert_close(out.numpy(), want_v, rtol=0, atol=0, what="copy into a strided output")

@@ -28,7 +28,7 @@ from .. import dtypes as _dt
 from ..runtime.kernels import MAX_LOOP, WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
 from .arith import binary
-from .elementwise import cast, contiguous, copy_, fill, unary
+from .elementwise import cast, contiguous, copy_, fill, run_map, unary
 from .index import getitem
 from .matmul import causal_band, matmul, matmul_causal
 from .plans import PlanCache
@@ -110,6 +110,7 @@ RT_VARIANTS: dict[str, dict[str, str]] = {
     "d64-t4br32": {"fwd": "32x32r4t4d", "dq": "32x32r4t4d", "dkv": "32x16r4t4d"},  # one warp per workgroup
     "d64-t16": {"fwd": "32x32r4t16d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},  # 1 output vec4 per thread
     "d64-k8": {"fwd": "64x8r4t8d", "dq": "32x32r4t16d", "dkv": "32x32r4t16d"},  # 8 keys a tile: 1 per lane
+    "d64-short": {"fwd": "32x16r4t16d", "dq": "32x16r4t16d", "dkv": "16x16r4t16d"},  # 16 lanes a row: RT_SHORT
     # head_dim 128 (TK = 16)
     "d128-base": {"fwd": "32x16r4t16", "dq": "16x16r4t16", "dkv": "16x16r4t16"},
     "d128-diag": {"fwd": "32x16r4t16d", "dq": "16x16r4t16d", "dkv": "16x16r4t16d"},
@@ -126,6 +127,16 @@ RT_DEFAULTS: dict[tuple[str, int], dict[str, str]] = {
     # 0.858, 64x8 0.809, 32x8 0.868; not causal 1.661 / 1.373 / 1.285); the gradient tiles stayed best.
     ("nvidia", 64): RT_VARIANTS["d64-k8"],
     ("nvidia", 128): RT_VARIANTS["d128-base"],
+}
+# (device kind, head_dim) -> (walked rows at most, tiles): where a kernel walks that few rows (keys for the
+# forward and dQ, queries for dK / dV) these tiles come before RT_DEFAULTS'. Short walks are latency-bound,
+# each workgroup's chain of keys short: 16 lanes a row halve a thread's work per key. H200, 2026-11-26, GPU
+# time per call (`scratch` probe, forced tiles, two rounds): 8x12x128x64 causal forward 64x8r4t8d 36.0 us,
+# 32x16r4t16d 32.1; 4x12x128x64 26.7 / 23.8; 8x12x256x64 causal 84.7 / 70.8, not causal 109.1 / 94.1;
+# forward + backward with dq 32x16r4t16d and dkv 16x16r4t16d against the default's 32x32r4t16d pair:
+# 8x12x128x64 causal 198.3 / 178.5 us, not causal 214.2 / 196.3, 8x12x256x64 causal 429.1 / 401.3.
+RT_SHORT: dict[tuple[str, int], tuple[int, dict[str, str]]] = {
+    ("nvidia", 64): (256, RT_VARIANTS["d64-short"]),
 }
 ENV_VARIANT = "WGPAR_ATTN_VARIANT"
 _force: dict[str, Tile] = {}
@@ -197,13 +208,17 @@ def parse_tile(name: str) -> Tile:
     return Tile(int(m[1]), int(m[2]), int(m[3]), False, 4, m[4] == "d") if m[3] else Tile(int(m[1]), int(m[2]))
 
 
-def _table_tile(kind: str, dev, head_dim: int) -> Tile | None:
-    """The tile RT_DEFAULTS (or WGPAR_ATTN_VARIANT) gives ``kind`` on ``dev`` at ``head_dim``, if any."""
+def _table_tile(kind: str, dev, head_dim: int, walked: int | None = None) -> Tile | None:
+    """The tile WGPAR_ATTN_VARIANT, RT_SHORT (where the kernel walks ``walked`` rows or fewer) or
+    RT_DEFAULTS gives ``kind`` on ``dev`` at ``head_dim``, if any."""
     env = os.environ.get(ENV_VARIANT)
     if env:
         if env not in RT_VARIANTS:
             raise ValueError(f"{ENV_VARIANT}={env!r}: choose from {sorted(RT_VARIANTS)}")
         return parse_tile(RT_VARIANTS[env][kind])
+    short = RT_SHORT.get((_device_kind(dev), head_dim))
+    if short and walked is not None and walked <= short[0] and kind in short[1]:
+        return parse_tile(short[1][kind])
     row = RT_DEFAULTS.get((_device_kind(dev), head_dim))
     return parse_tile(row[kind]) if row and kind in row else None
 
@@ -243,7 +258,7 @@ def _pick(kind: str, dev, head_dim: int, n_rows: int | None, n_cols: int | None)
             forced.threads <= threads else []
     else:
         lanes = sorted(RT_LANES, key=lambda tk: tk != dv // 2)
-        table = _table_tile(kind, dev, head_dim) if gpu and not forced else None
+        table = _table_tile(kind, dev, head_dim, n_cols) if gpu and not forced else None
         rt = [t for t in ([replace(table, unrolled=unroll)] if table and table.rm > 1 else []) + [
               Tile(r, c, tk, unroll, 4) for tk in lanes for r, c in RT_TILES[kind]]
               if gpu and not forced and _rt_fits(t, dv, dev)
@@ -749,8 +764,9 @@ def _product(x: Tensor, y: Tensor, causal: bool, which: str, out: Tensor | None 
 
 
 def _delta(dout: Tensor, out: Tensor) -> Tensor:
-    """rowsum(dO * O) [B, H, Lq] float32: the backward's delta where no kernel computes it on the way."""
-    return contiguous(reduce("sum", binary("mul", _f32(dout), _f32(out)), -1))
+    """rowsum(dO * O) [B, H, Lq] float32: the backward's delta where no kernel computes it on the way.
+    float16 operands are multiplied in float32 as they are read (no casts first: two passes fewer)."""
+    return contiguous(reduce("sum", run_map("mul", [dout, out], out_dtype=_dt.float32), -1))
 
 
 # -- forward ------------------------------------------------------------------------------------------

@@ -185,15 +185,16 @@ def _name(s) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _map_kernel(op: str, sig: tuple, *, cts: tuple[str, ...], out_storage: str, out_is_bool: bool,
-                compute: str, cmp_as_i32: bool) -> KernelSpec:
-    """Generate (once per signature) the strided kernel, shaders/elementwise.wgsl.
+def _map_kernel(op: str, sig: tuple, width: int = 1, *, cts: tuple[str, ...], out_storage: str,
+                out_is_bool: bool, compute: str, cmp_as_i32: bool) -> KernelSpec:
+    """Generate (once per signature and width) the strided kernel, shaders/elementwise.wgsl.
 
     ``sig`` has one entry per operand: None for a scalar, else (binding, storage type),
-    binding 0 being the output buffer (an input that aliases it is read through it).
+    binding 0 being the output buffer (an input that aliases it is read through it). ``width`` 4: each
+    thread writes 4 consecutive elements of the innermost dimension (its length a multiple of 4).
     """
     tensors = [k for k, s in enumerate(sig) if s is not None]
-    lines = ["  var rem = i;", "  var io_ = i32(p.off_o);"]
+    lines = [f"  var rem = i * {width}u;", "  var io_ = i32(p.off_o);"]
     lines += [f"  var i{k}_ = i32(p.off[{k}]);" for k in tensors]
     lines += ["  for (var d = i32(p.ndim) - 1; d >= 0; d = d - 1) {",
               "    let s = p.shape[d / 4][d % 4];",
@@ -201,16 +202,28 @@ def _map_kernel(op: str, sig: tuple, *, cts: tuple[str, ...], out_storage: str, 
               "    rem = rem / s;",
               "    io_ = io_ + c * p.str_o[d / 4][d % 4];"]
     lines += [f"    i{k}_ = i{k}_ + c * p.st[{2 * k} + d / 4][d % 4];" for k in tensors]
-    lines += ["  }", "  let io = u32(io_);"] + [f"  let i{k} = u32(i{k}_);" for k in tensors]
+    lines += ["  }"]
+    if width > 1:
+        lines += ["  let nd = i32(p.ndim) - 1;", "  let so = p.str_o[nd / 4][nd % 4];"]
+        lines += [f"  let s{k} = p.st[{2 * k} + nd / 4][nd % 4];" for k in tensors]
+        step = ["    let io = u32(io_ + j * so);"] + [f"    let i{k} = u32(i{k}_ + j * s{k});" for k in tensors]
+    else:
+        step = ["    let io = u32(io_);"] + [f"    let i{k} = u32(i{k}_);" for k in tensors]
     loads = []
     for k, (s, ct) in enumerate(zip(sig, cts)):
         if s is None:
-            loads.append(f"  let x{k} = bitcast<{ct}>(p.sc[{k}]);")
+            loads.append(f"    let x{k} = bitcast<{ct}>(p.sc[{k}]);")
         else:
-            loads.append(f"  let x{k} = {ct}({_name(s)}[i{k}]);")
+            loads.append(f"    let x{k} = {ct}({_name(s)}[i{k}]);")
     store, expr = _expr(op, cts, out_storage, out_is_bool, compute, cmp_as_i32)
-    fills = dict(INDEX="\n".join(lines), FNS=_fns(), LOADS="\n".join(loads), STORE=store, EXPR=expr)
+    fills = dict(INDEX="\n".join(lines), STEP="\n".join(step), W=f"{width}i", FNS=_fns(), LOADS="\n".join(loads),
+                 STORE=store, EXPR=expr)
     return KernelSpec("elementwise", _buffers(sig, out_storage, 1), _MAP, tuple(sorted(fills.items())), _CONSTANTS)
+
+
+def _map_width(shape: tuple[int, ...]) -> int:
+    """Elements per thread of the strided kernel: 4 where the innermost length is a multiple of 4."""
+    return 4 if shape and shape[-1] % 4 == 0 else 1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -391,7 +404,7 @@ class MapPlan:
     kernel: Callable[..., KernelSpec]  # (binding signature[, width 4]) -> kernel
     kernels: dict  # (tensor operands' bindings, vec4) -> kernel, filled as calls meet them
     block: bool  # the block kernel runs (else the strided one)
-    vec4: bool  # sizes allow vec4 (block kernel); the offsets are checked per call
+    vec4: bool  # block kernel: sizes allow vec4, offsets checked per call; strided: 4 innermost elements a thread
     prefix: tuple  # the parameter bytes before the offsets, output offset 0, per width (1, 4)
     tail: struct.Struct  # packs the offsets and scalars: each scalar in its compute type (f32 or i32)
     groups: tuple  # the grid, per width (1, 4)
@@ -497,11 +510,13 @@ def _assemble(op: str, operands: list, cts: tuple, dev: Device, dtype: DType, sh
     storages = tuple(operands[k].dtype.storage for k in where)
     scalar_fmt = "".join("I" if isinstance(x, Tensor) else "f" if ct == "f32" else "i" for x, ct in zip(operands, cts))
     tail = struct.Struct("<4I" + scalar_fmt + "4x" * (MAX_OPERANDS - len(operands)))
-    if modes is None:
-        head = _MAP.pack_flat(_map_words(numel, shape, out, zeros, cts, 0))[:-_TAIL_BYTES]
+    if modes is None:  # the strided kernel; "vec4" here: 4 innermost elements a thread (any offsets)
+        wide = _map_width(shape) == 4
+        heads = tuple(_MAP.pack_flat(_map_words(numel // w, shape, out, zeros, cts, 0))[:-_TAIL_BYTES] if w else None
+                      for w in (1, 4 if wide else 0))
         reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
         kernel = functools.partial(_map_kernel, op, cts=cts, **common)
-        return MapPlan(dev, dtype, shape, strides, numel, reads, cts, kernel, {}, False, False, (head, None), tail,
+        return MapPlan(dev, dtype, shape, strides, numel, reads, cts, kernel, {}, False, wide, heads, tail,
                        groups, where, storages, _MAP.offsets["off_o"], as_out)
     vec4 = _vec_static(numel, modes)
     heads = tuple(_BLOCK.pack_flat(_block_words(numel, w, 0, zeros, modes, cts))[:-_TAIL_BYTES] if w else None
@@ -524,7 +539,7 @@ def launch(p: MapPlan, operands: list, out: Tensor | None = None) -> Tensor | No
     else:
         dst = out._storage
         off_o = out._offset
-        vec = p.vec4 and not off_o & 3
+        vec = p.vec4 and (not off_o & 3 or not p.block)
     buffers = [out._storage.buffer]
     reads = p.reads
     binds = []
@@ -544,7 +559,7 @@ def launch(p: MapPlan, operands: list, out: Tensor | None = None) -> Tensor | No
             else:
                 binds.append(len(buffers))
                 buffers.append(b)
-        if vec and (off & 3 if reads[k] == UNITS else b.size & 15):
+        if vec and reads[k] != STRIDED and (off & 3 if reads[k] == UNITS else b.size & 15):
             vec = False
     key = (tuple(binds), vec)
     kspec = p.kernels.get(key)
@@ -600,9 +615,10 @@ def _run_general(op: str, operands: list, out: Tensor | None, out_dtype: DType |
         params = _BLOCK.pack_flat(_block_words(numel, width, out._offset, operands, modes, cts))
         dev.dispatch(kspec, buffers, params, grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
     else:
-        kspec = _map_kernel(op, sig, **kernel_args)
-        params = _MAP.pack_flat(_map_words(numel, shape, out, operands, cts))
-        dev.dispatch(kspec, buffers, params, grid(-(-numel // WORKGROUP), dev.max_workgroups))
+        width = _map_width(shape)
+        kspec = _map_kernel(op, sig, width, **kernel_args)
+        params = _MAP.pack_flat(_map_words(numel // width, shape, out, operands, cts))
+        dev.dispatch(kspec, buffers, params, grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
     return out
 
 
