@@ -133,10 +133,12 @@ RT_DEFAULTS: dict[tuple[str, int], dict[str, str]] = {
 # each workgroup's chain of keys short: 16 lanes a row halve a thread's work per key. H200, 2026-11-26, GPU
 # time per call (`scratch` probe, forced tiles, two rounds): 8x12x128x64 causal forward 64x8r4t8d 36.0 us,
 # 32x16r4t16d 32.1; 4x12x128x64 26.7 / 23.8; 8x12x256x64 causal 84.7 / 70.8, not causal 109.1 / 94.1;
-# forward + backward with dq 32x16r4t16d and dkv 16x16r4t16d against the default's 32x32r4t16d pair:
-# 8x12x128x64 causal 198.3 / 178.5 us, not causal 214.2 / 196.3, 8x12x256x64 causal 429.1 / 401.3.
+# 8x12x384x64 causal 146.3 / 134.4, not causal 230.6 / 202.6; at 512 mixed (causal 228.2 / 214.2, not causal
+# 312.7 / 342.1), at 1024 no gain (709.8 / 710.6, 1173.8 / 1284.8). Forward + backward with dq 32x16r4t16d and
+# dkv 16x16r4t16d against the default's 32x32r4t16d pair: 8x12x128x64 causal 198.3 / 178.5 us, not causal
+# 214.2 / 196.3; 8x12x256x64 causal 429.1 / 401.3; 8x12x384x64 causal 732.2 / 709.2, not causal 1120.1 / 1091.4.
 RT_SHORT: dict[tuple[str, int], tuple[int, dict[str, str]]] = {
-    ("nvidia", 64): (256, RT_VARIANTS["d64-short"]),
+    ("nvidia", 64): (384, RT_VARIANTS["d64-short"]),
 }
 ENV_VARIANT = "WGPAR_ATTN_VARIANT"
 _force: dict[str, Tile] = {}
