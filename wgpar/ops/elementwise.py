@@ -221,9 +221,17 @@ def _map_kernel(op: str, sig: tuple, width: int = 1, *, cts: tuple[str, ...], ou
     return KernelSpec("elementwise", _buffers(sig, out_storage, 1), _MAP, tuple(sorted(fills.items())), _CONSTANTS)
 
 
-def _map_width(shape: tuple[int, ...]) -> int:
-    """Elements per thread of the strided kernel: 4 where the innermost length is a multiple of 4."""
-    return 4 if shape and shape[-1] % 4 == 0 else 1
+def _map_width(shape: tuple[int, ...], out_strides, operands: list) -> int:
+    """Elements per thread of the strided kernel: 4 where the innermost length is a multiple of 4 and the
+    output and every tensor operand step 1 (or 0: broadcast) along it. A transpose's reads 4 rows apart
+    would also spread each warp's stores over 4x the sectors: an H200 ran 4096^2 .T.contiguous() 2x slower
+    4 wide."""
+    if not shape or shape[-1] % 4 or out_strides[-1] != 1:
+        return 1
+    for x in operands:
+        if isinstance(x, Tensor) and broadcast_strides(x, shape)[-1] not in (0, 1):
+            return 1
+    return 4
 
 
 @functools.lru_cache(maxsize=4096)
@@ -511,7 +519,7 @@ def _assemble(op: str, operands: list, cts: tuple, dev: Device, dtype: DType, sh
     scalar_fmt = "".join("I" if isinstance(x, Tensor) else "f" if ct == "f32" else "i" for x, ct in zip(operands, cts))
     tail = struct.Struct("<4I" + scalar_fmt + "4x" * (MAX_OPERANDS - len(operands)))
     if modes is None:  # the strided kernel; "vec4" here: 4 innermost elements a thread (any offsets)
-        wide = _map_width(shape) == 4
+        wide = _map_width(shape, strides, operands) == 4
         heads = tuple(_MAP.pack_flat(_map_words(numel // w, shape, out, zeros, cts, 0))[:-_TAIL_BYTES] if w else None
                       for w in (1, 4 if wide else 0))
         reads = tuple(STRIDED if isinstance(x, Tensor) else SCALAR for x in operands)
@@ -615,7 +623,7 @@ def _run_general(op: str, operands: list, out: Tensor | None, out_dtype: DType |
         params = _BLOCK.pack_flat(_block_words(numel, width, out._offset, operands, modes, cts))
         dev.dispatch(kspec, buffers, params, grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
     else:
-        width = _map_width(shape)
+        width = _map_width(shape, out.strides, operands)
         kspec = _map_kernel(op, sig, width, **kernel_args)
         params = _MAP.pack_flat(_map_words(numel // width, shape, out, operands, cts))
         dev.dispatch(kspec, buffers, params, grid(-(-numel // (width * WORKGROUP)), dev.max_workgroups))
