@@ -248,8 +248,9 @@ def test_writes_into_a_given_output_take_a_cached_plan(dev, rng):
 def test_strided_kernel_four_innermost_elements_a_thread(dev, rng, chosen, perm, step, last):
     """Views that are no block of memory (a head split's permute, transposes, every other element of a
     dimension) take the strided kernel, 4 innermost elements a thread where the innermost length is a
-    multiple of 4 and those elements are consecutive in memory: unary, binary with a broadcast operand and a scalar, float16 <-> float32 casts, writes
-    into a strided output and in place, all against NumPy."""
+    multiple of 4 and those elements are consecutive in memory: unary, binary with a broadcast operand
+    and a scalar, float16 <-> float32 casts, writes into a strided output and in place, all against
+    NumPy."""
     base = (3, 5, 6, last)
     a = f32(rng, base)
 
