@@ -130,3 +130,20 @@ def test_retained_piece_gradient_is_not_changed_by_the_optimizer(rng):
     wgpar.optim.SGD([qkv], lr=0.5, weight_decay=0.1).step()
     qkv.grad.mul_(3.0)
     np.testing.assert_array_equal(q.grad.numpy(), kept)
+
+
+def test_delta_of_float16_views_is_float32(rng):
+    """The backward's delta, rowsum(dO * O), of float16 operands (O a [B, T, H, D] buffer's [B, H, T, D] view,
+    as the forward leaves it) is float32 and each product exact in float32: against float64 of the same
+    rounded values. (The dS K path that calls it does not run on lavapipe.)"""
+    if not wgpar.device(0).has_f16:
+        pytest.skip("the adapter has no shader-f16")
+    b, h, t, d = 2, 3, 37, 24
+    g = rng.standard_normal((b, h, t, d)).astype(np.float16)
+    o = rng.standard_normal((b, t, h, d)).astype(np.float16)
+    dout = wgpar.tensor(g)
+    out = wgpar.tensor(o).transpose(1, 2)
+    got = A._delta(dout, out)
+    assert got.dtype is wgpar.float32 and got.shape == (b, h, t)
+    want = (g.astype(np.float64) * o.astype(np.float64).transpose(0, 2, 1, 3)).sum(-1)
+    assert rel_err(got.numpy(), want) < 1e-6
