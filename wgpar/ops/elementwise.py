@@ -547,7 +547,7 @@ def launch(p: MapPlan, operands: list, out: Tensor | None = None) -> Tensor | No
     else:
         dst = out._storage
         off_o = out._offset
-        vec = p.vec4 and (not off_o & 3 or not p.block)
+        vec = p.vec4 and not (p.block and off_o & 3)  # the strided kernel's width takes any offsets
     buffers = [out._storage.buffer]
     reads = p.reads
     binds = []
@@ -567,7 +567,7 @@ def launch(p: MapPlan, operands: list, out: Tensor | None = None) -> Tensor | No
             else:
                 binds.append(len(buffers))
                 buffers.append(b)
-        if vec and reads[k] != STRIDED and (off & 3 if reads[k] == UNITS else b.size & 15):
+        if vec and p.block and (off & 3 if reads[k] == UNITS else b.size & 15):
             vec = False
     key = (tuple(binds), vec)
     kspec = p.kernels.get(key)
