@@ -585,7 +585,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
              and all(isinstance(t, Tensor) and t.dtype.is_float for t in operands))
     out_dt = None
     if is_autocast_enabled():
-        if plain:  # float16 out, each operand read as stored: no float16 copies of x or the weight (nor casts back)
+        if plain:  # float16 out, x read as stored (no float16 copy of it), the weight rounded below
             out_dt = autocast_dtype(x.device)
         else:
             x, weight, bias = autocast_lower(x), autocast_lower(weight), autocast_lower(bias)
@@ -593,15 +593,21 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if not plain or (out_dt is None and any(t.dtype is not x.dtype for t in operands)):
         y = matmul(x, transpose(weight, 0, 1))
         return y if bias is None else binary("add", y, bias)
-    wt = ops.transpose(weight, 0, 1)
+    # Autocast: the weight rounded to float16 once a call (torch's autocast casts it too) for the forward and the
+    # input's gradient: a float16 operand beside a float32 one made the GPT-2 step's GEMMs up to 11% slower
+    # on an H200 than two float16 (or two float32) ones (BENCHMARKS.md, "Where the autocast step loses").
+    w16 = ops.cast(weight, out_dt) if out_dt is not None and weight.dtype is not out_dt else None
+    wt = ops.transpose(weight if w16 is None else w16, 0, 1)
     # the bias added as tiles are stored
     out = ops.matmul(x, wt, out_dt) if bias is None else ops.matmul_bias(x, wt, bias, out_dt)
     if not (is_grad_enabled() and any(_needs(t) for t in operands)):
         return out
+    wx = (weight if w16 is None else w16) if _needs(x) else None  # what the input's gradient multiplies by
+    del w16  # (held only for that)
 
     def bw(g, mask=(True, True, True)):  # partial: a split backward computes each side in its own half
         # each gradient in its operand's dtype (autocast: float32 ones from a float16 g, rounded once)
-        gx = ops.matmul(g, weight, x.dtype) if mask[0] and _needs(x) else None
+        gx = ops.matmul(g, wx, x.dtype) if mask[0] and wx is not None else None
         gw = ops.matmul(ops.transpose(g, 0, 1), x, weight.dtype) if mask[1] and _needs(weight) else None
         gb = None
         if bias is not None and mask[2] and _needs(bias):
