@@ -1,19 +1,23 @@
 // GradScaler's unscale with its inf / NaN check (torch's _amp_foreach_non_finite_check_and_unscale_),
-// in place over one contiguous gradient: g = g * inv_scale, and found[0] becomes 1 if any entry of the
-// gradient as it came in is NaN or infinite (tested on its bits: see float_fns.wgsl). The flag stays
-// on the device. INV is p.inv_scale (the host's scale) or inv_scale() of the device's scale sc[0]
-// (GradScaler on the device: the reciprocal with one Newton step, as a correctly rounded one).
-// Bindings (g: array of G, found: atomic flags) and Params are declared with the kernel in Python
-// (wgpar/amp/grad_scaler.py).
+// in place over up to SLOTS contiguous gradients a dispatch (one binding each, g0, g1, ...): g = g *
+// inv_scale, and found[0] becomes 1 if any entry of a gradient as it came in is NaN or infinite
+// (tested on its bits: see float_fns.wgsl). The flag stays on the device. INV is p.inv_scale (the
+// host's scale) or inv_scale() of the device's scale sc[0] (GradScaler on the device: the reciprocal
+// with one Newton step, as a correctly rounded one). Gradient s has p.n<s> elements from element
+// p.o<s> and takes the workgroups up to p.w<s> (a running count): SLOTS (generated in
+// wgpar/amp/grad_scaler.py) picks a workgroup's gradient. Bindings and Params are declared there.
 
 {{FNS}}
 {{INV_FN}}
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
-  if (i >= p.numel) { return; }
-  let v = f32(g[p.off + i]);
+fn unscaled(v: f32) -> f32 {
   if (isnan_(v) || isinf_(v)) { atomicOr(&found[0], 1u); }
-  g[p.off + i] = {{G}}(v * {{INV}});
+  return v * {{INV}};
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let w = wid.x + wid.y * nwg.x;
+{{SLOTS}}
 }

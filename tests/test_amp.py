@@ -341,6 +341,50 @@ def test_unscale_then_clip_matches_torch(rng, monkeypatch, torch):
         np.testing.assert_allclose(w.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("bad", [None, 0, 15])
+def test_unscale_takes_six_gradients_a_dispatch(bad, rng, dev, monkeypatch):
+    """unscale_ divides every gradient by the scale exactly as float32 does, up to six a dispatch: two gradients
+    viewing one buffer go to different dispatches (a buffer bound twice for writing is invalid), a strided one
+    through a contiguous copy; an inf in the first or the last slot of a dispatch skips the step. Two steps:
+    the first with the host's scale, the second with the device's (after an update on the device)."""
+    shapes = [(1,), (255,), (256,), "a", "b", (257,), (3, 5), (1000,), (4,), "t", (2, 3, 7), (9,), (64,),
+              (129,), (6,), (33,), (2,)]
+    big = wgpar.tensor(rng.standard_normal(300).astype(np.float32))
+    ws, sc = [], GradScaler(init_scale=2.0 ** 9, growth_interval=1)
+    for sh in shapes:
+        ws.append(nn.Parameter(wgpar.zeros(*((100,) if sh == "a" else (200,) if sh == "b" else
+                                            (5, 7) if sh == "t" else sh))))
+    opt = optim.SGD(ws, lr=0.5)
+    seen = []
+    real = type(dev).dispatch
+    monkeypatch.setattr(type(dev), "dispatch",
+                        lambda self, k, *a, **kw: (seen.append(k.family), real(self, k, *a, **kw))[1])
+    for step in range(2):
+        grads = [(rng.standard_normal(w.shape) * 2.0 ** 9).astype(np.float32) for w in ws]
+        if bad is not None:
+            grads[bad].reshape(-1)[-1] = np.inf
+        for w, g, sh in zip(ws, grads, shapes):
+            if sh in ("a", "b"):
+                view = big[:100] if sh == "a" else big[100:]
+                view.copy_(wgpar.tensor(g))
+                w.grad = view
+            else:
+                w.grad = wgpar.tensor(g.T.copy()).T if sh == "t" else wgpar.tensor(g)
+        scale = sc.get_scale()
+        assert (sc._device_state is not None) == (step == 1), "the second step should read the device's scale"
+        del seen[:]
+        sc.unscale_(opt)
+        assert seen.count("amp_unscale") == 5  # [0-3] [4-8] [t] [10-15] [16], where there was one a gradient
+        inv = np.float32(1.0) / np.float32(scale)
+        for w, g in zip(ws, grads):
+            np.testing.assert_array_equal(w.grad.numpy(), g * inv)
+        found = sc.found_inf_per_device(opt)[dev]
+        assert int(found.item()) == (bad is not None)
+        sc.step(opt)
+        sc.update()
+    assert sc.get_scale() == (2.0 ** 7 if bad is not None else 2.0 ** 11)
+
+
 def test_disabled_scaler_and_state_dict_round_trip(tmp_path):
     w = nn.Parameter(wgpar.ones(3))
     opt = optim.SGD([w], lr=1.0)
