@@ -46,6 +46,21 @@ def same_random_grads(rng, params, torch_params) -> None:
         p.grad, tp.grad = wgpar.tensor(g), tp.new_tensor(g)
 
 
+def assign_grads(params, grads, kinds, shared) -> None:
+    """``p.grad = g`` for each parameter, laid out as its kind says: "a" / "b" the first 100 elements / the rest
+    of the float32 tensor ``shared`` (two gradients viewing one buffer), "t" a transposed view (strided),
+    anything else a fresh contiguous tensor."""
+    import wgpar
+
+    for p, g, kind in zip(params, grads, kinds):
+        if kind in ("a", "b"):
+            view = shared[:100] if kind == "a" else shared[100:]
+            view.copy_(wgpar.tensor(g))
+            p.grad = view
+        else:
+            p.grad = wgpar.tensor(g.T.copy()).T if kind == "t" else wgpar.tensor(g)
+
+
 def torch_state_as_numpy(sd: dict) -> dict:
     """A torch optimizer's state_dict as wgpar's load_state_dict takes it: state tensors as NumPy arrays, steps
     as Python numbers, the param_groups as they are."""

@@ -10,7 +10,7 @@ from wgpar import optim
 from wgpar.nn.parameter import Parameter
 from wgpar.nn.utils import clip_grad_norm_
 
-from .helpers import assert_close, no_device_waits, torch_state_as_numpy
+from .helpers import assert_close, assign_grads, no_device_waits, torch_state_as_numpy
 
 SHAPES = [(1,), (7,), (33, 5), (129,)]
 
@@ -317,6 +317,37 @@ def test_clip_grad_norm_matches_numpy(norm_type, rng, dev):
     coef = max_norm / (norm + 1e-6)
     for p, g in zip(ps, gs):
         assert_close(p.grad.numpy(), g * coef, rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 3.0, float("inf")])
+def test_clip_grad_norm_takes_six_gradients_a_dispatch(norm_type, rng, dev, monkeypatch):
+    """Both passes over the gradients take up to six a dispatch (one binding each): two gradients viewing one
+    buffer go to different dispatches, a strided one goes through a contiguous copy, a float16 one sits beside
+    float32 ones; the norm and the clipped gradients equal float64 NumPy's."""
+    if not dev.has_f16:
+        pytest.skip("adapter without shader-f16")
+    shapes = [(5,), (70001,), "a", "b", (3, 7), "h", (1,), (256,), "t", (1000,), (9,), (33,), (2, 3, 4), (4,), (100,)]
+    size = {"a": (100,), "b": (200,), "h": (257,), "t": (5, 7)}
+    big = wgpar.zeros(300)
+    gs = [rng.standard_normal(size.get(sh, sh)).astype(np.float16 if sh == "h" else np.float32) for sh in shapes]
+    ps = [Parameter(wgpar.zeros(*g.shape, dtype=wgpar.float16 if sh == "h" else wgpar.float32))
+          for g, sh in zip(gs, shapes)]
+    assign_grads(ps, gs, shapes, big)
+    flat = np.concatenate([g.ravel().astype(np.float64) for g in gs])
+    norm = np.abs(flat).max() if np.isinf(norm_type) else (np.abs(flat) ** norm_type).sum() ** (1 / norm_type)
+    seen = []
+    real = type(dev).dispatch
+    monkeypatch.setattr(type(dev), "dispatch",
+                        lambda self, k, *a, **kw: (seen.append(k.family), real(self, k, *a, **kw))[1])
+    total = clip_grad_norm_(ps, norm / 3, norm_type)
+    monkeypatch.undo()
+    # [5, 70001, a] [b, 3x7, h, 1, 256, t] [1000, 9, 33, 2x3x4, 4, 100]: where there was one a gradient
+    assert seen.count("optim_norm") == 3 and seen.count("optim_scale") == 3
+    assert_close(total.item(), norm, rtol=1e-5)
+    coef = (norm / 3) / (norm + 1e-6)
+    for p, g, sh in zip(ps, gs, shapes):
+        assert_close(p.grad.numpy().astype(np.float64), g.astype(np.float64) * coef,
+                     rtol=1e-3 if sh == "h" else 2e-5, atol=1e-4 if sh == "h" else 1e-7)
 
 
 def test_clip_grad_norm_below_threshold_skips_and_views(rng, dev):

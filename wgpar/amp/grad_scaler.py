@@ -40,6 +40,7 @@ from .. import ops
 from ..autograd import differentiable as D
 from ..autograd.grad_mode import no_grad
 from ..optim.optimizer import Optimizer
+from ..runtime import slots
 from ..runtime.device import Device
 from ..runtime.kernels import WORKGROUP, Kernel, KernelSpec, grid, load_source
 from ..tensor import Tensor
@@ -58,12 +59,9 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
-# Gradients unscaled a dispatch: one storage binding each, beside the flag and the device's scale, within
-# WebGPU's default 8 storage buffers a stage (one dispatch per gradient cost a GPT-2 step under autocast
-# 148 dispatches, 1.39 ms of GPU time on an H200).
-_SLOTS = 6
-_UNSCALE = Kernel("amp_unscale", ", ".join(f"g{s}: w" for s in range(_SLOTS)) + ", found: w, sc: r",
-                  ", ".join(f"n{s}: u32, o{s}: u32, w{s}: u32" for s in range(_SLOTS)) + ", inv_scale: f32")
+# Gradients unscaled a dispatch (runtime/slots.py): one dispatch per gradient cost a GPT-2 step under autocast
+# 148 dispatches, 1.39 ms of GPU time on an H200.
+_UNSCALE = Kernel("amp_unscale", slots.bindings("g") + ", found: w, sc: r", slots.fields() + ", inv_scale: f32")
 _UPDATE = Kernel("amp_update", "st: w, found: r", "backoff: f32, growth: f32, interval: f32")
 _INV_FN = """fn inv_scale() -> f32 {
   let s = sc[0];
@@ -72,14 +70,13 @@ _INV_FN = """fn inv_scale() -> f32 {
 }"""
 
 
-def _kernel(slots: int, on_device: bool) -> KernelSpec:
-    """The unscale kernel over ``slots`` float32 gradients (the device's scale or the host's)."""
-    code = "\n".join(f"  if (w < p.w{s}) {{\n    let i = (w - {f'p.w{s - 1}' if s else '0u'}) * WG + lid;\n"
-                     f"    if (i < p.n{s}) {{ g{s}[p.o{s} + i] = unscaled(g{s}[p.o{s} + i]); }}\n    return;\n  }}"
-                     for s in range(slots))
-    without = tuple(f"g{s}" for s in range(slots, _SLOTS)) + (() if on_device else ("sc",))
-    return _UNSCALE.spec(("f32",) * slots + ("atomic<u32>",) + (("f32",) if on_device else ()), without,
-                         FNS=load_source("float_fns"), SLOTS=code, INV="inv_scale()" if on_device else "p.inv_scale",
+def _kernel(n: int, on_device: bool) -> KernelSpec:
+    """The unscale kernel over ``n`` float32 gradients (the device's scale or the host's)."""
+    code = slots.chain(n, lambda s: f"    let i = lw * WG + lid;\n"
+                                    f"    if (i < p.n{s}) {{ g{s}[p.o{s} + i] = unscaled(g{s}[p.o{s} + i]); }}")
+    return _UNSCALE.spec(("f32",) * n + ("atomic<u32>",) + (("f32",) if on_device else ()),
+                         slots.unused("g", n) + (() if on_device else ("sc",)), FNS=load_source("float_fns"),
+                         SLOTS=code, INV="inv_scale()" if on_device else "p.inv_scale",
                          INV_FN=_INV_FN if on_device else "")
 
 
@@ -428,42 +425,22 @@ def _found(state: dict[str, Any]) -> int:
 
 def _unscale(grads: list[Tensor], flag: Tensor, inv_scale: float, device_state: Tensor | None = None) -> None:
     """``g *= 1 / scale`` in place for each float32 gradient (all on ``flag``'s device; the host's ``inv_scale``,
-    or the reciprocal of the ``device_state``'s scale), ORing "saw inf / NaN" into ``flag``: up to _SLOTS
-    gradients a dispatch, each of its own buffer (a strided one through a contiguous copy)."""
+    or the reciprocal of the ``device_state``'s scale), ORing "saw inf / NaN" into ``flag``: several gradients
+    a dispatch (runtime/slots.py), a strided one through a contiguous copy."""
     dev = flag.device
-    slots = max(1, min(_SLOTS, int(dev.limits.get("max-storage-buffers-per-shader-stage", 8)) - 2))
-    batch: list[Tensor] = []
-    for g in grads:
-        target = g if g.is_contiguous() else ops.contiguous(g)
-        if target is not g or len(batch) == slots or any(t._storage is target._storage for t in batch):
-            _unscale_batch(batch, flag, inv_scale, device_state)  # (a buffer bound twice, written: invalid)
-            batch = []
-        batch.append(target)
-        if target is not g:
-            _unscale_batch(batch, flag, inv_scale, device_state)
-            batch = []
-            ops.copy_(g, target)
+    flats = [g if g.is_contiguous() else ops.contiguous(g) for g in grads]
+    for batch in slots.batches(flats, slots.slots_for(dev, 2)):
+        words, groups = slots.words(batch, [-(-t.numel() // WORKGROUP) for t in batch])
+        bufs = [t._storage.buffer for t in batch] + [flag._storage.buffer]
+        if device_state is not None:
+            bufs.append(device_state._storage.buffer)
+        nbytes = 8 * sum(t.numel() for t in batch)
+        dev.dispatch(_kernel(len(batch), device_state is not None), bufs, _UNSCALE.pack(**words, inv_scale=inv_scale),
+                     grid(groups, dev.max_workgroups), nbytes // 8, nbytes)
+    for g, f in zip(grads, flats):
+        if f is not g:
+            ops.copy_(g, f)
         g._storage.bump_version()
-    _unscale_batch(batch, flag, inv_scale, device_state)
-
-
-def _unscale_batch(batch: list[Tensor], flag: Tensor, inv_scale: float, device_state: Tensor | None) -> None:
-    if not batch:
-        return
-    dev = flag.device
-    words: dict[str, int | float] = {"inv_scale": inv_scale}
-    end = 0
-    for s in range(_SLOTS):
-        t = batch[s] if s < len(batch) else None
-        n = t.numel() if t is not None else 0
-        end += -(-n // WORKGROUP)
-        words.update({f"n{s}": n, f"o{s}": t._offset if t is not None else 0, f"w{s}": end})
-    bufs = [t._storage.buffer for t in batch] + [flag._storage.buffer]
-    if device_state is not None:
-        bufs.append(device_state._storage.buffer)
-    nbytes = 8 * sum(t.numel() for t in batch)
-    dev.dispatch(_kernel(len(batch), device_state is not None), bufs, _UNSCALE.pack(**words),
-                 grid(end, dev.max_workgroups), nbytes // 8, nbytes)
 
 
 __all__ = ["GradScaler", "OptState"]

@@ -68,8 +68,12 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     if error_if_nonfinite and not math.isfinite(total.item()):
         raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is "
                            f"{total.item()}; pass error_if_nonfinite=False to clip anyway")
+    by_dev: dict[Device, list[Tensor]] = {}
+    for f in flats:
+        by_dev.setdefault(f.device, []).append(f)
+    for d, fs in by_dev.items():
+        scale_by_coefficient_(fs, coefs[d])
     for g, f in zip(grads, flats):
-        scale_by_coefficient_(f, coefs[f.device])
         if f is not g:
             ops.copy_(g, f)
     return total
