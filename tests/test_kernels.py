@@ -50,13 +50,13 @@ def test_params_pack_edge_values_and_errors():
 
 
 def test_header_declares_bindings_params_overrides_and_f16_only_when_used():
-    k = Kernel("optim_scale", "grad: w, coef: r", "numel: u32, off_g: u32, off_c: u32")
-    src = k.spec(("f32", "f32"), G="f32").source()
-    assert src.startswith("@group(0) @binding(0) var<storage, read_write> grad: array<f32>;")
+    k = Kernel("optim_scale", "g0: w, coef: r", "n0: u32, o0: u32, w0: u32, off_c: u32")
+    src = k.spec(("f32", "f32"), SLOTS="").source()
+    assert src.startswith("@group(0) @binding(0) var<storage, read_write> g0: array<f32>;")
     assert "@group(0) @binding(1) var<storage, read> coef: array<f32>;" in src
     assert "@group(0) @binding(2) var<uniform> p: Params;" in src and "override WG: u32;" in src
     assert "enable f16" not in src
-    assert k.spec(("f16", "f32"), G="f16").source().startswith("enable f16;\n")
+    assert k.spec(("f16", "f32"), SLOTS="").source().startswith("enable f16;\n")
     # a comment that mentions f16 does not enable it (the matmul_fast file's header does)
     fast = Kernel("matmul_fast", "c: w, a: r, b: r", "M: u32", constants=())
     fills = dict(DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="", COMPUTE="", WRITE="", NEXT="k0",
@@ -65,7 +65,7 @@ def test_header_declares_bindings_params_overrides_and_f16_only_when_used():
     assert not fast.spec(("vec4<f32>",) * 3, **fills).source().startswith("enable")
     with pytest.raises(ValueError, match="element types"):
         k.spec(("f32",))
-    assert k.spec(("f32",), without=("coef",)).buffers == (("grad", "w", "f32"),)
+    assert k.spec(("f32",), without=("coef",)).buffers == (("g0", "w", "f32"),)
 
 
 @pytest.mark.parametrize("wg", [64, 128])

@@ -11,8 +11,10 @@ count); :func:`chain` writes the WGSL that picks a workgroup's slot.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from ..tensor import Tensor
+if TYPE_CHECKING:  # (tensors sit above the runtime)
+    from ..tensor import Tensor
 
 SLOTS = 6
 
