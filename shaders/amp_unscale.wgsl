@@ -1,11 +1,12 @@
 // GradScaler's unscale with its inf / NaN check (torch's _amp_foreach_non_finite_check_and_unscale_),
-// in place over up to SLOTS contiguous gradients a dispatch (one binding each, g0, g1, ...): g = g *
-// inv_scale, and found[0] becomes 1 if any entry of a gradient as it came in is NaN or infinite
-// (tested on its bits: see float_fns.wgsl). The flag stays on the device. INV is p.inv_scale (the
-// host's scale) or inv_scale() of the device's scale sc[0] (GradScaler on the device: the reciprocal
-// with one Newton step, as a correctly rounded one). Gradient s has p.n<s> elements from element
-// p.o<s> and takes the workgroups up to p.w<s> (a running count): SLOTS (generated in
-// wgpar/amp/grad_scaler.py) picks a workgroup's gradient. Bindings and Params are declared there.
+// in place over up to six contiguous gradients a dispatch (one binding each, g0, g1, ...:
+// wgpar/runtime/slots.py): g = g * inv_scale, and found[0] becomes 1 if any entry of a gradient as it
+// came in is NaN or infinite (tested on its bits: see float_fns.wgsl). The flag stays on the device.
+// INV is p.inv_scale (the host's scale) or inv_scale() of the device's scale sc[0] (GradScaler on the
+// device: the reciprocal with one Newton step, as a correctly rounded one). Gradient s has p.n<s>
+// elements from element p.o<s> and takes the workgroups up to p.w<s> (a running count): SLOTS picks a
+// workgroup's gradient and unscales its elements. Bindings, Params and SLOTS are made with the kernel
+// in Python (wgpar/amp/grad_scaler.py).
 
 {{FNS}}
 {{INV_FN}}

@@ -6,9 +6,9 @@ log_softmax, layer_norm, the losses, sum and exp / log / rsqrt / pow run in floa
 lists); other ops take their inputs' types, so float16 meeting float32 gives float32. Parameters stay float32
 (the "master weights"): a matmul's or attention's cast node casts each use down and its backward casts the
 gradient back up; convolution kernels read float32 operands as they are and write each gradient in its
-operand's dtype, and so does linear, but for its weight, rounded to float16 once a call (as torch's). The ops themselves
-(``wgpar.autograd.differentiable``, ``wgpar.nn.functional``) ask this module what to do; it holds only
-the state, one per thread, like torch's.
+operand's dtype, and so does linear, but for its weight, rounded to float16 once a call (as torch's). The
+ops themselves (``wgpar.autograd.differentiable``, ``wgpar.nn.functional``) ask this module what to do; it
+holds only the state, one per thread, like torch's.
 """
 
 from __future__ import annotations

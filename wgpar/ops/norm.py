@@ -1,10 +1,10 @@
 """The norm of several tensors taken together, and scaling by a factor left on the device:
 clip_grad_norm_'s kernels (shaders/optim_norm.wgsl, optim_norm_final.wgsl, optim_scale.wgsl).
 
-Nothing is read back: the first pass folds the tensors into partials (one float per workgroup; several
-tensors a dispatch, runtime/slots.py),
-the second folds the partials into [norm, clip coefficient, folded partials], and the scale kernel
-reads the coefficient where the second pass left it.
+Nothing is read back: the first pass folds the tensors into partials (one float per workgroup), the
+second folds the partials into [norm, clip coefficient, folded partials], and the scale kernel reads
+the coefficient where the second pass left it. The first and last take several tensors a dispatch
+(runtime/slots.py).
 """
 
 from __future__ import annotations
