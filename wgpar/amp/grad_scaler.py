@@ -27,6 +27,7 @@ optimizer's parameters (``model_group_of``).
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import numbers
 import threading
@@ -70,6 +71,7 @@ _INV_FN = """fn inv_scale() -> f32 {
 }"""
 
 
+@functools.lru_cache(maxsize=2 * slots.SLOTS)
 def _kernel(n: int, on_device: bool) -> KernelSpec:
     """The unscale kernel over ``n`` float32 gradients (the device's scale or the host's)."""
     code = slots.chain(n, lambda s: f"    let i = lw * WG + lid;\n"
@@ -434,9 +436,9 @@ def _unscale(grads: list[Tensor], flag: Tensor, inv_scale: float, device_state: 
         bufs = [t._storage.buffer for t in batch] + [flag._storage.buffer]
         if device_state is not None:
             bufs.append(device_state._storage.buffer)
-        nbytes = 8 * sum(t.numel() for t in batch)
+        n = sum(t.numel() for t in batch)  # one multiply an element, read and written
         dev.dispatch(_kernel(len(batch), device_state is not None), bufs, _UNSCALE.pack(**words, inv_scale=inv_scale),
-                     grid(groups, dev.max_workgroups), nbytes // 8, nbytes)
+                     grid(groups, dev.max_workgroups), n, 8 * n)
     for g, f in zip(grads, flats):
         if f is not g:
             ops.copy_(g, f)

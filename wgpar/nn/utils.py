@@ -68,10 +68,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     if error_if_nonfinite and not math.isfinite(total.item()):
         raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is "
                            f"{total.item()}; pass error_if_nonfinite=False to clip anyway")
-    by_dev: dict[Device, list[Tensor]] = {}
-    for f in flats:
-        by_dev.setdefault(f.device, []).append(f)
-    for d, fs in by_dev.items():
+    for d, fs in _by_device(flats).items():
         scale_by_coefficient_(fs, coefs[d])
     for g, f in zip(grads, flats):
         if f is not g:
@@ -79,10 +76,15 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     return total
 
 
-def _norm_over_devices(flats: list[Tensor], max_norm: float, norm_type: float) -> tuple[Tensor, dict]:
+def _by_device(flats: list[Tensor]) -> dict[Device, list[Tensor]]:
     by_dev: dict[Device, list[Tensor]] = {}
     for f in flats:
         by_dev.setdefault(f.device, []).append(f)
+    return by_dev
+
+
+def _norm_over_devices(flats: list[Tensor], max_norm: float, norm_type: float) -> tuple[Tensor, dict]:
+    by_dev = _by_device(flats)
     dev0 = flats[0].device
     if len(by_dev) == 1:
         summary = norm_finish(norm_partials(dev0, flats, norm_type), max_norm, norm_type)
