@@ -224,6 +224,35 @@ def test_a_pass_error_recorded_natively_is_reported_at_submit(rng, monkeypatch):
     assert_close((t * 3).numpy(), t.numpy() * 3)
 
 
+def test_synchronize_is_one_submit_that_waits_for_the_pending_work(dev, rng):
+    """synchronize puts its fence at the end of the pending batch: one submit (each costs the host 50-100 us
+    on a GPU), not a flush and a fence of its own; an idle synchronize submits the fence alone. It still
+    waits for all of the work: a readback of its result afterwards takes a fraction of the wait."""
+    a = wgpar.tensor(rng.standard_normal((640, 640)).astype(np.float32) / 25.0, device=dev)
+    wgpar.synchronize(dev)
+    y = a
+    for _ in range(6):
+        y = y @ a  # a few hundred milliseconds on lavapipe, recorded and not yet submitted
+    assert dev._pending > 0
+    submits = dev.num_submits
+    t0 = time.perf_counter()
+    wgpar.synchronize(dev)
+    waited = time.perf_counter() - t0
+    assert dev.num_submits == submits + 1 and dev._pending == 0
+    t0 = time.perf_counter()
+    got = y[:2, :3].numpy()
+    read = time.perf_counter() - t0
+    assert read < waited / 2, f"synchronize returned before the work was done: {waited:.3f} s, readback {read:.3f} s"
+    want = a.numpy().astype(np.float64)
+    ref = want
+    for _ in range(6):
+        ref = ref @ want
+    assert_close(got, ref[:2, :3], rtol=1e-4, atol=1e-5)
+    submits = dev.num_submits
+    wgpar.synchronize(dev)
+    assert dev.num_submits == submits + 1  # idle: the fence alone
+
+
 def test_synchronize_gives_up_after_its_deadline_and_the_device_stays_usable(dev, monkeypatch, rng):
     """synchronize's wait has a deadline (wgpu-py's map_sync had none): a fence that never completes raises a
     TransferTimeout naming the device; the next synchronize, and the work after it, run as usual."""
