@@ -388,7 +388,7 @@ def _wgpar_losses(X, y, init, make_opt, steps, clip=None):
     for _ in range(steps):
         opt.zero_grad()
         W1, b1, W2, b2 = ps
-        logits = (x @ W1.T + b1).relu() @ W2.T + b2
+        logits = (x @ W1.T + b1).tanh() @ W2.T + b2
         loss = -(logits.log_softmax(dim=-1) * onehot).sum() / len(X)
         loss.backward()
         if clip:
@@ -406,7 +406,7 @@ def _torch_losses(torch, X, y, init, make_opt, steps, clip=None):
     for _ in range(steps):
         opt.zero_grad()
         W1, b1, W2, b2 = ps
-        loss = torch.nn.functional.cross_entropy(torch.relu(x @ W1.T + b1) @ W2.T + b2, t)
+        loss = torch.nn.functional.cross_entropy(torch.tanh(x @ W1.T + b1) @ W2.T + b2, t)
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(ps, clip)
@@ -422,6 +422,11 @@ TORCH_OPTS = {
 }
 
 
+# The hidden layer is tanh, not ReLU: a unit at ReLU's hinge, or a near-zero gradient Adam scales to a full
+# step, sends two float32 runs apart by chance. Over 1300 seeds a ReLU MLP's loss differed from torch float32's
+# own run from a start one ulp away by more than 1e-4 in about 1% of seeds (up to 6e-3, weights up to 9e-2:
+# the once-seen failure of this test on an H100); with tanh by at most 4.4e-5 (weights 6.5e-4) in one seed,
+# below 3e-6 (weights 1e-4) in every other.
 @pytest.mark.parametrize("name", list(TORCH_OPTS))
 def test_mlp_training_matches_torch(name, rng, dev, torch):
     make_opt, clip = TORCH_OPTS[name]
