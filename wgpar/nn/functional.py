@@ -25,8 +25,10 @@ from ..autograd.nn_ops import (
     Dropout,
     max_pool2d_with_indices,
 )
+from ..ops import attention as _fused_attention
 from ..ops.elementwise import contiguous as _raw_contiguous
 from ..ops.index import _raise_if_out_of_range, as_index, index_add_rows
+from ..ops.layer_norm import layer_norm_backward, layer_norm_forward
 from ..ops.loss import class_targets
 from ..ops.pool import adaptive_fits
 from ..ops.window import pair, window
@@ -610,8 +612,6 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bi
 
 def _layer_norm_fused(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
                       eps: float) -> Tensor:
-    from ..ops.layer_norm import layer_norm_backward, layer_norm_forward
-
     cols = int(np.prod(shape))
     rows = x.numel() // cols if cols else 0
     x2 = ops.reshape(_raw_contiguous(x), (rows, cols))
@@ -1336,13 +1336,11 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         is_causal: apply the causal mask (not together with ``attn_mask``).
         scale: the score scale.
     """
-    from ..ops import attention as fused
-
     if attn_mask is None and dropout_p == 0.0 and type(query) is type(key) is type(value) is Tensor \
             and query.ndim == 4 and not is_autocast_enabled():
         # The common call again: replay the kernel an earlier call of this layout chose (ops/attention.py).
-        sc = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
-        hit = fused.replay_forward(query, key, value, bool(is_causal), sc)
+        sc = _fused_attention.default_scale(query.shape[-1]) if scale is None else float(scale)
+        hit = _fused_attention.replay_forward(query, key, value, bool(is_causal), sc)
         if hit is not None:
             return _attention_record(query, key, value, *hit, bool(is_causal), sc)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -1362,17 +1360,17 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         attn_mask = _attention_mask(attn_mask, query, key)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
-    scale = fused.default_scale(query.shape[-1]) if scale is None else float(scale)
+    scale = _fused_attention.default_scale(query.shape[-1]) if scale is None else float(scale)
     if is_autocast_enabled():
         query, key, value = D.autocast_lower(query), D.autocast_lower(key), D.autocast_lower(value)
     if not (query.dtype is key.dtype is value.dtype):
         query, key, value = (D.cast(t, _dt.float32) if t.dtype is not _dt.float32 else t for t in (query, key, value))
-    path = fused.forced_path()
+    path = _fused_attention.forced_path()
     why = "an attn_mask or dropout" if (attn_mask is not None or dropout_p > 0.0) else (
         f"{query.ndim}-d operands" if query.ndim not in (3, 4) else None)
     if why is None:
         q4, k4, v4 = ((t if t.ndim == 4 else D.unsqueeze(t, 1)) for t in (query, key, value))
-        why = fused.supported(q4, k4, v4)
+        why = _fused_attention.supported(q4, k4, v4)
     if path == "fused" and why is not None:
         raise ValueError(f"scaled_dot_product_attention: the fused kernels cannot run {why}")
     if why is not None or path == "reference":
@@ -1411,21 +1409,17 @@ def _attention_mask(mask, query: Tensor, key: Tensor) -> Tensor:
 
 
 def _attention_fused(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-    from ..ops.attention import attention_forward
-
-    return _attention_record(q, k, v, *attention_forward(q, k, v, causal, scale), causal, scale)
+    return _attention_record(q, k, v, *_fused_attention.attention_forward(q, k, v, causal, scale), causal, scale)
 
 
 def _attention_record(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float) -> Tensor:
     """``out``, the fused forward's result, with its backward recorded when a gradient is wanted."""
-    from ..ops.attention import attention_backward
-
     if not (is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return out
     y = out.detach()  # no out -> node -> closure -> out cycle
 
     def bw(g):
-        return attention_backward(q, k, v, y, lse, g, causal, scale)
+        return _fused_attention.attention_backward(q, k, v, y, lse, g, causal, scale)
 
     return record("scaled_dot_product_attention", out, [q, k, v], bw, [q, k, v, y, lse])
 
