@@ -51,7 +51,10 @@ def np_cross_entropy_probs(x, p, w=None, reduction="mean", smoothing=0.0):
 
 def _targets(rng, shape, c, ignore):
     t = rng.integers(0, c, shape)
-    t.reshape(-1)[:: 3] = ignore  # every third entry ignored
+    flat = t.reshape(-1)
+    flat[:: 3] = ignore  # every third entry ignored
+    if (flat == ignore).all():  # the rest drawn as ignore_index too (1 in 625 for 7 targets of 5 classes):
+        flat[1] = (ignore + 1) % c  # keep one, as 0 / 0 is test_cross_entropy_unbatched_and_all_ignored's case
     return t
 
 
@@ -100,8 +103,14 @@ def test_cross_entropy_unbatched_and_all_ignored(rng):
     out = F.cross_entropy(_t(x), np.array(4, np.int32), reduction="none")
     assert out.shape == () and abs(out.item() + _log_softmax(x[None])[0, 4]) < 1e-5
     z = _t(rng.standard_normal((3, 4)), True)
+    for smoothing in (0.0, 0.15):
+        loss = F.cross_entropy(z, np.full(3, 2, np.int32), ignore_index=2, label_smoothing=smoothing)
+        assert np.isnan(loss.item())  # 0 / 0, as torch
+        z.grad = None
+        loss.backward()
+        assert not z.grad.numpy().any()  # and a zero gradient, as torch's (not NaN)
     loss = F.cross_entropy(z, np.full(3, -100, np.int32))
-    assert np.isnan(loss.item())  # 0 / 0, as torch
+    assert np.isnan(loss.item())
     assert F.cross_entropy(z, np.full(3, -100, np.int32), reduction="sum").item() == 0.0
 
 
