@@ -61,6 +61,18 @@ def assign_grads(params, grads, kinds, shared) -> None:
             p.grad = wgpar.tensor(g.T.copy()).T if kind == "t" else wgpar.tensor(g)
 
 
+def record_dispatches(monkeypatch) -> list[str]:
+    """The families of the kernels dispatched from now on, in order (every device; the test clears the list
+    where it starts counting, monkeypatch restores dispatch)."""
+    from wgpar.runtime.device import Device
+
+    calls: list[str] = []
+    real = Device.dispatch
+    monkeypatch.setattr(Device, "dispatch",
+                        lambda self, k, *a, **kw: (calls.append(k.family), real(self, k, *a, **kw))[1])
+    return calls
+
+
 def torch_state_as_numpy(sd: dict) -> dict:
     """A torch optimizer's state_dict as wgpar's load_state_dict takes it: state tensors as NumPy arrays, steps
     as Python numbers, the param_groups as they are."""

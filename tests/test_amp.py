@@ -14,7 +14,7 @@ from wgpar import nn, optim
 from wgpar.amp import GradScaler
 from wgpar.nn import functional as F
 
-from .helpers import assign_grads
+from .helpers import assign_grads, record_dispatches
 
 
 class RefScaler:
@@ -357,10 +357,7 @@ def test_unscale_takes_six_gradients_a_dispatch(bad, rng, dev, monkeypatch):
         ws.append(nn.Parameter(wgpar.zeros(*((100,) if sh == "a" else (200,) if sh == "b" else
                                             (5, 7) if sh == "t" else sh))))
     opt = optim.SGD(ws, lr=0.5)
-    seen = []
-    real = type(dev).dispatch
-    monkeypatch.setattr(type(dev), "dispatch",
-                        lambda self, k, *a, **kw: (seen.append(k.family), real(self, k, *a, **kw))[1])
+    seen = record_dispatches(monkeypatch)
     for step in range(2):
         grads = [(rng.standard_normal(w.shape) * 2.0 ** 9).astype(np.float32) for w in ws]
         if bad is not None:

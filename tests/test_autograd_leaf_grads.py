@@ -14,9 +14,8 @@ import pytest
 import wgpar
 from wgpar import nn
 from wgpar.nn import functional as F
-from wgpar.runtime.device import Device
 
-from .helpers import assert_close
+from .helpers import assert_close, record_dispatches
 
 A, B, W, W2 = (np.random.default_rng(k).standard_normal(s).astype(np.float32) for k, s in
                ((1, (3, 4)), (2, (3, 4)), (3, (3, 4)), (4, (6, 4))))
@@ -130,10 +129,7 @@ def test_backward_copies_no_gradient_into_grad(rng, monkeypatch, make, shape):
     batch norm's weight and bias gradients were rows of one buffer, now buffers of their own)."""
     model = make()
     x = wgpar.tensor(rng.standard_normal(shape).astype(np.float32))
-    calls: list[str] = []
-    real = Device.dispatch
-    monkeypatch.setattr(Device, "dispatch",
-                        lambda self, k, *a, **kw: (calls.append(k.family), real(self, k, *a, **kw))[1])
+    calls = record_dispatches(monkeypatch)
 
     def count() -> int:
         loss = (model(x) ** 2).mean()

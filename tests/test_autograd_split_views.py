@@ -11,19 +11,14 @@ import wgpar
 from wgpar import nn, ops
 from wgpar.autograd import backward, backward_input, no_grad
 from wgpar.nn import functional as F
-from wgpar.runtime.device import Device
 
-from .helpers import assert_close
+from .helpers import assert_close, record_dispatches
 
 
 @pytest.fixture
 def dispatches(monkeypatch):
     """The families of the kernels dispatched while the test runs (cleared by the test where it starts counting)."""
-    calls: list[str] = []
-    real = Device.dispatch
-    monkeypatch.setattr(Device, "dispatch",
-                        lambda self, k, *a, **kw: (calls.append(k.family), real(self, k, *a, **kw))[1])
-    return calls
+    return record_dispatches(monkeypatch)
 
 
 def _f32(rng, *shape):

@@ -11,7 +11,7 @@ from wgpar import nn
 from wgpar.nn import functional as F
 
 from . import gradcheck
-from .helpers import assert_close
+from .helpers import assert_close, record_dispatches
 
 
 def bn_ref(x, w, b, eps=1e-5):
@@ -103,12 +103,7 @@ def test_long_channels_split_into_chunks(rng):
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """The kernel families dispatched, in order (cleared by the test as it goes)."""
-    from wgpar.runtime.device import Device
-
-    calls = []
-    real = Device.dispatch
-    monkeypatch.setattr(Device, "dispatch", lambda self, k, *a, **kw: (calls.append(k.family), real(self, k, *a, **kw)))
-    return calls
+    return record_dispatches(monkeypatch)
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])

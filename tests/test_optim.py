@@ -10,7 +10,7 @@ from wgpar import optim
 from wgpar.nn.parameter import Parameter
 from wgpar.nn.utils import clip_grad_norm_
 
-from .helpers import assert_close, assign_grads, no_device_waits, torch_state_as_numpy
+from .helpers import assert_close, assign_grads, no_device_waits, record_dispatches, torch_state_as_numpy
 
 SHAPES = [(1,), (7,), (33, 5), (129,)]
 
@@ -335,10 +335,7 @@ def test_clip_grad_norm_takes_six_gradients_a_dispatch(norm_type, rng, dev, monk
     assign_grads(ps, gs, shapes, big)
     flat = np.concatenate([g.ravel().astype(np.float64) for g in gs])
     norm = np.abs(flat).max() if np.isinf(norm_type) else (np.abs(flat) ** norm_type).sum() ** (1 / norm_type)
-    seen = []
-    real = type(dev).dispatch
-    monkeypatch.setattr(type(dev), "dispatch",
-                        lambda self, k, *a, **kw: (seen.append(k.family), real(self, k, *a, **kw))[1])
+    seen = record_dispatches(monkeypatch)
     total = clip_grad_norm_(ps, norm / 3, norm_type)
     monkeypatch.undo()
     # [5, 70001, a] [b, 3x7, h, 1, 256, t] [1000, 9, 33, 2x3x4, 4, 100]: where there was one a gradient
