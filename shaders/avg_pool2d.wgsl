@@ -1,13 +1,20 @@
 // 2-d average pooling of contiguous [N * C planes, H, W] with torch's divisor: the window clipped
 // to the padded input (H + ph rows) when padding counts (count_include_pad), clipped to the input
 // otherwise, or a fixed divisor (divisor_override, when p.divisor is not 0). BACKWARD=false: one
-// thread per output element averages its window of x. BACKWARD=true: x is the output's gradient
+// thread per output element averages its window of x (WINDOW: the window as constants, see
+// window_forward). BACKWARD=true: x is the output's gradient
 // and each thread takes VEC (1 or 4) consecutive input elements of a row, summing g / divisor over
 // the windows holding them: only the outputs whose windows reach the elements are visited.
 // Bindings (out, x: arrays of T) and Params are declared in wgpar/ops/pool.py.
 
 const BACKWARD: bool = {{BACKWARD}};
 const VEC: u32 = {{VEC}};
+const WINDOW: bool = {{WINDOW}};
+const KH: u32 = {{KH}};
+const KW: u32 = {{KW}};
+const SH: u32 = {{SH}};
+const SW: u32 = {{SW}};
+const PAD: bool = {{PAD}};
 
 // The rows (columns) output o's window counts in its divisor: clipped to the padded input, or to the
 // input without count_include_pad.
@@ -25,8 +32,44 @@ fn divisor(oh: u32, ow: u32) -> f32 {
 
 {{STORE}}
 
+// The forward with the window as constants (KH x KW taps written out, strides SH and SW). No index takes an
+// integer division by a size (they cost the general forward about a third of its time on an H100): a
+// workgroup row x walks p.pp planes' positions (several small planes, so that few threads idle), y and z the
+// rows of planes, and a thread finds its plane and then its output row through float reciprocals, exact
+// below 2^22 (the host checks). PAD: some window leaves the input (padding, or ceil_mode's last window), so
+// every tap is checked and the divisor is torch's.
+fn window_forward(gid: vec3<u32>, nwg: vec3<u32>) {
+  let local = gid.x;
+  let sub = u32((f32(local) + 0.5) * p.inv_positions);
+  let plane = (gid.y + gid.z * nwg.y) * p.pp + sub;
+  if (sub >= p.pp || plane >= p.planes) { return; }
+  let pos = local - sub * p.positions;
+  let oh = u32((f32(pos) + 0.5) * p.inv_ow);
+  let ow = pos - oh * p.ow;
+  let base = p.off_x + plane * p.h * p.w;
+  let hs = i32(oh * SH) - i32(p.ph);
+  let ws = i32(ow * SW) - i32(p.pw);
+  var acc = 0.0;
+  for (var i = 0u; i < KH; i = i + 1u) {  // @unroll
+    let h = hs + i32(i);
+    for (var j = 0u; j < KW; j = j + 1u) {  // @unroll
+      let w = ws + i32(j);
+      if (!PAD || (h >= 0 && h < i32(p.h) && w >= 0 && w < i32(p.w))) {
+        acc = acc + f32(x[base + u32(h) * p.w + u32(w)]);
+      }
+    }
+  }
+  var d = f32(KH * KW);  // every window inside the input: both of torch's divisors are the window's size
+  if (PAD || p.divisor != 0u) { d = divisor(oh, ow); }
+  out[plane * p.positions + pos] = {{T}}(acc / d);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  if (WINDOW) {
+    window_forward(gid, nwg);
+    return;
+  }
   let i = gid.x + gid.y * nwg.x * WG;
   if (i >= p.total) { return; }
   if (!BACKWARD) {

@@ -65,6 +65,94 @@ def test_avg_pool2d_forward_rows_of_any_width(shape, k, s, p, dtype, rng):
     assert_close(got.astype(np.float64), want, rtol=tol, atol=tol)
 
 
+def _np_avg_pool(x, k, s, p, ceil_mode=False, include_pad=True, divisor=None):
+    """torch's avg_pool2d in float64 by loops: windows clipped to the padded input (the divisor with
+    count_include_pad) or to the input, ceil_mode's last window starting inside the input."""
+    (kh, kw), (sh, sw), (ph, pw) = k, s, p
+    n, c, h, w = x.shape
+
+    def size(n_in, kk, ss, pp):
+        span = n_in + 2 * pp - kk
+        out = (-(-span // ss) if ceil_mode else span // ss) + 1
+        return out - 1 if ceil_mode and (out - 1) * ss >= n_in + pp else out
+
+    oh, ow = size(h, kh, sh, ph), size(w, kw, sw, pw)
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            h0, w0 = i * sh - ph, j * sw - pw
+            h1, w1 = min(h0 + kh, h + ph), min(w0 + kw, w + pw)
+            total = x[:, :, max(h0, 0):min(h1, h), max(w0, 0):min(w1, w)].astype(np.float64).sum((2, 3))
+            count = (h1 - h0) * (w1 - w0) if include_pad else (min(h1, h) - max(h0, 0)) * (min(w1, w) - max(w0, 0))
+            out[:, :, i, j] = total / (divisor or count)
+    return out
+
+
+def _window_kernels(monkeypatch) -> list[str]:
+    """The WINDOW fill of every average-pooling kernel dispatched from now on ("true": the window forward)."""
+    from wgpar.runtime.device import Device
+
+    seen: list[str] = []
+    real = Device.dispatch
+
+    def dispatch(self, k, *a, **kw):
+        if k.family == "avg_pool2d":
+            seen.append(dict(k.fills)["WINDOW"])
+        return real(self, k, *a, **kw)
+
+    monkeypatch.setattr(Device, "dispatch", dispatch)
+    return seen
+
+
+@pytest.mark.parametrize("k,s,p,ceil_mode,include_pad,divisor", [
+    ((2, 2), (2, 2), (0, 0), False, True, None),   # every window inside: the window's size divides
+    ((3, 3), (2, 2), (1, 1), False, True, None),   # padding counted
+    ((3, 2), (2, 1), (1, 1), True, False, None),   # padding not counted, ceil_mode's last window
+    ((2, 3), (3, 2), (0, 0), True, True, None),    # ceil_mode without padding: a window leaves the input
+    ((3, 3), (1, 1), (0, 0), False, True, 5),      # divisor_override, windows inside
+    ((8, 8), (3, 3), (2, 2), False, False, None),  # 64 taps: the most the window forward writes out
+    ((9, 9), (2, 2), (4, 4), True, False, 7),      # 81 taps: the general kernel
+], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_avg_pool2d_forward_of_every_window_kind_against_numpy(k, s, p, ceil_mode, include_pad, divisor, dtype,
+                                                               monkeypatch, rng):
+    """The window forward (taps written out, planes on the grid's y and z) and the general kernel past
+    WINDOW_TAPS, with and without padding, ceil_mode, count_include_pad and divisor_override, on planes of
+    awkward sizes, against float64 loops."""
+    x = rng.standard_normal((2, 3, 19, 23)).astype(dtype)
+    kinds = _window_kernels(monkeypatch)
+    got = F.avg_pool2d(wgpar.tensor(x), k, s, p, ceil_mode, include_pad, divisor).numpy()
+    want = _np_avg_pool(x, k, s, p, ceil_mode, include_pad, divisor)
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    assert_close(got.astype(np.float64), want, rtol=tol, atol=tol)
+    assert kinds == ["true" if k[0] * k[1] <= 64 else "false"]
+
+
+def test_avg_pool2d_window_forward_finds_every_position_of_large_planes(monkeypatch, rng):
+    """A 1x1 window with column stride 2 picks every other column, so every output equal to its column
+    proves the row and column of each position exact: a plane of 1046 x 4007 positions (just under 2^22;
+    at 4007 columns a row taken as floor(position * (1 / 4007)) is one short at 930 positions), a single
+    column, and a plane past 2^22 positions (the general kernel)."""
+    kinds = _window_kernels(monkeypatch)
+    for shape in [(1, 1, 1046, 8013), (2, 3, 4093, 1), (1, 1, 2049, 4097)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(F.avg_pool2d(wgpar.tensor(x), 1, (1, 2)).numpy(), x[..., ::2])
+    assert kinds == ["true", "true", "false"]
+
+
+@pytest.mark.parametrize("shape,k,s", [((4, 60, 6, 7), 2, 1), ((1, 9, 66, 66), 2, 2), ((2, 5, 3, 3), 3, 1)], ids=str)
+def test_avg_pool2d_window_forward_on_a_small_grid(shape, k, s, dev, monkeypatch, rng):
+    """Rows of planes past the grid's y continue on z (the device allows 6 workgroups a dimension here):
+    34 planes of 30 positions a workgroup row, then one plane of 1089 positions a row over 5 workgroups,
+    and planes of one position."""
+    monkeypatch.setattr(dev, "max_workgroups", 6)
+    kinds = _window_kernels(monkeypatch)
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = F.avg_pool2d(wgpar.tensor(x, device=dev), k, s).numpy()
+    assert_close(got.astype(np.float64), _np_avg_pool(x, (k, k), (s, s), (0, 0)), rtol=1e-6, atol=1e-6)
+    assert kinds == ["true"]
+
+
 def test_pool_gradients_match_finite_differences(rng):
     x = rng.permutation(60).reshape(1, 3, 4, 5) / 7.0  # distinct values: max has a gradient everywhere
     gradcheck.check(lambda t: F.max_pool2d(t, (2, 3), (1, 2), (1, 1)),

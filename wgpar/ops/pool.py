@@ -4,8 +4,10 @@ Every kernel runs one thread per output element (forward) or per 4 consecutive i
 (backward, which gathers over the outputs whose windows hold them: no atomics, a fixed order of
 summation; 1 element where 4 would loop past MAX_LOOP). Max pooling records each output's index in its
 plane (int32), as ``torch.nn.functional.max_pool2d`` with ``return_indices``, and backward routes the
-gradient through it. (Four outputs a thread in average pooling's forward ran no faster on an H100:
-22.4 against 23.0 us for 32x256x28x28, a memory-bound kernel.)
+gradient through it. Average pooling's forward takes its window as constants where it has at most
+WINDOW_TAPS taps (the taps written out, no integer division per output; H100 GPU time, 2x2 over
+32x256x28x28 23.1 -> 14.7 us, 3x3 / 2 over 32x64x112x112 89.9 -> 53.7 us: BENCHMARKS.md). (Four outputs a
+thread ran no faster in the general kernel: 22.4 against 23.0 us.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, 
 _MAX = Kernel("max_pool2d", "out: w, idx: w, x: r", f"total: u32, off_x: u32, {_WINDOW}")
 _MAX_BWD = Kernel("max_pool2d_bwd", "out: w, g: r, idx: r", f"total: u32, off_g: u32, off_idx: u32, {_WINDOW}")
 _AVG = Kernel("avg_pool2d", "out: w, x: r",
-              f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}")
+              f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}, positions: u32, planes: u32, "
+              "pp: u32, inv_positions: f32, inv_ow: f32")
+WINDOW_TAPS = 64  # the most taps average pooling's forward writes out (a 8x8 window)
+_EXACT = 1 << 22  # the window forward's float reciprocals are exact below this
 
 
 @functools.cache
@@ -129,10 +134,24 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
 @functools.lru_cache(maxsize=1024)
 def _avg_plan(win: Window, t: str, backward: bool, include_pad: bool, divisor: int, off_x: int, lim: int) -> tuple:
     """avg_pool2d's (kernel, parameters, workgroups), made once per distinct call (as ``_max_plan``)."""
+    positions, planes = win.oh * win.ow, win.n * win.c
+    fills = dict(T=t, BACKWARD="true" if backward else "false", STORE=_store(t), WINDOW="false", KH=1, KW=1, SH=1,
+                 SW=1, PAD="true")
+    params = dict(off_x=off_x, include_pad=int(include_pad), divisor=divisor, positions=positions, planes=planes,
+                  **win.params())
+    pp = max(1, 4 * WORKGROUP // positions) if positions else 1  # planes a workgroup row: about 4 workgroups
+    rows = -(-planes // pp)
+    if (not backward and 0 < win.kh * win.kw <= WINDOW_TAPS and 0 < positions and pp * positions + WORKGROUP <= _EXACT
+            and pp * positions <= lim * WORKGROUP and 0 < rows <= lim * lim):
+        pad = bool(win.ph or win.pw or (win.oh - 1) * win.sh + win.kh > win.h or (win.ow - 1) * win.sw + win.kw > win.w)
+        fills.update(WINDOW="true", KH=win.kh, KW=win.kw, SH=win.sh, SW=win.sw, PAD="true" if pad else "false")
+        gy = min(rows, lim)
+        return (_AVG.spec((t, t), VEC=1, **fills),
+                _AVG.pack(total=0, pp=pp, inv_positions=1.0 / positions, inv_ow=1.0 / win.ow, **params),
+                (-(-pp * positions // WORKGROUP), gy, -(-rows // gy)))
     vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
-    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else win.n * win.c * win.oh * win.ow
-    return (_AVG.spec((t, t), T=t, BACKWARD="true" if backward else "false", VEC=vec, STORE=_store(t)),
-            _AVG.pack(total=total, off_x=off_x, include_pad=int(include_pad), divisor=divisor, **win.params()),
+    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else planes * positions
+    return (_AVG.spec((t, t), VEC=vec, **fills), _AVG.pack(total=total, pp=0, inv_positions=0.0, inv_ow=0.0, **params),
             _groups(total, lim))
 
 
