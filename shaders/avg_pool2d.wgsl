@@ -9,12 +9,6 @@
 
 const BACKWARD: bool = {{BACKWARD}};
 const VEC: u32 = {{VEC}};
-const WINDOW: bool = {{WINDOW}};
-const KH: u32 = {{KH}};
-const KW: u32 = {{KW}};
-const SH: u32 = {{SH}};
-const SW: u32 = {{SW}};
-const PAD: bool = {{PAD}};
 
 // The rows (columns) output o's window counts in its divisor: clipped to the padded input, or to the
 // input without count_include_pad.
@@ -32,20 +26,17 @@ fn divisor(oh: u32, ow: u32) -> f32 {
 
 {{STORE}}
 
-// The forward with the window as constants (KH x KW taps written out, strides SH and SW). No index takes an
-// integer division by a size (the general forward's three divisions and run-time loops: 23.1 against 14.7 us
-// for 2x2 over 32x256x28x28 on an H100): a workgroup row x walks p.pp planes' positions (several small planes, so that few threads idle), y and z the
-// rows of planes, and a thread finds its plane and then its output row through float reciprocals, exact
-// below 2^22 (the host checks). PAD: some window leaves the input (padding, or ceil_mode's last window), so
-// every tap is checked and the divisor is torch's.
+{{AT}}
+
+// The forward with the window as constants (KH x KW taps written out, strides SH and SW; they, WINDOW and
+// PAD come with the AT fill, and so does window_at: where a thread's output lies). PAD: some window leaves the input (padding, or ceil_mode's last window), so every
+// tap is checked and the divisor is torch's.
 fn window_forward(gid: vec3<u32>, nwg: vec3<u32>) {
-  let local = gid.x;
-  let sub = u32((f32(local) + 0.5) * p.inv_positions);
-  let plane = (gid.y + gid.z * nwg.y) * p.pp + sub;
-  if (sub >= p.pp || plane >= p.planes) { return; }
-  let pos = local - sub * p.positions;
-  let oh = u32((f32(pos) + 0.5) * p.inv_ow);
-  let ow = pos - oh * p.ow;
+  let at = window_at(gid, nwg);
+  if (!at.ok) { return; }
+  let plane = at.plane;
+  let oh = at.oh;
+  let ow = at.ow;
   let base = p.off_x + plane * p.h * p.w;
   let hs = i32(oh * SH) - i32(p.ph);
   let ws = i32(ow * SW) - i32(p.pw);
@@ -61,7 +52,7 @@ fn window_forward(gid: vec3<u32>, nwg: vec3<u32>) {
   }
   var d = f32(KH * KW);  // every window inside the input: both of torch's divisors are the window's size
   if (PAD || p.divisor != 0u) { d = divisor(oh, ow); }
-  out[plane * p.positions + pos] = {{T}}(acc / d);
+  out[(plane * p.oh + oh) * p.ow + ow] = {{T}}(acc / d);
 }
 
 @compute @workgroup_size(WG)

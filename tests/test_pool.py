@@ -3,6 +3,8 @@ differences and PyTorch, NaN propagation and the indices as torch picks them."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -88,16 +90,16 @@ def _np_avg_pool(x, k, s, p, ceil_mode=False, include_pad=True, divisor=None):
     return out
 
 
-def _window_kernels(monkeypatch) -> list[str]:
-    """The WINDOW fill of every average-pooling kernel dispatched from now on ("true": the window forward)."""
+def _window_kernels(monkeypatch, family: str = "avg_pool2d") -> list[str]:
+    """The WINDOW constant of every ``family`` kernel dispatched from now on ("true": the window forward)."""
     from wgpar.runtime.device import Device
 
     seen: list[str] = []
     real = Device.dispatch
 
     def dispatch(self, k, *a, **kw):
-        if k.family == "avg_pool2d":
-            seen.append(dict(k.fills)["WINDOW"])
+        if k.family == family:
+            seen.append(re.search(r"const WINDOW: bool = (\w+);", dict(k.fills)["AT"])[1])
         return real(self, k, *a, **kw)
 
     monkeypatch.setattr(Device, "dispatch", dispatch)
@@ -151,6 +153,44 @@ def test_avg_pool2d_window_forward_on_a_small_grid(shape, k, s, dev, monkeypatch
     got = F.avg_pool2d(wgpar.tensor(x, device=dev), k, s).numpy()
     assert_close(got.astype(np.float64), _np_avg_pool(x, (k, k), (s, s), (0, 0)), rtol=1e-6, atol=1e-6)
     assert kinds == ["true"]
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil_mode", [
+    ((2, 2), (2, 2), (0, 0), (1, 1), False),   # every window inside
+    ((3, 3), (2, 2), (1, 1), (1, 1), False),   # padding
+    ((2, 3), (1, 2), (1, 1), (2, 1), True),    # dilation, ceil_mode's last window
+    ((3, 2), (3, 1), (0, 0), (2, 3), True),    # ceil_mode without padding, dilated
+    ((8, 8), (3, 3), (4, 4), (1, 1), False),   # 64 taps: the most the window forward writes out
+    ((9, 9), (2, 2), (4, 4), (1, 1), True),    # 81 taps: the general kernel
+], ids=str)
+def test_max_pool2d_forward_of_every_window_kind_against_numpy(k, s, p, d, ceil_mode, monkeypatch, rng):
+    """The window forward and the general kernel past WINDOW_TAPS, values and indices, with NaNs, ties and
+    -inf rows (torch's picks: a later tap wins if larger or NaN, the first tap inside when all are -inf),
+    against the loop that states the rule."""
+    x = np.round(rng.standard_normal((2, 3, 19, 23)), 1).astype(np.float32)  # rounded: ties
+    x[0, 1, 3, 4] = np.nan
+    x[1, 2, 5:8, 5:8] = np.nan
+    x[1, 0, :, :9] = -np.inf
+    kinds = _window_kernels(monkeypatch, "max_pool2d")
+    got, idx = F.max_pool2d(wgpar.tensor(x), k, s, p, d, ceil_mode, return_indices=True)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k, s, p, d
+    n, c, h, w = x.shape
+    oh, ow = got.shape[2:]
+    want, want_idx = np.full(got.shape, -np.inf, np.float32), np.full(got.shape, -1, np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            for a in range(kh):
+                for b in range(kw):
+                    r, col = i * sh - ph + a * dh, j * sw - pw + b * dw
+                    if not (0 <= r < h and 0 <= col < w):
+                        continue
+                    v, best = x[:, :, r, col], want[:, :, i, j]
+                    take = (want_idx[:, :, i, j] < 0) | np.isnan(v) | (~np.isnan(best) & (v > best))
+                    want[:, :, i, j] = np.where(take, v, best)
+                    want_idx[:, :, i, j] = np.where(take, r * w + col, want_idx[:, :, i, j])
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(idx.numpy(), want_idx)
+    assert kinds == ["true" if kh * kw <= 64 else "false"]
 
 
 def test_pool_gradients_match_finite_differences(rng):

@@ -4,10 +4,10 @@ Every kernel runs one thread per output element (forward) or per 4 consecutive i
 (backward, which gathers over the outputs whose windows hold them: no atomics, a fixed order of
 summation; 1 element where 4 would loop past MAX_LOOP). Max pooling records each output's index in its
 plane (int32), as ``torch.nn.functional.max_pool2d`` with ``return_indices``, and backward routes the
-gradient through it. Average pooling's forward takes its window as constants where it has at most
-WINDOW_TAPS taps (the taps written out, no integer division per output; H100 GPU time, 2x2 over
-32x256x28x28 23.1 -> 14.7 us, 3x3 / 2 over 32x64x112x112 89.9 -> 53.7 us: BENCHMARKS.md). (Four outputs a
-thread ran no faster in the general kernel: 22.4 against 23.0 us.)
+gradient through it. The forwards take their window as constants where it has at most WINDOW_TAPS taps
+(the taps written out, no integer division per output: shaders/pool_window.wgsl; H100 GPU time, average
+pooling 2x2 over 32x256x28x28 23.1 -> 14.7 us, 3x3 / 2 over 32x64x112x112 89.9 -> 53.7 us: BENCHMARKS.md).
+(Four outputs a thread ran no faster in the general average-pooling kernel: 22.4 against 23.0 us.)
 """
 
 from __future__ import annotations
@@ -23,13 +23,47 @@ from .window import Window
 
 _WINDOW = "c: u32, h: u32, w: u32, kh: u32, kw: u32, sh: u32, sw: u32, ph: u32, pw: u32, dh: u32, dw: u32, " \
           "oh: u32, ow: u32"
-_MAX = Kernel("max_pool2d", "out: w, idx: w, x: r", f"total: u32, off_x: u32, {_WINDOW}")
+_AT = "positions: u32, planes: u32, pp: u32, inv_positions: f32, inv_ow: f32"  # pool_window.wgsl's
+_MAX = Kernel("max_pool2d", "out: w, idx: w, x: r", f"total: u32, off_x: u32, {_WINDOW}, {_AT}")
 _MAX_BWD = Kernel("max_pool2d_bwd", "out: w, g: r, idx: r", f"total: u32, off_g: u32, off_idx: u32, {_WINDOW}")
 _AVG = Kernel("avg_pool2d", "out: w, x: r",
-              f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}, positions: u32, planes: u32, "
-              "pp: u32, inv_positions: f32, inv_ow: f32")
-WINDOW_TAPS = 64  # the most taps average pooling's forward writes out (a 8x8 window)
-_EXACT = 1 << 22  # the window forward's float reciprocals are exact below this
+              f"total: u32, off_x: u32, include_pad: u32, divisor: u32, {_WINDOW}, {_AT}")
+WINDOW_TAPS = 64  # the most taps a pooling forward writes out (a 8x8 window)
+_EXACT = 1 << 22  # pool_window.wgsl's float reciprocals are exact below this
+
+
+def _window_grid(win: Window, lim: int) -> tuple[dict, dict, tuple[int, int, int]] | None:
+    """A window forward's (fills, parameters, workgroups) (shaders/pool_window.wgsl): a workgroup row holds
+    ``pp`` planes' positions, about 4 workgroups' worth, and the rows of planes run on y and z. None where the
+    window has more than WINDOW_TAPS taps, or a workgroup row's positions would pass the reciprocals' exact
+    range or a grid dimension."""
+    positions, planes = win.oh * win.ow, win.n * win.c
+    if not (0 < win.kh * win.kw <= WINDOW_TAPS and positions and planes):
+        return None
+    pp = max(1, 4 * WORKGROUP // positions)
+    rows = -(-planes // pp)
+    if pp * positions + WORKGROUP > _EXACT or pp * positions > lim * WORKGROUP or rows > lim * lim:
+        return None
+    span_h, span_w = (win.kh - 1) * win.dh + 1, (win.kw - 1) * win.dw + 1
+    pad = win.ph or win.pw or (win.oh - 1) * win.sh + span_h > win.h or (win.ow - 1) * win.sw + span_w > win.w
+    fills = dict(AT=_at(True, win.kh, win.kw, win.sh, win.sw, win.dh, win.dw, bool(pad)))
+    params = dict(positions=positions, planes=planes, pp=pp, inv_positions=1.0 / positions, inv_ow=1.0 / win.ow)
+    gy = min(rows, lim)
+    return fills, params, (-(-pp * positions // WORKGROUP), gy, -(-rows // gy))
+
+
+@functools.cache
+def _at(window: bool, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, pad: bool) -> str:
+    """The AT fill: the window's constants, then shaders/pool_window.wgsl."""
+    consts = [f"const WINDOW: bool = {str(window).lower()};", f"const PAD: bool = {str(pad).lower()};"]
+    sizes = dict(KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw)
+    consts += [f"const {n}: u32 = {v}u;" for n, v in sizes.items()]
+    return "\n".join(consts) + "\n\n" + load_source("pool_window")
+
+
+# The fills and parameters of a general kernel, which has the window kernel's code but does not run it.
+_NO_WINDOW = dict(AT=_at(False, 1, 1, 1, 1, 1, 1, True))
+_NO_AT = dict(positions=0, planes=0, pp=0, inv_positions=0.0, inv_ow=0.0)
 
 
 @functools.cache
@@ -79,8 +113,14 @@ def _max_plan(win: Window, t: str, off_x: int, lim: int) -> tuple:
     """max_pool2d's (kernel, parameters, workgroups), made once per window, dtype and offset: a layer's
     host cost per call is then about one dispatch's."""
     total = win.n * win.c * win.oh * win.ow
-    return (_MAX.spec((t, "i32", t), T=t, FNS=load_source("float_fns")),
-            _MAX.pack(total=total, off_x=off_x, **win.params()), _groups(total, lim))
+    fns = load_source("float_fns")
+    at = _window_grid(win, lim)
+    if at is not None:
+        fills, params, groups = at
+        return (_MAX.spec((t, "i32", t), T=t, FNS=fns, **fills),
+                _MAX.pack(total=total, off_x=off_x, **params, **win.params()), groups)
+    return (_MAX.spec((t, "i32", t), T=t, FNS=fns, **_NO_WINDOW),
+            _MAX.pack(total=total, off_x=off_x, **_NO_AT, **win.params()), _groups(total, lim))
 
 
 def max_pool2d_backward(g: Tensor, idx: Tensor, win: Window) -> Tensor:
@@ -134,24 +174,16 @@ def avg_pool2d(x: Tensor, win: Window, count_include_pad: bool = True, divisor_o
 @functools.lru_cache(maxsize=1024)
 def _avg_plan(win: Window, t: str, backward: bool, include_pad: bool, divisor: int, off_x: int, lim: int) -> tuple:
     """avg_pool2d's (kernel, parameters, workgroups), made once per distinct call (as ``_max_plan``)."""
-    positions, planes = win.oh * win.ow, win.n * win.c
-    fills = dict(T=t, BACKWARD="true" if backward else "false", STORE=_store(t), WINDOW="false", KH=1, KW=1, SH=1,
-                 SW=1, PAD="true")
-    params = dict(off_x=off_x, include_pad=int(include_pad), divisor=divisor, positions=positions, planes=planes,
-                  **win.params())
-    pp = max(1, 4 * WORKGROUP // positions) if positions else 1  # planes a workgroup row: about 4 workgroups
-    rows = -(-planes // pp)
-    if (not backward and 0 < win.kh * win.kw <= WINDOW_TAPS and 0 < positions and pp * positions + WORKGROUP <= _EXACT
-            and pp * positions <= lim * WORKGROUP and 0 < rows <= lim * lim):
-        pad = bool(win.ph or win.pw or (win.oh - 1) * win.sh + win.kh > win.h or (win.ow - 1) * win.sw + win.kw > win.w)
-        fills.update(WINDOW="true", KH=win.kh, KW=win.kw, SH=win.sh, SW=win.sw, PAD="true" if pad else "false")
-        gy = min(rows, lim)
-        return (_AVG.spec((t, t), VEC=1, **fills),
-                _AVG.pack(total=0, pp=pp, inv_positions=1.0 / positions, inv_ow=1.0 / win.ow, **params),
-                (-(-pp * positions // WORKGROUP), gy, -(-rows // gy)))
+    fills = dict(T=t, BACKWARD="true" if backward else "false", STORE=_store(t))
+    params = dict(off_x=off_x, include_pad=int(include_pad), divisor=divisor, **win.params())
+    at = None if backward else _window_grid(win, lim)
+    if at is not None:
+        window_fills, window_params, groups = at
+        return (_AVG.spec((t, t), VEC=1, **fills, **window_fills), _AVG.pack(total=0, **params, **window_params),
+                groups)
     vec = _vec(lambda v: _outputs_over(win.kh, win.sh, 1) * _outputs_over(win.kw, win.sw, v)) if backward else 1
-    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else planes * positions
-    return (_AVG.spec((t, t), VEC=vec, **fills), _AVG.pack(total=total, pp=0, inv_positions=0.0, inv_ow=0.0, **params),
+    total = _threads(win.n, win.c, win.h, win.w, vec) if backward else win.n * win.c * win.oh * win.ow
+    return (_AVG.spec((t, t), VEC=vec, **fills, **_NO_WINDOW), _AVG.pack(total=total, **params, **_NO_AT),
             _groups(total, lim))
 
 
