@@ -28,31 +28,24 @@ fn divisor(oh: u32, ow: u32) -> f32 {
 
 {{AT}}
 
-// The forward with the window as constants (KH x KW taps written out, strides SH and SW; they, WINDOW and
-// PAD come with the AT fill, and so does window_at: where a thread's output lies). PAD: some window leaves the input (padding, or ceil_mode's last window), so every
-// tap is checked and the divisor is torch's.
+// The forward with the window as constants (KH x KW taps written out, strides SH and SW; they, WINDOW, PAD,
+// window_at and tap_inside come with the AT fill). With PAD the divisor is torch's.
 fn window_forward(gid: vec3<u32>, nwg: vec3<u32>) {
   let at = window_at(gid, nwg);
   if (!at.ok) { return; }
-  let plane = at.plane;
-  let oh = at.oh;
-  let ow = at.ow;
-  let base = p.off_x + plane * p.h * p.w;
-  let hs = i32(oh * SH) - i32(p.ph);
-  let ws = i32(ow * SW) - i32(p.pw);
   var acc = 0.0;
   for (var i = 0u; i < KH; i = i + 1u) {  // @unroll
-    let h = hs + i32(i);
+    let h = at.h0 + i32(i);
     for (var j = 0u; j < KW; j = j + 1u) {  // @unroll
-      let w = ws + i32(j);
-      if (!PAD || (h >= 0 && h < i32(p.h) && w >= 0 && w < i32(p.w))) {
-        acc = acc + f32(x[base + u32(h) * p.w + u32(w)]);
+      let w = at.w0 + i32(j);
+      if (tap_inside(h, w)) {
+        acc = acc + f32(x[at.base + u32(h) * p.w + u32(w)]);
       }
     }
   }
   var d = f32(KH * KW);  // every window inside the input: both of torch's divisors are the window's size
-  if (PAD || p.divisor != 0u) { d = divisor(oh, ow); }
-  out[(plane * p.oh + oh) * p.ow + ow] = {{T}}(acc / d);
+  if (PAD || p.divisor != 0u) { d = divisor(at.oh, at.ow); }
+  out[at.o] = {{T}}(acc / d);
 }
 
 @compute @workgroup_size(WG)

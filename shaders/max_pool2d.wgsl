@@ -2,9 +2,9 @@
 // largest element of the window and its index h * W + w in the plane (int32), as torch's CPU
 // kernel picks them: taps in row-major order, a later tap wins only if it is larger or NaN (so a
 // NaN always wins, the last NaN of the window), the first tap inside the input when none does.
-// WINDOW: the window as constants (KH x KW taps written out, strides SH, SW, dilations DH, DW; where a
-// thread's output lies: window_at; all from the AT fill); PAD: some window leaves the input, so every tap is
-// checked. Bindings (out: T, idx: i32, x: T) and Params are declared in wgpar/ops/pool.py.
+// WINDOW: the window as constants (KH x KW taps written out, strides SH, SW, dilations DH, DW; they, PAD,
+// window_at and tap_inside come with the AT fill).
+// Bindings (out: T, idx: i32, x: T) and Params are declared in wgpar/ops/pool.py.
 
 {{FNS}}
 
@@ -14,18 +14,15 @@
 fn window_forward(gid: vec3<u32>, nwg: vec3<u32>) {
   let at = window_at(gid, nwg);
   if (!at.ok) { return; }
-  let base = p.off_x + at.plane * p.h * p.w;
-  let h0 = i32(at.oh * SH) - i32(p.ph);
-  let w0 = i32(at.ow * SW) - i32(p.pw);
   var m = bitcast<f32>(0xff800000u);
   var mi = -1;
   for (var ki = 0u; ki < KH; ki = ki + 1u) {  // @unroll
-    let h = h0 + i32(ki * DH);
+    let h = at.h0 + i32(ki * DH);
     for (var kj = 0u; kj < KW; kj = kj + 1u) {  // @unroll
-      let w = w0 + i32(kj * DW);
-      if (!PAD || (h >= 0 && h < i32(p.h) && w >= 0 && w < i32(p.w))) {
+      let w = at.w0 + i32(kj * DW);
+      if (tap_inside(h, w)) {
         let tap = h * i32(p.w) + w;
-        let v = f32(x[base + u32(tap)]);
+        let v = f32(x[at.base + u32(tap)]);
         if (mi < 0 || isnan_(v) || (!isnan_(m) && v > m)) {
           m = v;
           mi = tap;
@@ -33,9 +30,8 @@ fn window_forward(gid: vec3<u32>, nwg: vec3<u32>) {
       }
     }
   }
-  let o = (at.plane * p.oh + at.oh) * p.ow + at.ow;
-  out[o] = {{T}}(m);
-  idx[o] = mi;
+  out[at.o] = {{T}}(m);
+  idx[at.o] = mi;
 }
 
 @compute @workgroup_size(WG)
