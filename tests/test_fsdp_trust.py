@@ -79,8 +79,13 @@ def test_gpt_with_blocks_in_a_module_list_trains_as_on_one_device(persist, rng):
         got = _train_fsdp(fsdp, X, Y, OPTS["adamw"], 4, _lm_loss)
         full = fsdp.full_state_dict()
     np.testing.assert_allclose(got, want, rtol=2e-4)
+    # AdamW moves an element whose gradient is near zero by up to lr * g / (|g| + eps), so the summation
+    # order of FSDP's reduce-scatter can move one bias element by a few 1e-5 (seen once in a CI run: 3.7e-5
+    # of a 0.0176 bias, 2.1e-3 relative; 140 seeds here stayed under 3e-5 relative): an absolute floor of
+    # 1e-2 lr. A sharding mistake moves whole tensors by a step (lr = 1e-2) or scrambles them.
     for name, p in ref.named_parameters():
-        assert max_rel(full[name], p.numpy()) < 2e-3, name
+        want_p = p.numpy()
+        assert np.abs(full[name] - want_p).max() <= max(2e-3 * np.abs(want_p).max(), 1e-4), name
 
 
 def test_module_dict_heads_train_as_on_one_device(rng):
