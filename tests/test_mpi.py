@@ -327,3 +327,25 @@ def test_the_send_pump_releases_each_send_once_taken_and_hands_back_what_is_left
     with pytest.raises(RuntimeError, match="after the pump stopped"):
         pump.add(["d"], lambda: None)
     assert not [t for t in threading.enumerate() if t.name == "test-sends"]
+
+
+def test_the_chunk_is_64_mib_inside_a_host_within_a_1_gib_arena_and_16_mib_across_hosts(monkeypatch):
+    """Unset WGPAR_MPI_CHUNK_KB: each chunk costs a host step about a millisecond besides its bytes, so one
+    host pipelines 64 MiB chunks (BENCHMARKS.md, "MPI notes"), halved while the shared arena's 3 L + 2 slots
+    would pass 1 GiB, never below 16 MiB; across hosts 16 MiB. Set, the variable wins (rounded up to a power
+    of two, at least 64 KiB)."""
+    from wgpar.distributed.backends.mpi import default_chunk
+    from wgpar.distributed.backends.shm import arena_slots
+    from wgpar.runtime import config
+
+    MiB = 1 << 20
+    assert [default_chunk(L, 1) // MiB for L in (1, 2, 3, 4, 5, 8, 16, 64)] == [64, 64, 64, 64, 32, 32, 16, 16]
+    assert all(default_chunk(L, h) == 16 * MiB for L in (1, 2, 8) for h in (2, 5))
+    for L in range(1, 40):
+        c = default_chunk(L, 1)
+        assert c == 16 * MiB or arena_slots(L) * c <= 1 << 30
+        assert c == 64 * MiB or arena_slots(L) * 2 * c > 1 << 30
+    monkeypatch.delenv("WGPAR_MPI_CHUNK_KB", raising=False)
+    assert config.load().mpi_chunk_kb is None
+    monkeypatch.setenv("WGPAR_MPI_CHUNK_KB", "64")
+    assert config.load().mpi_chunk_kb == 64

@@ -19,8 +19,9 @@ class Config:
     """WGPAR_SUBMIT_THRESHOLD: dispatches recorded before a device submits on its own."""
     dump_wgsl: str | None = None
     """WGPAR_DUMP_WGSL: a directory; every shader wgpar builds is written there (one file per kernel)."""
-    mpi_chunk_kb: int = 16384
-    """WGPAR_MPI_CHUNK_KB: KiB per pipelined chunk of the MPI backend's collectives (a power of two)."""
+    mpi_chunk_kb: int | None = None
+    """WGPAR_MPI_CHUNK_KB: KiB per pipelined chunk of the MPI backend's collectives (a power of two); unset:
+    the backend's choice (``backends/mpi.py``, ``default_chunk``)."""
     mpi_ranks_per_host: int | None = None
     """WGPAR_MPI_RANKS_PER_HOST: treat every N consecutive MPI ranks as one host (to test the
     multi-host path of the MPI backend on one machine); unset: the real hosts."""
@@ -65,7 +66,7 @@ def load() -> Config:
         backend=(os.environ.get("WGPAR_BACKEND") or "").lower() or None,
         submit_threshold=max(1, _int("WGPAR_SUBMIT_THRESHOLD", 512)),
         dump_wgsl=os.environ.get("WGPAR_DUMP_WGSL") or None,
-        mpi_chunk_kb=_int("WGPAR_MPI_CHUNK_KB", 16384),
+        mpi_chunk_kb=_int("WGPAR_MPI_CHUNK_KB", 0) or None,
         mpi_ranks_per_host=_int("WGPAR_MPI_RANKS_PER_HOST", 0) or None,
         memory_limit=_bytes("WGPAR_MEMORY_LIMIT"),
         native_calls=_int("WGPAR_NATIVE_CALLS", 1) != 0,

@@ -83,7 +83,7 @@ from .hostreduce import (
 )
 from .mpi_sends import PAUSE_IN_FLIGHT, SendPump
 from .mpi_world import Interrupted, World, world
-from .shm import HostFlags, Mailbox, SharedArena, mail_slot_cap, shm_slot_cap, slot_size
+from .shm import HostFlags, Mailbox, SharedArena, arena_slots, mail_slot_cap, shm_slot_cap, slot_size
 from .staged import Completion, StagedGroup
 from .staging import TransferPool
 
@@ -149,6 +149,21 @@ def _mpi_op(MPI, op: str, dtype: np.dtype, is_bool: bool):
 
 def _mpi_type(MPI, dtype: np.dtype):
     return {"f": MPI.FLOAT, "i": MPI.INT}[dtype.kind]
+
+
+def default_chunk(local_size: int, num_hosts: int) -> int:
+    """Bytes per pipelined chunk where WGPAR_MPI_CHUNK_KB is unset. Each chunk costs its host step about a
+    millisecond besides its bytes (the host pool's hand-offs and a host barrier): on an H100 host (two
+    processes, 2026-11-26) a 256 MiB all-reduce took 133 ms in 4 MiB chunks, 42-45 in 16 MiB and 34-37 in
+    64 MiB, against 34-40 ms on thread ranks. So inside one host 64 MiB, halved while the arena's 3 L + 2
+    slots (``shm.arena_slots``) would pass 1 GiB, to at least 16 MiB; across hosts 16 MiB, where the leaders'
+    MPI step of a chunk overlaps the host's work on the next and was measured so (BENCHMARKS.md)."""
+    if num_hosts > 1:
+        return 16 << 20
+    chunk = 64 << 20
+    while chunk > 16 << 20 and arena_slots(local_size) * chunk > 1 << 30:
+        chunk //= 2
+    return chunk
 
 
 class _HostSource:
@@ -298,7 +313,9 @@ class MPIGroup(StagedGroup):
         host = self.node.bcast(self.leaders.Get_rank() if self.local_rank == 0 else None, root=0)
         self.hosts = tuple(comm.allgather(host))  # the host (leader's rank) of every member
         self.num_hosts = max(self.hosts) + 1
-        self.chunk = 1 << max(16, (CONFIG.mpi_chunk_kb * 1024 - 1).bit_length())
+        kb = CONFIG.mpi_chunk_kb
+        self.chunk = 1 << max(16, (kb * 1024 - 1).bit_length()) if kb else default_chunk(self.local_size,
+                                                                                          self.num_hosts)
         # Across hosts a third result slot: the leaders' step of chunk i is in flight while the host reduces
         # chunk i + 1 and copies chunk i - 1 out (``_reduce_hosts``).
         results = 3 if self.num_hosts > 1 else 2
