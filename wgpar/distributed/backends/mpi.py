@@ -154,8 +154,8 @@ def _mpi_type(MPI, dtype: np.dtype):
 def default_chunk(local_size: int, num_hosts: int) -> int:
     """Bytes per pipelined chunk where WGPAR_MPI_CHUNK_KB is unset. Each chunk costs its host step about a
     millisecond besides its bytes (the host pool's hand-offs and a host barrier): on an H100 host (two
-    processes, 2026-11-26) a 256 MiB all-reduce took 133 ms in 4 MiB chunks, 42-45 in 16 MiB and 34-37 in
-    64 MiB, against 34-40 ms on thread ranks. So inside one host 64 MiB, halved while the arena's 3 L + 2
+    processes, 2026-11-26) a 256 MiB all-reduce took 133-137 ms in 4 MiB chunks, 42-47 in 16 MiB and 34-37 in
+    64 MiB, against 34-43 ms on thread ranks. So inside one host 64 MiB, halved while the arena's 3 L + 2
     slots (``shm.arena_slots``) would pass 1 GiB, to at least 16 MiB; across hosts 16 MiB, where the leaders'
     MPI step of a chunk overlaps the host's work on the next and was measured so (BENCHMARKS.md)."""
     if num_hosts > 1:
