@@ -57,7 +57,8 @@ def single_device_step_time(args, X: np.ndarray, Y: np.ndarray) -> float:
         F.cross_entropy(model(wgpar.tensor(X, device=dev)), Y).backward()
         opt.step()
 
-    step()
+    for _ in range(args.warmup):
+        step()
     wgpar.synchronize(dev)
     t0 = time.perf_counter()
     for _ in range(args.steps):
@@ -89,12 +90,13 @@ def step_vs_broadcast(ctx: MultiAdapterContext, dp: DataParallel, opts) -> tuple
 
 def threads_step_time(args, X: np.ndarray, Y: np.ndarray, n: int) -> tuple[float, np.ndarray]:
     """Seconds per DataParallel step on ``n`` thread ranks (each step ends with the loss all-reduce), and the
-    losses of the warm-up step and the timed ones."""
+    losses of the warm-up steps and the timed ones."""
     ctx = MultiAdapterContext(n, timeout=600)
     wgpar.manual_seed(0)
     dp = DataParallel(mlp(args.width, args.layers, args.classes, ctx.devices[0]), ctx, bucket_cap_mb=args.bucket_mb)
     opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
-    losses = [dp.train_step(X, Y, F.cross_entropy, opts)]
+    losses = [dp.train_step(X, Y, F.cross_entropy, opts) for _ in range(args.warmup)]
+    wgpar.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         losses.append(dp.train_step(X, Y, F.cross_entropy, opts))
@@ -117,7 +119,8 @@ def processes_step_time(group, args, X: np.ndarray, Y: np.ndarray) -> tuple[floa
                                   bucket_cap_mb=args.bucket_mb, op="sum")
     step = _spmd.ddp_step(group, ddp, optim.SGD(ddp.parameters(), lr=1e-3), x, y, len(x) / args.batch)
     losses = []
-    t = max(_spmd.every_rank(lambda g: _spmd.timed(g, lambda: losses.append(step()), args.steps), group))
+    t = max(_spmd.every_rank(lambda g: _spmd.timed(g, lambda: losses.append(step()), args.steps,
+                                                               warmup=args.warmup), group))
     timed_losses = np.array([v.item() for v in losses], np.float32)
     group.reset_traffic()
     step()
@@ -165,6 +168,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="untimed steps first (the transfer pools grow to a step's needs in the first ones)")
     ap.add_argument("--devices", type=int, default=2)
     _spmd.add_backend_flag(ap)
     ap.add_argument("--bucket-mb", type=float, default=25)
@@ -188,7 +193,9 @@ def main() -> None:
     opts = dp.optimizers(lambda ps: optim.SGD(ps, lr=1e-3))
 
     def dp_step_time() -> float:
-        dp.train_step(X, Y, F.cross_entropy, opts)
+        for _ in range(args.warmup):
+            dp.train_step(X, Y, F.cross_entropy, opts)
+        wgpar.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             dp.train_step(X, Y, F.cross_entropy, opts)  # returns before its GPU work is done

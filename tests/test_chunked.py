@@ -4,6 +4,7 @@ and the sizing of the shared-memory arena."""
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -68,6 +69,42 @@ def test_upload_in_chunks_through_a_ring_of_buffers(dev, rng, dtype, divide):
     want = (src / divide if divide else src).astype(item)
     np.testing.assert_array_equal(target.numpy(), want)
     assert pool.num_created <= 3 and pool.num_idle == pool.num_created  # the ring, all given back
+
+
+def test_upload_lease_takes_a_buffer_mapped_again_not_one_still_remapping(dev, rng, monkeypatch):
+    """A buffer given back re-maps only once the GPU has run its copy (queued behind all earlier work:
+    during backward, the rest of backward): the next lease takes one already mapped again, or a new one,
+    and waits for the oldest only past UPLOAD_BYTES_CAP."""
+    from wgpar.distributed.backends import staging
+    from wgpar.runtime.transfer import UploadBuffer
+    pool = TransferPool(dev, "test")
+    src = rng.integers(1, 255, 1000).astype(np.uint8)
+    target = wgpar.zeros(250, device=dev)
+    a = pool.up(1000)
+    np.frombuffer(a.view(10), np.uint8)[:1000] = src
+    a.commit(target._storage.buffer, 0, 1000)
+    pool.give_back(a)
+    remapping = {id(a)}  # the GPU's copy out of ``a`` stands for one still queued
+    monkeypatch.setattr(UploadBuffer, "ready", property(lambda self: id(self) not in remapping))
+    b = pool.up(1000)
+    assert b is not a and pool.num_created == 2
+    pool.give_back(b)
+    assert pool.up(1000) is b  # ready: reused, nothing made
+    pool.give_back(b)
+    remapping.add(id(b))
+    monkeypatch.setattr(staging, "UPLOAD_BYTES_CAP", pool.host_bytes())
+    assert pool.up(1000) is a and pool.num_created == 2  # past the cap: the oldest, whose view waits
+    np.frombuffer(a.view(10), np.uint8)[:4] = 0  # its re-map did finish
+    np.testing.assert_array_equal(target.numpy().view(np.uint8), src)
+    remapping.clear()
+    a.commit(target._storage.buffer, 0, 4)
+    deadline = time.monotonic() + 10
+    while not a.ready:  # the real check: a non-blocking poll until the copy has run and the map is back
+        assert time.monotonic() < deadline, "an upload buffer's re-map never finished"
+        time.sleep(0.001)
+    pool.give_back(a)
+    assert pool.num_idle == pool.num_created == 2
+    assert (target.numpy().view(np.uint8)[:4] == 0).all()
 
 
 def test_shared_arena_slots_fit_in_dev_shm(monkeypatch):

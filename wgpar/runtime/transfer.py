@@ -143,6 +143,18 @@ def wait_promise(promise, timeout: float, what: str) -> None:
     promise.sync_wait()
 
 
+def promise_done(promise) -> bool:
+    """Whether a map ``promise`` has resolved, without waiting (one non-blocking device poll for ours)."""
+    event = getattr(promise, "_thread_event", None)
+    if event is None:
+        return getattr(promise, "_state", "pending") != "pending"
+    if not event.is_set():
+        poll = getattr(promise, "_wgpar_poll", None)
+        if poll is not None:
+            poll(False)
+    return event.is_set()
+
+
 def _round4(n: int) -> int:
     return max(4, -(-n // 4) * 4)
 
@@ -252,6 +264,11 @@ class UploadBuffer:
                                            wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,
                                            mapped_at_creation=True)
         self._promise = None
+
+    @property
+    def ready(self) -> bool:
+        """Mapped now: its last commit's copy has run, so ``view`` will not wait (checked without waiting)."""
+        return self._promise is None or promise_done(self._promise)
 
     def view(self, timeout: float, what: str = "upload") -> memoryview:
         """Writable mapped memory (valid until ``commit``), once the previous commit has finished."""

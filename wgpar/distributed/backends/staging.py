@@ -21,6 +21,8 @@ from ...runtime.device import Device
 from ...runtime.transfer import StagingBuffer, UploadBuffer
 
 _MIN_CLASS = 1 << 16
+# Upload buffers are made rather than waited for up to this many bytes in all (then the oldest is reused).
+UPLOAD_BYTES_CAP = 1 << 30
 
 
 def size_class(nbytes: int, limit: int) -> int:
@@ -41,6 +43,7 @@ class TransferPool:
         self._up: dict[int, list[UploadBuffer]] = {}
         self._abandoned: list[StagingBuffer | UploadBuffer] = []
         self.num_created = 0
+        self._up_bytes = 0  # capacity of every upload buffer made
 
     def _class(self, nbytes: int) -> int:
         return size_class(max(4, nbytes), self.device.max_buffer)
@@ -56,12 +59,22 @@ class TransferPool:
         return StagingBuffer(self.device, cap, f"{self.label}:down")
 
     def up(self, nbytes: int) -> UploadBuffer:
-        """An upload buffer of at least ``nbytes`` (mapped, or re-mapping after its last commit)."""
+        """An upload buffer of at least ``nbytes``: an idle one already mapped again, else a new one; past
+        ``UPLOAD_BYTES_CAP`` the one given back first (its view waits for its re-map).
+
+        A buffer given back re-maps only once the GPU has run its copy, which sits in the queue behind
+        everything submitted before it: during backward, bucket k + 1's all-reduce would wait for the
+        rest of backward if it took bucket k's buffer."""
         cap = self._class(nbytes)
         with self._lock:
             free = self._up.get(cap)
             if free:
-                return free.pop()
+                for i in range(len(free) - 1, -1, -1):
+                    if free[i].ready:
+                        return free.pop(i)
+                if self._up_bytes + cap > UPLOAD_BYTES_CAP:
+                    return free.pop(0)
+            self._up_bytes += cap
         self.num_created += 1
         return UploadBuffer(self.device, cap, f"{self.label}:up")
 
