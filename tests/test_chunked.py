@@ -107,6 +107,24 @@ def test_upload_lease_takes_a_buffer_mapped_again_not_one_still_remapping(dev, r
     assert (target.numpy().view(np.uint8)[:4] == 0).all()
 
 
+def test_mailbox_slots_hold_a_pipeline_activation_within_1_gib_and_dev_shm(monkeypatch):
+    """Slots per sending rank, 64 MiB where every rank's 4 fit in 1 GiB (2-4 ranks), 32 MiB on 8 ranks, at
+    most the chunk; halved to a quarter of /dev/shm's free space; none for one rank or below 64 KiB."""
+    free = {"bytes": 128 << 30}
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096))
+    MiB = 1 << 20
+    assert [shm.mail_slot_cap(n, 64 * MiB) for n in (1, 2, 3, 4, 5, 8, 16)] == \
+        [0, 64 * MiB, 64 * MiB, 64 * MiB, 32 * MiB, 32 * MiB, 16 * MiB]
+    for n in range(2, 40):
+        cap = shm.mail_slot_cap(n, 64 * MiB)
+        assert n * shm.MAIL_SLOTS * cap <= shm.MAIL_BUDGET < n * shm.MAIL_SLOTS * cap * 2 or cap == 64 * MiB
+    assert shm.mail_slot_cap(2, 16 * MiB) == 16 * MiB  # across hosts: the 16 MiB chunk
+    free["bytes"] = 64 * MiB  # a container's default /dev/shm: 2 ranks x 4 slots in 16 MiB
+    assert shm.mail_slot_cap(2, 64 * MiB) == 2 * MiB
+    free["bytes"] = 1 * MiB
+    assert shm.mail_slot_cap(2, 64 * MiB) == 0
+
+
 def test_shared_arena_slots_fit_in_dev_shm(monkeypatch):
     free = {"bytes": 64 << 20}  # a container's default /dev/shm
     monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096))

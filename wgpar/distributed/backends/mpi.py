@@ -1088,7 +1088,7 @@ class MPIGroup(StagedGroup):
 
         def complete():
             if self._mail is not None and dst in self._host_members and rb.nbytes <= self._mail.slot_bytes:
-                slot = self._mail.claim(self._host_members.index(dst))
+                slot = self._mail.claim()
                 if slot is not None:
                     return self._send_through_mailbox(kind, rb, header, dst, tag, slot)
             reqs = [self._p2p.Isend(_pack((*header, -1), kind), dst, tag)]
@@ -1106,16 +1106,15 @@ class MPIGroup(StagedGroup):
 
     def _send_through_mailbox(self, kind: str, rb: ChunkedReadback, header: tuple, dst: int, tag: int,
                               slot: int) -> None:
-        """Copy the message into a free mailbox slot to ``dst`` (on this host), mark it full, then send the
-        header naming the slot: nothing of the message depends on MPI's progress but its small header."""
-        to = self._host_members.index(dst)
+        """Copy the message into a free mailbox slot of this rank's, mark it full, then send ``dst`` (on this
+        host) the header naming the slot: nothing of the message depends on MPI's progress but its small header."""
         try:
-            box = self._mail.slot(self.local_rank, to, slot, rb.nbytes)
+            box = self._mail.slot(self.local_rank, slot, rb.nbytes)
             for a in range(0, rb.nbytes, self.chunk):
                 ((_, mem),) = self._mapping(lambda a=a: rb.span(a, min(self.chunk, rb.nbytes - a), self._timeout,
                                                                kind), kind)
                 copy_into(box[a:a + len(mem)], np.frombuffer(mem, dtype=np.uint8))
-            self._mail.post(to, slot)
+            self._mail.post(slot)
         finally:
             rb.release()
         self._sends.add([self._p2p.Isend(_pack((*header, slot), kind), dst, tag)], _nothing)
@@ -1213,7 +1212,7 @@ class MPIGroup(StagedGroup):
         frm = self._host_members.index(src)
         try:
             self._mail.opened()
-            box = self._mail.slot(frm, self.local_rank, slot, nbytes)
+            box = self._mail.slot(frm, slot, nbytes)
             for a in range(0, nbytes, chunk):
                 n = min(chunk, nbytes - a)
                 for rel, piece in up.span(a, n):

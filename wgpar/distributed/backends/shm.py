@@ -171,33 +171,41 @@ class HostFlags:
             self._win = None
 
 
-MAIL_SLOTS = 4  # slots per (sender, receiver) pair of a host
-_MAIL_MAX_SLOT = 4 << 20
+MAIL_SLOTS = 4  # slots per sending rank of a host
+_MAIL_MAX_SLOT = 64 << 20
+MAIL_BUDGET = 1 << 30  # bytes of every rank's slots together
 
 
 def mail_slot_cap(local_size: int, chunk: int) -> int:
-    """The mailbox's slot size: at most ``chunk`` and 4 MiB, halved until every pair's slots fit in a quarter of
-    /dev/shm's free space; 0 (no mailbox) below 64 KiB."""
-    cap = min(chunk, _MAIL_MAX_SLOT)
-    pairs = local_size * (local_size - 1)
-    if pairs == 0:
+    """The mailbox's slot size: at most ``chunk`` and 64 MiB, halved until every rank's slots fit in
+    ``MAIL_BUDGET`` and a quarter of /dev/shm's free space; 0 (no mailbox) below 64 KiB or with one rank.
+
+    A message larger than a slot takes MPI's path, which moves only while both processes call MPI: on an
+    H200 (two processes, 2026-11-26) a 1F1B pipeline step with 32 MiB activations took 1.61-1.66x the
+    thread ranks' through 4 MiB slots and 1.00-1.02x through 64 MiB ones. So 64 MiB slots on 2-4 ranks,
+    32 MiB on 8."""
+    if local_size < 2:
         return 0
+    cap = min(chunk, _MAIL_MAX_SLOT)
+    limit = MAIL_BUDGET
     try:
         st = os.statvfs("/dev/shm")
-        free = st.f_bavail * st.f_frsize
+        limit = min(limit, st.f_bavail * st.f_frsize // 4)
     except OSError:
-        return cap
-    while cap >= _MIN_SLOT and pairs * MAIL_SLOTS * cap > free // 4:
+        pass
+    while cap >= _MIN_SLOT and local_size * MAIL_SLOTS * cap > limit:
         cap //= 2
     return cap if cap >= _MIN_SLOT else 0
 
 
 class Mailbox:
     """Point-to-point messages between the processes of one host through shared memory: ``MAIL_SLOTS`` slots of
-    ``slot_bytes`` per ordered pair of the host's ranks, each with a state on its own cache line (0 free, 1
-    full). Only the sender turns a slot full (after its writes, made visible first) and only the receiver
-    turns it free (after its reads): each side has one communication thread per group, so no slot has two
-    writers. MPI still carries the message's header, in order, naming the slot.
+    ``slot_bytes`` per sending rank, for any receiver of the host, each with a state on its own cache line (0
+    free, 1 full). Only the sender turns a slot full (after its writes, made visible first) and only the
+    receiver the header names turns it free (after its reads): each side has one communication thread per
+    group, so no slot has two writers. MPI still carries the message's header, in order, naming the slot.
+    Slots per sender, not per pair: L ranks need L x MAIL_SLOTS slots, not L (L - 1) x MAIL_SLOTS, so a
+    slot can be as large as a pipeline's activations.
 
     Allocated once, collective over ``node`` (``slot_bytes`` must agree)."""
 
@@ -205,7 +213,7 @@ class Mailbox:
         self.size = node.Get_size()
         self.me = node.Get_rank()
         self.slot_bytes = slot_bytes
-        n = self.size * (self.size - 1) * MAIL_SLOTS
+        n = self.size * MAIL_SLOTS
         flag_bytes = n * _LINE
         self._win, base = shared_window(MPI, node, flag_bytes + n * slot_bytes)
         self._state = cache_lines(base[:flag_bytes])
@@ -215,27 +223,31 @@ class Mailbox:
         self._win.Sync()
         node.Barrier()  # everyone sees the free states before anyone sends
 
-    def _index(self, sender: int, receiver: int, k: int) -> int:
-        """Slot ``k`` of the ordered pair (``sender``, ``receiver``), two different host ranks."""
-        pair = sender * (self.size - 1) + (receiver if receiver < sender else receiver - 1)
-        return pair * MAIL_SLOTS + k
+    def _index(self, sender: int, k: int) -> int:
+        """Slot ``k`` of host rank ``sender``."""
+        return sender * MAIL_SLOTS + k
 
-    def claim(self, receiver: int) -> int | None:
-        """A free slot of this rank's to ``receiver`` (host ranks), or None when all are full."""
+    def claim(self) -> int | None:
+        """A free slot of this rank's (for any receiver), or None when all are full."""
         for k in range(MAIL_SLOTS):
-            if self._state[self._index(self.me, receiver, k)] == 0:
-                self._win.Sync()  # the receiver's reads of it happened before it read free
+            if self._state[self._index(self.me, k)] == 0:
+                self._win.Sync()  # the last receiver's reads of it happened before it read free
                 return k
         return None
 
-    def slot(self, sender: int, receiver: int, k: int, nbytes: int) -> np.ndarray:
-        i = self._index(sender, receiver, k)
+    def full(self, sender: int) -> list[int]:
+        """The slots of ``sender`` not yet freed by their receivers."""
+        return [k for k in range(MAIL_SLOTS) if self._state[self._index(sender, k)] != 0]
+
+    def slot(self, sender: int, k: int, nbytes: int) -> np.ndarray:
+        i = self._index(sender, k)
         return self._data[i * self.slot_bytes:i * self.slot_bytes + nbytes]
 
-    def post(self, receiver: int, k: int) -> None:
-        """Mark slot ``k`` to ``receiver`` full, after this process's writes into it."""
+    def post(self, k: int) -> None:
+        """Mark this rank's slot ``k`` full, after this process's writes into it (its header names the
+        receiver)."""
         self._win.Sync()
-        self._state[self._index(self.me, receiver, k)] = 1
+        self._state[self._index(self.me, k)] = 1
 
     def opened(self) -> None:
         """Before reading a slot whose header arrived: make the sender's writes visible."""
@@ -244,4 +256,4 @@ class Mailbox:
     def free(self, sender: int, k: int) -> None:
         """Mark ``sender``'s slot ``k`` to this rank free, after this process's reads of it."""
         self._win.Sync()
-        self._state[self._index(sender, self.me, k)] = 0
+        self._state[self._index(sender, k)] = 0
