@@ -71,6 +71,31 @@ def test_upload_in_chunks_through_a_ring_of_buffers(dev, rng, dtype, divide):
     assert pool.num_created <= 3 and pool.num_idle == pool.num_created  # the ring, all given back
 
 
+@pytest.mark.parametrize("room", [True, False])
+def test_upload_ring_grows_while_its_oldest_copy_waits_in_the_queue(dev, rng, monkeypatch, room):
+    """Past its depth the ring reuses its oldest buffer only once the GPU has run that buffer's copy (stood in
+    for here: never); until then it leases more, within the pool's cap (without room: the oldest, waited for)."""
+    from wgpar.distributed.backends import staging
+    from wgpar.runtime.transfer import UploadBuffer
+    monkeypatch.setattr(UploadBuffer, "ready", property(lambda self: False))
+    if not room:
+        monkeypatch.setattr(staging, "UPLOAD_BYTES_CAP", 0)
+    n = 8 * CHUNK // 4 - 5  # 8 chunks, the last ragged
+    src = rng.standard_normal(n).astype(np.float32)
+    target = wgpar.zeros(n, device=dev)
+    buf = target._storage.buffer
+    pool = TransferPool(dev, "test")
+    up = ChunkedUpload(pool, target.nbytes, CHUNK, np.dtype(np.float32), lambda j, s, e: [(0, buf, s, round4(e - s))],
+                       10, "t", depth=3)
+    for a in range(0, n, 9_001):
+        b = min(a + 9_001, n)
+        up.write(a * 4, src[a:b])
+        up.advance(b * 4)
+    up.finish()
+    np.testing.assert_array_equal(target.numpy(), src)
+    assert pool.num_created == (8 if room else 3) and pool.num_idle == pool.num_created
+
+
 def test_upload_lease_takes_a_buffer_mapped_again_not_one_still_remapping(dev, rng, monkeypatch):
     """A buffer given back re-maps only once the GPU has run its copy (queued behind all earlier work:
     during backward, the rest of backward): the next lease takes one already mapped again, or a new one,

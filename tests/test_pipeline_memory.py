@@ -4,6 +4,8 @@ long run does not grow."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,7 @@ def _measured_step(ctx, schedule: str, m: int, rng):
     X = rng.standard_normal((ROWS * m, H)).astype(np.float32)
     pipe = PipelineExecutor(_blocks(ctx.world_size), ctx, m, schedule, F.mse_loss)
     pipe.step(X, X)
+    gc.collect()  # an earlier test's tensors in a reference cycle would otherwise be freed mid-test
     base = _allocated(ctx)
     for d in ctx.devices:
         wgpar.reset_peak_memory_stats(d)

@@ -6,7 +6,8 @@ device's stream order) into staging buffers of at most ``chunk`` bytes, each sub
 its own: the first chunk can be read while later ones are still being copied. ``ChunkedUpload``
 covers a target of ``total`` bytes with upload buffers of ``chunk`` bytes, used in turn from a
 small ring: the host writes a chunk into mapped memory in place, the chunk is committed (a GPU copy)
-once the writer moves past it, and its buffer is reused only after that copy finished.
+once the writer moves past it, and its buffer is reused once that copy finished (until then the
+ring grows, within the pool's cap).
 """
 
 from __future__ import annotations
@@ -120,7 +121,10 @@ class ChunkedUpload:
         if got is None:
             if j < self._next:
                 raise RuntimeError(f"chunk {j} of an upload was written after it was committed")
-            if self._ring and len(self._leased) >= self._depth:
+            # Reuse the ring's oldest once the GPU has run its copy; while it has not (its copy waits in the
+            # queue behind earlier work, e.g. the rest of backward) lease another, within the pool's cap.
+            if self._ring and len(self._leased) >= self._depth and (
+                    self._ring[0].ready or not self.pool.room_for(self._cap)):
                 up = self._ring.popleft()  # its view() waits until the GPU copied its last chunk
             else:
                 up = self.pool.up(self._cap)
