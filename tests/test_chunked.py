@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import wgpar
-from wgpar.distributed.backends import shm
+from wgpar.distributed.backends import shm, staging
 from wgpar.distributed.backends.chunked import ChunkedReadback, ChunkedUpload
 from wgpar.distributed.backends.common import round4
 from wgpar.distributed.backends.staging import TransferPool
+from wgpar.runtime.transfer import UploadBuffer
 
 CHUNK = 1 << 16
 
@@ -75,8 +76,6 @@ def test_upload_in_chunks_through_a_ring_of_buffers(dev, rng, dtype, divide):
 def test_upload_ring_grows_while_its_oldest_copy_waits_in_the_queue(dev, rng, monkeypatch, room):
     """Past its depth the ring reuses its oldest buffer only once the GPU has run that buffer's copy (stood in
     for here: never); until then it leases more, within the pool's cap (without room: the oldest, waited for)."""
-    from wgpar.distributed.backends import staging
-    from wgpar.runtime.transfer import UploadBuffer
     monkeypatch.setattr(UploadBuffer, "ready", property(lambda self: False))
     if not room:
         monkeypatch.setattr(staging, "UPLOAD_BYTES_CAP", 0)
@@ -100,8 +99,6 @@ def test_upload_lease_takes_a_buffer_mapped_again_not_one_still_remapping(dev, r
     """A buffer given back re-maps only once the GPU has run its copy (queued behind all earlier work:
     during backward, the rest of backward): the next lease takes one already mapped again, or a new one,
     and waits for the oldest only past UPLOAD_BYTES_CAP."""
-    from wgpar.distributed.backends import staging
-    from wgpar.runtime.transfer import UploadBuffer
     pool = TransferPool(dev, "test")
     src = rng.integers(1, 255, 1000).astype(np.uint8)
     target = wgpar.zeros(250, device=dev)
