@@ -143,12 +143,13 @@ def wait_promise(promise, timeout: float, what: str) -> None:
     promise.sync_wait()
 
 
-def promise_done(promise) -> bool:
-    """Whether a map ``promise`` has resolved, without waiting (one non-blocking device poll for ours)."""
+def promise_done(promise, poll: bool = True) -> bool:
+    """Whether a map ``promise`` has resolved, without waiting (one non-blocking device poll for ours unless
+    ``poll`` is False: a poll settles every finished map of the device, so one per batch of checks does)."""
     event = getattr(promise, "_thread_event", None)
     if event is None:
         return getattr(promise, "_state", "pending") != "pending"
-    if not event.is_set():
+    if poll and not event.is_set():
         poll = getattr(promise, "_wgpar_poll", None)
         if poll is not None:
             poll(False)
@@ -268,7 +269,11 @@ class UploadBuffer:
     @property
     def ready(self) -> bool:
         """Mapped now: its last commit's copy has run, so ``view`` will not wait (checked without waiting)."""
-        return self._promise is None or promise_done(self._promise)
+        return self.mapped_again(poll=True)
+
+    def mapped_again(self, poll: bool) -> bool:
+        """``ready``; with ``poll`` False as the device's last poll left it (no native call)."""
+        return self._promise is None or promise_done(self._promise, poll)
 
     def view(self, timeout: float, what: str = "upload") -> memoryview:
         """Writable mapped memory (valid until ``commit``), once the previous commit has finished."""

@@ -4,15 +4,14 @@ GPU copies the next (device -> host) or the previous one (host -> device).
 ``ChunkedReadback`` records the GPU copies of a whole tensor at once (so it reads the tensor in the
 device's stream order) into staging buffers of at most ``chunk`` bytes, each submitted and mapped on
 its own: the first chunk can be read while later ones are still being copied. ``ChunkedUpload``
-covers a target of ``total`` bytes with upload buffers of ``chunk`` bytes, used in turn from a
-small ring: the host writes a chunk into mapped memory in place, the chunk is committed (a GPU copy)
-once the writer moves past it, and its buffer is reused once that copy finished (until then the
-ring grows, within the pool's cap).
+covers a target of ``total`` bytes with upload buffers of ``chunk`` bytes leased from the pool: the
+host writes a chunk into mapped memory in place, the chunk is committed (a GPU copy) once the writer
+moves past it, and its buffer goes back to the pool at once, to be leased again once that copy has
+run (the pool's rule, TransferPool.up).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -95,13 +94,13 @@ class ChunkedReadback:
 
 
 class ChunkedUpload:
-    """Host -> device for ``total`` bytes through upload buffers of ``chunk`` bytes, reused in turn.
+    """Host -> device for ``total`` bytes through upload buffers of ``chunk`` bytes, one leased per chunk.
 
     ``copies(j, start, end)`` lists the GPU copies that commit bytes ``[start, end)`` (chunk ``j``).
     """
 
     def __init__(self, pool: TransferPool, total: int, chunk: int, item: np.dtype,
-                 copies: Callable[[int, int, int], Copies], timeout: float, what: str, depth: int = 3) -> None:
+                 copies: Callable[[int, int, int], Copies], timeout: float, what: str) -> None:
         self.pool = pool
         self.total = total
         self.chunk = chunk
@@ -110,10 +109,7 @@ class ChunkedUpload:
         self._timeout = timeout
         self._what = what
         self._cap = round4(min(chunk, max(total, 4)))
-        self._depth = depth
         self._open: dict[int, tuple[UploadBuffer, np.ndarray]] = {}
-        self._ring: deque[UploadBuffer] = deque()  # committed buffers, oldest first
-        self._leased: list[UploadBuffer] = []
         self._next = 0  # the first chunk not yet committed
 
     def _buffer(self, j: int) -> np.ndarray:
@@ -121,14 +117,7 @@ class ChunkedUpload:
         if got is None:
             if j < self._next:
                 raise RuntimeError(f"chunk {j} of an upload was written after it was committed")
-            # Reuse the ring's oldest once the GPU has run its copy; while it has not (its copy waits in the
-            # queue behind earlier work, e.g. the rest of backward) lease another, within the pool's cap.
-            if self._ring and len(self._leased) >= self._depth and (
-                    self._ring[0].ready or not self.pool.room_for(self._cap)):
-                up = self._ring.popleft()  # its view() waits until the GPU copied its last chunk
-            else:
-                up = self.pool.up(self._cap)
-                self._leased.append(up)
+            up = self.pool.up(self._cap)
             got = self._open[j] = (up, np.frombuffer(up.view(self._timeout, self._what), dtype=np.uint8))
         return got[1]
 
@@ -161,12 +150,9 @@ class ChunkedUpload:
             self._commit(self._next)
 
     def finish(self) -> None:
-        """Commit what is left and give the buffers back to the pool."""
+        """Commit what is left (every buffer is back in the pool after)."""
         while self._next * self.chunk < self.total:
             self._commit(self._next)
-        for up in self._leased:
-            self.pool.give_back(up)
-        self._leased, self._ring = [], deque()
 
     def _commit(self, j: int) -> None:
         got = self._open.pop(j, None)
@@ -176,12 +162,13 @@ class ChunkedUpload:
         up = got[0]
         del got
         start = j * self.chunk
-        up.commit_many(self._copies(j, start, min(self.total, start + self.chunk)))
-        self._ring.append(up)
+        try:
+            up.commit_many(self._copies(j, start, min(self.total, start + self.chunk)))
+        finally:  # its view is gone either way; a failed flush left its re-map pending, which view() waits for
+            self.pool.give_back(up)
 
     def abandon(self) -> None:
-        """After a failure: keep the buffers out of use (MPI may still write into one)."""
-        self._open.clear()
-        for up in self._leased:
+        """After a failure: keep the buffers still open out of use (MPI may still write into one)."""
+        for up, _ in self._open.values():
             self.pool.abandon(up)
-        self._leased, self._ring = [], deque()
+        self._open.clear()

@@ -549,16 +549,15 @@ class MPIGroup(StagedGroup):
         self._count(d2h=t.nbytes)
         return rb
 
-    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None, depth: int = 3) -> ChunkedUpload:
-        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk, through a ring of ``depth``
-        upload buffers."""
+    def _upload(self, target: Tensor, what: str, item: np.dtype | None = None) -> ChunkedUpload:
+        """Uploads into ``target`` (contiguous, 4-aligned), chunk by chunk, through the pool's upload buffers."""
         buf, base = target._storage.buffer, byte_offset(target)
 
         def copies(j: int, start: int, end: int):
             return [(0, buf, base + start, round4(end - start))]
 
         return ChunkedUpload(self._pool, target.nbytes, self.chunk, item or host_dtype(target.dtype), copies,
-                             self._timeout, what, depth)
+                             self._timeout, what)
 
     # -- the data movers ------------------------------------------------------------------
     def _chunk_elems(self, n: int) -> int:
@@ -964,10 +963,9 @@ class MPIGroup(StagedGroup):
         n, dtype = tensor.numel(), tensor.dtype
 
         def body(_):
-            # Four buffers: step i writes chunk i, finishes chunk i - 1 and commits chunk i - 2 (finished by
-            # step i - 1), so chunk i's buffer is chunk i - 3's, committed a whole step before (across hosts
-            # one chunk later each: the same four). The gathers' steps are the same.
-            up = self._upload(target, kind, depth=4)
+            # Step i writes chunk i, finishes chunk i - 1 and commits chunk i - 2 (finished by step i - 1): three
+            # upload buffers open at once, each back in the pool at its commit (across hosts one chunk later each).
+            up = self._upload(target, kind)
             self._run_upload(up, lambda: self._reduce(kind, rb, n, dtype, op, lo, hi, up, shared=shared))
             return self._landed(target, output)
 
@@ -986,7 +984,7 @@ class MPIGroup(StagedGroup):
             return self._collective(kind, meta, rb, body)
 
         def receive(_):
-            up = self._upload(target, kind, np.dtype(np.uint8), depth=4)
+            up = self._upload(target, kind, np.dtype(np.uint8))
             self._run_upload(up, lambda: self._gather(kind, pieces, tensor.nbytes, None, up))
             return self._landed(target, tensor)
 
@@ -1009,8 +1007,7 @@ class MPIGroup(StagedGroup):
                         out.append((s - start, o._storage.buffer, s - off, round4(e - s)))
                 return out
 
-            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind,
-                               depth=4)
+            up = ChunkedUpload(self._pool, offs[-1], self.chunk, np.dtype(np.uint8), copies, self._timeout, kind)
             self._run_upload(up, lambda: self._gather(kind, pieces, offs[-1], rb, up))
             for o in outs:
                 o._storage.bump_version()
@@ -1026,7 +1023,7 @@ class MPIGroup(StagedGroup):
         pieces = [(r, r * nb, nb) for r in range(self.world_size)]
 
         def body(_):
-            up = self._upload(target, kind, np.dtype(np.uint8), depth=4)
+            up = self._upload(target, kind, np.dtype(np.uint8))
             self._run_upload(up, lambda: self._gather(kind, pieces, output.nbytes, rb, up))
             return self._landed(target, output)
 
@@ -1141,8 +1138,7 @@ class MPIGroup(StagedGroup):
                 raise
             buf, base = target._storage.buffer, byte_offset(target)
             up = ChunkedUpload(self._pool, nbytes, chunk, np.dtype(np.uint8),
-                               lambda j, s, e: [(0, buf, base + s, round4(e - s))], self._timeout, kind,
-                               depth=_RECV_AHEAD + 1)
+                               lambda j, s, e: [(0, buf, base + s, round4(e - s))], self._timeout, kind)
             if slot >= 0:
                 self._run_upload(up, lambda: self._take_from_mailbox(up, src, slot, nbytes, chunk))
             else:

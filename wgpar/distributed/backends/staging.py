@@ -71,8 +71,9 @@ class TransferPool:
         with self._lock:
             free = self._up.get(cap)
             if free:
+                free[0].mapped_again(poll=True)  # one device poll settles every finished re-map
                 for i in range(len(free) - 1, -1, -1):
-                    if free[i].ready:
+                    if free[i].mapped_again(poll=False):
                         return free.pop(i)
                 if not self.room_for(cap):
                     return free.pop(0)
