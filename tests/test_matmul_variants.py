@@ -9,6 +9,8 @@ import pytest
 
 import wgpar
 
+from .helpers import record_dispatches
+
 mm = sys.modules["wgpar.ops.matmul"]  # the module (wgpar.ops.matmul is the function)
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
@@ -155,6 +157,32 @@ def test_split_k(blocks, rng, layout, split):
         assert (p.variant, p.split) == (SMALLEST, split)
         got = (wa @ wb).numpy()
     assert rel_err(got, a.astype(np.float64) @ b) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_split_k_sums_its_parts_in_one_remembered_dispatch(dev, rng, monkeypatch, dtype):
+    """A split product is two dispatches on every call, the partial products and their sum (remembered with
+    the product's recipe, not planned again each call), the sum accumulated in float32 and rounded once."""
+    if dtype == "float16" and not dev.has_f16:
+        pytest.skip("no shader-f16")
+    a = rng.standard_normal((64, 256)).astype(dtype)
+    b = rng.standard_normal((256, 192)).astype(dtype)
+    wa, wb = wgpar.tensor(a), wgpar.tensor(b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    calls = record_dispatches(monkeypatch)
+    planned = []
+    reduce_mod = sys.modules["wgpar.ops.reduce"]
+    col_plan = reduce_mod._col_plan
+    monkeypatch.setattr(reduce_mod, "_col_plan", lambda *args: (planned.append(args), col_plan(*args))[1])
+    with mm.force_variant(SMALLEST, split=4):
+        assert plan_of(wa, wb).split == 4
+        for _ in range(3):
+            calls.clear()
+            got = wa @ wb
+            assert calls == ["matmul_fast", "reduce_cols"]
+            assert len(planned) <= 1, "the parts' sum was planned again on a later call"
+            assert got.dtype is getattr(wgpar, dtype) and got.shape == (64, 192)
+            assert rel_err(got.numpy(), want) < (1e-3 if dtype == "float16" else 1e-5)
 
 
 def test_split_k_choice(dev):

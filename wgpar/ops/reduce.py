@@ -228,17 +228,36 @@ def _cols_pass(op: str, x: Tensor, outer: int, n: int, inner: int, w: int, out_d
     """One dispatch of reduce_cols.wgsl: [outer, slices, inner] (flat) from x [outer, n, inner]; ``w`` 4
     reads and writes vec4s of columns."""
     dev = x.device
-    units = inner // w
     out = Tensor.empty((outer * slices * inner,), out_dt, dev)
+    dev.dispatch(*_cols_launch(op, x.dtype, x._offset, outer, n, inner, w, out_dt, ctype, scale, tc, slices, rows,
+                               dev.max_workgroups, (out._storage.buffer, x._storage.buffer)))
+    return out
+
+
+def _cols_launch(op: str, x_dt: _dt.DType, x_off: int, outer: int, n: int, inner: int, w: int, out_dt: _dt.DType,
+                 ctype: str, scale: float, tc: int, slices: int, rows: int, max_groups: int,
+                 buffers: tuple = ()) -> tuple:
+    """(kernel, buffers, parameters, workgroups) of that dispatch; ``buffers`` (out, x) as given."""
+    units = inner // w
     vt = (lambda t: f"vec4<{t}>") if w == 4 else (lambda t: t)
-    k = _COLS.spec((vt(out_dt.storage), vt(x.dtype.storage)), constants={"TC": tc, "TR": WORKGROUP // tc},
+    k = _COLS.spec((vt(out_dt.storage), vt(x_dt.storage)), constants={"TC": tc, "TR": WORKGROUP // tc},
                    O=vt(out_dt.storage), A=vt(ctype), C=ctype, **_kernel_text(op, ctype))
     tiles = -(-units // tc)
-    dev.dispatch(k, [out._storage.buffer, x._storage.buffer],
-                 _COLS.pack(outer=outer, n=n, units=units, off=x._offset // w, tiles=tiles, slices=slices, rows=rows,
-                            scale=scale),
-                 grid(outer * slices * tiles, dev.max_workgroups))
-    return out
+    params = _COLS.pack(outer=outer, n=n, units=units, off=x_off // w, tiles=tiles, slices=slices, rows=rows,
+                        scale=scale)
+    return k, list(buffers), params, grid(outer * slices * tiles, max_groups)
+
+
+def column_sums_launch(x_dt: _dt.DType, n: int, inner: int, out_dt: _dt.DType, max_groups: int) -> tuple | None:
+    """What :func:`column_sums` of a contiguous float ``x`` [n, inner] at offset 0 dispatches, as (kernel,
+    parameters, workgroups), where that is one dispatch (None: two): for callers that remember it (a split-K
+    product's recipe) and bind their own (out, x) buffers."""
+    w = 4 if inner % 4 == 0 else 1
+    tc, slices, rows = _col_plan(1, n, inner // w, True)
+    if slices > 1 or not x_dt.is_float:
+        return None
+    k, _, params, groups = _cols_launch("sum", x_dt, 0, 1, n, inner, w, out_dt, "f32", 1.0 / n, tc, 1, n, max_groups)
+    return k, params, groups
 
 
 def _row_lanes(units: int) -> int:
