@@ -207,14 +207,17 @@ def _col_plan(outer: int, n: int, units: int, split: bool) -> tuple[int, int, in
     return WORKGROUP // tr, 1, n
 
 
+def _col_choice(op: str, offset: int, outer: int, n: int, inner: int, split: bool) -> tuple[int, tuple[int, int, int]]:
+    """(w: 4 where the columns go as whole vec4s, else 1; _col_plan's tiling) of a column reduction."""
+    w = 4 if op in ("sum", "mean") and inner % 4 == 0 and offset % 4 == 0 else 1
+    return w, _col_plan(outer, n, inner // w, split)
+
+
 def _reduce_cols(op: str, x: Tensor, outer: int, n: int, inner: int, out_dt: _dt.DType, ctype: str, scale: float,
                  split: bool) -> Tensor:
     """The column reduction: one dispatch, or (``split``, a long axis) partials over slices of the axis
     and one more over them, which never splits again."""
-    vec = op in ("sum", "mean") and inner % 4 == 0 and x._offset % 4 == 0  # whole vec4s of columns
-    w = 4 if vec else 1
-    units = inner // w
-    tc, slices, rows = _col_plan(outer, n, units, split)
+    w, (tc, slices, rows) = _col_choice(op, x._offset, outer, n, inner, split)
     if slices > 1:
         part_dt = _dt.float32 if ctype == "f32" else _dt.int32
         part = _cols_pass("sum" if op == "mean" else op, x, outer, n, inner, w, part_dt, ctype, 1.0,
@@ -229,15 +232,15 @@ def _cols_pass(op: str, x: Tensor, outer: int, n: int, inner: int, w: int, out_d
     reads and writes vec4s of columns."""
     dev = x.device
     out = Tensor.empty((outer * slices * inner,), out_dt, dev)
-    dev.dispatch(*_cols_launch(op, x.dtype, x._offset, outer, n, inner, w, out_dt, ctype, scale, tc, slices, rows,
-                               dev.max_workgroups, (out._storage.buffer, x._storage.buffer)))
+    k, params, groups = _cols_launch(op, x.dtype, x._offset, outer, n, inner, w, out_dt, ctype, scale, tc, slices,
+                                     rows, dev.max_workgroups)
+    dev.dispatch(k, [out._storage.buffer, x._storage.buffer], params, groups)
     return out
 
 
 def _cols_launch(op: str, x_dt: _dt.DType, x_off: int, outer: int, n: int, inner: int, w: int, out_dt: _dt.DType,
-                 ctype: str, scale: float, tc: int, slices: int, rows: int, max_groups: int,
-                 buffers: tuple = ()) -> tuple:
-    """(kernel, buffers, parameters, workgroups) of that dispatch; ``buffers`` (out, x) as given."""
+                 ctype: str, scale: float, tc: int, slices: int, rows: int, max_groups: int) -> tuple:
+    """(kernel, parameters, workgroups) of that dispatch, bound to (out, x)."""
     units = inner // w
     vt = (lambda t: f"vec4<{t}>") if w == 4 else (lambda t: t)
     k = _COLS.spec((vt(out_dt.storage), vt(x_dt.storage)), constants={"TC": tc, "TR": WORKGROUP // tc},
@@ -245,19 +248,17 @@ def _cols_launch(op: str, x_dt: _dt.DType, x_off: int, outer: int, n: int, inner
     tiles = -(-units // tc)
     params = _COLS.pack(outer=outer, n=n, units=units, off=x_off // w, tiles=tiles, slices=slices, rows=rows,
                         scale=scale)
-    return k, list(buffers), params, grid(outer * slices * tiles, max_groups)
+    return k, params, grid(outer * slices * tiles, max_groups)
 
 
 def column_sums_launch(x_dt: _dt.DType, n: int, inner: int, out_dt: _dt.DType, max_groups: int) -> tuple | None:
     """What :func:`column_sums` of a contiguous float ``x`` [n, inner] at offset 0 dispatches, as (kernel,
     parameters, workgroups), where that is one dispatch (None: two): for callers that remember it (a split-K
     product's recipe) and bind their own (out, x) buffers."""
-    w = 4 if inner % 4 == 0 else 1
-    tc, slices, rows = _col_plan(1, n, inner // w, True)
+    w, (tc, slices, _) = _col_choice("sum", 0, 1, n, inner, True)
     if slices > 1 or not x_dt.is_float:
         return None
-    k, _, params, groups = _cols_launch("sum", x_dt, 0, 1, n, inner, w, out_dt, "f32", 1.0 / n, tc, 1, n, max_groups)
-    return k, params, groups
+    return _cols_launch("sum", x_dt, 0, 1, n, inner, w, out_dt, "f32", 1.0 / n, tc, 1, n, max_groups)
 
 
 def _row_lanes(units: int) -> int:
