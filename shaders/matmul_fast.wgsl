@@ -19,13 +19,16 @@
 // Bindings (c, a, b: arrays of vec4) and Params (offsets, batch strides and leading dimensions
 // in vec4 units; m0, n0 in elements: the first tile of a split grid) are declared in
 // wgpar/ops/matmul.py, with the override constants: the tile BM x BN x BK, the WM x WN threads
-// and KSTEPS (steps of the inner loop: 1 when COMPUTE is unrolled). HELPERS: the
+// and KSTEPS (steps of the inner loop: 1 when it is unrolled). LOOP: the K loop, generated there: with one
+// slab, store the prefetched slice, barrier, prefetch the next, multiply, barrier; with two, two slices an
+// iteration (multiply one slab while the prefetch goes into the other, one barrier a slice), so that
+// every slab index is a constant. HELPERS: the
 // functions of an implicit-GEMM convolution (shaders/conv_gemm_*.wgsl), whose loads and stores
 // replace the array accesses (ops/conv.py); empty for a plain matmul. TILE: the workgroup's batch entry z
-// and its tile's first row and column. SKIP and KEND: a causal product's shortcuts (ops/matmul.py,
+// and its tile's first row and column. SKIP, KSTART and the loop's end: a causal product's shortcuts (ops/matmul.py,
 // matmul_causal): a tile whose columns all lie past its rows is not computed, or the K loop stops past
 // the tile's last row or starts at its first (A is zero beyond), the longest tile rows first; KSTART is
-// 0u, SKIP empty and KEND p.K otherwise.
+// 0u, SKIP empty and the loop runs to p.K otherwise.
 {{HELPERS}}
 {{SHARED}}
 
@@ -42,23 +45,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k0 = {{KSTART}};
 {{LOAD}}
   }
-{{PROLOGUE}}
-  for (var k0 = {{KSTART}}; k0 < {{KEND}}; k0 = k0 + BK) {
-    // Single buffer: store the slice, barrier, prefetch, multiply, barrier.
-    // Double buffer: prefetch, multiply slab `cur`, store into the other slab, one barrier.
-    let cur = {{CUR}};
-{{HEAD}}
-    {
-      // Prefetch the next slice (the last iteration re-reads its own, or with edge checks
-      // reads zeros: no branch).
-      let k0 = {{NEXT}};
-{{LOAD}}
-    }
-    for (var kk = 0u; kk < KSTEPS; kk = kk + 1u) {  // 1 when COMPUTE is unrolled
-{{COMPUTE}}
-    }
-{{TAIL}}
-    workgroupBarrier();
-  }
+{{LOOP}}
 {{WRITE}}
 }

@@ -97,7 +97,7 @@ def test_short_walks_take_their_tiles(monkeypatch):
     takes RT_SHORT's tile on that device kind, RT_DEFAULTS' above it: the call's own lengths decide."""
     dev = wgpar.device(0)
     kind_d, (limit, short) = next((key, v) for key, v in A.RT_SHORT.items() if key[1] == 64)
-    monkeypatch.setattr(A, "_device_kind", lambda _dev: kind_d[0])
+    monkeypatch.setattr(dev, "kind", kind_d[0])
     long = A.RT_DEFAULTS[kind_d]
     for kind in A.KINDS:
         assert A._table_tile(kind, dev, 64, limit) == A.parse_tile(short[kind])
@@ -116,7 +116,7 @@ def test_env_variant_and_table(monkeypatch):
     with pytest.raises(ValueError, match="WGPAR_ATTN_VARIANT"):
         A._table_tile("fwd", dev, 64)
     monkeypatch.delenv(A.ENV_VARIANT)
-    row = A.RT_DEFAULTS.get((A._device_kind(dev), 64))
+    row = A.RT_DEFAULTS.get((dev.kind, 64))
     assert A._table_tile("fwd", dev, 64) == (A.parse_tile(row["fwd"]) if row else None)
     assert A.parse_tile("64x32r4t8d") == A.Tile(64, 32, 8, False, 4, True)
     assert A.parse_tile("64x32r4t8d").name == "64x32r4t8d"

@@ -59,8 +59,7 @@ def test_header_declares_bindings_params_overrides_and_f16_only_when_used():
     assert k.spec(("f16", "f32"), SLOTS="").source().startswith("enable f16;\n")
     # a comment that mentions f16 does not enable it (the matmul_fast file's header does)
     fast = Kernel("matmul_fast", "c: w, a: r, b: r", "M: u32", constants=())
-    fills = dict(DECL="", LOAD="", PROLOGUE="", CUR="0u", HEAD="", TAIL="", COMPUTE="", WRITE="", NEXT="k0",
-                 HELPERS="", TILE="", SKIP="", KSTART="0u", KEND="p.K", SHARED="")
+    fills = dict(DECL="", LOAD="", LOOP="", WRITE="", HELPERS="", TILE="", SKIP="", KSTART="0u", SHARED="")
     assert "f16" in fast.spec(("vec4<f32>",) * 3, **fills).source()
     assert not fast.spec(("vec4<f32>",) * 3, **fills).source().startswith("enable")
     with pytest.raises(ValueError, match="element types"):

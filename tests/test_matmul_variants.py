@@ -520,3 +520,40 @@ def test_matmul_causal_into_a_slice_and_band(rng, variant):
     assert rel_err(out.numpy()[1:], a2 @ b2) < 1e-5
     with pytest.raises(ValueError, match=r"float32 \(2, 40, 40\).*\(2, 40, 39\)"):
         mm.matmul_causal(wa2, wb2, "", wgpar.empty((2, 40, 39)))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_wide_tile_for_a_at_w_t_on_nvidia(rng, dev, monkeypatch, with_bias):
+    """On an NVIDIA GPU a float32 a @ w.T (both operands contiguous along k) whose 128 x 128 grid is large
+    takes the wide two-slab tile (matmul._WIDE); a @ b, float16, a shape off the tile, a small grid and other
+    adapters keep TILINGS' choice. F.linear's values (a batch folded into M, with and without a bias) against
+    float64: the two-slab loop of an odd and an even number of slices."""
+    monkeypatch.setattr(dev, "kind", "nvidia")
+    monkeypatch.setattr(mm, "_WIDE_FROM", 4)  # 6 workgroups below: the rule without a huge product
+    if not mm._fits(dev, mm._WIDE):  # lavapipe's 32 KiB of workgroup memory: the same tile, 8-deep slices
+        monkeypatch.setattr(mm, "_WIDE", mm.Tiling(128, 128, 8, 8, 8, unroll=True, double=True))
+    mm._RECIPES.clear()
+    try:
+        w32 = lambda *s: wgpar.tensor(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+        tiles = []  # the tile of every launch planned from here on
+        real = mm._fast_launches
+        monkeypatch.setattr(mm, "_fast_launches",
+                            lambda p, t, *a, **kw: (tiles.append(t.name), real(p, t, *a, **kw))[1])
+        for K in (48, 64):  # an odd and an even number of slices (of 16, or 8)
+            x, w, b = rng.standard_normal((2, 128, K)), rng.standard_normal((384, K)), rng.standard_normal(384)
+            wx, ww, wb = (wgpar.tensor(v.astype(np.float32)) for v in (x, w, b))
+            tiles.clear()
+            got = wgpar.nn.functional.linear(wx, ww, wb if with_bias else None).numpy()
+            assert tiles == [mm._WIDE.name]
+            want = x @ w.T + (b if with_bias else 0)
+            assert rel_err(got, want) < 1e-5
+        assert plan_of(w32(256, 48), w32(48, 384)).variant != mm._WIDE.name  # a @ b
+        assert plan_of(w32(250, 48), w32(384, 48).T).variant != mm._WIDE.name  # M off the tile
+        assert plan_of(w32(128, 48), w32(128, 48).T).variant != mm._WIDE.name  # one workgroup
+        if dev.has_f16:
+            h = wgpar.empty((256, 48), dtype=wgpar.float16)
+            assert plan_of(h, wgpar.empty((384, 48), dtype=wgpar.float16).T).variant != mm._WIDE.name
+        monkeypatch.setattr(dev, "kind", "amd")
+        assert plan_of(w32(256, 48), w32(384, 48).T).variant != mm._WIDE.name
+    finally:
+        mm._RECIPES.clear()

@@ -117,7 +117,7 @@ RT_VARIANTS: dict[str, dict[str, str]] = {
     "d128-t8": {"fwd": "32x16r4t8d", "dq": "16x16r4t8d", "dkv": "16x16r4t8d"},  # 4 output vec4s per thread
     "d128-br16": {"fwd": "16x32r4t16d", "dq": "16x16r4t8d", "dkv": "16x16r4t8d"},
 }
-# (device kind, head_dim) -> the tile each kernel takes by default (device kinds: _device_kind). After
+# (device kind, head_dim) -> the tile each kernel takes by default (device kinds: Device.kind). After
 # a sweep, set a line to the tiles it prints (or to a variant: RT_VARIANTS["d64-diag"]); a shape
 # missing here, or whose tile does not fit the device, takes the rule in pick().
 RT_DEFAULTS: dict[tuple[str, int], dict[str, str]] = {
@@ -188,17 +188,6 @@ def subgroup_lanes(dev) -> int:
     return max(4, int(m[1]) // 32) if m else 4
 
 
-def _device_kind(dev) -> str:
-    """The key of RT_DEFAULTS: "cpu" for a CPU adapter, else the GPU's vendor ("nvidia", "amd", "apple",
-    "intel") or "gpu"."""
-    if dev.adapter_type == "CPU":
-        return "cpu"
-    name = dev.adapter_name.lower()
-    for kind, marks in (("nvidia", ("nvidia",)), ("amd", ("amd", "radeon")), ("apple", ("apple",)),
-                        ("intel", ("intel",))):
-        if any(v in name for v in marks):
-            return kind
-    return "gpu"
 
 
 def parse_tile(name: str) -> Tile:
@@ -218,10 +207,10 @@ def _table_tile(kind: str, dev, head_dim: int, walked: int | None = None) -> Til
         if env not in RT_VARIANTS:
             raise ValueError(f"{ENV_VARIANT}={env!r}: choose from {sorted(RT_VARIANTS)}")
         return parse_tile(RT_VARIANTS[env][kind])
-    short = RT_SHORT.get((_device_kind(dev), head_dim))
+    short = RT_SHORT.get((dev.kind, head_dim))
     if short and walked is not None and walked <= short[0] and kind in short[1]:
         return parse_tile(short[1][kind])
-    row = RT_DEFAULTS.get((_device_kind(dev), head_dim))
+    row = RT_DEFAULTS.get((dev.kind, head_dim))
     return parse_tile(row[kind]) if row and kind in row else None
 
 

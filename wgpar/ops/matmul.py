@@ -111,8 +111,21 @@ _SPLIT_FROM_K = 2048
 _SPLIT_MIN_PART = 512
 _SPLIT_MAX = 16
 
+# On NVIDIA GPUs a float32 a @ b.T with both operands contiguous along k (F.linear's forward) runs faster in
+# 128 x 128 tiles with two slabs once the grid is large: H100, 2026-11-26 (BENCHMARKS.md, "Wide tiles for
+# a @ w.T"), 4096^3 72 -> 79% of torch, 8192^3 79 -> 85%, the GPT-2 qkv and MLP forwards 82 -> 87% and 75 -> 79%;
+# 3072^3 (576 workgroups) 83 -> 61% and float16 or a @ b lost, so only float32 nt grids of _WIDE_FROM
+# workgroups and more take it.
+_WIDE = Tiling(128, 128, 16, 8, 8, unroll=True, double=True)
+_WIDE_FROM = 1024
+
 _force: str | None = None
 _force_split: int | None = None
+
+
+def _tiling(name: str) -> Tiling:
+    """The tile a plan names: one of TILINGS (or a forced one), or the wide tile of a @ w.T."""
+    return _WIDE if name == _WIDE.name and name not in TILINGS else TILINGS[name]
 
 
 @contextlib.contextmanager
@@ -268,7 +281,7 @@ def _bias_recipe(a: Tensor, b: Tensor, bias: Tensor, out_dt: _dt.DType) -> _Reci
             and a.shape[0] * b.shape[1] > 0 and a.device is b.device is bias.device):
         p = plan(reshape(a, (1,) + a.shape), reshape(b, (1,) + b.shape), out_dt)
         if p.variant != "general" and p.split == 1:
-            return _Recipe(*_fast_launches(p, TILINGS[p.variant], out_dt, 0, bias), (p.M, p.N), out_dt)
+            return _Recipe(*_fast_launches(p, _tiling(p.variant), out_dt, 0, bias), (p.M, p.N), out_dt)
     return None
 
 
@@ -297,7 +310,7 @@ def _rows_recipe(a: Tensor, b: Tensor, bias: Tensor | None, out_dt: _dt.DType) -
             and 0 < K <= _MAX_K and n * M * N > 0 and a.device is b.device):
         p = plan(expand(reshape(a, (1, M, K)), (n, M, K)), b, out_dt)
         if p.variant != "general" and p.split == 1 and p.nb == n:
-            return _Recipe(*_fast_launches(p, TILINGS[p.variant], out_dt, 0, bias, rows=bias is not None),
+            return _Recipe(*_fast_launches(p, _tiling(p.variant), out_dt, 0, bias, rows=bias is not None),
                            (n, M, N), out_dt)
     return None
 
@@ -340,7 +353,7 @@ def _causal_launches(a: Tensor, b: Tensor, which: str, off: int | None) -> tuple
     p = _causal_plan(a, b)
     if p is None or off == -1:
         return None
-    return _fast_launches(replace(p, split=1, tri=which), TILINGS[p.variant], _result_dtype(a, b), off or 0)
+    return _fast_launches(replace(p, split=1, tri=which), _tiling(p.variant), _result_dtype(a, b), off or 0)
 
 
 def _causal_plan(a: Tensor, b: Tensor) -> Plan | None:
@@ -350,7 +363,7 @@ def _causal_plan(a: Tensor, b: Tensor) -> Plan | None:
     if n * M * N == 0 or K == 0 or K > _MAX_K:
         return None
     p = plan(a, b, _result_dtype(a, b))
-    if p.variant == "general" or p.nb != n or TILINGS[p.variant].bm % TILINGS[p.variant].bk:
+    if p.variant == "general" or p.nb != n or _tiling(p.variant).bm % _tiling(p.variant).bk:
         return None  # (a weight shared over the batch folds it into M; K bounds must fall on slices)
     return p
 
@@ -364,7 +377,7 @@ def causal_band(a: Tensor, b: Tensor) -> int:
 
 def _band(a: Tensor, b: Tensor) -> int:
     p = _causal_plan(a, b)  # (a plan holds its operands: only the number is remembered)
-    return 0 if p is None else TILINGS[p.variant].bm
+    return 0 if p is None else _tiling(p.variant).bm
 
 
 def _result_dtype(a: Tensor, b: Tensor) -> _dt.DType:
@@ -427,6 +440,10 @@ def plan(a3: Tensor, b3: Tensor, out_dtype: _dt.DType | None = None) -> Plan:
             split *= 2
     if split > 1 and (nb != 1 or edge or K % (split * chosen.bk)):
         split = 1
+    if (not _force and split == 1 and nb == 1 and dev.kind == "nvidia" and (la[0], lb[0]) == ("n", "t")
+            and a3.dtype is b3.dtype is out_dtype is _dt.float32 and M % _WIDE.bm == 0 and N % _WIDE.bn == 0
+            and K % _WIDE.bk == 0 and groups(_WIDE) >= _WIDE_FROM and _fits(dev, _WIDE)):
+        chosen = _WIDE
     return Plan(chosen.name, nb, M, N, K, a, b, la[0], lb[0], la[1], lb[1], edge, split)
 
 
@@ -532,7 +549,7 @@ def _launches(p: Plan, out_dtype: _dt.DType) -> tuple[KernelSpec, tuple]:
     """(kernel, launches) of ``p`` into a fresh output of ``out_dtype`` (element offset 0)."""
     if p.variant == "general":
         return _general_launches(p, out_dtype)
-    return _fast_launches(p, TILINGS[p.variant], out_dtype, 0)
+    return _fast_launches(p, _tiling(p.variant), out_dtype, 0)
 
 
 def _bound(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None) -> list:
@@ -763,21 +780,23 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     ga, gb = t.tm // 4, t.tn // 4
     acc = [[f"acc{r}_{h}" for h in range(gb)] for r in range(t.tm)]
     decl += [f"  var {v} = vec4<f32>(0.0);" for row in acc for v in row]
-    comp = []
-    for kk in range(t.bk) if t.unroll else ["kk"]:
-        # k-rows indexed by constants when unrolled: the only clamped index (naga's bounds checks) is the
-        # thread's column, the same for every k, so each read's address is one register plus an immediate.
-        krow = f"{kk}u" if t.unroll else "kk"
-        krow = f"cur + {krow}" if t.double else krow
-        comp += [f"      {{ let a{g} = As[{krow}][{g * wm}u + ty];" if g == 0 else
-                 f"      let a{g} = As[{krow}][{g * wm}u + ty];" for g in range(ga)]
-        comp += [f"      let b{h} = Bs[{krow}][{h * wn}u + tx];" for h in range(gb)]
-        for g in range(ga):
-            for i, ci in enumerate("xyzw"):
-                for h in range(gb):
-                    v = acc[g * 4 + i][h]
-                    comp.append(f"      {v} = fma(vec4<f32>(a{g}.{ci}), b{h}, {v});")
-        comp.append("      }")
+    def compute(slab: int) -> list[str]:
+        # The BK k-rows of one slab (its first k-row ``slab``), indexed by constants when unrolled: the only
+        # clamped index (naga's bounds checks) is the thread's column, the same for every k, so each read's
+        # address is one register plus an immediate.
+        comp = []
+        for kk in range(t.bk) if t.unroll else ["kk"]:
+            krow = f"{slab + kk}u" if t.unroll else (f"{slab}u + kk" if slab else "kk")
+            comp += [f"      {{ let a{g} = As[{krow}][{g * wm}u + ty];" if g == 0 else
+                     f"      let a{g} = As[{krow}][{g * wm}u + ty];" for g in range(ga)]
+            comp += [f"      let b{h} = Bs[{krow}][{h * wn}u + tx];" for h in range(gb)]
+            for g in range(ga):
+                for i, ci in enumerate("xyzw"):
+                    for h in range(gb):
+                        v = acc[g * 4 + i][h]
+                        comp.append(f"      {v} = fma(vec4<f32>(a{g}.{ci}), b{h}, {v});")
+            comp.append("      }")
+        return ["    for (var kk = 0u; kk < KSTEPS; kk = kk + 1u) {  // 1 when unrolled", *comp, "    }"]
     write = [] if gather else ["  let base_c = p.off_c + z * p.sc_b;"]
     for g in range(ga):
         for i in range(4):
@@ -798,15 +817,28 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
                     line = f"if ({row} < p.M && col0 / 4u + {h * wn}u + tx < p.ldc) {{ {line} }}"
                 write.append("  " + line)
 
-    def stores(kbase: str) -> str:
-        return "\n".join(line.replace("KB", kbase) for line in store)
+    def stores(kbase: str) -> list[str]:
+        return [line.replace("KB", kbase) for line in store]
+
+    def prefetch(k: str) -> list[str]:
+        # The slice from k into the registers (past the end: the last slice again, or zeros with edges).
+        nxt = f"{k} + BK" if edge or gather else f"min({k} + BK, p.K - BK)"
+        return ["    {", f"      let k0 = {nxt};", *load, "    }"]
 
     kstart = "min(row0, p.K)" if tri == "u" else "0u"
+    kend = "min(p.K, row0 + BM)" if tri == "a" else "p.K"
     if t.double:
-        prologue, cur = stores("0u") + "\n  workgroupBarrier();", f"(((k0 - {kstart}) / {t.bk}u) & 1u) * {t.bk}u"
-        head, tail = "", stores(f"({t.bk}u - cur)")
-    else:
-        prologue, cur, head, tail = "", "0u", stores("0u") + "\n    workgroupBarrier();", ""
+        # Slab 0 holds slice k0: prefetch the next, multiply slab 0, store the next into slab 1, one barrier;
+        # then the same with the slabs swapped. Two slices an iteration keep every slab index a constant.
+        loop = [*stores("0u"), "  workgroupBarrier();",
+                f"  for (var k0 = {kstart}; k0 < {kend}; k0 = k0 + 2u * BK) {{",
+                *prefetch("k0"), *compute(0), *stores(f"{t.bk}u"), "    workgroupBarrier();",
+                f"    if (k0 + BK >= {kend}) {{ break; }}",
+                *prefetch("k0 + BK"), *compute(t.bk), *stores("0u"), "    workgroupBarrier();", "  }"]
+    else:  # store the slice, barrier, prefetch the next, multiply, barrier
+        loop = [f"  for (var k0 = {kstart}; k0 < {kend}; k0 = k0 + BK) {{",
+                *stores("0u"), "    workgroupBarrier();", *prefetch("k0"), *compute(0),
+                "    workgroupBarrier();", "  }"]
     slabs = 2 if t.double else 1
     # Nested arrays (k-rows of vec4s): an override constant cannot size an array's element type, so the
     # lengths are written out.
@@ -820,10 +852,7 @@ def _generate(t: Tiling, la: str, lb: str, ta: str, tb: str, tc: str, edge: bool
     if bias is not None:
         kernel, types = _FAST_BIAS, types + (bias if bias_rows else f"vec4<{bias}>",)
     return kernel.spec(types, constants=consts, HELPERS=helpers, SHARED=shared, DECL="\n".join(decl),
-                       LOAD="\n".join(load), NEXT="k0 + BK" if edge or gather else "min(k0 + BK, p.K - BK)",
-                       PROLOGUE=prologue, CUR=cur, HEAD=head, TAIL=tail,
+                       LOAD="\n".join(load), LOOP="\n".join(loop),
                        TILE=_LONGEST_FIRST.replace("ROW", _ROW_ORDER[tri]) if tri in _ROW_ORDER else _IN_ORDER,
                        SKIP="  if (col0 >= row0 + BM) { return; }" if tri == "c" else "",
-                       KSTART=kstart,
-                       KEND="min(p.K, row0 + BM)" if tri == "a" else "p.K",
-                       COMPUTE="\n".join(comp), WRITE="\n".join(write))
+                       KSTART=kstart, WRITE="\n".join(write))

@@ -44,6 +44,19 @@ _LIMIT_KEYS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-comput
 _WANTED_FEATURES = ("shader-f16", "subgroup", *_prof.TIMESTAMP_FEATURES)
 
 
+def adapter_kind(name: str, adapter_type: str) -> str:
+    """What kernel choices are keyed by: "cpu" for a CPU adapter, else the GPU's vendor ("nvidia", "amd",
+    "apple", "intel") or "gpu"."""
+    if adapter_type.lower() == "cpu":
+        return "cpu"
+    name = name.lower()
+    for kind, marks in (("nvidia", ("nvidia",)), ("amd", ("amd", "radeon")), ("apple", ("apple",)),
+                        ("intel", ("intel",))):
+        if any(v in name for v in marks):
+            return kind
+    return "gpu"
+
+
 class Device:
     """A WebGPU device that owns tensors' memory and runs their kernels.
 
@@ -60,6 +73,7 @@ class Device:
         self.adapter_name: str = info.get("device", "") or info.get("description", "") or "unknown"
         self.backend: str = info.get("backend_type", "")
         self.adapter_type: str = info.get("adapter_type", "")
+        self.kind = adapter_kind(self.adapter_name, self.adapter_type)
         features = [f for f in _WANTED_FEATURES if f in adapter.features]
         try:
             self._dev = adapter.request_device_sync(
