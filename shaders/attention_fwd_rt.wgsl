@@ -13,15 +13,16 @@
 //           one P vec4 and CN V vec4 loads for 4 * CN vec4 multiply-adds.
 // Each lane sums its own keys' probabilities (l); the TK partial sums and NaN flags meet at the end.
 // The next K / V tile is fetched into registers while this one is computed.
-// Rows (Q, K, P) are padded by one vec4 so lanes reading different rows hit different banks.
+// Rows (Q, K, P) are padded by one vec4 so lanes reading different rows hit different banks; the workgroup
+// arrays are arrays of rows, so a read's row is clamped (naga's bounds checks) once for its constant columns.
 // wgpar/ops/attention.py fills the sizes and the unrolled blocks and declares bindings and Params.
 
 {{COMMON}}
 
-var<workgroup> Qs: array<vec4<f32>, {{QS}}>;  // ROWS * DP
-var<workgroup> Ks: array<vec4<f32>, {{KS}}>;  // BC * DP
-var<workgroup> Vs: array<vec4<f32>, {{VS}}>;  // BC * DV
-var<workgroup> Ps: array<vec4<f32>, {{PS}}>;  // BC * PR
+var<workgroup> Qs: array<array<vec4<f32>, DP>, ROWS>;
+var<workgroup> Ks: array<array<vec4<f32>, DP>, BC>;
+var<workgroup> Vs: array<array<vec4<f32>, DV>, BC>;
+var<workgroup> Ps: array<array<vec4<f32>, PR>, BC>;
 
 @compute @workgroup_size({{NT}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -54,10 +55,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {{FETCH}}
     var s = array<vec4<f32>, {{BCT}}>();  // [jj]: the 4 rows' scores for key kg + TK * jj
     for (var d = 0u; d < DV; d = d + 1u) {  // {{UNROLL}}
-      let q0 = Qs[(4u * g) * DP + d];
-      let q1 = Qs[(4u * g + 1u) * DP + d];
-      let q2 = Qs[(4u * g + 2u) * DP + d];
-      let q3 = Qs[(4u * g + 3u) * DP + d];
+      let q0 = Qs[4u * g][d];
+      let q1 = Qs[4u * g + 1u][d];
+      let q2 = Qs[4u * g + 2u][d];
+      let q3 = Qs[4u * g + 3u][d];
 {{SCORES}}
     }
     // Masked and NaN / +inf entries become NEG (probability 0 below); a NaN / +inf marks the row bad.
@@ -71,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {{P}}
     workgroupBarrier();  // P complete
     for (var j = 0u; j < BC; j = j + 1u) {  // {{UNROLL}}
-      let pj = Ps[j * PR + g];
+      let pj = Ps[j][g];
 {{PV}}
     }
   }

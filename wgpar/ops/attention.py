@@ -452,20 +452,22 @@ def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
                     "UNROLL": "@unroll" if t.unrolled else "unrolled on a GPU (Tile.unrolled)"}
 
 
-def _rt_own(first: str, end: str, scale: str, ops: tuple) -> str:
+def _rt_own(first: str, end: str, scale: str, ops: tuple, nested: bool = False) -> str:
     """LOAD_OWN of a register-tiled kernel: the workgroup's ROWS own rows from ``first`` (below ``end``)
-    of each operand (buffer, base, row stride, workgroup array, scaled) into its padded workgroup array."""
-    load = " ".join(f"{w}[rr * DP + cc] = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
+    of each operand (buffer, base, row stride, workgroup array, scaled) into its padded workgroup array
+    (``nested``: an array of rows)."""
+    at = "[rr][cc]" if nested else "[rr * DP + cc]"
+    load = " ".join(f"{w}{at} = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
                     f"{f' * {scale}' if sc else ''};" for buf, base, st, w, sc in ops)
     return (f"  for (var e = tid; e < ROWS * DV; e = e + NT) {{\n    let rr = e / DV;\n    let cc = e % DV;\n"
             f"    let ok = {first} + rr < {end};\n    if (ok) {{ {load} }} else {{ " +
-            " ".join(f"{w}[rr * DP + cc] = vec4<f32>(0.0);" for *_, w, _ in ops) + " }\n  }")
+            " ".join(f"{w}{at} = vec4<f32>(0.0);" for *_, w, _ in ops) + " }\n  }")
 
 
-def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
+def _rt_stage(t: Tile, dv: int, end: str, ops: tuple, nested: bool = False) -> tuple[int, str, str]:
     """(NL, FETCH, PUT) of a register-tiled kernel: the next tile's rows jn .. jn + cols (below ``end``)
     of each operand (register array, buffer, base, row stride, workgroup array, padded) fetched into NL
-    vec4 registers per thread, then put into workgroup memory."""
+    vec4 registers per thread, then put into workgroup memory (``nested``: arrays of rows)."""
     nl = -(-t.cols * dv // t.threads)
     ld = "let e = tid + NT * {n}u; let rr = e / DV; let cc = e % DV;"
     guard = "" if t.cols * dv % t.threads == 0 else f" && e < {t.cols * dv}u"
@@ -476,7 +478,8 @@ def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
         " } }" for n in range(nl))
     put = "\n".join(
         f"{{ {ld.format(n=n)} if (e < {t.cols * dv}u) {{ " +
-        " ".join(f"{w}[{'rr * DP + cc' if pad else 'e'}] = {r}[{n}];" for r, _, _, _, w, pad in ops) + " } }"
+        " ".join(f"{w}[{'rr][cc' if nested else 'rr * DP + cc' if pad else 'e'}] = {r}[{n}];"
+                 for r, _, _, _, w, pad in ops) + " } }"
         for n in range(nl))
     return nl, fetch, put
 
@@ -518,7 +521,9 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
     tk, bct, cn = t.cs, t.cols // t.cs, dv // t.cs
     rows = "xyzw"
     key = "kg + TK * {j}u"
-    scores = "\n".join(f"{{ let kv = Ks[({key.format(j=j)}) * DP + d]; s[{j}] = {_dots4(f's[{j}]', 'q', 'kv')}; }}"
+    # Workgroup arrays of rows: an index is a row and a constant column, so naga's clamp of the row is
+    # shared by the loop's reads (a flat index clamps every read).
+    scores = "\n".join(f"{{ let kv = Ks[{key.format(j=j)}][d]; s[{j}] = {_dots4(f's[{j}]', 'q', 'kv')}; }}"
                        for j in range(bct))
     def max_block(masked: bool) -> str:
         ok = "vec4<u32>(j0 + {k}) < lim" if masked else "vec4<bool>(true)"
@@ -532,8 +537,8 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         f"if (j0 + BC <= lim.x) {{\n{max_block(False)}\n}} else {{\n{max_block(True)}\n}}"
     lanes = [1 << i for i in range(tk.bit_length() - 1)]  # xor distances within a row group
     p = "\n".join(f"{{ let pj = select(vec4<f32>(0.0), exp2(s[{j}] - m), s[{j}] > vec4<f32>(NEG)); l = l + pj; "
-                   f"Ps[({key.format(j=j)}) * PR + g] = pj; }}" for j in range(bct))
-    pv = "\n".join(f"{{ let vv = Vs[j * DV + kg + TK * {x}u];\n" +
+                   f"Ps[{key.format(j=j)}][g] = pj; }}" for j in range(bct))
+    pv = "\n".join(f"{{ let vv = Vs[j][kg + TK * {x}u];\n" +
                     "\n".join(_axpy(f"acc[{r * cn + x}]", f"pj.{rows[r]}", "vv") for r in range(4)) + " }"
                     for x in range(cn))
     end = "\n".join(f"l = l + subgroupShuffleXor(l, {o}u); bad = bad | (subgroupShuffleXor("
@@ -548,8 +553,8 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         f"if (bad.{rows[r]}) {{ val = nan_like(l.{rows[r]}); }} lse[p.l_off + bh * p.Tq + ib + {r}u] = val; }}\n}}"
         for r in range(4))
     nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
-                                                 ("vr", "v", "vb", "v_st", "Vs", False)))
-    own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True),))
+                                                 ("vr", "v", "vb", "v_st", "Vs", False)), nested=True)
+    own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True),), nested=True)
     return _rt_common(t, dv) | {
         "FETCH": fetch, "PUT": put, "LOAD_OWN": own, "SCORES": scores, "MAX": mx, "KEY_LIMITS": _KEY_LIMITS,
         "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr")),
