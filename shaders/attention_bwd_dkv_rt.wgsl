@@ -15,12 +15,12 @@
 {{COMMON}}
 const BQ: u32 = BC;  // queries per tile
 
-var<workgroup> Ks: array<vec4<f32>, {{QS}}>;  // ROWS * DP, pre-multiplied by scale * log2(e)
-var<workgroup> Vs: array<vec4<f32>, {{QS}}>;
-var<workgroup> Qs: array<vec4<f32>, {{KS}}>;  // BQ * DP
-var<workgroup> Gs: array<vec4<f32>, {{KS}}>;  // dO rows
-var<workgroup> Ps: array<vec4<f32>, {{PS}}>;  // BQ * PR: P^T
-var<workgroup> Ss: array<vec4<f32>, {{PS}}>;  // dS^T
+var<workgroup> Ks: array<array<vec4<f32>, DP>, ROWS>;  // pre-multiplied by scale * log2(e)
+var<workgroup> Vs: array<array<vec4<f32>, DP>, ROWS>;
+var<workgroup> Qs: array<array<vec4<f32>, DP>, BQ>;
+var<workgroup> Gs: array<array<vec4<f32>, DP>, BQ>;  // dO rows
+var<workgroup> Ps: array<array<vec4<f32>, PR>, BQ>;  // P^T
+var<workgroup> Ss: array<array<vec4<f32>, PR>, BQ>;  // dS^T
 var<workgroup> lse_s: array<f32, {{BC}}>;      // log2 units
 var<workgroup> dl_s: array<f32, {{BC}}>;
 
@@ -66,22 +66,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 keys' scores for query kg + TK * jj
     var dp = array<vec4<f32>, {{BCT}}>();  // and dP^T
     for (var d = 0u; d < DV; d = d + 1u) {  // {{UNROLL}}
-      let k0 = Ks[(4u * g) * DP + d];
-      let k1 = Ks[(4u * g + 1u) * DP + d];
-      let k2 = Ks[(4u * g + 2u) * DP + d];
-      let k3 = Ks[(4u * g + 3u) * DP + d];
-      let v0 = Vs[(4u * g) * DP + d];
-      let v1 = Vs[(4u * g + 1u) * DP + d];
-      let v2 = Vs[(4u * g + 2u) * DP + d];
-      let v3 = Vs[(4u * g + 3u) * DP + d];
+      let k0 = Ks[4u * g][d];
+      let k1 = Ks[4u * g + 1u][d];
+      let k2 = Ks[4u * g + 2u][d];
+      let k3 = Ks[4u * g + 3u][d];
+      let v0 = Vs[4u * g][d];
+      let v1 = Vs[4u * g + 1u][d];
+      let v2 = Vs[4u * g + 2u][d];
+      let v3 = Vs[4u * g + 3u][d];
 {{SCORES}}
     }
     // Query i is seen by key j when it exists, the key exists and (causal) j <= i.
 {{DS}}
     workgroupBarrier();  // P^T and dS^T complete
     for (var j = 0u; j < BQ; j = j + 1u) {  // {{UNROLL}}
-      let pj = Ps[j * PR + g];
-      let ds = Ss[j * PR + g];
+      let pj = Ps[j][g];
+      let ds = Ss[j][g];
 {{ACC}}
     }
   }

@@ -16,11 +16,11 @@
 
 {{COMMON}}
 
-var<workgroup> Qs: array<vec4<f32>, {{QS}}>;  // ROWS * DP, pre-multiplied by scale * log2(e)
-var<workgroup> Gs: array<vec4<f32>, {{QS}}>;  // dO rows
-var<workgroup> Ks: array<vec4<f32>, {{KS}}>;  // BC * DP
-var<workgroup> Vs: array<vec4<f32>, {{KS}}>;
-var<workgroup> Ss: array<vec4<f32>, {{PS}}>;  // BC * PR: dS
+var<workgroup> Qs: array<array<vec4<f32>, DP>, ROWS>;  // pre-multiplied by scale * log2(e)
+var<workgroup> Gs: array<array<vec4<f32>, DP>, ROWS>;  // dO rows
+var<workgroup> Ks: array<array<vec4<f32>, DP>, BC>;
+var<workgroup> Vs: array<array<vec4<f32>, DP>, BC>;
+var<workgroup> Ss: array<array<vec4<f32>, PR>, BC>;  // dS
 
 @compute @workgroup_size({{NT}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -54,20 +54,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var s = array<vec4<f32>, {{BCT}}>();   // [jj]: the 4 rows' scores for key kg + TK * jj
     var dp = array<vec4<f32>, {{BCT}}>();  // and dP
     for (var d = 0u; d < DV; d = d + 1u) {  // {{UNROLL}}
-      let q0 = Qs[(4u * g) * DP + d];
-      let q1 = Qs[(4u * g + 1u) * DP + d];
-      let q2 = Qs[(4u * g + 2u) * DP + d];
-      let q3 = Qs[(4u * g + 3u) * DP + d];
-      let g0 = Gs[(4u * g) * DP + d];
-      let g1 = Gs[(4u * g + 1u) * DP + d];
-      let g2 = Gs[(4u * g + 2u) * DP + d];
-      let g3 = Gs[(4u * g + 3u) * DP + d];
+      let q0 = Qs[4u * g][d];
+      let q1 = Qs[4u * g + 1u][d];
+      let q2 = Qs[4u * g + 2u][d];
+      let q3 = Qs[4u * g + 3u][d];
+      let g0 = Gs[4u * g][d];
+      let g1 = Gs[4u * g + 1u][d];
+      let g2 = Gs[4u * g + 2u][d];
+      let g3 = Gs[4u * g + 3u][d];
 {{SCORES}}
     }
 {{DS}}
     workgroupBarrier();  // dS complete
     for (var j = 0u; j < BC; j = j + 1u) {  // {{UNROLL}}
-      let ds = Ss[j * PR + g];
+      let ds = Ss[j][g];
 {{DQ}}
     }
   }

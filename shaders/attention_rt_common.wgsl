@@ -2,7 +2,8 @@
 // attention_bwd_dkv_rt.wgsl), pasted in as their COMMON fill by wgpar/ops/attention.py, which
 // also generates their tile loaders (the LOAD_OWN fill: the workgroup's own rows, once; NL / FETCH / PUT: the
 // walked tile, prefetched into registers). The sizes are the variant's specialisation constants,
-// chosen in one place (attention.py's RT_VARIANTS / RT_DEFAULTS table).
+// chosen in one place (attention.py's RT_VARIANTS / RT_DEFAULTS table). Their workgroup arrays are arrays of rows: a read's
+// row is clamped (naga's bounds checks) once for all its constant columns, where a flat index clamped every read.
 
 const ROWS: u32 = {{ROWS}}u;  // own rows per workgroup: queries (fwd, dq) or keys (dkv)
 const BC: u32 = {{BC}}u;      // walked rows per tile: keys (fwd, dq) or queries (dkv)

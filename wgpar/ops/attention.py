@@ -447,16 +447,14 @@ def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
                                    "PR": t.rows // 4 + 1}
     common = _PLACE.sub(lambda m: str((sizes | {"FNS": load_source("float_fns")})[m[1]]),
                         load_source("attention_rt_common"))
-    return sizes | {"COMMON": common, "QS": t.rows * (dv + 1), "KS": t.cols * (dv + 1), "VS": t.cols * dv,
-                    "PS": t.cols * (t.rows // 4 + 1), "NACC": 4 * (dv // t.cs), "BCT": t.cols // t.cs,
+    return sizes | {"COMMON": common, "NACC": 4 * (dv // t.cs), "BCT": t.cols // t.cs,
                     "UNROLL": "@unroll" if t.unrolled else "unrolled on a GPU (Tile.unrolled)"}
 
 
-def _rt_own(first: str, end: str, scale: str, ops: tuple, nested: bool = False) -> str:
+def _rt_own(first: str, end: str, scale: str, ops: tuple) -> str:
     """LOAD_OWN of a register-tiled kernel: the workgroup's ROWS own rows from ``first`` (below ``end``)
-    of each operand (buffer, base, row stride, workgroup array, scaled) into its padded workgroup array
-    (``nested``: an array of rows)."""
-    at = "[rr][cc]" if nested else "[rr * DP + cc]"
+    of each operand (buffer, base, row stride, workgroup array, scaled) into its workgroup array of rows."""
+    at = "[rr][cc]"
     load = " ".join(f"{w}{at} = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
                     f"{f' * {scale}' if sc else ''};" for buf, base, st, w, sc in ops)
     return (f"  for (var e = tid; e < ROWS * DV; e = e + NT) {{\n    let rr = e / DV;\n    let cc = e % DV;\n"
@@ -464,22 +462,21 @@ def _rt_own(first: str, end: str, scale: str, ops: tuple, nested: bool = False) 
             " ".join(f"{w}{at} = vec4<f32>(0.0);" for *_, w, _ in ops) + " }\n  }")
 
 
-def _rt_stage(t: Tile, dv: int, end: str, ops: tuple, nested: bool = False) -> tuple[int, str, str]:
+def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
     """(NL, FETCH, PUT) of a register-tiled kernel: the next tile's rows jn .. jn + cols (below ``end``)
-    of each operand (register array, buffer, base, row stride, workgroup array, padded) fetched into NL
-    vec4 registers per thread, then put into workgroup memory (``nested``: arrays of rows)."""
+    of each operand (register array, buffer, base, row stride, workgroup array) fetched into NL vec4
+    registers per thread, then put into its workgroup array of rows."""
     nl = -(-t.cols * dv // t.threads)
     ld = "let e = tid + NT * {n}u; let rr = e / DV; let cc = e % DV;"
     guard = "" if t.cols * dv % t.threads == 0 else f" && e < {t.cols * dv}u"
     fetch = "\n".join(
         f"{{ {ld.format(n=n)} " + " ".join(f"{r}[{n}] = vec4<f32>(0.0);" for r, *_ in ops) +
         f" if (jn + rr < {end}{guard}) {{ " +
-        " ".join(f"{r}[{n}] = vec4<f32>({buf}[{base} + (jn + rr) * p.{st} + cc]);" for r, buf, base, st, _, _ in ops) +
+        " ".join(f"{r}[{n}] = vec4<f32>({buf}[{base} + (jn + rr) * p.{st} + cc]);" for r, buf, base, st, _ in ops) +
         " } }" for n in range(nl))
     put = "\n".join(
         f"{{ {ld.format(n=n)} if (e < {t.cols * dv}u) {{ " +
-        " ".join(f"{w}[{'rr][cc' if nested else 'rr * DP + cc' if pad else 'e'}] = {r}[{n}];"
-                 for r, _, _, _, w, pad in ops) + " } }"
+        " ".join(f"{w}[rr][cc] = {r}[{n}];" for r, _, _, _, w in ops) + " } }"
         for n in range(nl))
     return nl, fetch, put
 
@@ -552,9 +549,9 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
         f"if (l.{rows[r]} > 0.0) {{ val = (m.{rows[r]} + log2(l.{rows[r]})) * LN2; }} "
         f"if (bad.{rows[r]}) {{ val = nan_like(l.{rows[r]}); }} lse[p.l_off + bh * p.Tq + ib + {r}u] = val; }}\n}}"
         for r in range(4))
-    nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
-                                                 ("vr", "v", "vb", "v_st", "Vs", False)), nested=True)
-    own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True),), nested=True)
+    nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks"),
+                                                 ("vr", "v", "vb", "v_st", "Vs")))
+    own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True),))
     return _rt_common(t, dv) | {
         "FETCH": fetch, "PUT": put, "LOAD_OWN": own, "SCORES": scores, "MAX": mx, "KEY_LIMITS": _KEY_LIMITS,
         "STAGE_INIT": _rt_init(nl, fetch, "p.k_lo", ("kr", "vr")),
@@ -575,7 +572,7 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
     a, b = ("q", "g") if kind == "dq" else ("k", "v")  # the thread's own rows' operands
     w1, w2 = ("Ks", "Vs") if kind == "dq" else ("Qs", "Gs")  # the walked tile's
     scores = "\n".join(
-        f"{{ let c1 = {w1}[({col.format(j=j)}) * DP + d]; let c2 = {w2}[({col.format(j=j)}) * DP + d]; "
+        f"{{ let c1 = {w1}[{col.format(j=j)}][d]; let c2 = {w2}[{col.format(j=j)}][d]; "
         f"s[{j}] = {_dots4(f's[{j}]', a, 'c1')}; dp[{j}] = {_dots4(f'dp[{j}]', b, 'c2')}; }}" for j in range(bct))
     fills: dict[str, str | int] = _rt_common(t, dv) | {"SCORES": scores}
     if kind == "dq":
@@ -587,7 +584,7 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
         # delta: lane kg dots its columns kg + TK * x of dO and O, the TK partial sums meet by shuffles
         own = "\n".join(
             f"  if (ib + {r}u < p.Tq) {{ let ob = p.o_off + b * p.o_sb + h * p.o_sh + (ib + {r}u) * p.o_st;\n" +
-            "\n".join(f"    dl.{rows[r]} = dl.{rows[r]} + dot(Gs[(4u * g + {r}u) * DP + {col.format(j=x)}], "
+            "\n".join(f"    dl.{rows[r]} = dl.{rows[r]} + dot(Gs[4u * g + {r}u][{col.format(j=x)}], "
                        f"vec4<f32>(o[ob + {col.format(j=x)}]));" for x in range(cn)) + "\n  }" for r in range(4))
         stats += ("\nif ((p.flags & 2u) != 0u) {\n" + own + "\n" +
                   "\n".join(f"  dl = dl + subgroupShuffleXor(dl, {o}u);" for o in lanes) +
@@ -602,10 +599,10 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
             return "\n".join(
                 f"{{ let pj = {'select(vec4<f32>(0.0), ' if masked else ''}exp2_nan4(s[{j}] - lse2)"
                 f"{f', vec4<u32>(j0 + {col.format(j=j)}) < lim)' if masked else ''}; "
-                f"Ss[({col.format(j=j)}) * PR + g] = pj * (dp[{j}] - dl); }}" for j in range(bct))
+                f"Ss[{col.format(j=j)}][g] = pj * (dp[{j}] - dl); }}" for j in range(bct))
         ds = ds_block(True) if not t.diag else \
             f"if (j0 + BC <= lim.x) {{\n{ds_block(False)}\n}} else {{\n{ds_block(True)}\n}}"
-        dq = "\n".join(f"{{ let kv = Ks[j * DP + {col.format(j=x)}]; " +
+        dq = "\n".join(f"{{ let kv = Ks[j][{col.format(j=x)}]; " +
                         " ".join(_axpy(f"acc[{r * cn + x}]", f"ds.{rows[r]}", "kv") for r in range(4)) +
                         " }" for x in range(cn))
         store = "\n".join(
@@ -613,8 +610,8 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
             "\n".join(f"  {{ var gq = acc[{r * cn + x}] * p.scale; "
                        f"if ((p.flags & 1u) != 0u) {{ gq = gq + vec4<f32>(dq[at + TK * {x}u]); }} "
                        f"dq[at + TK * {x}u] = vec4<{out_dtype}>(gq); }}" for x in range(cn)) + "\n}" for r in range(4))
-        nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks", True),
-                                                     ("vr", "v", "vb", "v_st", "Vs", True)))
+        nl, fetch, put = _rt_stage(t, dv, "k_end", (("kr", "k", "kb", "k_st", "Ks"),
+                                                     ("vr", "v", "vb", "v_st", "Vs")))
         own = _rt_own("i0", "p.Tq", "qscale", (("q", "qb", "q_st", "Qs", True), ("dout", "gb", "g_st", "Gs", False)))
         return fills | {"ROW_STATS": stats, "DS": ds, "DQ": dq, "STORE": store, "FETCH": fetch, "PUT": put,
                         "LOAD_OWN": own, "KEY_LIMITS": _KEY_LIMITS,
@@ -627,14 +624,14 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
             f"{{ let qi = {col.format(j=j)}; let qq = i0 + qi; {ok}"
             f"let pj = {'select(vec4<f32>(0.0), ' if masked else ''}exp2_nan4(s[{j}] - lse_s[qi])"
             f"{', ok)' if masked else ''}; "
-            f"Ps[qi * PR + g] = pj; let dsv = pj * (dp[{j}] - dl_s[qi]); Ss[qi * PR + g] = dsv; "
+            f"Ps[qi][g] = pj; let dsv = pj * (dp[{j}] - dl_s[qi]); Ss[qi][g] = dsv; "
             + ("if (qq < p.q_hi && jb < p.Tk) { dsg[ds_row + qq * p.s_st + jb / 4u] = dsv * p.scale; } "
                if ds_out else "") + "}" for j in range(bct))
     # diag: every query of the tile exists, every key of the group exists and (causal) comes before them all
     ds = ds_block(True) if not t.diag else (
         "if (i0 + BQ <= p.q_hi && all(key_ok) && (p.causal == 0u || i0 >= jb + 3u)) {\n"
         f"{ds_block(False)}\n}} else {{\n{ds_block(True)}\n}}")
-    acc = "\n".join(f"{{ let gv = Gs[j * DP + {col.format(j=x)}]; let qv = Qs[j * DP + {col.format(j=x)}]; " +
+    acc = "\n".join(f"{{ let gv = Gs[j][{col.format(j=x)}]; let qv = Qs[j][{col.format(j=x)}]; " +
                      " ".join(_axpy(f"acc_v[{r * cn + x}]", f"pj.{rows[r]}", "gv") + " " +
                               _axpy(f"acc_k[{r * cn + x}]", f"ds.{rows[r]}", "qv") for r in range(4)) +
                      " }"
@@ -648,8 +645,8 @@ def _rt_bwd_fills(kind: str, t: Tile, dv: int, out_dtype: str, ds_out: bool = Fa
                    f"gv = gv + vec4<f32>(dv[av + TK * {x}u]); }} "
                    f"dk[ak + TK * {x}u] = vec4<{out_dtype}>(gk); dv[av + TK * {x}u] = vec4<{out_dtype}>(gv); }}"
                    for x in range(cn)) + "\n}" for r in range(4))
-    nl, fetch, put = _rt_stage(t, dv, "p.q_hi", (("qr", "q", "qb", "q_st", "Qs", True),
-                                                  ("gr", "dout", "gb", "g_st", "Gs", True)))
+    nl, fetch, put = _rt_stage(t, dv, "p.q_hi", (("qr", "q", "qb", "q_st", "Qs"),
+                                                  ("gr", "dout", "gb", "g_st", "Gs")))
     own = _rt_own("j0", "p.Tk", "kscale", (("k", "kb", "k_st", "Ks", True), ("v", "vb", "v_st", "Vs", False)))
     if ds_out:  # the group's first (batch, head) is s_bh0; rows of s_st vec4s
         own += "\n  let ds_row = p.s_off + (bh - p.s_bh0) * p.Tq * p.s_st;"
