@@ -454,12 +454,11 @@ def _rt_common(t: Tile, dv: int) -> dict[str, str | int]:
 def _rt_own(first: str, end: str, scale: str, ops: tuple) -> str:
     """LOAD_OWN of a register-tiled kernel: the workgroup's ROWS own rows from ``first`` (below ``end``)
     of each operand (buffer, base, row stride, workgroup array, scaled) into its workgroup array of rows."""
-    at = "[rr][cc]"
-    load = " ".join(f"{w}{at} = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
+    load = " ".join(f"{w}[rr][cc] = vec4<f32>({buf}[{base} + ({first} + rr) * p.{st} + cc])"
                     f"{f' * {scale}' if sc else ''};" for buf, base, st, w, sc in ops)
     return (f"  for (var e = tid; e < ROWS * DV; e = e + NT) {{\n    let rr = e / DV;\n    let cc = e % DV;\n"
             f"    let ok = {first} + rr < {end};\n    if (ok) {{ {load} }} else {{ " +
-            " ".join(f"{w}{at} = vec4<f32>(0.0);" for *_, w, _ in ops) + " }\n  }")
+            " ".join(f"{w}[rr][cc] = vec4<f32>(0.0);" for *_, w, _ in ops) + " }\n  }")
 
 
 def _rt_stage(t: Tile, dv: int, end: str, ops: tuple) -> tuple[int, str, str]:
@@ -518,8 +517,6 @@ def _rt_fills(t: Tile, dv: int, dtype: str, out_dtype: str) -> dict[str, str | i
     tk, bct, cn = t.cs, t.cols // t.cs, dv // t.cs
     rows = "xyzw"
     key = "kg + TK * {j}u"
-    # Workgroup arrays of rows: an index is a row and a constant column, so naga's clamp of the row is
-    # shared by the loop's reads (a flat index clamps every read).
     scores = "\n".join(f"{{ let kv = Ks[{key.format(j=j)}][d]; s[{j}] = {_dots4(f's[{j}]', 'q', 'kv')}; }}"
                        for j in range(bct))
     def max_block(masked: bool) -> str:
