@@ -181,10 +181,9 @@ def subgroup_lanes(dev) -> int:
     no real subgroup sizes, so: 32 on NVIDIA, AMD and Apple GPUs (their smallest), else WebGPU's minimum 4."""
     if "subgroup" not in dev.features:
         return 0
-    name = dev.adapter_name.lower()
-    if any(v in name for v in ("nvidia", "amd", "radeon", "apple")):
+    if dev.kind in ("nvidia", "amd", "apple"):
         return 32
-    m = re.search(r"llvmpipe \(.*?(\d+) bits\)", name)  # llvmpipe: a subgroup is its SIMD width in f32 lanes
+    m = re.search(r"llvmpipe \(.*?(\d+) bits\)", dev.adapter_name.lower())  # llvmpipe: subgroup = SIMD width
     return max(4, int(m[1]) // 32) if m else 4
 
 
